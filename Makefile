@@ -1,0 +1,35 @@
+# `make demo` and `make test` do all the set-up on a fresh machine (see README).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.replayrl-installed
+
+.PHONY: install demo test lint format clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# torch 2.13.0 first: the CPU wheel on this machine's disk (a bare `torch` would pull CUDA).
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/replayrl train --config configs/demo.yaml
+
+test: $(STAMP)
+	$(VENV)/bin/pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from replayrl.cli import main
+
+sys.exit(main())

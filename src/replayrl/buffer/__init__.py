@@ -1,0 +1,43 @@
+"""Rollout stores for RL post-training with experience replay (papers.md, paper 1).
+
+* :class:`ReplayBuffer` ("replay"): FIFO of capacity N, uniform or positive-bias sampling,
+  sampled rollouts stay stored.
+* :class:`OnPolicyQueue` ("onpolicy"): the on-policy baseline, LIFO, rollouts removed once used.
+* :class:`ShardedBuffer`: T shards of N // T, round-robin routing, one shard per trainer.
+* :func:`make_buffer`: the factory; :func:`batch_stats`: per-batch age/diversity/reuse metrics.
+"""
+
+from replayrl.buffer.base import Buffer, rollout_from_dict, rollout_to_dict
+from replayrl.buffer.factory import BUFFER_KINDS, make_buffer
+from replayrl.buffer.metrics import batch_stats
+from replayrl.buffer.onpolicy import OnPolicyQueue
+from replayrl.buffer.replay import ReplayBuffer
+from replayrl.buffer.samplers import (
+    CandidateSet,
+    PositiveBias,
+    Sampler,
+    draw_indices,
+    make_sampler,
+    positive_bias,
+    uniform,
+)
+from replayrl.buffer.sharded import ShardedBuffer
+
+__all__ = [
+    "BUFFER_KINDS",
+    "Buffer",
+    "CandidateSet",
+    "OnPolicyQueue",
+    "PositiveBias",
+    "ReplayBuffer",
+    "Sampler",
+    "ShardedBuffer",
+    "batch_stats",
+    "draw_indices",
+    "make_buffer",
+    "make_sampler",
+    "positive_bias",
+    "rollout_from_dict",
+    "rollout_to_dict",
+    "uniform",
+]

@@ -1,0 +1,122 @@
+"""`replayrl` command line: train | eval | config show | design."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from replayrl.config import ConfigError, config_to_yaml, load_config
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="YAML config file (e.g. configs/demo.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-4")
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from replayrl.runner import resume, train
+
+    if args.resume:
+        if args.config:
+            raise ConfigError("--resume takes the run's own config.yaml; drop --config")
+        summary = resume(args.resume, args.overrides)
+    else:
+        summary = train(load_config(args.config, args.overrides))
+    keys = (
+        "initial_eval_accuracy",
+        "final_eval_accuracy",
+        "best_eval_accuracy",
+        "rollouts_generated",
+        "wall_seconds",
+    )
+    print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from replayrl.evaluation import evaluate
+    from replayrl.generation import HFGenerator
+    from replayrl.models import load_policy
+    from replayrl.tasks import make_task
+
+    cfg = load_config(args.config, args.overrides)
+    if args.model:
+        cfg.model.path = args.model
+    model, tok, path = load_policy(cfg.model, cfg.task)
+    t = cfg.task
+    task = make_task(t.name, digits=t.digits, eval_size=t.eval_size, seed=t.seed)
+    rows = task.eval_rows()[: cfg.eval.num_prompts] if cfg.eval.num_prompts else task.eval_rows()
+    gen = HFGenerator(model, tok, cfg.eval.batch_size)
+    res = evaluate(
+        gen, task, rows, cfg.rollout.max_new_tokens, cfg.eval.pass_k, cfg.eval.temperature
+    )
+    print(json.dumps({"model": path, "num_prompts": len(rows), **res}, indent=2))
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    print(config_to_yaml(load_config(args.config, args.overrides)), end="")
+    return 0
+
+
+def _cmd_design(args: argparse.Namespace) -> int:
+    from replayrl.design import design, format_report
+
+    report = design(
+        args.mu,
+        args.alpha,
+        args.rho,
+        rollouts_per_step=args.rollouts_per_step,
+        workers=args.workers,
+        trainers=args.trainers,
+    )
+    print(format_report(report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replayrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a policy (GRPO on-policy, replay, ...)")
+    _add_config_args(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="greedy pass@1 (and pass@k) on the task's held-out split")
+    _add_config_args(p)
+    p.add_argument("--model", help="model folder to evaluate (default: model.path / warm start)")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("config", help="config tools")
+    csub = p.add_subparsers(dest="config_command", required=True)
+    show = csub.add_parser("show", help="print the resolved config")
+    _add_config_args(show)
+    show.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser("design", help="replay buffer size and ratio from the cost model (paper 1)")
+    p.add_argument("--mu", type=float, required=True, help="generation / training cost per sample")
+    p.add_argument("--alpha", type=float, default=0.25, help="power-law exponent of sigma(x)")
+    p.add_argument("--rho", type=float, default=0.5, help="correlation between buffer items")
+    p.add_argument("--rollouts-per-step", type=int, help="R, to turn x*, y* into N and B")
+    p.add_argument("--workers", type=int, help="W inference workers (for gamma)")
+    p.add_argument("--trainers", type=int, help="T trainers (for gamma)")
+    p.set_defaults(func=_cmd_design)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ConfigError, ValueError, FileNotFoundError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

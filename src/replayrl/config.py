@@ -1,0 +1,237 @@
+"""Typed run configuration: YAML presets + dotted `key=value` overrides, validated by pydantic.
+
+Knob names follow TRL/verl where they exist (num_generations, epsilon, epsilon_high, beta,
+loss_type, kl_estimator) so users coming from those tools recognise them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message names the key and the value."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(_Section):
+    """The built-in tiny Llama used when `model.path` is not set."""
+
+    num_layers: int = Field(2, ge=1)
+    hidden_size: int = Field(128, ge=8)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(512, ge=8)
+
+
+class WarmStartConfig(_Section):
+    """Short deterministic SFT so RL starts from a policy that is sometimes right."""
+
+    enabled: bool = True
+    steps: int = Field(600, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    # The SFT teacher forgets each carry with this probability: a systematic, fixable
+    # mistake (like a base model's), so RL has something real to correct.
+    teacher_carry_error: float = Field(0.5, ge=0, le=1)
+    seed: int = 1234
+
+
+class ModelConfig(_Section):
+    path: str | None = None  # local HF folder (or hub id with a network); None = tiny model
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    tiny: TinyModelConfig = TinyModelConfig()
+    warmstart: WarmStartConfig = WarmStartConfig()
+
+
+class TaskConfig(_Section):
+    name: Literal["arithmetic"] = "arithmetic"
+    digits: int = Field(2, ge=1, le=9)  # difficulty knob: digits per operand
+    eval_size: int = Field(200, ge=1)
+    seed: int = 0
+
+
+class RewardSpec(_Section):
+    name: str  # built-in name ("correctness", "format")
+    weight: float = 1.0
+
+
+class RolloutConfig(_Section):
+    prompts_per_step: int = Field(16, ge=1)
+    num_generations: int = Field(8, ge=1)  # group size G
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(8, ge=1)
+    generation_batch_size: int = Field(256, ge=1)
+
+
+class BufferConfig(_Section):
+    kind: Literal["onpolicy", "replay"] = "onpolicy"
+    capacity: int | None = Field(None, ge=1)  # None: unbounded (onpolicy only)
+    sampler: Literal["uniform", "positive_bias"] = "uniform"
+    delta: float = Field(0.0, ge=0, lt=1)
+    with_replacement: bool = False
+    num_shards: int = Field(1, ge=1)
+    max_staleness: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _replay_needs_capacity(self) -> BufferConfig:
+        if self.kind == "replay" and self.capacity is None:
+            raise ValueError("buffer.capacity must be set for buffer.kind=replay")
+        return self
+
+
+class AlgorithmConfig(_Section):
+    loss_type: Literal["grpo_clip", "asymre"] = "grpo_clip"
+    epsilon: float = Field(0.2, ge=0)
+    epsilon_high: float | None = Field(None, ge=0)  # None: same as epsilon
+    loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
+    scale_rewards: bool = True  # False = Dr.GRPO (no std normalisation)
+    asymre_delta_v: float = -0.1
+
+
+class TrainConfig(_Section):
+    steps: int = Field(60, ge=0)
+    batch_size: int | None = Field(None, ge=1)  # rollouts per step's batch; None = R
+    mini_batch_size: int | None = Field(None, ge=1)  # rollouts per optimizer update; None = B
+    epochs: int = Field(1, ge=1)  # passes over each batch (update-to-data ratio)
+    micro_batch_size: int = Field(64, ge=1)  # memory only: gradient accumulation chunk
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    seed: int = 0
+    threads: int | None = Field(None, ge=1)  # torch intra-op threads; None = torch default
+
+
+class EvalConfig(_Section):
+    every: int = Field(10, ge=0)  # steps between evals; 0 = only at start and end
+    num_prompts: int | None = Field(None, ge=1)  # None = the whole eval split
+    pass_k: int = Field(0, ge=0)  # >1: also pass@k at `temperature`
+    temperature: float = Field(1.0, gt=0)
+    batch_size: int = Field(256, ge=1)
+
+
+class LoggingConfig(_Section):
+    run_dir: str = "runs"
+    name: str = "demo"
+    overwrite: bool = False  # replace an existing run folder of the same name
+    tensorboard: bool = True
+    progress: bool = True
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(0, ge=0)  # steps between checkpoints; 0 = only at the end
+    keep_last: int = Field(2, ge=1)
+
+
+class Config(_Section):
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rewards: list[RewardSpec] = [RewardSpec(name="correctness", weight=1.0)]
+    rollout: RolloutConfig = RolloutConfig()
+    buffer: BufferConfig = BufferConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    logging: LoggingConfig = LoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+    @property
+    def rollouts_per_step(self) -> int:
+        """R: rollouts generated each step."""
+        return self.rollout.prompts_per_step * self.rollout.num_generations
+
+    @property
+    def batch_size(self) -> int:
+        """B: rollouts in each step's training batch."""
+        return self.train.batch_size or self.rollouts_per_step
+
+    @model_validator(mode="after")
+    def _check_batches(self) -> Config:
+        mini = self.train.mini_batch_size
+        if mini is not None and mini > self.batch_size:
+            raise ValueError(
+                f"train.mini_batch_size={mini} is larger than the batch size B={self.batch_size}"
+            )
+        if not self.rewards:
+            raise ValueError("rewards: at least one reward function is needed")
+        return self
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {key}: {e['msg']}{shown}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split `a.b.c=value` into (['a','b','c'], YAML-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML ({exc})") from exc
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each dotted key in a nested dict (creating sections as needed)."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(
+                    f"override {text!r}: {'.'.join(path[: i + 1])} is a value, not a section"
+                )
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    return data
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Resolve a config: defaults <- YAML file <- dotted overrides."""
+    data = load_yaml(path) if path else {}
+    return build_config(apply_overrides(data, list(overrides or [])))
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

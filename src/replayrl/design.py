@@ -1,0 +1,422 @@
+"""Replay-buffer design from the synchronous cost model (papers.md, section 1, "Theory").
+
+Model: every step generates ``R`` rollouts into a FIFO buffer of capacity ``N`` and trains on
+``B`` samples drawn from it.  ``mu`` is generation cost / training cost per sample, ``x = N/R``
+is the staleness horizon, ``y = B/R`` the replay ratio (average uses of each rollout) and
+``rho`` in [0, 1] the correlation between buffer items.  The design objective is
+
+    J(x, y) = sigma^2(x) * (1 + y/mu) * (1/y + 1/x + rho).
+
+Minimising in ``y`` gives ``y*(x) = sqrt(mu / (rho + 1/x))`` and, substituting back,
+
+    J(x, y*(x)) = g(x) = sigma^2(x) * (1/sqrt(mu) + sqrt(rho + 1/x))^2.
+
+Power-law variance ``sigma(x) = (x/tau)^alpha`` (0 <= alpha < 1/2).  Setting
+d log g / dx = 0 gives ``2 alpha x s (1/sqrt(mu) + s) = 1`` with ``s = sqrt(rho + 1/x)``.
+Writing ``s = sqrt(mu)/y`` (i.e. ``y = y*(x)``, hence ``x = y^2 / (mu - rho y^2)``) turns this
+into the quadratic ``rho y^2 + 2 alpha y - mu (1 - 2 alpha) = 0``, whose positive root is the
+paper's ``y* = (-alpha + sqrt(alpha^2 + mu rho (1 - 2 alpha))) / rho``.  So the restated
+formula in papers.md is correct (g -> inf at both ends for 0 < alpha < 1/2 and there is one
+stationary point, so it is the global minimum).  We evaluate it in the algebraically
+equivalent, cancellation-free forms
+
+    y* = mu (1 - 2 alpha) / (alpha + sqrt(alpha^2 + mu rho (1 - 2 alpha))),
+    x* = y*^2 / (2 alpha (y* + mu))          [= y*^2 / (mu - rho y*^2) by the quadratic],
+
+which stay accurate for small ``rho`` and contain the ``rho = 0`` limit
+(``y* = mu (1 - 2 alpha) / (2 alpha)``, ``x* = y*^2 / mu``) without special-casing.  For
+``alpha = 0`` and ``rho > 0`` g decreases monotonically in x: ``x* = inf`` and
+``y* = sqrt(mu / rho)``; for ``alpha = rho = 0`` the optimum is unbounded (ValueError).
+
+Only the ratios x, y are determined; ``buffer_design`` turns them into (N, B) for a given R.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "DesignReport",
+    "buffer_design",
+    "closed_form_power_law",
+    "design",
+    "estimate_mu",
+    "format_report",
+    "gamma",
+    "interpolated_variance",
+    "numerical_optimum",
+    "objective",
+    "optimal_y",
+    "power_law_variance",
+    "reduced_objective",
+]
+
+VarianceFn = Callable[[np.ndarray], np.ndarray]
+ArrayLike = float | np.ndarray
+
+_INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0  # 1/golden ratio
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_mu(mu: float) -> float:
+    mu = float(mu)
+    if not math.isfinite(mu) or mu <= 0.0:
+        raise ValueError(f"mu (generation/training cost ratio) must be finite and > 0, got {mu!r}")
+    return mu
+
+
+def _check_rho(rho: float) -> float:
+    rho = float(rho)
+    if not math.isfinite(rho) or not 0.0 <= rho <= 1.0:
+        raise ValueError(f"rho (correlation between buffer items) must be in [0, 1], got {rho!r}")
+    return rho
+
+
+def _check_alpha(alpha: float) -> float:
+    alpha = float(alpha)
+    if not math.isfinite(alpha) or not 0.0 <= alpha < 0.5:
+        raise ValueError(f"alpha (power-law variance exponent) must be in [0, 1/2), got {alpha!r}")
+    return alpha
+
+
+def _check_tau(tau: float) -> float:
+    tau = float(tau)
+    if not math.isfinite(tau) or tau <= 0.0:
+        raise ValueError(f"tau (power-law variance scale) must be finite and > 0, got {tau!r}")
+    return tau
+
+
+# --------------------------------------------------------------------------- model
+
+
+def power_law_variance(alpha: float, tau: float = 1.0) -> VarianceFn:
+    """Power-law variance of papers.md §1, sigma(x) = (x/tau)^alpha, as sigma^2(x)."""
+    alpha = _check_alpha(alpha)
+    tau = _check_tau(tau)
+
+    def sigma2(x: np.ndarray) -> np.ndarray:
+        return (np.asarray(x, dtype=float) / tau) ** (2.0 * alpha)
+
+    return sigma2
+
+
+def objective(
+    x: ArrayLike, y: ArrayLike, mu: float, rho: float, sigma2: ArrayLike | VarianceFn
+) -> ArrayLike:
+    """Design objective J(x, y) = sigma^2(x) * (1 + y/mu) * (1/y + 1/x + rho) (papers.md §1)."""
+    mu = _check_mu(mu)
+    rho = _check_rho(rho)
+    x_arr = np.asarray(x, dtype=float)
+    y_arr = np.asarray(y, dtype=float)
+    if np.any(~(x_arr > 0)) or np.any(~(y_arr > 0)):
+        raise ValueError("x (staleness horizon N/R) and y (replay ratio B/R) must be > 0")
+    s2 = sigma2(x_arr) if callable(sigma2) else np.asarray(sigma2, dtype=float)
+    out = s2 * (1.0 + y_arr / mu) * (1.0 / y_arr + 1.0 / x_arr + rho)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def optimal_y(x: ArrayLike, mu: float, rho: float) -> ArrayLike:
+    """Optimal replay ratio for a given horizon, y*(x) = sqrt(mu / (rho + 1/x)) (papers.md §1)."""
+    mu = _check_mu(mu)
+    rho = _check_rho(rho)
+    x_arr = np.asarray(x, dtype=float)
+    if np.any(~(x_arr > 0)):
+        raise ValueError(f"x (staleness horizon N/R) must be > 0, got {x!r}")
+    with np.errstate(divide="ignore"):
+        c = rho + 1.0 / x_arr  # x = inf is allowed: c = rho
+    if np.any(c <= 0):
+        raise ValueError("y*(x) is unbounded for rho = 0 and x = inf")
+    out = np.sqrt(mu / c)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def reduced_objective(x: ArrayLike, mu: float, rho: float, sigma2: VarianceFn) -> ArrayLike:
+    """J minimised over y: g(x) = sigma^2(x) * (1/sqrt(mu) + sqrt(rho + 1/x))^2 (papers.md §1)."""
+    mu = _check_mu(mu)
+    rho = _check_rho(rho)
+    x_arr = np.asarray(x, dtype=float)
+    if np.any(~(x_arr > 0)):
+        raise ValueError("x (staleness horizon N/R) must be > 0")
+    out = (
+        np.asarray(sigma2(x_arr), dtype=float)
+        * (1.0 / math.sqrt(mu) + np.sqrt(rho + 1.0 / x_arr)) ** 2
+    )
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def closed_form_power_law(mu: float, alpha: float, rho: float) -> tuple[float, float]:
+    """Power-law optimum y* = (-a + sqrt(a^2 + mu rho (1-2a)))/rho, x* = y*^2/(mu - rho y*^2)."""
+    mu = _check_mu(mu)
+    alpha = _check_alpha(alpha)
+    rho = _check_rho(rho)
+    if alpha == 0.0 and rho == 0.0:
+        raise ValueError(
+            "alpha = 0 and rho = 0: the objective decreases without bound in both x and y, "
+            "so there is no finite optimum (use alpha > 0 or rho > 0)"
+        )
+    root = math.sqrt(alpha * alpha + mu * rho * (1.0 - 2.0 * alpha))
+    # Rationalised root of rho y^2 + 2 alpha y - mu (1 - 2 alpha) = 0; equals the paper's form
+    # for rho > 0 and gives the rho -> 0 limit mu (1 - 2 alpha) / (2 alpha) continuously.
+    y_star = mu * (1.0 - 2.0 * alpha) / (alpha + root)
+    if alpha == 0.0:
+        # g(x) is decreasing in x: the buffer should be as large as possible.
+        return math.inf, y_star
+    # mu - rho y*^2 = 2 alpha (y* + mu) on the root; the right side has no cancellation.
+    x_star = y_star * y_star / (2.0 * alpha * (y_star + mu))
+    return x_star, y_star
+
+
+def interpolated_variance(
+    xs: Sequence[float] | np.ndarray,
+    sigma2s: Sequence[float] | np.ndarray,
+    extrapolate: bool = True,
+) -> VarianceFn:
+    """Log-log interpolant of a measured sigma^2(x) curve, for use in the x* argmin (papers.md §1).
+
+    Outside ``[xs[0], xs[-1]]`` the end segments are extended as power laws when
+    ``extrapolate`` is true; otherwise the end values are held constant.
+    """
+    xa = np.asarray(xs, dtype=float)
+    s = np.asarray(sigma2s, dtype=float)
+    if xa.ndim != 1 or s.shape != xa.shape or xa.size < 2:
+        raise ValueError("xs and sigma2s must be 1-D arrays of the same length >= 2")
+    if not np.all(np.isfinite(xa)) or np.any(xa <= 0) or np.any(np.diff(xa) <= 0):
+        raise ValueError("xs must be finite, > 0 and strictly increasing")
+    if not np.all(np.isfinite(s)) or np.any(s <= 0):
+        raise ValueError("sigma2s must be finite and > 0")
+    lx = np.log(xa)
+    ls = np.log(s)
+    slope_lo = (ls[1] - ls[0]) / (lx[1] - lx[0])
+    slope_hi = (ls[-1] - ls[-2]) / (lx[-1] - lx[-2])
+
+    def sigma2(x: np.ndarray) -> np.ndarray:
+        lq = np.log(np.asarray(x, dtype=float))
+        out = np.interp(lq, lx, ls)
+        if extrapolate:
+            out = np.where(lq < lx[0], ls[0] + slope_lo * (lq - lx[0]), out)
+            out = np.where(lq > lx[-1], ls[-1] + slope_hi * (lq - lx[-1]), out)
+        return np.exp(out)
+
+    return sigma2
+
+
+def numerical_optimum(
+    mu: float,
+    rho: float,
+    sigma2: VarianceFn,
+    x_min: float = 1e-3,
+    x_max: float = 1e6,
+    grid_points: int = 2001,
+) -> tuple[float, float]:
+    """Numerical x* = argmin_x sigma^2(x) (1/sqrt(mu) + sqrt(rho + 1/x))^2, y* = y*(x*) (§1).
+
+    A log-spaced grid on ``[x_min, x_max]`` locates the best cell, then golden-section search
+    on log x refines it.  Emits a RuntimeWarning if the minimum sits on the search boundary.
+    """
+    mu = _check_mu(mu)
+    rho = _check_rho(rho)
+    if not (0.0 < x_min < x_max < math.inf):
+        raise ValueError(f"need 0 < x_min < x_max < inf, got x_min={x_min!r}, x_max={x_max!r}")
+    if grid_points < 3:
+        raise ValueError(f"grid_points must be >= 3, got {grid_points!r}")
+    inv_sqrt_mu = 1.0 / math.sqrt(mu)
+
+    def log_g(u: np.ndarray) -> np.ndarray:
+        x = np.exp(u)
+        s2 = np.asarray(sigma2(x), dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            val = np.log(s2) + 2.0 * np.log(inv_sqrt_mu + np.sqrt(rho + 1.0 / x))
+        return np.where(np.isfinite(val) & (s2 > 0), val, np.inf)
+
+    lo, hi = math.log(x_min), math.log(x_max)
+    grid = np.linspace(lo, hi, grid_points)
+    vals = log_g(grid)
+    if not np.any(np.isfinite(vals)):
+        raise ValueError("sigma2(x) is not finite and positive anywhere on [x_min, x_max]")
+    i = int(np.argmin(vals))
+    a = grid[max(i - 1, 0)]
+    b = grid[min(i + 1, grid_points - 1)]
+
+    def f(u: float) -> float:
+        return float(log_g(np.array([u]))[0])
+
+    # Golden-section search on [a, b] (log x).
+    c = b - _INV_PHI * (b - a)
+    d = a + _INV_PHI * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > 1e-12 * max(1.0, abs(a) + abs(b)):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - _INV_PHI * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + _INV_PHI * (b - a)
+            fd = f(d)
+    u_star = 0.5 * (a + b)
+    # Keep the grid point if refinement did not improve on it (e.g. a non-smooth curve).
+    if vals[i] < f(u_star):
+        u_star = float(grid[i])
+    x_star = float(min(max(math.exp(u_star), x_min), x_max))
+    if i in (0, grid_points - 1):
+        warnings.warn(
+            f"numerical optimum x*={x_star:.6g} lies on the search boundary "
+            f"[{x_min:g}, {x_max:g}]; the true optimum may lie outside it",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return x_star, float(optimal_y(x_star, mu, rho))
+
+
+def buffer_design(x_star: float, y_star: float, rollouts_per_step: int) -> tuple[int, int]:
+    """Integer buffer size and batch from x = N/R, y = B/R: N = round(x R), B = round(y R) (§1)."""
+    r = int(rollouts_per_step)
+    if r != rollouts_per_step or r < 1:
+        raise ValueError(
+            f"rollouts_per_step (R) must be a positive integer, got {rollouts_per_step!r}"
+        )
+    for name, v in (("x_star", x_star), ("y_star", y_star)):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(
+                f"{name} must be finite and > 0, got {v!r}"
+                + (" (alpha = 0 means no finite optimal buffer size)" if name == "x_star" else "")
+            )
+    n = max(1, math.floor(x_star * r + 0.5))
+    b = max(1, math.floor(y_star * r + 0.5))
+    return n, b
+
+
+def gamma(mu: float, workers: int, trainers: int) -> float:
+    """Compute per baseline update, gamma = (1 + W/T) / (1 + mu) (papers.md §1)."""
+    mu = float(mu)
+    if not math.isfinite(mu) or mu < 0:
+        raise ValueError(f"mu must be finite and >= 0, got {mu!r}")
+    if workers < 0:
+        raise ValueError(f"workers (W) must be >= 0, got {workers!r}")
+    if trainers <= 0:
+        raise ValueError(f"trainers (T) must be > 0, got {trainers!r}")
+    return (1.0 + workers / trainers) / (1.0 + mu)
+
+
+def estimate_mu(
+    train_seconds_per_sample: Sequence[float], gen_seconds_per_sample: Sequence[float]
+) -> float:
+    """mu = median over steps of (inference time per sample) / (trainer time per sample) (§1).
+
+    The two sequences are aligned per step; the per-step ratio gen/train is formed first and
+    the median taken over steps.  Steps where either entry is non-finite or <= 0 are skipped.
+    """
+    train = np.asarray(train_seconds_per_sample, dtype=float).ravel()
+    gen = np.asarray(gen_seconds_per_sample, dtype=float).ravel()
+    if train.shape != gen.shape:
+        raise ValueError(
+            f"train_seconds_per_sample and gen_seconds_per_sample must have the same length, "
+            f"got {train.size} and {gen.size}"
+        )
+    ok = np.isfinite(train) & np.isfinite(gen) & (train > 0) & (gen > 0)
+    if not np.any(ok):
+        raise ValueError(
+            "no step has finite, positive train and generation times; cannot estimate mu"
+        )
+    return float(np.median(gen[ok] / train[ok]))
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class DesignReport:
+    """Replay design for given (mu, alpha, rho): closed-form and numerical optima (§1)."""
+
+    mu: float
+    alpha: float
+    rho: float
+    x_star: float
+    y_star: float
+    x_star_num: float
+    y_star_num: float
+    tau: float = 1.0
+    rollouts_per_step: int | None = None
+    N: int | None = None
+    B: int | None = None
+    workers: int | None = None
+    trainers: int | None = None
+    gamma: float | None = None
+
+
+def design(
+    mu: float,
+    alpha: float,
+    rho: float,
+    rollouts_per_step: int | None = None,
+    workers: int | None = None,
+    trainers: int | None = None,
+    tau: float = 1.0,
+) -> DesignReport:
+    """Design for sigma = (x/tau)^alpha: closed-form/numerical x*, y*, (N, B), gamma (§1)."""
+    x_star, y_star = closed_form_power_law(mu, alpha, rho)
+    with warnings.catch_warnings():
+        # For alpha = 0 the numerical optimum sits on x_max by construction.
+        if alpha == 0.0:
+            warnings.simplefilter("ignore", RuntimeWarning)
+        x_num, y_num = numerical_optimum(mu, rho, power_law_variance(alpha, tau))
+    n = b = None
+    if rollouts_per_step is not None:
+        n, b = buffer_design(x_star, y_star, rollouts_per_step)
+    if (workers is None) != (trainers is None):
+        raise ValueError("give both workers (W) and trainers (T), or neither")
+    g = gamma(mu, workers, trainers) if workers is not None and trainers is not None else None
+    return DesignReport(
+        mu=float(mu),
+        alpha=float(alpha),
+        rho=float(rho),
+        x_star=x_star,
+        y_star=y_star,
+        x_star_num=x_num,
+        y_star_num=y_num,
+        tau=float(tau),
+        rollouts_per_step=rollouts_per_step,
+        N=n,
+        B=b,
+        workers=workers,
+        trainers=trainers,
+        gamma=g,
+    )
+
+
+def format_report(report: DesignReport) -> str:
+    """Human-readable explanation of a DesignReport (x = N/R, y = B/R; papers.md §1)."""
+    r = report
+    lines = [
+        "Replay-buffer design (synchronous model, papers.md section 1)",
+        f"  mu    = {r.mu:.4g}  generation cost / training cost per sample",
+        f"  alpha = {r.alpha:.4g}  variance exponent, sigma(x) = (x/{r.tau:g})^alpha",
+        f"  rho   = {r.rho:.4g}  correlation between buffer items",
+        f"  x*    = {r.x_star:.4g}  staleness horizon x = N/R, buffer holds x steps [closed form]",
+        f"  y*    = {r.y_star:.4g}  replay ratio y = B/R, average uses per rollout [closed form]",
+        f"  x*num = {r.x_star_num:.4g}, y*num = {r.y_star_num:.4g}  numerical argmin (check)",
+    ]
+    if r.N is not None and r.B is not None:
+        lines.append(
+            f"  R = {r.rollouts_per_step}: buffer size N = round(x* R) = {r.N}, "
+            f"batch B = round(y* R) = {r.B} samples per step"
+        )
+        if r.rollouts_per_step is not None and r.rollouts_per_step > r.N:
+            lines.append("    note: N < R, some fresh rollouts are evicted before being sampled")
+        if r.B > r.N:
+            lines.append("    note: B > N, the batch must be drawn with replacement")
+    if r.gamma is not None:
+        lines.append(
+            f"  gamma = (1 + W/T)/(1 + mu) = {r.gamma:.4g}  compute per baseline update "
+            f"(W={r.workers} workers, T={r.trainers} trainers)"
+        )
+    if math.isinf(r.x_star):
+        lines.append("  note: alpha = 0, x* is unbounded: use the largest buffer you can afford")
+    return "\n".join(lines)

@@ -1,0 +1,6 @@
+"""Generators turn prompts into completions with behaviour log-probs and a policy version."""
+
+from replayrl.generation.base import Generator, Sample, SamplingParams
+from replayrl.generation.hf import HFGenerator
+
+__all__ = ["Generator", "HFGenerator", "Sample", "SamplingParams"]

@@ -1,0 +1,63 @@
+"""Metric sinks: JSONL always, TensorBoard when enabled, and a progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN; None reads as "not measured"
+    return v
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, tensorboard: bool = True, resume: bool = False) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self._file = self.path.open("a" if resume else "w")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Progress:
+    """A tqdm bar over training steps with the key numbers in its postfix."""
+
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+    def update(self, **numbers: float) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix({k: f"{v:.3g}" for k, v in numbers.items()}, refresh=False)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

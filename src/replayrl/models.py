@@ -1,0 +1,197 @@
+"""Load HF causal LMs; build the tiny demo model (local char tokenizer + few-layer Llama)
+and its cached, deterministic SFT warm start."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+from replayrl.config import ModelConfig, TaskConfig
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "</s>", "bos_token": "<s>"}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Where warm starts are cached: $REPLAYRL_CACHE or ~/.cache/replayrl."""
+    root = os.environ.get("REPLAYRL_CACHE") or Path.home() / ".cache" / "replayrl"
+    return Path(root)
+
+
+def build_char_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
+    """Train a character-level tokenizer on the task's text with `tokenizers`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    specials = ["<pad>", "</s>", "<s>", "<unk>"]
+    tok.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=specials))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", **SPECIAL_TOKENS)
+    fast.padding_side = "left"
+    return fast
+
+
+def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCausalLM:
+    t = cfg.tiny
+    if t.hidden_size % t.num_heads:
+        raise ValueError(
+            f"model.tiny.hidden_size={t.hidden_size} must be divisible by "
+            f"model.tiny.num_heads={t.num_heads}"
+        )
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=t.num_layers,
+        num_attention_heads=t.num_heads,
+        num_key_value_heads=t.num_heads,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def _sft(
+    model: LlamaForCausalLM,
+    tok: PreTrainedTokenizerBase,
+    task_cfg: TaskConfig,
+    cfg: ModelConfig,
+) -> dict[str, float]:
+    """Teacher-forced SFT on (prompt, completion+EOS) pairs; loss on completion tokens only."""
+    from replayrl.tasks import make_task
+
+    ws = cfg.warmstart
+    task = make_task(
+        task_cfg.name, digits=task_cfg.digits, eval_size=task_cfg.eval_size, seed=task_cfg.seed
+    )
+    rng = np.random.default_rng(ws.seed)
+    torch.manual_seed(ws.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1 - s / max(ws.steps, 1))
+    )
+    model.train()
+    loss_val = float("nan")
+    for _ in range(ws.steps):
+        pairs = task.sft_pairs(ws.batch_size, rng, ws.teacher_carry_error)  # type: ignore[attr-defined]
+        seqs, masks = [], []
+        for prompt, completion in pairs:
+            p = tok(prompt, add_special_tokens=False)["input_ids"]
+            c = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            seqs.append(p + c)
+            masks.append([0] * len(p) + [1] * len(c))
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        lmask = torch.zeros_like(ids, dtype=torch.float32)
+        for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
+            ids[i, : len(s)] = torch.tensor(s)
+            attn[i, : len(s)] = 1
+            lmask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        targets, tmask = ids[:, 1:], lmask[:, 1:]
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
+        ).view_as(targets)
+        loss = (nll * tmask).sum() / tmask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_val = float(loss)
+    model.eval()
+    return {"sft_final_loss": loss_val}
+
+
+def warmstart_key(cfg: ModelConfig, task_cfg: TaskConfig) -> str:
+    payload = json.dumps(
+        {
+            "tiny": cfg.tiny.model_dump(),
+            "warmstart": cfg.warmstart.model_dump(),
+            "task": task_cfg.model_dump(),
+            "format": 1,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def atomic_save_pretrained(
+    model: PreTrainedModel, tok: PreTrainedTokenizerBase, dest: Path
+) -> None:
+    """save_pretrained into a temp folder beside `dest`, then rename it into place."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def ensure_warmstart(cfg: ModelConfig, task_cfg: TaskConfig, log=print) -> Path:
+    """Path of the tiny model's SFT warm start for this config, building it once if missing."""
+    dest = cache_dir() / "warmstart" / warmstart_key(cfg, task_cfg)
+    if (dest / "config.json").is_file():
+        return dest
+    from replayrl.tasks import make_task
+
+    task = make_task(
+        task_cfg.name, digits=task_cfg.digits, eval_size=task_cfg.eval_size, seed=task_cfg.seed
+    )
+    tok = build_char_tokenizer(task.corpus())
+    model = build_tiny_model(cfg, vocab_size=len(tok), seed=cfg.warmstart.seed)
+    if cfg.warmstart.enabled and cfg.warmstart.steps:
+        log(f"building the tiny model's SFT warm start ({cfg.warmstart.steps} steps) -> {dest}")
+        stats = _sft(model, tok, task_cfg, cfg)
+        log(f"warm start done: final SFT loss {stats['sft_final_loss']:.3f}")
+    atomic_save_pretrained(model, tok, dest)
+    return dest
+
+
+def load_policy(
+    cfg: ModelConfig, task_cfg: TaskConfig, log=print
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """The policy to train and its tokenizer: `model.path` if set, else the tiny warm start."""
+    path = cfg.path or str(ensure_warmstart(cfg, task_cfg, log=log))
+    local = Path(path)
+    if cfg.path and not local.exists() and (local.is_absolute() or path.startswith(".")):
+        raise FileNotFoundError(f"model.path={path!r}: no such folder")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[cfg.dtype])
+    except OSError as exc:
+        raise OSError(
+            f"model.path={path!r} could not be loaded: not a local model folder, and hub ids "
+            f"need a network ({exc})"
+        ) from exc
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return model, tok, path

@@ -1,0 +1,29 @@
+"""Built-in verifiable rewards (TRL signature)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def correctness_reward(
+    prompts: list[str], completions: list[str], answer: list[Any], **_: Any
+) -> list[float | None]:
+    """1.0 when the stripped completion equals the answer column, else 0.0."""
+    return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answer, strict=True)]
+
+
+_NUMBER = re.compile(r"-?\d+")
+
+
+def digits_format_reward(
+    prompts: list[str], completions: list[str], **_: Any
+) -> list[float | None]:
+    """1.0 when the completion is a single integer and nothing else."""
+    return [float(bool(_NUMBER.fullmatch(c.strip()))) for c in completions]
+
+
+BUILTIN_REWARDS = {
+    "correctness": correctness_reward,
+    "digits_format": digits_format_reward,
+}

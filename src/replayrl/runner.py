@@ -1,0 +1,420 @@
+"""The synchronous loop: generate R rollouts -> score -> advantages -> push -> sample B -> update.
+
+Producer (generator + scorer) -> buffer -> consumer (learner) in every mode: the on-policy
+baseline is a buffer that hands out the freshest rollouts and removes them, so replay and
+ReMix only change the buffer and the loss, never this loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from replayrl.algorithms import group_advantages
+from replayrl.buffer import batch_stats, make_buffer
+from replayrl.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
+from replayrl.config import Config, ConfigError, config_to_yaml, load_config
+from replayrl.evaluation import evaluate
+from replayrl.generation import HFGenerator, Sample, SamplingParams
+from replayrl.learner import Learner
+from replayrl.metrics import MetricsLogger, Progress
+from replayrl.models import load_policy
+from replayrl.rewards import resolve_rewards, score
+from replayrl.rollout import Rollout
+from replayrl.tasks import make_task
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Counters:
+    """Cumulative accounting, saved in checkpoints so resumed runs keep counting."""
+
+    step: int = 0
+    rollouts_generated: int = 0
+    tokens_generated: int = 0  # completion tokens sampled
+    tokens_trained: int = 0  # completion tokens in training batches, counted per update pass
+    rollouts_dropped_reward_error: int = 0
+    prompts_skipped_too_long: int = 0
+    generation_seconds: float = 0.0
+    training_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    mu_per_step: list[float] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    first_reward_error: str | None = None
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _prepare_run_dir(cfg: Config) -> Path:
+    run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not cfg.logging.overwrite:
+            raise ConfigError(
+                f"run folder {run_dir} already exists: resume it with `--resume {run_dir}`, "
+                f"pick another logging.name, or set logging.overwrite=true"
+            )
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+class Trainer:
+    """Wires task, rewards, generator, buffer, learner, evaluation, logging, checkpoints."""
+
+    def __init__(self, cfg: Config, run_dir: Path, log: Log = print, resume: bool = False):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.log = log
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        _seed_all(cfg.train.seed)
+        ckpt = latest_checkpoint(run_dir) if resume else None
+        if resume and ckpt is None:
+            raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints to resume")
+        model_cfg = (
+            cfg.model.model_copy(update={"path": str(ckpt / "policy")}) if ckpt else cfg.model
+        )
+        self.model, self.tokenizer, self.model_path = load_policy(model_cfg, cfg.task, log=log)
+        self.n_params = sum(p.numel() for p in self.model.parameters())
+        self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        t = cfg.task
+        self.task = make_task(t.name, digits=t.digits, eval_size=t.eval_size, seed=t.seed)
+        self.rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
+        b = cfg.buffer
+        self.buffer = make_buffer(
+            b.kind,
+            b.capacity,
+            sampler=b.sampler,
+            delta=b.delta,
+            with_replacement=b.with_replacement,
+            num_shards=b.num_shards,
+            max_staleness=b.max_staleness,
+            seed=cfg.train.seed,
+        )
+        self.learner = Learner(self.model, self.tokenizer.pad_token_id, cfg)
+        self.generator = HFGenerator(self.model, self.tokenizer, cfg.rollout.generation_batch_size)
+        self.prompt_rng = np.random.default_rng(cfg.train.seed)
+        self.shuffle_rng = np.random.default_rng(cfg.train.seed + 1)
+        self.counters = Counters()
+        eval_rows = self.task.eval_rows()
+        self.eval_rows = eval_rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else eval_rows
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.metrics = MetricsLogger(run_dir, cfg.logging.tensorboard, resume=resume)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {
+            "learner": self.learner.state_dict(),
+            "buffer": self.buffer.state_dict(),
+            "prompt_rng": self.prompt_rng.bit_generator.state,
+            "shuffle_rng": self.shuffle_rng.bit_generator.state,
+            "counters": self.counters.__dict__.copy(),
+        }
+
+    def _restore(self, ckpt: Path) -> None:
+        state = load_state(ckpt)
+        self.learner.load_state_dict(state["learner"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.prompt_rng.bit_generator.state = state["prompt_rng"]
+        self.shuffle_rng.bit_generator.state = state["shuffle_rng"]
+        self.counters = Counters(**state["counters"])
+        set_rng_state(state["rng"])
+        self.log(
+            f"resumed from {ckpt} at step {self.counters.step}, version {self.learner.version}"
+        )
+
+    def checkpoint(self) -> Path:
+        return save_checkpoint(
+            self.run_dir,
+            self.counters.step,
+            self.model,
+            self.tokenizer,
+            self._state(),
+            keep_last=self.cfg.checkpoint.keep_last,
+        )
+
+    # -- one step ----------------------------------------------------------------------------
+    def _fits(self, prompt: str) -> bool:
+        if not self.max_positions:
+            return True
+        n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        return n + self.cfg.rollout.max_new_tokens <= self.max_positions
+
+    def produce(self) -> tuple[list[Rollout], dict[str, float]]:
+        """Generate, score and turn samples into rollouts with group advantages."""
+        cfg, c = self.cfg, self.counters
+        rows = self.task.sample_train(cfg.rollout.prompts_per_step, self.prompt_rng)
+        kept = [r for r in rows if self._fits(r["prompt"])]
+        c.prompts_skipped_too_long += len(rows) - len(kept)
+        if not kept:
+            raise ValueError(
+                f"every prompt of this step is longer than the model's {self.max_positions} "
+                f"positions minus rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+            )
+        r = cfg.rollout
+        params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens)
+        self.generator.policy_version = self.learner.version
+        samples = self.generator.generate(
+            [row["prompt"] for row in kept], r.num_generations, params
+        )
+        sample_rows = [kept[s.prompt_index] for s in samples]
+        result = score(
+            self.rewards,
+            [row["prompt"] for row in sample_rows],
+            [s.text for s in samples],
+            sample_rows,
+        )
+        if result.first_error and c.first_reward_error is None:
+            c.first_reward_error = result.first_error
+            self.log(f"warning: {result.first_error} (those rollouts are dropped and counted)")
+        c.rollouts_dropped_reward_error += result.errors
+        c.rollouts_generated += len(samples)
+        c.tokens_generated += sum(s.completion_ids.numel() for s in samples)
+        correct = [
+            self.task.is_correct(s.text, row) for s, row in zip(samples, sample_rows, strict=True)
+        ]
+        rollouts = self._to_rollouts(samples, sample_rows, result.rewards, correct)
+        stats = {
+            "reward/mean": _mean([x for x in result.rewards if x is not None]),
+            "train/accuracy": _mean([float(x) for x in correct]),
+            "completion_length": _mean([s.completion_ids.numel() for s in samples]),
+            "truncated_frac": _mean([float(s.truncated) for s in samples]),
+            "rollouts/dropped_reward_error": float(c.rollouts_dropped_reward_error),
+        }
+        stats.update({f"reward/{k}": v for k, v in result.means().items()})
+        return rollouts, stats
+
+    def _to_rollouts(
+        self,
+        samples: list[Sample],
+        rows: list[dict[str, Any]],
+        rewards: list[float | None],
+        correct: list[bool],
+    ) -> list[Rollout]:
+        keep = [i for i, x in enumerate(rewards) if x is not None]
+        if not keep:
+            return []
+        step, base = self.counters.step, self.counters.step * 1_000_000
+        group_ids = torch.tensor([base + samples[i].prompt_index for i in keep])
+        reward_t = torch.tensor([float(rewards[i]) for i in keep])  # type: ignore[arg-type]
+        adv, means = group_advantages(reward_t, group_ids, self.cfg.algorithm.scale_rewards)
+        out = []
+        for j, i in enumerate(keep):
+            s = samples[i]
+            out.append(
+                Rollout(
+                    prompt_ids=s.prompt_ids,
+                    completion_ids=s.completion_ids,
+                    behaviour_logprobs=s.logprobs,
+                    reward=float(reward_t[j]),
+                    advantage=float(adv[j]),
+                    correct=correct[i],
+                    group_id=int(group_ids[j]),
+                    policy_version=s.policy_version,
+                    step=step,
+                    completion_text=s.text,
+                    prompt_text=rows[i]["prompt"],
+                    truncated=s.truncated,
+                    group_mean_reward=float(means[j]),
+                )
+            )
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        e = self.cfg.eval
+        return evaluate(
+            self.generator,
+            self.task,
+            self.eval_rows,
+            self.cfg.rollout.max_new_tokens,
+            pass_k=e.pass_k,
+            temperature=e.temperature,
+        )
+
+    def _record_eval(self, metrics: dict[str, float]) -> None:
+        c = self.counters
+        c.evals.append(
+            {
+                "step": c.step,
+                "rollouts_generated": c.rollouts_generated,
+                "tokens_generated": c.tokens_generated,
+                "wall_seconds": c.wall_seconds,
+                **metrics,
+            }
+        )
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg, c = self.cfg, self.counters
+        R, B = cfg.rollouts_per_step, cfg.batch_size
+        if cfg.buffer.kind == "replay" and cfg.buffer.capacity:
+            self.log(
+                f"replay: staleness horizon x = N/R = {cfg.buffer.capacity / R:.3g}, "
+                f"replay ratio y = B/R = {B / R:.3g}"
+            )
+        if c.step == 0 and not c.evals:
+            t0 = time.perf_counter()
+            first = self.evaluate()
+            c.wall_seconds += time.perf_counter() - t0
+            self._record_eval(first)
+            self.metrics.log(0, first)
+            self.log(
+                f"initial eval accuracy {first['eval/accuracy']:.3f} "
+                f"on {len(self.eval_rows)} prompts"
+            )
+        progress = Progress(cfg.train.steps, c.step, cfg.logging.progress)
+        try:
+            while c.step < cfg.train.steps:
+                self._one_step(R, B, progress)
+        except KeyboardInterrupt:
+            progress.close()
+            path = self.checkpoint()
+            self.log(
+                f"interrupted: checkpoint written to {path}; resume with --resume {self.run_dir}"
+            )
+            raise
+        progress.close()
+        last_eval_step = c.evals[-1]["step"] if c.evals else -1
+        if last_eval_step != c.step:
+            t0 = time.perf_counter()
+            final = self.evaluate()
+            c.wall_seconds += time.perf_counter() - t0
+            self._record_eval(final)
+            self.metrics.log(c.step, final)
+        self.checkpoint()
+        summary = self.summary()
+        _write_json(self.run_dir / "summary.json", summary)
+        self.metrics.close()
+        return summary
+
+    def _one_step(self, R: int, B: int, progress: Progress) -> None:
+        cfg, c = self.cfg, self.counters
+        t_start = time.perf_counter()
+        rollouts, stats = self.produce()
+        t_gen = time.perf_counter() - t_start
+        self.buffer.push(rollouts)
+        batch = self.buffer.sample(B, current_version=self.learner.version)
+        t1 = time.perf_counter()
+        if batch:
+            train_metrics = self.learner.train_step(batch, self.shuffle_rng)
+            stats.update({f"train/{k}": v for k, v in train_metrics.items()})
+            stats.update(
+                {f"batch/{k}": v for k, v in batch_stats(batch, self.learner.version).items()}
+            )
+        else:
+            self.learner.version += 1  # nothing to learn from (all dropped): still a new step
+        t_train = time.perf_counter() - t1
+        trained_tokens = sum(r.completion_ids.numel() for r in batch) * cfg.train.epochs
+        c.tokens_trained += trained_tokens
+        c.generation_seconds += t_gen
+        c.training_seconds += t_train
+        c.step += 1
+        if batch and rollouts:
+            mu = (t_gen / len(rollouts)) / (t_train / (len(batch) * cfg.train.epochs))
+            c.mu_per_step.append(mu)
+        stats.update(
+            {
+                "buffer/size": float(len(self.buffer)),
+                "rollouts_generated": float(c.rollouts_generated),
+                "tokens_generated": float(c.tokens_generated),
+                "tokens_trained": float(c.tokens_trained),
+                "flops/estimated": 2.0 * self.n_params * c.tokens_generated
+                + 6.0 * self.n_params * c.tokens_trained,
+                "time/generation_s": t_gen,
+                "time/training_s": t_train,
+                "policy_version": float(self.learner.version),
+                "prompts_skipped_too_long": float(c.prompts_skipped_too_long),
+            }
+        )
+        every = cfg.eval.every
+        c.wall_seconds += time.perf_counter() - t_start
+        if (every and c.step % every == 0) or c.step == cfg.train.steps:
+            t0 = time.perf_counter()
+            ev = self.evaluate()
+            c.wall_seconds += time.perf_counter() - t0
+            self._record_eval(ev)
+            stats.update(ev)
+        stats["wall_seconds"] = c.wall_seconds
+        self.metrics.log(c.step, stats)
+        progress.update(
+            reward=stats["reward/mean"],
+            acc=c.evals[-1]["eval/accuracy"] if c.evals else float("nan"),
+            ent=stats.get("train/entropy", float("nan")),
+        )
+        ck = cfg.checkpoint.every
+        if ck and c.step % ck == 0 and c.step != cfg.train.steps:
+            self.checkpoint()
+
+    def summary(self) -> dict[str, Any]:
+        c = self.counters
+        accs = [e["eval/accuracy"] for e in c.evals]
+        mu = statistics.median(c.mu_per_step) if c.mu_per_step else None
+        return {
+            "initial_eval_accuracy": accs[0] if accs else None,
+            "final_eval_accuracy": accs[-1] if accs else None,
+            "best_eval_accuracy": max(accs) if accs else None,
+            "steps": c.step,
+            "policy_version": self.learner.version,
+            "rollouts_generated": c.rollouts_generated,
+            "tokens_generated": c.tokens_generated,
+            "tokens_trained": c.tokens_trained,
+            "rollouts_dropped_reward_error": c.rollouts_dropped_reward_error,
+            "first_reward_error": c.first_reward_error,
+            "prompts_skipped_too_long": c.prompts_skipped_too_long,
+            "wall_seconds": c.wall_seconds,
+            "generation_seconds": c.generation_seconds,
+            "training_seconds": c.training_seconds,
+            "mu_median": mu,
+            "num_eval_prompts": len(self.eval_rows),
+            "num_parameters": self.n_params,
+            "model_path": self.model_path,
+            "evals": c.evals,
+        }
+
+
+def _mean(xs: list[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else math.nan
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def train(cfg: Config, log: Log = print) -> dict[str, Any]:
+    """Start a new run from a resolved config."""
+    run_dir = _prepare_run_dir(cfg)
+    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    return Trainer(cfg, run_dir, log=log).run()
+
+
+def resume(
+    run_dir: str | Path, overrides: list[str] | None = None, log: Log = print
+) -> dict[str, Any]:
+    """Continue a run from its latest checkpoint (config from the run folder + overrides)."""
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
+    cfg = load_config(cfg_path, overrides)
+    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    return Trainer(cfg, run_dir, log=log, resume=True).run()

@@ -1,0 +1,367 @@
+"""Tests for replayrl.design (papers.md section 1, "Theory (synchronous model)")."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replayrl.design import (
+    DesignReport,
+    buffer_design,
+    closed_form_power_law,
+    design,
+    estimate_mu,
+    format_report,
+    gamma,
+    interpolated_variance,
+    numerical_optimum,
+    objective,
+    optimal_y,
+    power_law_variance,
+    reduced_objective,
+)
+
+SWEEP = settings(max_examples=60, deadline=None, derandomize=True)
+mus = st.floats(0.5, 20.0)
+alphas = st.floats(0.05, 0.45)
+rhos = st.floats(0.05, 1.0)
+
+
+def paper_closed_form(mu: float, alpha: float, rho: float) -> tuple[float, float]:
+    """The formula exactly as restated in papers.md (rho > 0 only)."""
+    y = (-alpha + math.sqrt(alpha**2 + mu * rho * (1 - 2 * alpha))) / rho
+    return y**2 / (mu - rho * y**2), y
+
+
+# ----------------------------------------------------------------- worked examples (by hand)
+
+
+def test_worked_example_mu4_alpha_quarter_rho_half():
+    # alpha^2 = 0.0625; mu*rho*(1-2alpha) = 4*0.5*0.5 = 1.0; sqrt(1.0625) = sqrt(17)/4 = 1.0307764
+    # y* = (-0.25 + 1.0307764)/0.5 = 0.7807764/0.5 = 1.5615528   (= (sqrt(17) - 1)/2)
+    # y*^2 = (18 - 2 sqrt(17))/4 = 2.4384472; rho*y*^2 = 1.2192236; mu - rho y*^2 = 2.7807764
+    # x* = 2.4384472/2.7807764 = 0.8768944   (simplifies exactly to 5 - sqrt(17))
+    x, y = closed_form_power_law(4.0, 0.25, 0.5)
+    assert y == pytest.approx(1.5615528, abs=1e-7)
+    assert x == pytest.approx(0.8768944, abs=1e-7)
+    assert y == pytest.approx((math.sqrt(17) - 1) / 2, rel=1e-12)
+    assert x == pytest.approx(5 - math.sqrt(17), rel=1e-12)
+
+
+def test_worked_example_mu5_alpha_tenth_rho_one():
+    # alpha^2 = 0.01; mu*rho*(1-2alpha) = 5*1*0.8 = 4; sqrt(4.01) = 2.0024984
+    # y* = (-0.1 + 2.0024984)/1 = 1.9024984
+    # y*^2 = 3.61 + 2*1.9*0.0024984 + 0.0024984^2 = 3.61 + 0.0094941 + 0.0000062 = 3.6195003
+    # mu - rho y*^2 = 5 - 3.6195003 = 1.3804997; x* = 3.6195003/1.3804997 = 2.621877
+    x, y = closed_form_power_law(5.0, 0.1, 1.0)
+    assert y == pytest.approx(1.9024984, abs=1e-7)
+    assert x == pytest.approx(2.621877, abs=1e-6)
+
+
+def test_worked_example_rho_zero_limit():
+    # rho = 0: the first-order condition of g(x) = x^(2a) (1/sqrt(mu) + x^(-1/2))^2 is
+    # 2a (sqrt(x/mu) + 1) = 1  =>  sqrt(x) = sqrt(mu)(1-2a)/(2a)  =>  x* = mu (1-2a)^2 / (4a^2),
+    # y* = sqrt(mu x*) = mu (1-2a)/(2a), i.e. x* = y*^2/mu.
+    # mu = 6, alpha = 0.25: y* = 6*0.5/0.5 = 6; x* = 36/6 = 6.
+    x, y = closed_form_power_law(6.0, 0.25, 0.0)
+    assert (x, y) == pytest.approx((6.0, 6.0), rel=1e-12)
+    xn, yn = numerical_optimum(6.0, 0.0, power_law_variance(0.25))
+    assert (xn, yn) == pytest.approx((6.0, 6.0), rel=1e-6)
+
+
+def test_alpha_zero_with_correlation_gives_unbounded_horizon():
+    # alpha = 0: g(x) = (1/sqrt(mu) + sqrt(rho + 1/x))^2 decreases in x, so x* = inf and
+    # y* = sqrt(mu/rho); mu = 4, rho = 0.25: y* = sqrt(16) = 4.
+    x, y = closed_form_power_law(4.0, 0.0, 0.25)
+    assert math.isinf(x)
+    assert y == pytest.approx(4.0, rel=1e-12)
+    assert optimal_y(math.inf, 4.0, 0.25) == pytest.approx(4.0)
+
+
+def test_alpha_zero_rho_zero_raises():
+    with pytest.raises(ValueError, match="no finite optimum"):
+        closed_form_power_law(4.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("mu", "alpha", "rho", "name"),
+    [
+        (0.0, 0.25, 0.5, "mu"),
+        (-1.0, 0.25, 0.5, "mu"),
+        (math.nan, 0.25, 0.5, "mu"),
+        (4.0, 0.5, 0.5, "alpha"),
+        (4.0, -0.1, 0.5, "alpha"),
+        (4.0, 0.25, -0.1, "rho"),
+        (4.0, 0.25, 1.5, "rho"),
+    ],
+)
+def test_closed_form_bad_input(mu, alpha, rho, name):
+    with pytest.raises(ValueError, match=rf"^{name} .*got"):
+        closed_form_power_law(mu, alpha, rho)
+
+
+# ----------------------------------------------------------------- closed form vs argmin
+
+
+@SWEEP
+@given(mu=mus, alpha=alphas, rho=rhos)
+def test_closed_form_matches_numerical_argmin(mu, alpha, rho):
+    x, y = closed_form_power_law(mu, alpha, rho)
+    xn, yn = numerical_optimum(mu, rho, power_law_variance(alpha))
+    assert xn == pytest.approx(x, rel=1e-3)
+    assert yn == pytest.approx(y, rel=1e-3)
+
+
+@SWEEP
+@given(mu=mus, alpha=alphas)
+def test_rho_zero_limit_matches_numerical_argmin(mu, alpha):
+    x, y = closed_form_power_law(mu, alpha, 0.0)
+    assert x == pytest.approx(y**2 / mu, rel=1e-12)
+    assert y == pytest.approx(mu * (1 - 2 * alpha) / (2 * alpha), rel=1e-12)
+    xn, yn = numerical_optimum(mu, 0.0, power_law_variance(alpha))
+    assert xn == pytest.approx(x, rel=1e-3)
+    assert yn == pytest.approx(y, rel=1e-3)
+
+
+@SWEEP
+@given(mu=mus, alpha=alphas, rho=rhos)
+def test_stable_form_equals_paper_form(mu, alpha, rho):
+    assert closed_form_power_law(mu, alpha, rho) == pytest.approx(
+        paper_closed_form(mu, alpha, rho), rel=1e-9
+    )
+
+
+def test_rho_to_zero_is_continuous():
+    x0, y0 = closed_form_power_law(3.0, 0.2, 0.0)
+    x1, y1 = closed_form_power_law(3.0, 0.2, 1e-12)
+    assert (x1, y1) == pytest.approx((x0, y0), rel=1e-9)
+
+
+@pytest.mark.parametrize(("mu", "alpha", "rho"), [(4.0, 0.25, 0.5), (0.7, 0.4, 0.1), (15, 0.05, 1)])
+def test_closed_form_is_local_minimum_of_g(mu, alpha, rho):
+    s2 = power_law_variance(alpha, tau=2.5)  # tau only rescales g: the argmin is unchanged
+    x, _ = closed_form_power_law(mu, alpha, rho)
+    g0 = reduced_objective(x, mu, rho, s2)
+    for f in (0.9, 0.99, 1.01, 1.1):
+        assert reduced_objective(x * f, mu, rho, s2) > g0
+
+
+def test_mu_to_zero_stays_on_policy():
+    xs = [closed_form_power_law(mu, 0.25, 0.5)[0] for mu in (1.0, 1e-1, 1e-2, 1e-4, 1e-6)]
+    assert all(a > b for a, b in itertools.pairwise(xs))
+    assert xs[-1] < 1e-5
+    # small-mu asymptotics: y* ~ mu(1-2a)/(2a) = mu, x* ~ y*^2/(2a(y*+mu)) ~ mu^2/(0.5*2mu) = mu
+    assert xs[-1] == pytest.approx(1e-6, rel=1e-3)
+    assert closed_form_power_law(1e-6, 0.25, 0.5)[1] == pytest.approx(1e-6, rel=1e-3)
+
+
+# ----------------------------------------------------------------- objective / optimal_y
+
+
+@pytest.mark.parametrize(
+    ("x", "mu", "rho"), [(0.5, 4.0, 0.5), (3.0, 5.3, 0.0), (10.0, 0.8, 1.0), (1.0, 20.0, 0.2)]
+)
+def test_optimal_y_minimises_objective_on_dense_grid(x, mu, rho):
+    s2 = power_law_variance(0.3)
+    ys = np.geomspace(1e-3, 1e3, 200_001)
+    j = objective(x, ys, mu, rho, s2)
+    y_grid = ys[np.argmin(j)]
+    y_star = optimal_y(x, mu, rho)
+    assert y_star == pytest.approx(y_grid, rel=1e-4)
+    assert objective(x, y_star, mu, rho, s2) <= j.min() * (1 + 1e-12)
+
+
+def test_objective_at_optimal_y_is_reduced_objective():
+    s2 = power_law_variance(0.2)
+    x = np.geomspace(0.01, 100, 50)
+    y = optimal_y(x, 5.0, 0.3)
+    assert objective(x, y, 5.0, 0.3, s2) == pytest.approx(reduced_objective(x, 5.0, 0.3, s2))
+
+
+def test_objective_hand_value():
+    # x = 2, y = 1, mu = 4, rho = 0.5, sigma^2 = 3: 3 * (1 + 1/4) * (1 + 1/2 + 0.5) = 3*1.25*2 = 7.5
+    assert objective(2.0, 1.0, 4.0, 0.5, 3.0) == pytest.approx(7.5)
+    # callable variance: sigma^2(2) = 2^(2*0.5)... use alpha = 0.25: (2/1)^0.5 = 1.41421356
+    assert objective(2.0, 1.0, 4.0, 0.5, power_law_variance(0.25)) == pytest.approx(
+        1.41421356 * 2.5, rel=1e-8
+    )
+
+
+def test_objective_and_optimal_y_bad_input():
+    with pytest.raises(ValueError, match="x"):
+        optimal_y(0.0, 4.0, 0.5)
+    with pytest.raises(ValueError, match="mu"):
+        optimal_y(1.0, 0.0, 0.5)
+    with pytest.raises(ValueError, match="y"):
+        objective(1.0, -1.0, 4.0, 0.5, 1.0)
+    with pytest.raises(ValueError, match="unbounded"):
+        optimal_y(math.inf, 4.0, 0.0)
+
+
+# ----------------------------------------------------------------- numerical optimum
+
+
+def test_numerical_optimum_general_curve_matches_brute_force():
+    # A variance curve that is not a power law: sigma^2(x) = (1 + x)^0.6
+    def s2(x):
+        return (1.0 + np.asarray(x)) ** 0.6
+
+    mu, rho = 5.0, 0.3
+    xn, yn = numerical_optimum(mu, rho, s2)
+    xs = np.geomspace(1e-3, 1e3, 400_001)
+    x_brute = xs[np.argmin(reduced_objective(xs, mu, rho, s2))]
+    assert xn == pytest.approx(x_brute, rel=1e-4)
+    assert yn == pytest.approx(optimal_y(xn, mu, rho))
+
+
+def test_interpolated_power_law_is_exact_and_gives_closed_form():
+    xs = np.geomspace(0.1, 100.0, 7)
+    s2 = interpolated_variance(xs, xs**0.5)  # sigma = x^0.25
+    q = np.array([0.01, 0.3, 7.0, 5e3])  # includes extrapolation on both sides
+    assert s2(q) == pytest.approx(q**0.5, rel=1e-12)
+    x, y = closed_form_power_law(4.0, 0.25, 0.5)
+    assert numerical_optimum(4.0, 0.5, s2) == pytest.approx((x, y), rel=1e-3)
+
+
+def test_interpolated_variance_measured_curve():
+    xs = [1.0, 2.0, 4.0]
+    s2 = interpolated_variance(xs, [1.0, 4.0, 4.0])
+    # log-log midpoint between (1,1) and (2,4): x = sqrt(2) -> sigma^2 = 2
+    assert s2(np.array([math.sqrt(2.0)])) == pytest.approx([2.0])
+    clamped = interpolated_variance(xs, [1.0, 4.0, 4.0], extrapolate=False)
+    assert clamped(np.array([0.5, 10.0])) == pytest.approx([1.0, 4.0])
+    assert s2(np.array([0.5])) == pytest.approx([0.25])  # slope 2 extended below x = 1
+
+
+@pytest.mark.parametrize(
+    ("xs", "ys"),
+    [
+        ([1.0], [1.0]),
+        ([1.0, 2.0], [1.0]),
+        ([2.0, 1.0], [1.0, 1.0]),
+        ([0.0, 1.0], [1.0, 1.0]),
+        ([1.0, 2.0], [1.0, 0.0]),
+    ],
+)
+def test_interpolated_variance_bad_input(xs, ys):
+    with pytest.raises(ValueError):
+        interpolated_variance(xs, ys)
+
+
+def test_numerical_optimum_warns_on_boundary_and_bad_bounds():
+    # rho = 0, alpha = 0.01, mu = 10: x* = 10*0.98^2/(4e-4) = 24010 > x_max = 1e3
+    with pytest.warns(RuntimeWarning, match="boundary"):
+        x, _ = numerical_optimum(10.0, 0.0, power_law_variance(0.01), x_max=1e3)
+    assert x == pytest.approx(1e3)
+    with pytest.raises(ValueError, match="x_min"):
+        numerical_optimum(4.0, 0.5, power_law_variance(0.25), x_min=10.0, x_max=1.0)
+
+
+# ----------------------------------------------------------------- buffer, gamma, mu
+
+
+def test_buffer_design_hand_values():
+    # x* = 0.8768944, y* = 1.5615528, R = 64: x R = 56.121 -> 56; y R = 99.939 -> 100
+    x, y = closed_form_power_law(4.0, 0.25, 0.5)
+    assert buffer_design(x, y, 64) == (56, 100)
+    assert buffer_design(2.5, 0.5, 1) == (3, 1)  # half rounds up
+    assert buffer_design(1e-4, 1e-4, 10) == (1, 1)  # never below 1
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "r", "match"),
+    [
+        (1.0, 1.0, 0, "rollouts_per_step"),
+        (1.0, 1.0, 1.5, "rollouts_per_step"),
+        (math.inf, 1.0, 8, "x_star"),
+        (1.0, 0.0, 8, "y_star"),
+    ],
+)
+def test_buffer_design_bad_input(x, y, r, match):
+    with pytest.raises(ValueError, match=match):
+        buffer_design(x, y, r)
+
+
+def test_gamma_hand_values():
+    assert gamma(4.0, 4, 4) == pytest.approx(0.4)  # (1 + 4/4)/(1 + 4) = 2/5
+    assert gamma(5.3, 6, 2) == pytest.approx(0.6349206, abs=1e-7)  # (1 + 3)/6.3
+    assert gamma(6.8, 0, 8) == pytest.approx(1 / 7.8)  # (1 + 0)/(1 + 6.8)
+    assert gamma(0.0, 7, 1) == pytest.approx(8.0)  # (1 + 7)/1
+    with pytest.raises(ValueError, match="trainers"):
+        gamma(4.0, 4, 0)
+    with pytest.raises(ValueError, match="workers"):
+        gamma(4.0, -1, 4)
+    with pytest.raises(ValueError, match="mu"):
+        gamma(-1.0, 4, 4)
+
+
+def test_estimate_mu_is_median_of_per_step_ratios():
+    # ratios gen/train = 5, 6, 6, 7 -> median 6
+    assert estimate_mu([1, 1, 2, 1], [5, 6, 12, 7]) == pytest.approx(6.0)
+    # ratios 3, 8, 1 -> median 3 (ratio of medians would be 4/1 = 4)
+    assert estimate_mu([1, 1, 4], [3, 8, 4]) == pytest.approx(3.0)
+
+
+def test_estimate_mu_skips_bad_steps():
+    # usable steps: (1,4) -> 4, (2,10) -> 5, (1,8) -> 8; median 5
+    train = [1.0, 0.0, 1.0, math.nan, 2.0, 1.0, math.inf]
+    gen = [4.0, 5.0, -1.0, 3.0, 10.0, 8.0, 1.0]
+    assert estimate_mu(train, gen) == pytest.approx(5.0)
+
+
+def test_estimate_mu_errors():
+    with pytest.raises(ValueError, match="cannot estimate mu"):
+        estimate_mu([0.0, math.nan], [1.0, 1.0])
+    with pytest.raises(ValueError, match="cannot estimate mu"):
+        estimate_mu([], [])
+    with pytest.raises(ValueError, match="same length"):
+        estimate_mu([1.0, 2.0], [1.0])
+
+
+# ----------------------------------------------------------------- design / report
+
+
+def test_design_report_and_text():
+    rep = design(4.0, 0.25, 0.5, rollouts_per_step=64, workers=4, trainers=4)
+    assert isinstance(rep, DesignReport)
+    assert rep.x_star == pytest.approx(5 - math.sqrt(17))
+    assert rep.x_star_num == pytest.approx(rep.x_star, rel=1e-3)
+    assert rep.y_star_num == pytest.approx(rep.y_star, rel=1e-3)
+    assert (rep.N, rep.B) == (56, 100)
+    assert rep.gamma == pytest.approx(0.4)
+    text = format_report(rep)
+    assert "N/R" in text and "B/R" in text
+    assert "0.8769" in text and "1.562" in text and "N = round(x* R) = 56" in text
+    assert "gamma" in text and "0.4" in text
+    assert len(text.splitlines()) >= 6
+
+
+def test_design_without_optional_parts():
+    rep = design(6.8, 0.2, 0.3)
+    assert rep.N is None and rep.B is None and rep.gamma is None
+    assert "gamma" not in format_report(rep)
+
+
+def test_design_alpha_zero():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rep = design(5.3, 0.0, 0.5)
+    assert math.isinf(rep.x_star)
+    assert "unbounded" in format_report(rep)
+    with pytest.raises(ValueError, match="x_star"):
+        design(5.3, 0.0, 0.5, rollouts_per_step=64)
+
+
+def test_design_bad_input():
+    with pytest.raises(ValueError, match="workers"):
+        design(4.0, 0.25, 0.5, workers=4)
+    with pytest.raises(ValueError, match="alpha"):
+        design(4.0, 0.6, 0.5)
+    with pytest.raises(ValueError, match="tau"):
+        design(4.0, 0.25, 0.5, tau=0.0)
