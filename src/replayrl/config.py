@@ -34,12 +34,15 @@ class WarmStartConfig(_Section):
     """Short deterministic SFT so RL starts from a policy that is sometimes right."""
 
     enabled: bool = True
-    steps: int = Field(600, ge=0)
+    steps: int = Field(600, ge=0)  # phase 1: SFT on correct answers
     batch_size: int = Field(64, ge=1)
     lr: float = Field(3e-3, gt=0)
-    # The SFT teacher forgets each carry with this probability: a systematic, fixable
-    # mistake (like a base model's), so RL has something real to correct.
-    teacher_carry_error: float = Field(0.5, ge=0, le=1)
+    # Phase 2: SFT on a teacher that forgets each carry with probability
+    # `teacher_carry_error`: a systematic, fixable mistake (like a base model's), so the
+    # policy is sometimes right and RL has something real to correct.
+    mistake_steps: int = Field(150, ge=0)
+    mistake_lr: float = Field(1e-3, gt=0)
+    teacher_carry_error: float = Field(0.8, ge=0, le=1)
     seed: int = 1234
 
 
@@ -97,7 +100,7 @@ class AlgorithmConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(60, ge=0)
+    steps: int = Field(80, ge=0)
     batch_size: int | None = Field(None, ge=1)  # rollouts per step's batch; None = R
     mini_batch_size: int | None = Field(None, ge=1)  # rollouts per optimizer update; None = B
     epochs: int = Field(1, ge=1)  # passes over each batch (update-to-data ratio)

@@ -72,29 +72,25 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCa
     return LlamaForCausalLM(config)
 
 
-def _sft(
+def _sft_phase(
     model: LlamaForCausalLM,
     tok: PreTrainedTokenizerBase,
-    task_cfg: TaskConfig,
-    cfg: ModelConfig,
-) -> dict[str, float]:
+    task,
+    rng: np.random.Generator,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    carry_error: float,
+) -> float:
     """Teacher-forced SFT on (prompt, completion+EOS) pairs; loss on completion tokens only."""
-    from replayrl.tasks import make_task
-
-    ws = cfg.warmstart
-    task = make_task(
-        task_cfg.name, digits=task_cfg.digits, eval_size=task_cfg.eval_size, seed=task_cfg.seed
-    )
-    rng = np.random.default_rng(ws.seed)
-    torch.manual_seed(ws.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1 - s / max(ws.steps, 1))
+        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1 - s / max(steps, 1))
     )
     model.train()
     loss_val = float("nan")
-    for _ in range(ws.steps):
-        pairs = task.sft_pairs(ws.batch_size, rng, ws.teacher_carry_error)  # type: ignore[attr-defined]
+    for _ in range(steps):
+        pairs = task.sft_pairs(batch_size, rng, carry_error)
         seqs, masks = [], []
         for prompt, completion in pairs:
             p = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -120,9 +116,30 @@ def _sft(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        loss_val = float(loss)
+        loss_val = loss.item()
     model.eval()
-    return {"sft_final_loss": loss_val}
+    return loss_val
+
+
+def _sft(
+    model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, task_cfg: TaskConfig, cfg: ModelConfig
+) -> dict[str, float]:
+    """Phase 1 on correct answers, then phase 2 on the carry-forgetting teacher."""
+    from replayrl.tasks import make_task
+
+    ws = cfg.warmstart
+    task = make_task(
+        task_cfg.name, digits=task_cfg.digits, eval_size=task_cfg.eval_size, seed=task_cfg.seed
+    )
+    rng = np.random.default_rng(ws.seed)
+    torch.manual_seed(ws.seed)
+    out = {"sft_loss": _sft_phase(model, tok, task, rng, ws.steps, ws.batch_size, ws.lr, 0.0)}
+    if ws.mistake_steps:
+        out["sft_mistake_loss"] = _sft_phase(
+            model, tok, task, rng, ws.mistake_steps, ws.batch_size, ws.mistake_lr,
+            ws.teacher_carry_error,
+        )
+    return out
 
 
 def warmstart_key(cfg: ModelConfig, task_cfg: TaskConfig) -> str:
@@ -131,7 +148,7 @@ def warmstart_key(cfg: ModelConfig, task_cfg: TaskConfig) -> str:
             "tiny": cfg.tiny.model_dump(),
             "warmstart": cfg.warmstart.model_dump(),
             "task": task_cfg.model_dump(),
-            "format": 1,
+            "format": 2,
         },
         sort_keys=True,
     )
@@ -168,9 +185,10 @@ def ensure_warmstart(cfg: ModelConfig, task_cfg: TaskConfig, log=print) -> Path:
     tok = build_char_tokenizer(task.corpus())
     model = build_tiny_model(cfg, vocab_size=len(tok), seed=cfg.warmstart.seed)
     if cfg.warmstart.enabled and cfg.warmstart.steps:
-        log(f"building the tiny model's SFT warm start ({cfg.warmstart.steps} steps) -> {dest}")
+        ws = cfg.warmstart
+        log(f"building the tiny model's SFT warm start ({ws.steps}+{ws.mistake_steps} steps)")
         stats = _sft(model, tok, task_cfg, cfg)
-        log(f"warm start done: final SFT loss {stats['sft_final_loss']:.3f}")
+        log(f"warm start done ({', '.join(f'{k} {v:.3f}' for k, v in stats.items())}) -> {dest}")
     atomic_save_pretrained(model, tok, dest)
     return dest
 
