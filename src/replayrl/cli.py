@@ -1,4 +1,4 @@
-"""`replayrl` command line: train | eval | config show | design."""
+"""`replayrl` command line: train | eval | config show | design | bench buffer."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "wall_seconds",
     )
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    print(f"run folder: {summary['run_dir']} (summary.json, metrics.jsonl, checkpoints/)")
     return 0
 
 
@@ -75,6 +76,13 @@ def _cmd_design(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_buffer(args: argparse.Namespace) -> int:
+    from replayrl.buffer.bench import print_table, run_buffer_bench
+
+    print_table(run_buffer_bench(args.n, args.batch, args.repeats))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replayrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -103,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="W inference workers (for gamma)")
     p.add_argument("--trainers", type=int, help="T trainers (for gamma)")
     p.set_defaults(func=_cmd_design)
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bsub = p.add_subparsers(dest="bench_command", required=True)
+    bb = bsub.add_parser("buffer", help="replay buffer sample/push latency and memory")
+    bb.add_argument("--n", type=int, default=1_000_000, help="rollouts stored")
+    bb.add_argument("--batch", type=int, default=256, help="sample size")
+    bb.add_argument("--repeats", type=int, default=200, help="timed repeats (median reported)")
+    bb.set_defaults(func=_cmd_bench_buffer)
     return parser
 
 

@@ -76,7 +76,8 @@ class RolloutConfig(_Section):
 
 class BufferConfig(_Section):
     kind: Literal["onpolicy", "replay"] = "onpolicy"
-    capacity: int | None = Field(None, ge=1)  # None: unbounded (onpolicy only)
+    # None: unbounded (onpolicy only); "auto": N from `replayrl design` on a measured warm-up
+    capacity: int | Literal["auto"] | None = Field(None, ge=1)
     sampler: Literal["uniform", "positive_bias"] = "uniform"
     delta: float = Field(0.0, ge=0, lt=1)
     with_replacement: bool = False
@@ -87,7 +88,17 @@ class BufferConfig(_Section):
     def _replay_needs_capacity(self) -> BufferConfig:
         if self.kind == "replay" and self.capacity is None:
             raise ValueError("buffer.capacity must be set for buffer.kind=replay")
+        if self.kind == "onpolicy" and self.capacity == "auto":
+            raise ValueError("buffer.capacity=auto needs buffer.kind=replay")
         return self
+
+
+class DesignConfig(_Section):
+    """Inputs of paper 1's cost model, used when capacity or batch size is `auto`."""
+
+    alpha: float = Field(0.25, ge=0, lt=0.5)  # power-law exponent of sigma(x)
+    rho: float = Field(0.5, ge=0, le=1)  # correlation between buffer items
+    warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu
 
 
 class AlgorithmConfig(_Section):
@@ -101,7 +112,8 @@ class AlgorithmConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int = Field(80, ge=0)
-    batch_size: int | None = Field(None, ge=1)  # rollouts per step's batch; None = R
+    # rollouts per step's batch B; None = R; "auto" = from `replayrl design` (see `design`)
+    batch_size: int | Literal["auto"] | None = Field(None, ge=1)
     mini_batch_size: int | None = Field(None, ge=1)  # rollouts per optimizer update; None = B
     epochs: int = Field(1, ge=1)  # passes over each batch (update-to-data ratio)
     micro_batch_size: int = Field(64, ge=1)  # memory only: gradient accumulation chunk
@@ -139,6 +151,7 @@ class Config(_Section):
     rewards: list[RewardSpec] = [RewardSpec(name="correctness", weight=1.0)]
     rollout: RolloutConfig = RolloutConfig()
     buffer: BufferConfig = BufferConfig()
+    design: DesignConfig = DesignConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -152,13 +165,23 @@ class Config(_Section):
 
     @property
     def batch_size(self) -> int:
-        """B: rollouts in each step's training batch."""
-        return self.train.batch_size or self.rollouts_per_step
+        """B: rollouts in each step's training batch (R when unset; resolve `auto` first)."""
+        b = self.train.batch_size
+        if b == "auto":
+            raise ValueError("train.batch_size=auto is resolved at the start of a run")
+        return b or self.rollouts_per_step
+
+    @property
+    def needs_design(self) -> bool:
+        return self.buffer.capacity == "auto" or self.train.batch_size == "auto"
 
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
         mini = self.train.mini_batch_size
-        if mini is not None and mini > self.batch_size:
+        if self.train.batch_size == "auto":
+            if self.buffer.kind != "replay":
+                raise ValueError("train.batch_size=auto needs buffer.kind=replay")
+        elif mini is not None and mini > self.batch_size:
             raise ValueError(
                 f"train.mini_batch_size={mini} is larger than the batch size B={self.batch_size}"
             )

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from replayrl.algorithms import get_policy_loss
+from replayrl.algorithms import get_policy_loss, importance_ess
 from replayrl.config import Config
 from replayrl.rollout import Rollout
 
@@ -104,6 +104,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         metric_sums: dict[str, float] = defaultdict(float)
         entropy_sum, total_loss, ratio_max = 0.0, 0.0, 0.0
+        seq_log_ratios = []
         micro = cfg.train.micro_batch_size
         for start in range(0, len(minibatch), micro):
             part = minibatch[start : start + micro]
@@ -120,7 +121,9 @@ class Learner:
                 **self._loss_kwargs(),
             )
             loss.backward()
-            total_loss += float(loss)
+            with torch.no_grad():
+                seq_log_ratios.append(((logps - b["old_logprobs"]) * b["mask"]).sum(-1))
+            total_loss += loss.item()
             part_tokens = float(b["mask"].sum())
             entropy_sum += float((entropy * b["mask"]).sum())
             for k, v in metrics.items():  # token-weighted average over micro-batches
@@ -140,6 +143,7 @@ class Learner:
         out = {k: v / max(tokens, 1) for k, v in metric_sums.items()}
         out.update(
             ratio_max=ratio_max,
+            ess=importance_ess(torch.cat(seq_log_ratios)),
             loss=total_loss,
             grad_norm=float(grad_norm),
             entropy=entropy_sum / max(tokens, 1),
@@ -147,6 +151,15 @@ class Learner:
             skipped_updates=0.0,
         )
         return out
+
+    def measure_backward(self, rollouts: list[Rollout]) -> None:
+        """A forward+backward pass with no optimizer step (to time training per sample)."""
+        micro = self.cfg.train.micro_batch_size
+        for start in range(0, len(rollouts), micro):
+            b = collate(rollouts[start : start + micro], self.pad_id)
+            logps, _ = token_logprobs(self.model, b, self.cfg.rollout.temperature)
+            (-(logps * b["mask"]).sum()).backward()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, object]:
         return {

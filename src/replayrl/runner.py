@@ -52,6 +52,7 @@ class Counters:
     training_seconds: float = 0.0
     wall_seconds: float = 0.0
     mu_per_step: list[float] = field(default_factory=list)
+    design: dict[str, float] | None = None  # resolved `auto` buffer design
     evals: list[dict[str, float]] = field(default_factory=list)
     first_reward_error: str | None = None
 
@@ -97,17 +98,7 @@ class Trainer:
         t = cfg.task
         self.task = make_task(t.name, digits=t.digits, eval_size=t.eval_size, seed=t.seed)
         self.rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
-        b = cfg.buffer
-        self.buffer = make_buffer(
-            b.kind,
-            b.capacity,
-            sampler=b.sampler,
-            delta=b.delta,
-            with_replacement=b.with_replacement,
-            num_shards=b.num_shards,
-            max_staleness=b.max_staleness,
-            seed=cfg.train.seed,
-        )
+        self.buffer = self._make_buffer() if not cfg.needs_design else None
         self.learner = Learner(self.model, self.tokenizer.pad_token_id, cfg)
         self.generator = HFGenerator(self.model, self.tokenizer, cfg.rollout.generation_batch_size)
         self.prompt_rng = np.random.default_rng(cfg.train.seed)
@@ -118,6 +109,63 @@ class Trainer:
         if ckpt is not None:
             self._restore(ckpt)
         self.metrics = MetricsLogger(run_dir, cfg.logging.tensorboard, resume=resume)
+
+    def _make_buffer(self):
+        b = self.cfg.buffer
+        return make_buffer(
+            b.kind,
+            b.capacity,
+            sampler=b.sampler,
+            delta=b.delta,
+            with_replacement=b.with_replacement,
+            num_shards=b.num_shards,
+            max_staleness=b.max_staleness,
+            seed=self.cfg.train.seed,
+        )
+
+    def _auto_design(self) -> None:
+        """Resolve `auto` N / B: measure mu on warm-up batches, then apply paper 1's optimum.
+
+        The warm-up rollouts are real (version 0) and go into the buffer; the training
+        passes used for timing take no optimizer step.
+        """
+        from replayrl.design import design
+
+        cfg, R = self.cfg, self.cfg.rollouts_per_step
+        mus, produced = [], []
+        for _ in range(cfg.design.warmup_steps):
+            t0 = time.perf_counter()
+            rollouts, _ = self.produce()
+            t_gen = time.perf_counter() - t0
+            produced.extend(rollouts)
+            if not rollouts:
+                continue
+            t1 = time.perf_counter()
+            self.learner.measure_backward(rollouts)
+            t_train = time.perf_counter() - t1
+            mus.append((t_gen / len(rollouts)) / (t_train / len(rollouts)))
+            self.counters.generation_seconds += t_gen
+        if not mus:
+            raise ValueError("auto design: every warm-up rollout was dropped; cannot measure mu")
+        mu = statistics.median(mus)
+        d = cfg.design
+        rep = design(mu, d.alpha, d.rho, rollouts_per_step=R)
+        if cfg.buffer.capacity == "auto":
+            cfg.buffer.capacity = rep.N
+        if cfg.train.batch_size == "auto":
+            cfg.train.batch_size = rep.B
+        if cfg.batch_size > cfg.buffer.capacity and not cfg.buffer.with_replacement:
+            cfg.buffer.with_replacement = True  # the theory's sampling model when B > N
+        self.counters.design = {"mu": mu, "x_star": rep.x_star, "y_star": rep.y_star,
+                                "N": cfg.buffer.capacity, "B": cfg.batch_size}
+        self.log(
+            f"auto design: measured mu = {mu:.3g} -> x* = {rep.x_star:.3g}, y* = {rep.y_star:.3g}"
+            f" -> buffer.capacity N = {cfg.buffer.capacity}, train.batch_size B = "
+            f"{cfg.batch_size} (R = {R})"
+        )
+        (self.run_dir / "config.yaml").write_text(config_to_yaml(cfg))  # resume uses these
+        self.buffer = self._make_buffer()
+        self.buffer.push(produced)
 
     # -- checkpoints -------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -264,6 +312,8 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg, c = self.cfg, self.counters
+        if self.buffer is None:
+            self._auto_design()
         R, B = cfg.rollouts_per_step, cfg.batch_size
         if cfg.buffer.kind == "replay" and cfg.buffer.capacity:
             self.log(
@@ -383,7 +433,9 @@ class Trainer:
             "generation_seconds": c.generation_seconds,
             "training_seconds": c.training_seconds,
             "mu_median": mu,
+            "design": c.design,
             "num_eval_prompts": len(self.eval_rows),
+            "run_dir": str(self.run_dir),
             "num_parameters": self.n_params,
             "model_path": self.model_path,
             "evals": c.evals,
@@ -400,8 +452,15 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-save "Writing model shards" bars drown the loop's
+
+
 def train(cfg: Config, log: Log = print) -> dict[str, Any]:
     """Start a new run from a resolved config."""
+    _quiet_transformers()
     run_dir = _prepare_run_dir(cfg)
     (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
     return Trainer(cfg, run_dir, log=log).run()
@@ -411,6 +470,7 @@ def resume(
     run_dir: str | Path, overrides: list[str] | None = None, log: Log = print
 ) -> dict[str, Any]:
     """Continue a run from its latest checkpoint (config from the run folder + overrides)."""
+    _quiet_transformers()
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():

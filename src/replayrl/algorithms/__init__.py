@@ -13,5 +13,6 @@ __all__ = [
     "aggregate",
     "get_policy_loss",
     "group_advantages",
+    "importance_ess",
     "register_policy_loss",
 ]

@@ -51,6 +51,14 @@ def aggregate(
     raise ValueError(f"algorithm.loss_agg: unknown aggregation {loss_agg!r}")
 
 
+def importance_ess(seq_log_ratios: torch.Tensor) -> float:
+    """Normalised effective sample size (sum w)^2 / (n sum w^2) of sequence ratios w (in (0, 1])."""
+    if seq_log_ratios.numel() == 0:
+        return 1.0
+    w = torch.exp(seq_log_ratios.double() - seq_log_ratios.double().max())  # scale-free
+    return float(w.sum() ** 2 / (w.numel() * (w**2).sum()))
+
+
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     m = mask.to(x.dtype)
     return float((x * m).sum() / m.sum().clamp(min=1))

@@ -1,0 +1,110 @@
+"""The loop with a replay buffer: AsymRE, replay metrics, exact resume, `auto` design, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from replayrl.cli import main
+from replayrl.config import load_config
+from replayrl.metrics import read_metrics
+from replayrl.runner import resume, train
+
+TINY = [
+    "model.tiny.num_layers=1",
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64",
+    "model.warmstart.steps=5",
+    "model.warmstart.mistake_steps=0",
+    "rollout.prompts_per_step=2",
+    "rollout.num_generations=4",
+    "rollout.max_new_tokens=4",
+    "eval.num_prompts=8",
+    "eval.every=0",
+    "logging.tensorboard=false",
+    "logging.progress=false",
+]
+REPLAY = ["buffer.kind=replay", "buffer.capacity=16", "train.batch_size=12"]
+
+
+def _cfg(tmp_path: Path, name: str, *extra: str):
+    return load_config(None, [*TINY, f"logging.run_dir={tmp_path}", f"logging.name={name}", *extra])
+
+
+def test_replay_run_logs_buffer_metrics_and_respects_capacity(tmp_path: Path) -> None:
+    summary = train(_cfg(tmp_path, "r", *REPLAY, "train.steps=4", "algorithm.loss_type=asymre"))
+    steps = [m for m in read_metrics(tmp_path / "r" / "metrics.jsonl") if "train/loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    sizes = [m["buffer/size"] for m in steps]
+    assert sizes == [8, 16, 16, 16]  # R = 8 per step, FIFO capped at N = 16
+    # sampling without removal: from step 2 on the batch holds B = 12 of the 16 stored
+    assert all(m["batch/batch_size"] == 12 for m in steps[1:])
+    assert steps[0]["batch/batch_size"] == 8  # only 8 present at step 1
+    assert max(m["batch/age_max"] for m in steps) >= 1  # older versions are replayed
+    assert all(0 < m["train/ess"] <= 1 for m in steps)
+    assert summary["rollouts_generated"] == 32
+    assert summary["mu_median"] is not None and summary["mu_median"] > 0
+
+
+def test_replay_resume_continues_exactly(tmp_path: Path) -> None:
+    extra = [*REPLAY, "train.epochs=2", "train.mini_batch_size=6"]
+    train(_cfg(tmp_path, "straight", *extra, "train.steps=4"))
+    train(_cfg(tmp_path, "split", *extra, "train.steps=2"))
+    summary = resume(tmp_path / "split", ["train.steps=4"], log=lambda _: None)
+    assert summary["steps"] == 4 and summary["policy_version"] == 4
+
+    def per_step(name: str) -> dict[int, dict]:
+        rows = read_metrics(tmp_path / name / "metrics.jsonl")
+        return {m["step"]: m for m in rows if "train/loss" in m}
+
+    a, b = per_step("straight"), per_step("split")
+    for step in (3, 4):
+        for key in ("reward/mean", "train/loss", "batch/age_mean", "buffer/size"):
+            assert a[step][key] == b[step][key], (step, key)
+    state_a = torch.load(tmp_path / "straight/checkpoints/step_000004/state.pt", weights_only=False)
+    state_b = torch.load(tmp_path / "split/checkpoints/step_000004/state.pt", weights_only=False)
+
+    def contents(state: dict) -> list[tuple[int, int, int]]:
+        table, order = state["buffer"]["rollouts"], state["buffer"]["order"]
+        return [(table[j]["group_id"], table[j]["step"], table[j]["times_sampled"]) for j in order]
+
+    assert len(contents(state_a)) == 16
+    assert contents(state_a) == contents(state_b)
+    assert state_a["buffer"]["rng"] == state_b["buffer"]["rng"]
+
+
+def test_auto_design_resolves_capacity_and_batch(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "auto", "buffer.kind=replay", "buffer.capacity=auto",
+               "train.batch_size=auto", "train.steps=2", "design.warmup_steps=1")
+    summary = train(cfg)
+    d = summary["design"]
+    assert d["mu"] > 0 and d["N"] >= 1 and d["B"] >= 1
+    saved = load_config(tmp_path / "auto" / "config.yaml")
+    assert saved.buffer.capacity == d["N"] and saved.train.batch_size == d["B"]
+    # the warm-up generation counts: one measured step plus the two training steps
+    assert summary["rollouts_generated"] == 3 * 8
+
+
+def test_auto_capacity_needs_replay() -> None:
+    with pytest.raises(ValueError, match="buffer.capacity=auto needs buffer.kind=replay"):
+        load_config(None, ["buffer.capacity=auto"])
+
+
+def test_design_cli_prints_optimum(capsys: pytest.CaptureFixture[str]) -> None:
+    # mu=4, alpha=0.25, rho=0.5: y* = (sqrt(17)-1)/2 = 1.5616, x* = 5 - sqrt(17) = 0.8769
+    rc = main(["design", "--mu", "4", "--alpha", "0.25", "--rho", "0.5",
+               "--rollouts-per-step", "64"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "1.56" in out and "0.877" in out
+    assert "56" in out and "100" in out  # N = round(0.8769*64) = 56, B = round(1.5616*64) = 100
+
+
+def test_summary_json_matches_return(tmp_path: Path) -> None:
+    summary = train(_cfg(tmp_path, "s", "train.steps=1"))
+    on_disk = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert on_disk["rollouts_generated"] == summary["rollouts_generated"] == 8
