@@ -5,6 +5,7 @@ from replayrl.algorithms.losses import (
     POLICY_LOSSES,
     aggregate,
     get_policy_loss,
+    importance_ess,
     register_policy_loss,
 )
 
