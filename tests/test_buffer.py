@@ -23,6 +23,7 @@ from replayrl.buffer import (
     draw_indices,
     make_buffer,
     positive_bias,
+    rollout_to_dict,
     uniform,
 )
 from replayrl.buffer.samplers import num_reserved
@@ -81,15 +82,60 @@ class Pusher:
         return out
 
 
-def model_candidates(items: list[Rollout], capacity: int, delta: float) -> list[Rollout]:
-    """Reference rule, written independently: freshest N-k plus freshest k correct older."""
-    k = math.floor(delta * capacity + 1e-9)
+def reserve_slots(capacity: int, delta: float) -> int:
+    """k = floor(delta * N), written independently (never more than N - 1)."""
+    return min(capacity - 1, math.floor(delta * capacity + 1e-9))
+
+
+class FifoModel:
+    """Reference buffer as plain lists: a fresh window of N - k and a correct reserve of k.
+
+    A rollout pushed out of the window joins the reserve if it is correct (the reserve's
+    oldest then leaves if there are more than k), else it is evicted. k = 0: a plain FIFO.
+    """
+
+    def __init__(self, capacity: int, delta: float = 0.0) -> None:
+        self.k = reserve_slots(capacity, delta)
+        self.window = capacity - self.k
+        self.fresh: list[Rollout] = []
+        self.reserve: list[Rollout] = []
+        self.evicted = 0
+
+    def push(self, rollouts: list[Rollout]) -> None:
+        for r in rollouts:
+            self.fresh.append(r)
+            if len(self.fresh) > self.window:
+                old = self.fresh.pop(0)
+                if self.k and old.correct:
+                    self.reserve.append(old)
+                    if len(self.reserve) > self.k:
+                        self.reserve.pop(0)
+                        self.evicted += 1
+                else:
+                    self.evicted += 1
+
+    def drop_stale(self, cv: int | None, ms: int | None) -> int:
+        before = len(self.items())
+        self.fresh = drop_stale(self.fresh, cv, ms)
+        self.reserve = drop_stale(self.reserve, cv, ms)
+        return before - len(self.items())
+
+    def remove(self, gone: set[int]) -> None:
+        self.fresh = [r for r in self.fresh if r.step not in gone]
+        self.reserve = [r for r in self.reserve if r.step not in gone]
+
+    def items(self) -> list[Rollout]:
+        return self.reserve + self.fresh
+
+
+def literal_candidates(history: list[Rollout], capacity: int, delta: float) -> list[Rollout]:
+    """Paper 1 verbatim over everything ever pushed (no staleness filter): the freshest
+    (1-delta)N rollouts plus the freshest delta*N correct rollouts not already among them."""
+    k = reserve_slots(capacity, delta)
     n_fresh = capacity - k
-    if len(items) <= n_fresh:
-        return list(items)
-    older, fresh = items[: len(items) - n_fresh], items[len(items) - n_fresh :]
-    extras = [r for r in older if r.correct]
-    extras = extras[max(0, len(extras) - k) :] if k else []
+    fresh = history[max(0, len(history) - n_fresh) :]
+    older_correct = [r for r in history[: len(history) - len(fresh)] if r.correct]
+    extras = older_correct[max(0, len(older_correct) - k) :] if k else []
     return extras + fresh
 
 
@@ -106,7 +152,7 @@ def drop_stale(items: list[Rollout], cv: int | None, ms: int | None) -> list[Rol
 @given(
     ops=ops_strategy,
     capacity=st.integers(1, 9),
-    delta=st.sampled_from([0.0, 0.2, 0.5, 0.75]),
+    delta=st.sampled_from([0.0, 0.2, 0.5, 0.75, 0.9]),
     with_replacement=st.booleans(),
     max_staleness=st.one_of(st.none(), st.integers(0, 4)),
     seed=st.integers(0, 3),
@@ -130,24 +176,22 @@ def test_replay_matches_model(
         seed=seed,
     )
     assert isinstance(buf, ReplayBuffer)
-    model: list[Rollout] = []
+    model = FifoModel(capacity, delta)
+    assert (buf.reserve_capacity, buf.fresh_capacity) == (model.k, model.window)
+    history: list[Rollout] = []
     pusher = Pusher()
-    evicted = dropped = consumed = 0
+    dropped = consumed = 0
     uses: Counter[int] = Counter()
     for op in ops:
         if op[0] == "push":
             new = pusher.make(op[1])
             buf.push(new)
-            model.extend(new)
-            while len(model) > capacity:  # FIFO: the oldest go first
-                model.pop(0)
-                evicted += 1
+            model.push(new)
+            history.extend(new)
         else:
             _, n, cv = op
-            kept = drop_stale(model, cv, max_staleness)
-            dropped += len(model) - len(kept)
-            model = kept
-            cands = model_candidates(model, capacity, delta)
+            dropped += model.drop_stale(cv, max_staleness)
+            cands = model.items()
             assert ids(buf.candidates(cv)) == ids(cands)
             batch = buf.sample(n, cv)
             cand_ids = set(ids(cands))
@@ -162,12 +206,19 @@ def test_replay_matches_model(
             consumed += len(batch)
             uses.update(ids(batch))
         assert len(buf) <= capacity
-        assert ids(buf.items()) == ids(model)  # sampling never removes; FIFO order
+        assert ids(buf.reserve_items()) == ids(model.reserve)
+        assert ids(buf.fresh_items()) == ids(model.fresh)
+        assert ids(buf.items()) == ids(model.items())  # sampling never removes; push order
+        assert ids(buf.items()) == sorted(ids(buf.items()))
+        assert all(r.correct for r in buf.reserve_items())
+        if dropped == 0:  # without staleness drops: exactly the paper's rule, verbatim
+            assert ids(buf.items()) == ids(literal_candidates(history, capacity, delta))
     for r in buf.items():
         assert r.times_sampled == uses[r.step]
     s = buf.stats()
-    assert (s["size"], s["capacity"], s["pushed"]) == (len(model), capacity, pusher.next)
-    assert (s["evicted"], s["dropped_stale"], s["consumed"]) == (evicted, dropped, consumed)
+    assert (s["size"], s["capacity"], s["pushed"]) == (len(model.items()), capacity, pusher.next)
+    assert (s["evicted"], s["dropped_stale"], s["consumed"]) == (model.evicted, dropped, consumed)
+    assert (s["candidates"], s["reserve_size"]) == (len(model.items()), len(model.reserve))
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,25 +290,23 @@ def test_sharded_partition(
     shard_choice: list[int | None],
 ) -> None:
     capacity = num_shards * per_shard
-    extra = {"sampler": "positive_bias", "delta": 0.5} if kind == "positive_bias" else {}
+    delta = 0.5 if kind == "positive_bias" else 0.0
+    extra = {"sampler": "positive_bias", "delta": delta} if delta else {}
     real_kind = "onpolicy" if kind == "onpolicy" else "replay"
     buf = make_buffer(real_kind, capacity, num_shards=num_shards, seed=7, **extra)
     shards = buf.shards if isinstance(buf, ShardedBuffer) else [buf]
     assert len(shards) == num_shards
-    models: list[list[Rollout]] = [[] for _ in range(num_shards)]
+    models = [FifoModel(per_shard, delta) for _ in range(num_shards)]
     pusher = Pusher()
     for op, choice in zip(ops, shard_choice, strict=False):
         if op[0] == "push":
             new = pusher.make(op[1])
             buf.push(new)
             for r in new:  # round-robin routing: push p goes to shard p % T
-                m = models[r.step % num_shards]
-                m.append(r)
-                if len(m) > per_shard:
-                    m.pop(0)
+                models[r.step % num_shards].push([r])
         else:
             n = op[1]
-            present = {r.step for m in models for r in m}
+            present = {r.step for m in models for r in m.items()}
             if choice is not None and isinstance(buf, ShardedBuffer):
                 i = choice % num_shards
                 batch = buf.sample(n, shard=i)
@@ -270,19 +319,24 @@ def test_sharded_partition(
                     # global LIFO across shards: the freshest overall, freshest first
                     assert ids(batch) == sorted(present, reverse=True)[: len(batch)]
                     assert len(batch) == min(n, len(present))
-                gone = set(ids(batch))
-                models = [[r for r in m if r.step not in gone] for m in models]
-            elif kind == "replay" and (choice is None or not isinstance(buf, ShardedBuffer)):
-                assert len(batch) == min(n, len(present))
+                for m in models:
+                    m.remove(set(ids(batch)))
+            elif choice is None or not isinstance(buf, ShardedBuffer):
+                assert len(batch) == min(n, len(present))  # union of windows and reserves
                 assert len(set(ids(batch))) == len(batch)
         for i, s in enumerate(shards):
             assert len(s) <= per_shard
-            assert ids(s.items()) == ids(models[i])  # FIFO per shard
+            assert ids(s.items()) == ids(models[i].items())  # per-shard window (+ reserve)
         # every stored item is in exactly one shard, the one its push index names
         stored = [r.step for s in shards for r in s.items()]
         assert len(stored) == len(set(stored))
+        assert all(step % num_shards == i for i, s in enumerate(shards) for step in ids(s.items()))
     assert buf.stats()["pushed"] == pusher.next
     assert sum(s.stats()["pushed"] for s in shards) == pusher.next
+    if real_kind == "replay":
+        st_ = buf.stats()
+        assert st_["reserve_size"] == sum(len(m.reserve) for m in models)
+        assert st_["evicted"] == sum(m.evicted for m in models)
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,35 +434,70 @@ def test_fifo_capacity_4_push_6() -> None:
 
 
 def test_positive_bias_worked_example() -> None:
-    # N = 8, delta = 0.5: k = 4 reserved slots, fresh window = freshest 4.
-    buf = make_buffer("replay", 8, sampler="positive_bias", delta=0.5, seed=0)
-    correct = {0, 2, 3, 6}
-    buf.push([mk(i, i in correct) for i in range(6)])
-    # not full (6 <= 8): the same rule with N = 8 -> fresh {2,3,4,5}, older {0,1}: 0 correct
-    assert ids(buf.candidates()) == [0, 2, 3, 4, 5]
-    buf.push([mk(i, i in correct) for i in (6, 7)])
-    assert ids(buf.candidates()) == [0, 2, 3, 4, 5, 6, 7]  # older {0..3}: 0, 2, 3 correct
-    buf.push([mk(8)])  # evicts 0; fresh {5..8}, older {1..4}: 2, 3 correct
-    assert ids(buf.candidates()) == [2, 3, 5, 6, 7, 8]
-    assert sorted(ids(buf.sample(100))) == [2, 3, 5, 6, 7, 8]
+    # N = 8, delta = 0.25: k = 2 reserve slots, fresh window = the freshest 6 pushed.
+    buf = make_buffer("replay", 8, sampler="positive_bias", delta=0.25, seed=0)
+    assert isinstance(buf, ReplayBuffer)
+    assert (buf.fresh_capacity, buf.reserve_capacity) == (6, 2)
+    correct = {0, 1, 3, 6, 9}
+
+    def push(*steps: int) -> None:
+        buf.push([mk(i, i in correct) for i in steps])
+
+    push(0, 1, 2, 3, 4, 5)  # window not full yet: everything is in it
+    assert (ids(buf.fresh_items()), ids(buf.reserve_items())) == ([0, 1, 2, 3, 4, 5], [])
+    push(6, 7)  # 0 and 1 leave the window; both correct -> reserve
+    assert (ids(buf.fresh_items()), ids(buf.reserve_items())) == ([2, 3, 4, 5, 6, 7], [0, 1])
+    assert buf.stats()["evicted"] == 0 and len(buf) == 8
+    push(8)  # 2 leaves the window, incorrect -> evicted
+    assert (ids(buf.fresh_items()), ids(buf.reserve_items())) == ([3, 4, 5, 6, 7, 8], [0, 1])
+    assert buf.stats()["evicted"] == 1
+    push(9)  # 3 leaves, correct -> reserve, which is full: its oldest (0) is evicted
+    assert (ids(buf.fresh_items()), ids(buf.reserve_items())) == ([4, 5, 6, 7, 8, 9], [1, 3])
+    # paper 1: freshest (1 - 0.25) * 8 = 6 -> {4..9}; freshest 0.25 * 8 = 2 correct not
+    # among them: correct {0, 1, 3, 6, 9} minus the window -> {0, 1, 3} -> freshest 2 = {1, 3}
+    assert ids(buf.items()) == ids(buf.candidates()) == [1, 3, 4, 5, 6, 7, 8, 9]
+    s = buf.stats()
+    assert (s["size"], s["candidates"], s["reserve_size"], s["evicted"]) == (8, 8, 2, 2)
+    assert sorted(ids(buf.sample(100))) == [1, 3, 4, 5, 6, 7, 8, 9]  # all, once each
     for _ in range(20):
-        assert set(ids(buf.sample(3))) <= {2, 3, 5, 6, 7, 8}  # 1 and 4 never
-    assert buf.stats()["candidates"] == 6
+        assert set(ids(buf.sample(3))) <= {1, 3, 4, 5, 6, 7, 8, 9}  # 0 and 2 never
+    push(10, 11, 12)  # 4, 5 leave incorrect (evicted); 6 correct -> reserve, evicts 1
+    assert (ids(buf.fresh_items()), ids(buf.reserve_items())) == ([7, 8, 9, 10, 11, 12], [3, 6])
+    assert buf.stats()["evicted"] == 5 and len(buf) == 8
+
+    # uniform over the 8 candidates, reserve included
+    wr = make_buffer("replay", 8, sampler="positive_bias", delta=0.25, with_replacement=True)
+    wr.push([mk(i, i in correct) for i in range(10)])
+    counts = Counter(ids(wr.sample(8000)))
+    assert set(counts) == {1, 3, 4, 5, 6, 7, 8, 9}
+    assert all(850 < c < 1150 for c in counts.values())
+
+
+def test_positive_bias_drops_stale_from_reserve_and_window() -> None:
+    # N = 6, delta = 0.5: window 3, reserve 3; versions rise with pushes
+    buf = make_buffer("replay", 6, sampler="positive_bias", delta=0.5, max_staleness=2)
+    buf.push([mk(i, correct=i % 2 == 0, version=i) for i in range(8)])
+    assert (ids(buf.reserve_items()), ids(buf.fresh_items())) == ([0, 2, 4], [5, 6, 7])
+    assert buf.stats()["evicted"] == 2  # 1 and 3
+    assert ids(buf.candidates(current_version=6)) == [4, 5, 6, 7]  # 0 and 2 too old
+    assert (buf.stats()["dropped_stale"], buf.stats()["reserve_size"]) == (2, 1)
+    assert ids(buf.candidates(current_version=8)) == [6, 7]  # window shrinks, no refill
+    buf.push([mk(8, True, 8)])  # room in the window: nothing leaves it
+    assert (ids(buf.reserve_items()), ids(buf.fresh_items())) == ([], [6, 7, 8])
+    buf.push([mk(9, False, 9)])  # 6 (correct) leaves the full window -> reserve
+    assert (ids(buf.reserve_items()), ids(buf.fresh_items())) == ([6], [7, 8, 9])
+    s = buf.stats()
+    assert (s["dropped_stale"], s["evicted"], s["size"]) == (4, 2, 4)
 
 
 def test_positive_bias_sampler_function() -> None:
     sampler = positive_bias(0.5)
-    correct_offsets = [0, 2, 3]  # offsets of correct items, oldest first
-
-    def before(o: int) -> int:
-        return sum(1 for c in correct_offsets if c < o)
-
-    cs = sampler(8, 8, before)
-    assert (cs.fresh_start, cs.n_extra, len(cs)) == (4, 3, 7)
-    cs = sampler(3, 8, before)  # not full: window covers everything
-    assert (cs.fresh_start, cs.n_extra, len(cs)) == (0, 0, 3)
-    assert uniform(5, 8).fresh_start == 0 and len(uniform(5, 8)) == 5
+    assert (sampler.name, sampler.delta, sampler.reserve_capacity(8)) == ("positive_bias", 0.5, 4)
+    assert positive_bias(0.2).reserve_capacity(84) == 16  # paper 1: N = 84, delta = 0.2
+    assert positive_bias(0.5).reserve_capacity(1) == 0  # the window keeps >= 1 slot
+    assert positive_bias(0.0).reserve_capacity(10) == uniform.reserve_capacity(10) == 0
     assert num_reserved(0.29, 100) == 29 and num_reserved(0.2, 84) == 16
+    assert num_reserved(0.9999999999999, 10) == 9
     with pytest.raises(ValueError, match="delta"):
         positive_bias(1.0)
 
@@ -416,9 +505,13 @@ def test_positive_bias_sampler_function() -> None:
 def test_delta_zero_equals_uniform() -> None:
     a = make_buffer("replay", 10, seed=5)
     b = make_buffer("replay", 10, sampler="positive_bias", delta=0.0, seed=5)
-    for buf in (a, b):
+    c = make_buffer("replay", 10, sampler="positive_bias", delta=0.05, seed=5)  # k = 0 too
+    for buf in (a, b, c):
         buf.push([mk(i, i % 2 == 0) for i in range(15)])
-    assert [ids(a.sample(4)) for _ in range(5)] == [ids(b.sample(4)) for _ in range(5)]
+    draws = [[ids(buf.sample(4)) for _ in range(5)] for buf in (a, b, c)]
+    assert draws[0] == draws[1] == draws[2]
+    assert a.stats() == b.stats() == c.stats()
+    assert a.stats()["reserve_size"] == 0 and a.stats()["evicted"] == 5
 
 
 def test_without_replacement_short_buffer_returns_all_shuffled() -> None:
@@ -460,16 +553,34 @@ def test_staleness_prefix_and_out_of_order() -> None:
 
 def test_positive_bias_after_compaction_and_wraparound() -> None:
     buf = make_buffer("replay", 6, sampler="positive_bias", delta=0.5, max_staleness=1)
-    model: list[Rollout] = []
+    model = FifoModel(6, 0.5)
     rng = np.random.default_rng(0)
     for i in range(60):
-        r = mk(i, bool(rng.integers(2)), int(i // 4 - rng.integers(3)))
+        r = mk(i, bool(rng.integers(2)), int(i // 4 - rng.integers(3)))  # versions shuffled
         buf.push([r])
-        model = (model + [r])[-6:]
+        model.push([r])
         if i % 5 == 4:
-            model = drop_stale(model, i // 4, 1)
-            assert ids(buf.candidates(i // 4)) == ids(model_candidates(model, 6, 0.5))
-            assert ids(buf.items()) == ids(model)
+            model.drop_stale(i // 4, 1)
+            assert ids(buf.candidates(i // 4)) == ids(model.items())
+            assert ids(buf.reserve_items()) == ids(model.reserve)
+    assert buf.stats()["evicted"] == model.evicted
+
+
+def test_state_dict_legacy_single_fifo() -> None:
+    """A state saved before the reserve existed (one FIFO of N, no reserve_size) loads."""
+    old = make_buffer("replay", 8, sampler="positive_bias", delta=0.25, seed=0)
+    old.push([mk(i, i in {0, 1, 3, 6, 9}) for i in range(10)])
+    state = old.state_dict()
+    state.pop("reserve_size")
+    state["order"] = list(range(len(state["rollouts"])))
+    state["rollouts"] = [rollout_to_dict(mk(i, i in {0, 2, 3, 6, 9})) for i in range(2, 10)]
+    new = make_buffer("replay", 8, sampler="positive_bias", delta=0.25, seed=0)
+    new.load_state_dict(state)  # 2..9 stored: window {4..9}; correct older: {2, 3}
+    assert (ids(new.reserve_items()), ids(new.fresh_items())) == ([2, 3], [4, 5, 6, 7, 8, 9])
+    bad = old.state_dict()
+    bad["reserve_size"] = 3
+    with pytest.raises(ValueError, match="reserve_size=3"):
+        new.load_state_dict(bad)
 
 
 def test_sharded_routing_and_union_sampling() -> None:

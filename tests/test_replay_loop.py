@@ -78,8 +78,15 @@ def test_replay_resume_continues_exactly(tmp_path: Path) -> None:
 
 
 def test_auto_design_resolves_capacity_and_batch(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, "auto", "buffer.kind=replay", "buffer.capacity=auto",
-               "train.batch_size=auto", "train.steps=2", "design.warmup_steps=1")
+    cfg = _cfg(
+        tmp_path,
+        "auto",
+        "buffer.kind=replay",
+        "buffer.capacity=auto",
+        "train.batch_size=auto",
+        "train.steps=2",
+        "design.warmup_steps=1",
+    )
     summary = train(cfg)
     d = summary["design"]
     assert d["mu"] > 0 and d["N"] >= 1 and d["B"] >= 1
@@ -96,12 +103,13 @@ def test_auto_capacity_needs_replay() -> None:
 
 def test_design_cli_prints_optimum(capsys: pytest.CaptureFixture[str]) -> None:
     # mu=4, alpha=0.25, rho=0.5: y* = (sqrt(17)-1)/2 = 1.5616, x* = 5 - sqrt(17) = 0.8769
-    rc = main(["design", "--mu", "4", "--alpha", "0.25", "--rho", "0.5",
-               "--rollouts-per-step", "64"])
+    rc = main(
+        ["design", "--mu", "4", "--alpha", "0.25", "--rho", "0.5", "--rollouts-per-step", "64"]
+    )
     out = capsys.readouterr().out
     assert rc == 0
-    assert "1.56" in out and "0.877" in out
-    assert "56" in out and "100" in out  # N = round(0.8769*64) = 56, B = round(1.5616*64) = 100
+    assert "x*    = 0.8769" in out and "y*    = 1.562" in out
+    assert "N = round(x* R) = 56" in out and "B = round(y* R) = 100" in out
 
 
 def test_summary_json_matches_return(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -77,7 +77,7 @@ class RolloutConfig(_Section):
 class BufferConfig(_Section):
     kind: Literal["onpolicy", "replay"] = "onpolicy"
     # None: unbounded (onpolicy only); "auto": N from `replayrl design` on a measured warm-up
-    capacity: int | Literal["auto"] | None = Field(None, ge=1)
+    capacity: PositiveInt | Literal["auto"] | None = None
     sampler: Literal["uniform", "positive_bias"] = "uniform"
     delta: float = Field(0.0, ge=0, lt=1)
     with_replacement: bool = False
@@ -102,18 +102,60 @@ class DesignConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    loss_type: Literal["grpo_clip", "asymre"] = "grpo_clip"
+    loss_type: Literal["grpo_clip", "asymre", "mix_ppg"] = "grpo_clip"
     epsilon: float = Field(0.2, ge=0)
     epsilon_high: float | None = Field(None, ge=0)  # None: same as epsilon
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
     scale_rewards: bool = True  # False = Dr.GRPO (no std normalisation)
     asymre_delta_v: float = -0.1
+    # grpo: group-relative advantage stored at generation; gae: PPO with a critic (`critic`)
+    advantage: Literal["grpo", "gae"] = "grpo"
+    entropy_coef: float = Field(0.0, ge=0)  # entropy bonus c (ReMix: 0.001)
+
+
+class KLScheduleConfig(_Section):
+    """lambda(t) = max(1 - decrement * ceil(max(t - start, 0) / every), floor) (paper 2)."""
+
+    start: int = Field(50, ge=0)
+    every: int = Field(10, ge=1)
+    decrement: float = Field(0.1, ge=0, le=1)
+    floor: float = Field(0.5, ge=0, le=1)
+
+
+class KLConfig(_Section):
+    beta: float = Field(0.0, ge=0)  # 0 = no KL term (and no frozen copies kept)
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    # reference: KL(pi || pi_ref), pi_ref = the initial policy;
+    # convex: ReMix's lambda KL(pi || pi_base) + (1 - lambda) KL(pi || pi_{k-1})
+    target: Literal["reference", "convex"] = "reference"
+    schedule: KLScheduleConfig = KLScheduleConfig()
+
+
+class RemixConfig(_Section):
+    """ReMix (paper 2): Mix-PPG over fresh + recent-policy rollouts, then reincarnation."""
+
+    enabled: bool = False
+    off_policy_fraction: float = Field(0.4, ge=0, lt=1)  # p: share of the batch replayed
+    num_policies: int = Field(2, ge=1)  # N_pol: replay rollouts of the last N_pol policies
+    utd: int = Field(2, ge=1)  # m: gradient passes over each batch before reincarnation
+    reincarnation_step: int | None = Field(50, ge=0)  # T; None = never
+    utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
+
+
+class CriticConfig(_Section):
+    """PPO's value model (used when algorithm.advantage = gae)."""
+
+    lr: float = Field(1e-5, gt=0)
+    value_clip: float | None = Field(0.5, gt=0)
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    warmup_steps: int = Field(0, ge=0)  # critic-only updates before the policy moves
 
 
 class TrainConfig(_Section):
     steps: int = Field(80, ge=0)
     # rollouts per step's batch B; None = R; "auto" = from `replayrl design` (see `design`)
-    batch_size: int | Literal["auto"] | None = Field(None, ge=1)
+    batch_size: PositiveInt | Literal["auto"] | None = None
     mini_batch_size: int | None = Field(None, ge=1)  # rollouts per optimizer update; None = B
     epochs: int = Field(1, ge=1)  # passes over each batch (update-to-data ratio)
     micro_batch_size: int = Field(64, ge=1)  # memory only: gradient accumulation chunk
@@ -138,6 +180,8 @@ class LoggingConfig(_Section):
     overwrite: bool = False  # replace an existing run folder of the same name
     tensorboard: bool = True
     progress: bool = True
+    # a completion containing any of these counts toward `reflection_rate` (paper 2's finding)
+    reflection_words: list[str] = ["wait", "check", "verify", "let me"]
 
 
 class CheckpointConfig(_Section):
@@ -153,6 +197,9 @@ class Config(_Section):
     buffer: BufferConfig = BufferConfig()
     design: DesignConfig = DesignConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    kl: KLConfig = KLConfig()
+    remix: RemixConfig = RemixConfig()
+    critic: CriticConfig = CriticConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     logging: LoggingConfig = LoggingConfig()
@@ -185,6 +232,13 @@ class Config(_Section):
             raise ValueError(
                 f"train.mini_batch_size={mini} is larger than the batch size B={self.batch_size}"
             )
+        if self.remix.enabled:
+            if self.buffer.kind != "onpolicy":
+                raise ValueError(
+                    "remix.enabled keeps its own policy window: use buffer.kind=onpolicy"
+                )
+            if self.algorithm.loss_type != "mix_ppg":
+                raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
         return self

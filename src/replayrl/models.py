@@ -136,7 +136,13 @@ def _sft(
     out = {"sft_loss": _sft_phase(model, tok, task, rng, ws.steps, ws.batch_size, ws.lr, 0.0)}
     if ws.mistake_steps:
         out["sft_mistake_loss"] = _sft_phase(
-            model, tok, task, rng, ws.mistake_steps, ws.batch_size, ws.mistake_lr,
+            model,
+            tok,
+            task,
+            rng,
+            ws.mistake_steps,
+            ws.batch_size,
+            ws.mistake_lr,
             ws.teacher_carry_error,
         )
     return out

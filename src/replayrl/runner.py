@@ -28,7 +28,7 @@ from replayrl.checkpoint import latest_checkpoint, load_state, save_checkpoint, 
 from replayrl.config import Config, ConfigError, config_to_yaml, load_config
 from replayrl.evaluation import evaluate
 from replayrl.generation import HFGenerator, Sample, SamplingParams
-from replayrl.learner import Learner
+from replayrl.learner import Learner, ValueModel
 from replayrl.metrics import MetricsLogger, Progress
 from replayrl.models import load_policy
 from replayrl.rewards import resolve_rewards, score
@@ -53,6 +53,7 @@ class Counters:
     wall_seconds: float = 0.0
     mu_per_step: list[float] = field(default_factory=list)
     design: dict[str, float] | None = None  # resolved `auto` buffer design
+    reincarnation_step: int | None = None
     evals: list[dict[str, float]] = field(default_factory=list)
     first_reward_error: str | None = None
 
@@ -99,7 +100,24 @@ class Trainer:
         self.task = make_task(t.name, digits=t.digits, eval_size=t.eval_size, seed=t.seed)
         self.rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
         self.buffer = self._make_buffer() if not cfg.needs_design else None
-        self.learner = Learner(self.model, self.tokenizer.pad_token_id, cfg)
+        critic = (
+            ValueModel.from_pretrained(self.model_path)
+            if cfg.algorithm.advantage == "gae"
+            else None
+        )
+        self.learner = Learner(self.model, self.tokenizer.pad_token_id, cfg, critic=critic)
+        rm = cfg.remix
+        # ReMix's window of the last N_pol policies' rollouts (sampled without removal)
+        self.window = (
+            make_buffer(
+                "replay",
+                rm.num_policies * cfg.rollouts_per_step,
+                max_staleness=rm.num_policies,
+                seed=cfg.train.seed + 2,
+            )
+            if rm.enabled
+            else None
+        )
         self.generator = HFGenerator(self.model, self.tokenizer, cfg.rollout.generation_batch_size)
         self.prompt_rng = np.random.default_rng(cfg.train.seed)
         self.shuffle_rng = np.random.default_rng(cfg.train.seed + 1)
@@ -156,8 +174,13 @@ class Trainer:
             cfg.train.batch_size = rep.B
         if cfg.batch_size > cfg.buffer.capacity and not cfg.buffer.with_replacement:
             cfg.buffer.with_replacement = True  # the theory's sampling model when B > N
-        self.counters.design = {"mu": mu, "x_star": rep.x_star, "y_star": rep.y_star,
-                                "N": cfg.buffer.capacity, "B": cfg.batch_size}
+        self.counters.design = {
+            "mu": mu,
+            "x_star": rep.x_star,
+            "y_star": rep.y_star,
+            "N": cfg.buffer.capacity,
+            "B": cfg.batch_size,
+        }
         self.log(
             f"auto design: measured mu = {mu:.3g} -> x* = {rep.x_star:.3g}, y* = {rep.y_star:.3g}"
             f" -> buffer.capacity N = {cfg.buffer.capacity}, train.batch_size B = "
@@ -172,6 +195,7 @@ class Trainer:
         return {
             "learner": self.learner.state_dict(),
             "buffer": self.buffer.state_dict(),
+            "window": self.window.state_dict() if self.window is not None else None,
             "prompt_rng": self.prompt_rng.bit_generator.state,
             "shuffle_rng": self.shuffle_rng.bit_generator.state,
             "counters": self.counters.__dict__.copy(),
@@ -181,6 +205,10 @@ class Trainer:
         state = load_state(ckpt)
         self.learner.load_state_dict(state["learner"])
         self.buffer.load_state_dict(state["buffer"])
+        if state.get("window") is None:
+            self.window = None  # after reincarnation
+        elif self.window is not None:
+            self.window.load_state_dict(state["window"])
         self.prompt_rng.bit_generator.state = state["prompt_rng"]
         self.shuffle_rng.bit_generator.state = state["shuffle_rng"]
         self.counters = Counters(**state["counters"])
@@ -357,28 +385,56 @@ class Trainer:
 
     def _one_step(self, R: int, B: int, progress: Progress) -> None:
         cfg, c = self.cfg, self.counters
+        version = self.learner.version
+        rm = cfg.remix
+        remix_active = rm.enabled and (
+            rm.reincarnation_step is None or c.step < rm.reincarnation_step
+        )
+        if rm.enabled and c.step == rm.reincarnation_step and c.reincarnation_step is None:
+            self.learner.reincarnate()
+            self.window = None  # from now on plain on-policy training
+            c.reincarnation_step = c.step
+            self.log(f"policy reincarnation at step {c.step}: pi_base <- pi_{c.step}, p = 0")
         t_start = time.perf_counter()
         rollouts, stats = self.produce()
         t_gen = time.perf_counter() - t_start
-        self.buffer.push(rollouts)
-        batch = self.buffer.sample(B, current_version=self.learner.version)
+        if remix_active:
+            # Mix-PPG: a share p of the batch from the last N_pol policies, 1-p fresh
+            p = rm.off_policy_fraction
+            n_stale = round(p / (1 - p) * len(rollouts))
+            stale_part = self.window.sample(n_stale, current_version=version) if n_stale else []
+            self.window.push(rollouts)
+            batch = rollouts + stale_part
+            epochs = rm.utd
+        else:
+            self.buffer.push(rollouts)
+            batch = self.buffer.sample(B, current_version=version)
+            epochs = rm.utd_after if rm.enabled else cfg.train.epochs
         t1 = time.perf_counter()
         if batch:
-            train_metrics = self.learner.train_step(batch, self.shuffle_rng)
+            stats.update({f"batch/{k}": v for k, v in batch_stats(batch, version).items()})
+            train_metrics = self.learner.train_step(
+                batch,
+                self.shuffle_rng,
+                step=c.step + 1,  # t in the paper's lambda(t): 1-based update count
+                epochs=epochs,
+                stale=[r.policy_version < version for r in batch],
+                policy_frozen=c.step < cfg.critic.warmup_steps and self.learner.critic is not None,
+            )
             stats.update({f"train/{k}": v for k, v in train_metrics.items()})
-            stats.update(
-                {f"batch/{k}": v for k, v in batch_stats(batch, self.learner.version).items()}
+            stats["reflection_rate"] = _reflection_rate(
+                [r.completion_text for r in rollouts], cfg.logging.reflection_words
             )
         else:
             self.learner.version += 1  # nothing to learn from (all dropped): still a new step
         t_train = time.perf_counter() - t1
-        trained_tokens = sum(r.completion_ids.numel() for r in batch) * cfg.train.epochs
+        trained_tokens = sum(r.completion_ids.numel() for r in batch) * epochs
         c.tokens_trained += trained_tokens
         c.generation_seconds += t_gen
         c.training_seconds += t_train
         c.step += 1
         if batch and rollouts:
-            mu = (t_gen / len(rollouts)) / (t_train / (len(batch) * cfg.train.epochs))
+            mu = (t_gen / len(rollouts)) / (t_train / (len(batch) * epochs))
             c.mu_per_step.append(mu)
         stats.update(
             {
@@ -434,12 +490,21 @@ class Trainer:
             "training_seconds": c.training_seconds,
             "mu_median": mu,
             "design": c.design,
+            "reincarnation_step": c.reincarnation_step,
             "num_eval_prompts": len(self.eval_rows),
             "run_dir": str(self.run_dir),
             "num_parameters": self.n_params,
             "model_path": self.model_path,
             "evals": c.evals,
         }
+
+
+def _reflection_rate(texts: list[str], words: list[str]) -> float:
+    """Share of completions with a self-reflection word ("wait", "check", ...; paper 2)."""
+    if not texts or not words:
+        return math.nan
+    lowered = [w.lower() for w in words]
+    return sum(any(w in t.lower() for w in lowered) for t in texts) / len(texts)
 
 
 def _mean(xs: list[float]) -> float:

@@ -27,3 +27,27 @@ def group_advantages(
             centred = centred / (std + eps)
         adv[idx] = centred
     return adv.float(), means.float()
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE A_t = sum_l (gamma lam)^l delta_(t+l), delta_t = r_t + gamma V_(t+1) - V_t (paper 2).
+
+    Returns (advantages, returns = A + V).
+
+    rewards, values, mask: (B, T) over completion tokens (mask 0 on padding); V after the
+    last valid token is 0 (episode ends).
+    """
+    mask = mask.to(values.dtype)
+    values = values * mask
+    adv = torch.zeros_like(values)
+    last = torch.zeros(values.size(0), dtype=values.dtype)
+    next_value = torch.zeros(values.size(0), dtype=values.dtype)
+    for t in reversed(range(values.size(1))):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = (delta + gamma * lam * last) * m
+        adv[:, t] = last
+        next_value = values[:, t] * m + next_value * (1 - m)  # right padding: V after end = 0
+    return adv, adv + values

@@ -1,7 +1,9 @@
 """Rollout stores for RL post-training with experience replay (papers.md, paper 1).
 
-* :class:`ReplayBuffer` ("replay"): FIFO of capacity N, uniform or positive-bias sampling,
-  sampled rollouts stay stored.
+* :class:`ReplayBuffer` ("replay"): FIFO of capacity N, sampled uniformly, sampled rollouts
+  stay stored. With positive bias (delta) it is a fresh window of N - k plus a reserve of the
+  k = floor(delta*N) freshest correct rollouts that left it, the paper's rule "freshest
+  (1-delta)N plus freshest delta*N correct rollouts not already among them".
 * :class:`OnPolicyQueue` ("onpolicy"): the on-policy baseline, LIFO, rollouts removed once used.
 * :class:`ShardedBuffer`: T shards of N // T, round-robin routing, one shard per trainer.
 * :func:`make_buffer`: the factory; :func:`batch_stats`: per-batch age/diversity/reuse metrics.
@@ -13,7 +15,6 @@ from replayrl.buffer.metrics import batch_stats
 from replayrl.buffer.onpolicy import OnPolicyQueue
 from replayrl.buffer.replay import ReplayBuffer
 from replayrl.buffer.samplers import (
-    CandidateSet,
     PositiveBias,
     Sampler,
     draw_indices,
@@ -26,7 +27,6 @@ from replayrl.buffer.sharded import ShardedBuffer
 __all__ = [
     "BUFFER_KINDS",
     "Buffer",
-    "CandidateSet",
     "OnPolicyQueue",
     "PositiveBias",
     "ReplayBuffer",

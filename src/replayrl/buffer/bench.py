@@ -1,7 +1,7 @@
 """Replay-buffer micro-benchmark: sample/push latency and memory overhead at N rollouts.
 
 Usage: ``replayrl bench buffer [--n 1000000] [--batch 256] [--repeats 200]``
-(or ``python benchmarks/buffer_bench.py`` with the same flags).
+(or ``python -m replayrl.buffer.bench`` / ``python benchmarks/buffer_bench.py``, same flags).
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ def run_buffer_bench(n: int = 1_000_000, batch: int = 256, repeats: int = 200) -
             "sample": _summary(_time_ns(lambda: pb.sample(batch), repeats)),
             "push1": _summary(_time_ns(lambda: pb.push([next(it)]), repeats)),
             "candidates": pb.stats()["candidates"],
+            "reserve_size": pb.stats()["reserve_size"],
         }
         results["uniform_with_replacement"] = {
             "sample": _summary(_time_ns(lambda: wr.sample(batch), repeats)),
@@ -153,7 +154,11 @@ def print_table(res: dict[str, Any]) -> None:
             if op in res[case]:
                 s = res[case][op]
                 print(f"{case:<28}{label:<14}{s['median_us']:>12.2f}{s['p90_us']:>12.2f}")
-    print(f"positive_bias_0.2 candidates: {res['positive_bias_0.2']['candidates']:,.0f}")
+    pb = res["positive_bias_0.2"]
+    print(
+        f"positive_bias_0.2 candidates: {pb['candidates']:,.0f} "
+        f"(correct reserve: {pb['reserve_size']:,.0f})"
+    )
     print(
         f"create rollouts: {res['create_s']:.1f} s; fill buffer: {res['fill_s']:.2f} s "
         f"({res['fill_us_per_rollout']:.2f} us/rollout, pushes of 1024)"

@@ -33,8 +33,11 @@ def make_buffer(
 
     ``kind``: "replay" (FIFO, uniform or positive-bias sampling, items kept) or "onpolicy"
     (LIFO, freshest first, items removed). ``capacity`` is the total N (required for replay;
-    ``None`` = unbounded for onpolicy). With ``num_shards = T > 1`` the result is a
-    :class:`ShardedBuffer` of T shards of capacity N // T (T must divide N); with T = 1 it is
+    ``None`` = unbounded for onpolicy). ``sampler="positive_bias"`` with ``delta``: paper 1's
+    "freshest (1-delta)N plus freshest delta*N correct rollouts not already among them" (a
+    window of N - k and a correct reserve of k = floor(delta*N), see :class:`ReplayBuffer`).
+    With ``num_shards = T > 1`` the result is a :class:`ShardedBuffer` of T shards of capacity
+    N // T (T must divide N; each shard applies the rule to its own N // T); with T = 1 it is
     the plain buffer. Shard ``i`` gets the seed ``SeedSequence(seed).spawn(T + 1)[i + 1]`` and
     the router the first child. Every bad argument raises ``ValueError`` naming it.
     """

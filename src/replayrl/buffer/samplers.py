@@ -1,23 +1,23 @@
-"""Samplers: pure functions that say which stored rollouts may be drawn, and how to draw.
+"""Samplers: how a replay buffer of capacity N splits its storage, and how it draws.
 
-A buffer stores rollouts in push order. Positions are *offsets*: 0 is the oldest stored
-rollout, ``size - 1`` the freshest. A sampler maps ``(size, capacity, correct_before)`` to a
-:class:`CandidateSet`; it never touches the rollouts themselves, so it is O(log N) at most and
-trivially testable. ``correct_before(o)`` is the number of stored *correct* rollouts whose
-offset is ``< o`` (the buffer answers it with a binary search over an index of correct items).
+Paper 1 (papers.md, section 1) samples *uniformly* from a candidate set; the two samplers
+differ only in what the buffer keeps:
 
-The candidate set always has the shape used by paper 1 (papers.md, section 1):
+* :data:`uniform`: one FIFO of the freshest N rollouts; all of them are candidates.
+* :class:`PositiveBias` (``delta``): "sample uniformly from the freshest (1-delta)N rollouts
+  plus the freshest delta*N correct rollouts not already among them". The buffer keeps a
+  *fresh window* (FIFO of capacity ``N - k``, ``k = floor(delta*N)``) and a *correct reserve*
+  (FIFO of capacity ``k``) that receives each correct rollout as it leaves the window.
 
-* a *fresh window*: every stored rollout with offset in ``[fresh_start, size)``, plus
-* *extras*: the freshest ``n_extra`` correct rollouts among those older than the window.
-
-Candidates are then drawn uniformly with :func:`draw_indices`.
+So a sampler is just the reserve size ``k`` for a capacity ``N``
+(:meth:`Sampler.reserve_capacity`); every stored rollout is a candidate, drawn with
+:func:`draw_indices`. The rule itself is implemented by
+:class:`replayrl.buffer.replay.ReplayBuffer`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,7 +25,6 @@ import numpy as np
 
 __all__ = [
     "SAMPLER_NAMES",
-    "CandidateSet",
     "PositiveBias",
     "Sampler",
     "draw_indices",
@@ -35,54 +34,28 @@ __all__ = [
     "uniform",
 ]
 
-CorrectBefore = Callable[[int], int]
-
-
-@dataclass(frozen=True)
-class CandidateSet:
-    """Offsets ``[fresh_start, size)`` plus the freshest ``n_extra`` correct items older than it.
-
-    ``n_correct_older`` is ``correct_before(fresh_start)``: the extras are the correct items of
-    ranks ``[n_correct_older - n_extra, n_correct_older)`` (rank 0 = oldest correct item).
-    """
-
-    size: int
-    fresh_start: int
-    n_extra: int = 0
-    n_correct_older: int = 0
-
-    @property
-    def n_fresh(self) -> int:
-        return self.size - self.fresh_start
-
-    @property
-    def first_extra_rank(self) -> int:
-        return self.n_correct_older - self.n_extra
-
-    def __len__(self) -> int:
-        return self.n_fresh + self.n_extra
-
 
 class Sampler(Protocol):
-    """Maps the buffer's shape to the set of rollouts that may be drawn."""
+    """Says how many of a buffer's N slots form the correct reserve (the rest: fresh window)."""
 
     @property
     def name(self) -> str: ...
 
-    def __call__(
-        self, size: int, capacity: int, correct_before: CorrectBefore | None = None
-    ) -> CandidateSet: ...
+    @property
+    def delta(self) -> float: ...
+
+    def reserve_capacity(self, capacity: int) -> int:
+        """``k``: slots for correct rollouts that left the fresh window (0 <= k < capacity)."""
+        ...
 
 
 class _Uniform:
     name = "uniform"
     delta = 0.0
 
-    def __call__(
-        self, size: int, capacity: int, correct_before: CorrectBefore | None = None
-    ) -> CandidateSet:
-        """Paper 1 replay buffer: uniform over every stored rollout (the freshest N)."""
-        return CandidateSet(size=size, fresh_start=0)
+    def reserve_capacity(self, capacity: int) -> int:
+        """Paper 1 replay buffer: no reserve, uniform over the freshest N rollouts."""
+        return 0
 
     def __repr__(self) -> str:
         return "uniform"
@@ -93,27 +66,29 @@ uniform: Sampler = _Uniform()
 
 
 def num_reserved(delta: float, capacity: int) -> int:
-    """Slots of the positive-bias candidate set kept for older correct rollouts: floor(delta*N)."""
-    # The epsilon stops 0.29 * 100 = 28.999999999999996 from flooring to 28.
-    return min(capacity, math.floor(delta * capacity + 1e-9))
+    """Correct-reserve capacity ``k = floor(delta * N)``, at most ``N - 1``.
+
+    The cap keeps at least one fresh slot (it only binds for delta within 1e-9 / N of 1); the
+    epsilon stops 0.29 * 100 = 28.999999999999996 from flooring to 28.
+    """
+    return max(0, min(capacity - 1, math.floor(delta * capacity + 1e-9)))
 
 
 @dataclass(frozen=True)
 class PositiveBias:
-    """Paper 1 positive-bias sampling: freshest (1-delta)N plus freshest delta*N correct others.
+    """Paper 1 positive bias: freshest (1-delta)N plus freshest delta*N correct not among them.
 
-    Interpretation (N = the buffer's capacity, also while it is not yet full):
+    With ``N`` the buffer's capacity and ``k = floor(delta * N)`` (:func:`num_reserved`):
 
-    * ``k = floor(delta * N)`` and the fresh window is the freshest ``N - k`` stored rollouts
-      (all of them while ``size <= N - k``);
-    * the extras are the freshest ``k`` *correct* stored rollouts older than the window.
+    * the *fresh window* is a FIFO holding the freshest ``N - k`` rollouts pushed;
+    * the *correct reserve* is a FIFO of capacity ``k``: a rollout pushed out of the window
+      enters it if it is correct (the reserve's oldest is evicted when it is full) and is
+      evicted otherwise. The reserve therefore holds the freshest ``k`` correct rollouts that
+      are not in the window.
 
-    The buffer is a plain FIFO of capacity N, so nothing evicted from it is retained: the
-    region older than the window holds at most ``k`` rollouts, and the extras are therefore
-    exactly the correct ones among them (the "freshest k" cap never binds inside one FIFO; it is
-    kept so the function is right for any caller). The incorrect rollouts in that region are
-    stored but never drawn, so the candidate set has between ``N - k`` and ``N`` members.
-    ``delta = 0`` gives ``k = 0``: uniform over the freshest N, identical to :data:`uniform`.
+    Candidates are window + reserve (at most N), drawn uniformly. ``delta = 0`` gives
+    ``k = 0``: exactly :data:`uniform`. Stale rollouts (``max_staleness``) are removed from
+    both parts; nothing moves back into the window to replace them.
     """
 
     delta: float
@@ -126,20 +101,9 @@ class PositiveBias:
     def name(self) -> str:
         return "positive_bias"
 
-    def __call__(
-        self, size: int, capacity: int, correct_before: CorrectBefore | None = None
-    ) -> CandidateSet:
-        """Paper 1 positive bias: candidates = freshest (1-delta)N + freshest delta*N correct."""
-        k = num_reserved(self.delta, capacity)
-        fresh_start = max(0, size - (capacity - k))
-        if fresh_start == 0 or k == 0:
-            return CandidateSet(size=size, fresh_start=fresh_start)
-        if correct_before is None:
-            raise ValueError("positive_bias needs correct_before to find older correct items")
-        n_older = correct_before(fresh_start)
-        return CandidateSet(
-            size=size, fresh_start=fresh_start, n_extra=min(k, n_older), n_correct_older=n_older
-        )
+    def reserve_capacity(self, capacity: int) -> int:
+        """Paper 1 positive bias: ``k = floor(delta * N)`` slots for older correct rollouts."""
+        return num_reserved(self.delta, capacity)
 
 
 def positive_bias(delta: float) -> PositiveBias:

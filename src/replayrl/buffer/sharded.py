@@ -24,9 +24,10 @@ class ShardedBuffer:
     A trainer ``i`` uses ``sample(n, current_version, shard=i)`` (or ``shard(i).sample``).
     ``sample`` without ``shard`` treats the shards as one buffer:
 
-    * replay shards: uniform over the union of the shards' candidate sets (per-shard counts
+    * replay shards: uniform over the union of the shards' candidates (per-shard counts
       drawn multivariate-hypergeometric without replacement, multinomial with it; each shard
-      then draws its share; the batch is shuffled);
+      then draws its share; the batch is shuffled). With positive bias each shard of N // T
+      keeps its own fresh window and correct reserve (k = floor(delta * (N // T)));
     * on-policy shards: the freshest ``n`` across shards, freshest first (push order is
       recovered from the round-robin rule, so push through this object, not a shard).
 
@@ -158,8 +159,9 @@ class ShardedBuffer:
         with self._all_locked():
             per = [s.stats() for s in self._shards]
         out = {k: float(sum(p[k] for p in per)) for k in STAT_KEYS}
-        if "candidates" in per[0]:
-            out["candidates"] = float(sum(p["candidates"] for p in per))
+        for key in ("candidates", "reserve_size"):
+            if key in per[0]:
+                out[key] = float(sum(p[key] for p in per))
         out["num_shards"] = float(len(per))
         return out
 

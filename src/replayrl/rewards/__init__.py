@@ -1,4 +1,4 @@
-"""Reward functions with TRL's signature `f(prompts, completions, **columns) -> list[float|None]`."""
+"""Reward functions with TRL's signature: f(prompts, completions, **columns) -> list[float|None]."""
 
 from replayrl.rewards.builtin import BUILTIN_REWARDS, correctness_reward, digits_format_reward
 from replayrl.rewards.scoring import RewardFunction, ScoreResult, WeightedReward, score
