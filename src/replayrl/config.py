@@ -18,7 +18,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # numbers accepted where text is expected: `logging.name=2024` is a name, not an error
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
 
 
 class TinyModelConfig(_Section):

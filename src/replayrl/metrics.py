@@ -15,14 +15,24 @@ def _clean(v: Any) -> Any:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, tensorboard: bool = True, resume: bool = False) -> None:
+    """Appends one JSON record per step. On resume from step k, records after k (logged
+    before a crash, and about to be logged again) are dropped first, so each step appears once.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int | None = None):
         self.path = run_dir / "metrics.jsonl"
-        self._file = self.path.open("a" if resume else "w")
+        if resume_step is not None and self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            tmp = self.path.with_name(".metrics.jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp.replace(self.path)
+        self._file = self.path.open("a" if resume_step is not None else "w")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            purge = resume_step + 1 if resume_step is not None else None
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
@@ -34,9 +44,11 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
 
     def close(self) -> None:
-        self._file.close()
+        if not self._file.closed:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,9 @@ import math
 import os
 import random
 import shutil
+import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,14 +88,16 @@ class Trainer:
         self.log = log
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        _seed_all(cfg.train.seed)
         ckpt = latest_checkpoint(run_dir) if resume else None
         if resume and ckpt is None:
             raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints to resume")
         model_cfg = (
             cfg.model.model_copy(update={"path": str(ckpt / "policy")}) if ckpt else cfg.model
         )
-        self.model, self.tokenizer, self.model_path = load_policy(model_cfg, cfg.task, log=log)
+        with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
+            self.model, self.tokenizer, self.model_path = load_policy(model_cfg, cfg.task, log=log)
+        # seed after loading: a run is the same whether or not its warm start was cached
+        _seed_all(cfg.train.seed)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         t = cfg.task
@@ -126,7 +130,9 @@ class Trainer:
         self.eval_rows = eval_rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else eval_rows
         if ckpt is not None:
             self._restore(ckpt)
-        self.metrics = MetricsLogger(run_dir, cfg.logging.tensorboard, resume=resume)
+        self.metrics = MetricsLogger(
+            run_dir, cfg.logging.tensorboard, resume_step=self.counters.step if resume else None
+        )
 
     def _make_buffer(self):
         b = self.cfg.buffer
@@ -359,16 +365,19 @@ class Trainer:
                 f"on {len(self.eval_rows)} prompts"
             )
         progress = Progress(cfg.train.steps, c.step, cfg.logging.progress)
-        try:
+        with _StopOnSigint() as stop:
             while c.step < cfg.train.steps:
                 self._one_step(R, B, progress)
-        except KeyboardInterrupt:
-            progress.close()
-            path = self.checkpoint()
-            self.log(
-                f"interrupted: checkpoint written to {path}; resume with --resume {self.run_dir}"
-            )
-            raise
+                if stop.requested:
+                    # between steps: the checkpoint is exactly an uninterrupted run's state
+                    progress.close()
+                    path = self.checkpoint()
+                    self.metrics.close()
+                    self.log(
+                        f"interrupted at step {c.step}: checkpoint written to {path}; "
+                        f"resume with --resume {self.run_dir}"
+                    )
+                    raise KeyboardInterrupt
         progress.close()
         last_eval_step = c.evals[-1]["step"] if c.evals else -1
         if last_eval_step != c.step:
@@ -499,6 +508,29 @@ class Trainer:
         }
 
 
+class _StopOnSigint:
+    """First Ctrl-C asks the loop to stop after the current step; a second one aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this step (Ctrl-C again to abort now)", flush=True)
+
+    def __enter__(self) -> _StopOnSigint:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 def _reflection_rate(texts: list[str], words: list[str]) -> float:
     """Share of completions with a self-reflection word ("wait", "check", ...; paper 2)."""
     if not texts or not words:
@@ -528,7 +560,12 @@ def train(cfg: Config, log: Log = print) -> dict[str, Any]:
     _quiet_transformers()
     run_dir = _prepare_run_dir(cfg)
     (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
-    return Trainer(cfg, run_dir, log=log).run()
+    try:
+        trainer = Trainer(cfg, run_dir, log=log)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # a failed start must not block a rerun
+        raise
+    return trainer.run()
 
 
 def resume(

@@ -58,11 +58,18 @@ class HFGenerator:
         for row, (_, ids) in enumerate(jobs):  # left padding
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention[row, width - len(ids) :] = 1
+        # Every knob explicit: `generate` fills unset ones from the model's own
+        # generation_config (e.g. top_k=20, repetition_penalty=1.05), which would sample from
+        # a distribution other than the one whose log-probs we store.
         gen_cfg = GenerationConfig(
             do_sample=not params.greedy,
-            temperature=params.temperature if not params.greedy else None,
-            top_p=params.top_p if not params.greedy else None,
-            top_k=None,
+            temperature=params.temperature if not params.greedy else 1.0,
+            top_p=params.top_p if not params.greedy else 1.0,
+            top_k=0,
+            min_p=None,
+            typical_p=1.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
             max_new_tokens=params.max_new_tokens,
             pad_token_id=pad,
             eos_token_id=eos,
@@ -70,11 +77,14 @@ class HFGenerator:
             output_logits=True,
             return_dict_in_generate=True,
         )
-        res = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            generation_config=gen_cfg,
-        )
+        saved = self.model.generation_config
+        self.model.generation_config = GenerationConfig()  # no model defaults to merge in
+        try:
+            res = self.model.generate(
+                input_ids=input_ids, attention_mask=attention, generation_config=gen_cfg
+            )
+        finally:
+            self.model.generation_config = saved
         new_tokens = res.sequences[:, width:]
         logits = torch.stack(res.logits, dim=1).float()  # raw logits, (batch, steps, vocab)
         temperature = 1.0 if params.greedy else params.temperature
