@@ -1,10 +1,11 @@
-"""`replayrl` command line: train | eval | config show | design | bench buffer."""
+"""`replayrl` command line: train | eval | config show | design | bench | report."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from replayrl.config import ConfigError, config_to_yaml, load_config
 
@@ -76,10 +77,33 @@ def _cmd_design(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench_buffer(args: argparse.Namespace) -> int:
-    from replayrl.buffer.bench import print_table, run_buffer_bench
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "buffer":
+        from replayrl.buffer.bench import print_table, run_buffer_bench
 
-    print_table(run_buffer_bench(args.n, args.batch, args.repeats))
+        print_table(run_buffer_bench(args.n, args.batch, args.repeats))
+        return 0
+    from replayrl.bench import load_suite, run_suite
+    from replayrl.report import make_report
+
+    suite = load_suite(args.suite)
+    only = None
+    if args.only:
+        only = sorted(set(args.only) | {suite["baseline"]})
+    summary = run_suite(suite, args.seeds, Path(args.out), quick=args.quick, only=only)
+    out = Path(args.out) / suite["name"]
+    runs = [Path(r) for v in summary["variants"].values() for r in v["runs"]]
+    plots = make_report(runs, out, target=summary["target_accuracy"])
+    print((out / "table.md").read_text())
+    print(f"summary: {out / 'summary.json'}; plots: {', '.join(p.name for p in plots)}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from replayrl.report import make_report
+
+    for path in make_report([Path(r) for r in args.runs], Path(args.out), args.target):
+        print(path)
     return 0
 
 
@@ -112,13 +136,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainers", type=int, help="T trainers (for gamma)")
     p.set_defaults(func=_cmd_design)
 
-    p = sub.add_parser("bench", help="benchmarks")
-    bsub = p.add_subparsers(dest="bench_command", required=True)
-    bb = bsub.add_parser("buffer", help="replay buffer sample/push latency and memory")
-    bb.add_argument("--n", type=int, default=1_000_000, help="rollouts stored")
-    bb.add_argument("--batch", type=int, default=256, help="sample size")
-    bb.add_argument("--repeats", type=int, default=200, help="timed repeats (median reported)")
-    bb.set_defaults(func=_cmd_bench_buffer)
+    p = sub.add_parser(
+        "bench",
+        help="run a benchmark suite (benchmarks/suites/NAME.yaml), or `bench buffer`",
+    )
+    p.add_argument("suite", help="suite name or YAML path; `buffer` = replay buffer latency")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per variant")
+    p.add_argument("--quick", action="store_true", help="apply the suite's quick_overrides")
+    p.add_argument("--only", nargs="+", help="run only these variants (baseline included)")
+    p.add_argument("--out", default="runs/bench", help="root folder for the suite's runs")
+    p.add_argument("--n", type=int, default=1_000_000, help="bench buffer: rollouts stored")
+    p.add_argument("--batch", type=int, default=256, help="bench buffer: sample size")
+    p.add_argument("--repeats", type=int, default=200, help="bench buffer: timed repeats")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("report", help="plots from run folders (accuracy vs rollouts, ...)")
+    p.add_argument("runs", nargs="+", help="run folders (grouped by name without -s<seed>)")
+    p.add_argument("--out", required=True, help="folder for the PNG plots")
+    p.add_argument("--target", type=float, help="draw this target accuracy")
+    p.set_defaults(func=_cmd_report)
     return parser
 
 

@@ -338,10 +338,19 @@ class Trainer:
                 "step": c.step,
                 "rollouts_generated": c.rollouts_generated,
                 "tokens_generated": c.tokens_generated,
+                "tokens_trained": c.tokens_trained,
+                "flops": self._flops(),
                 "wall_seconds": c.wall_seconds,
+                "generation_seconds": c.generation_seconds,
+                "training_seconds": c.training_seconds,
                 **metrics,
             }
         )
+
+    def _flops(self) -> float:
+        """Estimated compute: 2 N per generated token + 6 N per trained token (design.md)."""
+        c = self.counters
+        return 2.0 * self.n_params * c.tokens_generated + 6.0 * self.n_params * c.tokens_trained
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -451,8 +460,7 @@ class Trainer:
                 "rollouts_generated": float(c.rollouts_generated),
                 "tokens_generated": float(c.tokens_generated),
                 "tokens_trained": float(c.tokens_trained),
-                "flops/estimated": 2.0 * self.n_params * c.tokens_generated
-                + 6.0 * self.n_params * c.tokens_trained,
+                "flops/estimated": self._flops(),
                 "time/generation_s": t_gen,
                 "time/training_s": t_train,
                 "policy_version": float(self.learner.version),

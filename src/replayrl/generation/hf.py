@@ -65,7 +65,7 @@ class HFGenerator:
             do_sample=not params.greedy,
             temperature=params.temperature if not params.greedy else 1.0,
             top_p=params.top_p if not params.greedy else 1.0,
-            top_k=0,
+            top_k=0 if not params.greedy else None,
             min_p=None,
             typical_p=1.0,
             repetition_penalty=1.0,

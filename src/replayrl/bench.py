@@ -1,0 +1,232 @@
+"""`replayrl bench SUITE`: named variants x seeds on one task, run one after another, then a
+summary (median and IQR over seeds), a Markdown table and plots.
+
+A suite file (benchmarks/suites/<name>.yaml) names a baseline and its variants, each a preset
+plus dotted overrides; `quick_overrides` shrink every run for `--quick`. The target accuracy
+is the baseline's median final eval accuracy; each variant is scored by the generated
+rollouts (and tokens, wall seconds) it needed to first reach it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from replayrl.config import ConfigError, config_to_yaml, load_config
+from replayrl.metrics import read_metrics
+
+COMMON = ["logging.progress=false", "logging.tensorboard=false", "logging.overwrite=true"]
+Log = Callable[[str], None]
+
+
+def load_suite(name_or_path: str) -> dict[str, Any]:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = Path("benchmarks/suites") / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"bench suite not found: {path}")
+    suite = yaml.safe_load(path.read_text()) or {}
+    variants = suite.get("variants")
+    if not isinstance(variants, dict) or not variants:
+        raise ConfigError(f"{path}: `variants` must map names to {{config, overrides}}")
+    baseline = suite.get("baseline", next(iter(variants)))
+    if baseline not in variants:
+        raise ConfigError(f"{path}: baseline {baseline!r} is not one of the variants")
+    for name, v in variants.items():
+        if not isinstance(v, dict) or "config" not in v:
+            raise ConfigError(f"{path}: variant {name!r} needs a `config` preset path")
+    suite.setdefault("name", path.stem)
+    suite["baseline"] = baseline
+    suite["path"] = str(path)
+    return suite
+
+
+def first_reaching(summary: dict[str, Any], target: float) -> dict[str, float]:
+    """Rollouts, tokens and wall seconds at the first eval with accuracy >= target (inf: never)."""
+    for e in summary.get("evals", []):
+        if e["eval/accuracy"] >= target - 1e-9:
+            return {
+                "rollouts": float(e["rollouts_generated"]),
+                "tokens": float(e.get("tokens_generated") or math.nan),
+                "wall_seconds": float(e["wall_seconds"]),
+            }
+    return {"rollouts": math.inf, "tokens": math.inf, "wall_seconds": math.inf}
+
+
+def stats(xs: list[float]) -> dict[str, float]:
+    """Median and quartiles; an unreached target (inf) counts as the largest value."""
+    a = np.asarray([x for x in xs if x is not None and not math.isnan(x)], dtype=float)
+    if a.size == 0:
+        return {"median": math.nan, "q25": math.nan, "q75": math.nan, "n": 0}
+    # with an unreached target (inf) take the upper neighbour: never an optimistic median
+    method = "higher" if np.isinf(a).any() else "linear"
+    q25, med, q75 = np.percentile(a, [25, 50, 75], method=method)
+    return {"median": float(med), "q25": float(q25), "q75": float(q75), "n": int(a.size)}
+
+
+def _run_one(cfg, peer: str | None, run_dir: Path, log: Log) -> dict[str, Any]:
+    if peer == "trl":
+        from replayrl.peers.trl_grpo import run_trl_grpo
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        return run_trl_grpo(cfg, run_dir, log=log)
+    if peer is not None:
+        raise ConfigError(f"unknown peer {peer!r} (known: trl)")
+    from replayrl.runner import train
+
+    return train(cfg, log=log)
+
+
+def run_suite(
+    suite: dict[str, Any],
+    seeds: list[int],
+    out_root: Path,
+    quick: bool = False,
+    only: list[str] | None = None,
+    log: Log = print,
+) -> dict[str, Any]:
+    out = out_root / suite["name"]
+    out.mkdir(parents=True, exist_ok=True)
+    variants = {k: v for k, v in suite["variants"].items() if not only or k in only}
+    common = [
+        *COMMON,
+        *suite.get("overrides", []),
+        *(suite.get("quick_overrides", []) if quick else []),
+    ]
+    results: dict[str, list[dict[str, Any]]] = {}
+    for name, v in variants.items():
+        if v.get("peer") == "trl":
+            try:
+                import trl  # noqa: F401
+            except ImportError:
+                log(f"skipping {name}: TRL is not installed (pip install 'replayrl[bench]')")
+                continue
+        results[name] = []
+        for seed in seeds:
+            run_name = f"{name}-s{seed}"
+            overrides = [
+                *common,
+                *v.get("overrides", []),
+                f"train.seed={seed}",
+                f"logging.run_dir={out}",
+                f"logging.name={run_name}",
+            ]
+            cfg = load_config(v["config"], overrides)
+            summary = _run_one(cfg, v.get("peer"), out / run_name, log=lambda _: None)
+            rows = read_metrics(out / run_name / "metrics.jsonl")
+            ent = [m["train/entropy"] for m in rows if m.get("train/entropy") is not None]
+            summary["final_entropy"] = ent[-1] if ent else math.nan
+            results[name].append(summary)
+            log(
+                f"{run_name}: final acc {summary['final_eval_accuracy']:.3f}, rollouts "
+                f"{summary['rollouts_generated']}, wall {summary['wall_seconds']:.0f}s"
+            )
+    return summarise(suite, results, seeds, out, quick)
+
+
+def summarise(
+    suite: dict[str, Any],
+    results: dict[str, list[dict[str, Any]]],
+    seeds: list[int],
+    out: Path,
+    quick: bool,
+) -> dict[str, Any]:
+    base = suite["baseline"]
+    if base not in results:
+        raise ConfigError(f"the baseline {base!r} was not run")
+    # a variant may name its own baseline (e.g. remix-ppo against ppo); default: the suite's
+    baseline_of = {
+        name: suite["variants"][name].get("baseline", base) if name in suite["variants"] else base
+        for name in results
+    }
+    baseline_of = {k: (v if v in results else base) for k, v in baseline_of.items()}
+    targets = {
+        b: statistics.median(s["final_eval_accuracy"] for s in results[b])
+        for b in set(baseline_of.values())
+    }
+    target = targets[base]
+    table: dict[str, Any] = {}
+    for name, runs in results.items():
+        reach = [first_reaching(s, targets[baseline_of[name]]) for s in runs]
+        row = {
+            "baseline": baseline_of[name],
+            "target_accuracy": targets[baseline_of[name]],
+            "runs": [s["run_dir"] for s in runs],
+            "rollouts_to_target": stats([r["rollouts"] for r in reach]),
+            "tokens_to_target": stats([r["tokens"] for r in reach]),
+            "wall_seconds_to_target": stats([r["wall_seconds"] for r in reach]),
+            "reached_target": sum(math.isfinite(r["rollouts"]) for r in reach),
+            "final_eval_accuracy": stats([s["final_eval_accuracy"] for s in runs]),
+            "best_eval_accuracy": stats([s["best_eval_accuracy"] for s in runs]),
+            "rollouts_generated": stats([s["rollouts_generated"] for s in runs]),
+            "generation_seconds": stats([s.get("generation_seconds", math.nan) for s in runs]),
+            "training_seconds": stats([s.get("training_seconds", math.nan) for s in runs]),
+            "wall_seconds": stats([s["wall_seconds"] for s in runs]),
+            "mu": stats(
+                [s.get("mu_median") if s.get("mu_median") is not None else math.nan for s in runs]
+            ),
+            "final_entropy": stats([s["final_entropy"] for s in runs]),
+        }
+        table[name] = row
+    for row in table.values():
+        b = table[row["baseline"]]
+        for key, ratio in (
+            ("rollouts_to_target", "rollouts_ratio"),
+            ("wall_seconds_to_target", "wall_ratio"),
+        ):
+            num, den = row[key]["median"], b[key]["median"]
+            row[ratio] = num / den if den and math.isfinite(den) else math.nan
+    summary = {
+        "suite": suite["name"],
+        "suite_file": suite["path"],
+        "baseline": base,
+        "target_accuracy": target,
+        "seeds": seeds,
+        "quick": quick,
+        "variants": table,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (out / "table.md").write_text(markdown_table(summary))
+    return summary
+
+
+def _fmt(s: dict[str, float], digits: int = 3) -> str:
+    if s["n"] == 0:
+        return "n/a"
+    med = "never" if math.isinf(s["median"]) else f"{s['median']:.{digits}g}"
+    q25 = "inf" if math.isinf(s["q25"]) else f"{s['q25']:.{digits}g}"
+    q75 = "inf" if math.isinf(s["q75"]) else f"{s['q75']:.{digits}g}"
+    return f"{med} [{q25}, {q75}]"
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"Target: each variant's baseline's median final eval accuracy (default baseline "
+        f"`{summary['baseline']}`: {summary['target_accuracy']:.3f}); seeds {summary['seeds']}. "
+        "Cells: median [q25, q75] over seeds (`never`: the target was not reached; unreached "
+        "seeds count as the largest value). Ratios: variant median / its baseline's median "
+        "(lower is better).",
+        "",
+        "| variant | baseline (target) | reached | rollouts to target | ratio | wall s to target "
+        "| ratio | final acc | best acc | gen s | train s | mu | final entropy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in summary["variants"].items():
+        n = r["final_eval_accuracy"]["n"]
+        lines.append(
+            f"| {name} | {r['baseline']} ({r['target_accuracy']:.3f}) | "
+            f"{r['reached_target']}/{n} | {_fmt(r['rollouts_to_target'], 4)} | "
+            f"{r['rollouts_ratio']:.2f} | {_fmt(r['wall_seconds_to_target'])} | "
+            f"{r['wall_ratio']:.2f} | {_fmt(r['final_eval_accuracy'])} | "
+            f"{_fmt(r['best_eval_accuracy'])} | {_fmt(r['generation_seconds'])} | "
+            f"{_fmt(r['training_seconds'])} | {_fmt(r['mu'])} | {_fmt(r['final_entropy'])} |"
+        )
+    return "\n".join(lines) + "\n"

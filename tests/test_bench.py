@@ -1,0 +1,125 @@
+"""`replayrl bench --quick` end to end on a tiny suite, and the summary's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from replayrl.bench import first_reaching, load_suite, stats
+from replayrl.cli import main
+from replayrl.config import ConfigError
+
+TINY = [
+    "model.tiny.num_layers=1",
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64",
+    "model.warmstart.steps=5",
+    "model.warmstart.mistake_steps=0",
+    "rollout.prompts_per_step=2",
+    "rollout.num_generations=4",
+    "rollout.max_new_tokens=4",
+    "eval.num_prompts=8",
+    "rewards=[{name: digits_format}]",
+]
+
+
+def _suite(tmp_path: Path) -> Path:
+    root = Path(__file__).parent.parent / "configs"
+    suite = {
+        "baseline": "grpo",
+        "overrides": TINY,
+        "quick_overrides": ["train.steps=2", "eval.every=1", "remix.reincarnation_step=1"],
+        "variants": {
+            "grpo": {"config": str(root / "grpo.yaml")},
+            "replay": {
+                "config": str(root / "replay.yaml"),
+                "overrides": ["buffer.capacity=16", "train.batch_size=8"],
+            },
+            "remix-grpo": {"config": str(root / "remix-grpo.yaml")},
+        },
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps(suite))  # JSON is YAML
+    return path
+
+
+def test_quick_bench_writes_summary_table_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rc = main(["bench", str(_suite(tmp_path)), "--quick", "--seeds", "0", "1", "--out", str(out)])
+    assert rc == 0
+    folder = out / "tiny"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["baseline"] == "grpo" and summary["quick"] is True
+    assert set(summary["variants"]) == {"grpo", "replay", "remix-grpo"}
+    # the target is the baseline's median final accuracy, read from its runs' summaries
+    finals = [
+        json.loads((folder / f"grpo-s{s}" / "summary.json").read_text())["final_eval_accuracy"]
+        for s in (0, 1)
+    ]
+    assert summary["target_accuracy"] == pytest.approx(sum(finals) / 2)
+    for row in summary["variants"].values():
+        runs = [json.loads((Path(r) / "summary.json").read_text()) for r in row["runs"]]
+        assert len(runs) == 2
+        generated = sorted(r["rollouts_generated"] for r in runs)
+        assert row["rollouts_generated"]["median"] == pytest.approx(sum(generated) / 2)
+        assert row["final_eval_accuracy"]["n"] == 2
+    # 2 steps x 2 prompts x 4 completions for the on-policy baseline; R = 8 for replay too
+    assert summary["variants"]["grpo"]["rollouts_generated"]["median"] == 16
+    base = summary["variants"]["grpo"]
+    if 0 < base["rollouts_to_target"]["median"] < math.inf:
+        assert base["rollouts_ratio"] == 1.0
+    table = (folder / "table.md").read_text()
+    assert "| grpo |" in table and "| remix-grpo |" in table
+    for png in (
+        "accuracy_vs_rollouts_generated",
+        "accuracy_vs_flops",
+        "accuracy_vs_wall_seconds",
+        "train_entropy_vs_step",
+        "completion_length_vs_step",
+    ):
+        assert (folder / f"{png}.png").stat().st_size > 1000
+
+
+def test_first_reaching_and_stats() -> None:
+    summary = {
+        "evals": [
+            {
+                "eval/accuracy": 0.3,
+                "rollouts_generated": 0,
+                "tokens_generated": 0,
+                "wall_seconds": 0,
+            },
+            {
+                "eval/accuracy": 0.6,
+                "rollouts_generated": 64,
+                "tokens_generated": 200,
+                "wall_seconds": 2.5,
+            },
+            {
+                "eval/accuracy": 0.8,
+                "rollouts_generated": 128,
+                "tokens_generated": 400,
+                "wall_seconds": 5.0,
+            },
+        ]
+    }
+    assert first_reaching(summary, 0.6) == {"rollouts": 64, "tokens": 200, "wall_seconds": 2.5}
+    assert math.isinf(first_reaching(summary, 0.9)["rollouts"])
+    s = stats([1.0, 2.0, 3.0, 4.0])
+    assert (s["q25"], s["median"], s["q75"]) == (1.75, 2.5, 3.25)
+    # an unreached target never makes the median optimistic
+    assert math.isinf(stats([100.0, math.inf])["median"])
+    assert stats([100.0, 200.0, math.inf])["median"] == 200.0
+
+
+def test_bad_suite_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_suite(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("variants: {a: {config: x.yaml}}\nbaseline: b\n")
+    with pytest.raises(ConfigError, match="baseline 'b'"):
+        load_suite(str(bad))

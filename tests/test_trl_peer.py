@@ -1,0 +1,119 @@
+"""The TRL peer: GRPOConfig settings mirror ours, and a tiny run trains and logs our format."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from replayrl.config import load_config
+from replayrl.metrics import read_metrics
+
+pytest.importorskip("trl")
+
+from replayrl.peers.trl_grpo import run_trl_grpo, trl_grpo_settings  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _tiny_cfg(*extra: str):
+    return load_config(
+        None,
+        [
+            "model.tiny.num_layers=1",
+            "model.tiny.hidden_size=32",
+            "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64",
+            "model.warmstart.steps=5",
+            "model.warmstart.mistake_steps=0",
+            "rollout.prompts_per_step=2",
+            "rollout.num_generations=4",
+            "rollout.max_new_tokens=4",
+            "train.steps=2",
+            "eval.num_prompts=8",
+            "eval.every=1",
+            "logging.tensorboard=false",
+            "logging.progress=false",
+            *extra,
+        ],
+    )
+
+
+def test_settings_mirror_the_grpo_preset() -> None:
+    from trl import GRPOConfig
+
+    cfg = load_config(CONFIGS / "grpo.yaml", ["train.steps=10"])
+    kw, unmatched = trl_grpo_settings(cfg)
+    R = cfg.rollouts_per_step  # 16 prompts x 8 completions
+    # one optimizer step == one generation batch of R rollouts, each used once
+    assert kw["per_device_train_batch_size"] * kw["gradient_accumulation_steps"] == R
+    assert kw["steps_per_generation"] == kw["gradient_accumulation_steps"]
+    assert kw["per_device_train_batch_size"] <= cfg.train.micro_batch_size
+    assert kw["num_iterations"] == 1 and kw["num_generations"] == cfg.rollout.num_generations
+    assert kw["loss_type"] == "dapo"  # token_mean: sum over all tokens / tokens in the batch
+    assert kw["scale_rewards"] == "group" and kw["beta"] == 0.0
+    assert kw["learning_rate"] == cfg.train.lr and kw["lr_scheduler_type"] == "constant"
+    assert kw["epsilon"] == kw["epsilon_high"] == cfg.algorithm.epsilon
+    assert kw["temperature"] == cfg.rollout.temperature and kw["top_k"] == 0
+    assert kw["max_completion_length"] == cfg.rollout.max_new_tokens
+    assert kw["shuffle_dataset"] is False and kw["use_vllm"] is False
+    args = GRPOConfig(output_dir="unused", **kw)
+    assert args.generation_batch_size == R and args.steps_per_generation == R // 64
+    assert unmatched and all(isinstance(u, str) for u in unmatched)
+
+    seq = load_config(None, ["algorithm.loss_agg=seq_mean", "algorithm.scale_rewards=false"])
+    kw, _ = trl_grpo_settings(seq)
+    assert kw["loss_type"] == "grpo" and kw["scale_rewards"] == "none"
+
+
+def test_rejects_what_trl_grpo_cannot_run() -> None:
+    replay = load_config(CONFIGS / "replay.yaml")
+    with pytest.raises(ValueError, match="buffer.kind=replay"):
+        trl_grpo_settings(replay)
+    with pytest.raises(ValueError, match="train.epochs=2"):
+        trl_grpo_settings(load_config(None, ["train.epochs=2"]))
+
+
+def test_missing_trl_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now raises ImportError
+    with pytest.raises(ImportError, match=r"replayrl\[bench\]"):
+        run_trl_grpo(_tiny_cfg(), tmp_path)
+
+
+def test_tiny_run_trains_and_logs_our_format(tmp_path: Path) -> None:
+    # digits_format next to correctness: the 5-step warm start is never right, so without it
+    # every group's rewards are equal, advantages are 0 and nothing would move
+    cfg = _tiny_cfg("rewards=[{name: correctness}, {name: digits_format, weight: 0.5}]")
+    run_dir = tmp_path / "trl"
+    summary = run_trl_grpo(cfg, run_dir, log=lambda _: None)
+
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk["rollouts_generated"] == summary["rollouts_generated"] == 2 * 2 * 4
+    assert on_disk["peer"] == "trl" and on_disk["trl_version"]
+    assert on_disk["steps"] == 2 and on_disk["num_eval_prompts"] == 8
+    assert isinstance(on_disk["unmatched_settings"], list)
+    for key in ("initial_eval_accuracy", "final_eval_accuracy", "best_eval_accuracy"):
+        assert 0.0 <= on_disk[key] <= 1.0
+    assert on_disk["tokens_generated"] >= 16 and on_disk["wall_seconds"] > 0
+
+    evals = on_disk["evals"]
+    assert [e["step"] for e in evals] == [0, 1, 2]
+    assert [e["rollouts_generated"] for e in evals] == [0, 8, 16]
+    assert all(0.0 <= e["eval/accuracy"] <= 1.0 for e in evals)
+    walls = [e["wall_seconds"] for e in evals]
+    assert walls[0] == 0.0 and walls == sorted(walls)
+
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]  # the initial eval, then one per step
+    for r in records[1:]:
+        for key in ("reward/mean", "rollouts_generated", "wall_seconds", "train/entropy"):
+            assert r[key] is not None, key
+        assert "eval/accuracy" in r  # eval.every=1
+    assert records[2]["rollouts_generated"] == 16
+
+    # TRL took real optimizer steps on non-zero gradients
+    assert any(r["train/grad_norm"] > 0 for r in records[1:])
+    assert summary["param_update_norm"] > 0
+    assert not (run_dir / "trl").exists()  # no checkpoints written
