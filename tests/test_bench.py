@@ -47,10 +47,17 @@ def _suite(tmp_path: Path) -> Path:
     return path
 
 
-def test_quick_bench_writes_summary_table_and_plots(tmp_path: Path) -> None:
+def test_quick_bench_writes_summary_table_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
-    rc = main(["bench", str(_suite(tmp_path)), "--quick", "--seeds", "0", "1", "--out", str(out)])
-    assert rc == 0
+    args = ["bench", str(_suite(tmp_path)), "--quick", "--seeds", "0", "1", "--out", str(out)]
+    assert main(args) == 0
+    first = (out / "tiny" / "summary.json").read_text()
+    capsys.readouterr()
+    assert main(args) == 0  # a second call reuses the finished runs: same summary
+    assert capsys.readouterr().out.count("reusing the finished run") == 6
+    assert (out / "tiny" / "summary.json").read_text() == first
     folder = out / "tiny"
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["baseline"] == "grpo" and summary["quick"] is True

@@ -71,6 +71,16 @@ def stats(xs: list[float]) -> dict[str, float]:
     return {"median": float(med), "q25": float(q25), "q75": float(q75), "n": int(a.size)}
 
 
+def _finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a completed run of exactly this config in `run_dir`, if there is one."""
+    summary, saved = run_dir / "summary.json", run_dir / "config.yaml"
+    if summary.is_file() and saved.is_file() and saved.read_text() == config_to_yaml(cfg):
+        data = json.loads(summary.read_text())
+        if data.get("steps") == cfg.train.steps:
+            return data
+    return None
+
+
 def _run_one(cfg, peer: str | None, run_dir: Path, log: Log) -> dict[str, Any]:
     if peer == "trl":
         from replayrl.peers.trl_grpo import run_trl_grpo
@@ -92,6 +102,7 @@ def run_suite(
     quick: bool = False,
     only: list[str] | None = None,
     log: Log = print,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     out = out_root / suite["name"]
     out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +131,11 @@ def run_suite(
                 f"logging.name={run_name}",
             ]
             cfg = load_config(v["config"], overrides)
-            summary = _run_one(cfg, v.get("peer"), out / run_name, log=lambda _: None)
+            summary = None if fresh else _finished_run(cfg, out / run_name)
+            if summary is not None:
+                log(f"{run_name}: reusing the finished run with the same config")
+            else:
+                summary = _run_one(cfg, v.get("peer"), out / run_name, log=lambda _: None)
             rows = read_metrics(out / run_name / "metrics.jsonl")
             ent = [m["train/entropy"] for m in rows if m.get("train/entropy") is not None]
             summary["final_entropy"] = ent[-1] if ent else math.nan

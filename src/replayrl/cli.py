@@ -90,7 +90,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     only = None
     if args.only:
         only = sorted(set(args.only) | {suite["baseline"]})
-    summary = run_suite(suite, args.seeds, Path(args.out), quick=args.quick, only=only)
+    summary = run_suite(
+        suite, args.seeds, Path(args.out), quick=args.quick, only=only, fresh=args.fresh
+    )
     out = Path(args.out) / suite["name"]
     runs = [Path(r) for v in summary["variants"].values() for r in v["runs"]]
     plots = make_report(runs, out, target=summary["target_accuracy"])
@@ -145,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="apply the suite's quick_overrides")
     p.add_argument("--only", nargs="+", help="run only these variants (baseline included)")
     p.add_argument("--out", default="runs/bench", help="root folder for the suite's runs")
+    p.add_argument("--fresh", action="store_true", help="rerun finished runs (default: reuse)")
     p.add_argument("--n", type=int, default=1_000_000, help="bench buffer: rollouts stored")
     p.add_argument("--batch", type=int, default=256, help="bench buffer: sample size")
     p.add_argument("--repeats", type=int, default=200, help="bench buffer: timed repeats")
