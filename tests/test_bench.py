@@ -11,14 +11,10 @@ import pytest
 from replayrl.bench import first_reaching, load_suite, stats
 from replayrl.cli import main
 from replayrl.config import ConfigError
+from tiny import TINY_MODEL
 
 TINY = [
-    "model.tiny.num_layers=1",
-    "model.tiny.hidden_size=32",
-    "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64",
-    "model.warmstart.steps=5",
-    "model.warmstart.mistake_steps=0",
+    *TINY_MODEL,
     "rollout.prompts_per_step=2",
     "rollout.num_generations=4",
     "rollout.max_new_tokens=4",

@@ -15,6 +15,7 @@ from replayrl.config import load_config
 from replayrl.learner import Learner
 from replayrl.metrics import read_metrics
 from replayrl.runner import train
+from tiny import tiny_config
 
 LOG = math.log
 
@@ -109,26 +110,7 @@ def test_value_loss_clipping_hand_values() -> None:
 
 
 def _tiny_cfg(tmp_path: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            "model.tiny.num_layers=1",
-            "model.tiny.hidden_size=32",
-            "model.tiny.num_heads=2",
-            "model.tiny.intermediate_size=64",
-            "model.warmstart.steps=5",
-            "model.warmstart.mistake_steps=0",
-            "rollout.prompts_per_step=2",
-            "rollout.num_generations=4",
-            "rollout.max_new_tokens=4",
-            "eval.num_prompts=8",
-            "eval.every=0",
-            "logging.tensorboard=false",
-            "logging.progress=false",
-            f"logging.run_dir={tmp_path}",
-            *extra,
-        ],
-    )
+    return tiny_config(tmp_path, *extra)
 
 
 def test_learner_keeps_frozen_copies_only_when_weighted(tiny_model) -> None:

@@ -12,27 +12,13 @@ from replayrl.cli import main
 from replayrl.config import load_config
 from replayrl.metrics import read_metrics
 from replayrl.runner import resume, train
+from tiny import tiny_config
 
-TINY = [
-    "model.tiny.num_layers=1",
-    "model.tiny.hidden_size=32",
-    "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64",
-    "model.warmstart.steps=5",
-    "model.warmstart.mistake_steps=0",
-    "rollout.prompts_per_step=2",
-    "rollout.num_generations=4",
-    "rollout.max_new_tokens=4",
-    "eval.num_prompts=8",
-    "eval.every=0",
-    "logging.tensorboard=false",
-    "logging.progress=false",
-]
 REPLAY = ["buffer.kind=replay", "buffer.capacity=16", "train.batch_size=12"]
 
 
 def _cfg(tmp_path: Path, name: str, *extra: str):
-    return load_config(None, [*TINY, f"logging.run_dir={tmp_path}", f"logging.name={name}", *extra])
+    return tiny_config(tmp_path, f"logging.name={name}", *extra)
 
 
 def test_replay_run_logs_buffer_metrics_and_respects_capacity(tmp_path: Path) -> None:

@@ -21,15 +21,11 @@ from replayrl.metrics import read_metrics
 from replayrl.models import build_tiny_model, ensure_warmstart
 from replayrl.runner import Trainer, resume, train
 from replayrl.tasks import ArithmeticTask
+from tiny import TINY_MODEL
 
 R = 16  # rollouts per step: 4 prompts x 4 generations
 BASE = [
-    "model.tiny.num_layers=1",
-    "model.tiny.hidden_size=32",
-    "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64",
-    "model.warmstart.steps=5",
-    "model.warmstart.mistake_steps=0",
+    *TINY_MODEL,
     "model.warmstart.batch_size=8",
     "rollout.prompts_per_step=4",
     "rollout.num_generations=4",
