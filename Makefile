@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.replayrl-installed
 
-.PHONY: install demo test lint format clean
+.PHONY: install demo test lint format clean trl-peer
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -12,7 +12,7 @@ $(PY):
 # torch 2.13.0 first: the CPU wheel on this machine's disk (a bare `torch` would pull CUDA).
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/pytest
+
+# TRL's GRPOTrainer on the same model, task and reward (see BENCHMARKS.md)
+trl-peer: $(STAMP)
+	$(PY) -m replayrl.peers.trl_grpo --config configs/grpo.yaml train.threads=1
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -173,4 +173,4 @@ def test_columns_are_passed_as_keyword_lists():
 def test_unknown_reward_name():
     with pytest.raises(ValueError, match="'corectness'") as info:
         resolve_rewards([("corectness", 1.0)])
-    assert "correctness" in str(info.value).split("known:")[1]
+    assert "correctness" in str(info.value).split("built-in:")[1]

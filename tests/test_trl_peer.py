@@ -10,35 +10,24 @@ import pytest
 
 from replayrl.config import load_config
 from replayrl.metrics import read_metrics
+from tiny import TINY_RUN
 
 pytest.importorskip("trl")
 
-from replayrl.peers.trl_grpo import run_trl_grpo, trl_grpo_settings  # noqa: E402
+from replayrl.peers.trl_grpo import (  # noqa: E402
+    _make_trainer,
+    _Recorder,
+    _train_rows,
+    run_trl_grpo,
+    trl_grpo_settings,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def _tiny_cfg(*extra: str):
-    return load_config(
-        None,
-        [
-            "model.tiny.num_layers=1",
-            "model.tiny.hidden_size=32",
-            "model.tiny.num_heads=2",
-            "model.tiny.intermediate_size=64",
-            "model.warmstart.steps=5",
-            "model.warmstart.mistake_steps=0",
-            "rollout.prompts_per_step=2",
-            "rollout.num_generations=4",
-            "rollout.max_new_tokens=4",
-            "train.steps=2",
-            "eval.num_prompts=8",
-            "eval.every=1",
-            "logging.tensorboard=false",
-            "logging.progress=false",
-            *extra,
-        ],
-    )
+    """tests/tiny.py's run (R = 2 x 4), 2 steps, an eval after every step."""
+    return load_config(None, [*TINY_RUN, "train.steps=2", "eval.every=1", *extra])
 
 
 def test_settings_mirror_the_grpo_preset() -> None:
@@ -117,3 +106,77 @@ def test_tiny_run_trains_and_logs_our_format(tmp_path: Path) -> None:
     assert any(r["train/grad_norm"] > 0 for r in records[1:])
     assert summary["param_update_norm"] > 0
     assert not (run_dir / "trl").exists()  # no checkpoints written
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
+def test_trl_gradient_equals_our_learners(tmp_path: Path, loss_agg: str) -> None:
+    """On TRL's own generation batch, over 4 micro-batches, TRL's policy gradient (dapo /
+    grpo loss) equals our Learner's (token_mean / seq_mean) with the same advantages."""
+    import copy
+
+    import numpy as np
+    import torch
+    from transformers import TrainerCallback
+
+    from replayrl.learner import Learner, collate, token_logprobs
+    from replayrl.metrics import MetricsLogger
+    from replayrl.models import load_policy
+    from replayrl.rollout import Rollout
+    from replayrl.tasks import make_task
+
+    cfg = _tiny_cfg(
+        "rewards=[{name: correctness}, {name: digits_format, weight: 0.5}]",
+        "train.steps=1",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=6",  # completions of several lengths
+        "train.micro_batch_size=4",  # R = 16 -> 4 micro-batches
+        "train.max_grad_norm=null",
+        "eval.num_prompts=2",
+        f"algorithm.loss_agg={loss_agg}",
+    )
+    model, tok, _ = load_policy(cfg.model, cfg.task, log=lambda _: None)
+    ours = copy.deepcopy(model)
+    task = make_task("arithmetic")
+    metrics = MetricsLogger(tmp_path, tensorboard=False)
+    recorder = _Recorder(cfg, task, task.eval_rows()[:2], tok, metrics, 1, lambda _: None)
+    seen: dict = {}
+
+    class GrabGrads(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            seen["grads"] = {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    trainer = _make_trainer(
+        cfg, model, tok, _train_rows(cfg, task), recorder, tmp_path / "trl", (GrabGrads(),)
+    )
+    assert trainer.args.gradient_accumulation_steps == 4
+    generate = trainer._generate_and_score_completions
+
+    def keep_batch(inputs):
+        seen["batch"] = out = generate(inputs)
+        return out
+
+    trainer._generate_and_score_completions = keep_batch
+    trainer.train()
+    metrics.close()
+    micro_tokens = [int(m["completion_mask"].sum()) for m in trainer._buffered_inputs]
+    assert len(set(micro_tokens)) > 1, micro_tokens  # else bnpo and dapo would agree too
+
+    b = seen["batch"]
+    rollouts = []
+    for i in range(b["prompt_ids"].size(0)):
+        prompt = b["prompt_ids"][i][b["prompt_mask"][i].bool()]
+        completion = b["completion_ids"][i][b["completion_mask"][i].bool()]
+        adv, old = float(b["advantages"][i]), torch.zeros(completion.numel())
+        rollouts.append(Rollout(prompt, completion, old, 0.0, adv, False, i // 4, 0, 0))
+    with torch.no_grad():  # behaviour = current policy: ratio 1, as in TRL's single pass
+        for r in rollouts:
+            one = collate([r], tok.pad_token_id)
+            r.behaviour_logprobs = token_logprobs(ours, one, 1.0)[0][0][one["mask"][0].bool()]
+    learner = Learner(ours, tok.pad_token_id, cfg)
+    learner.optimizer.step = lambda *a, **k: None  # keep the gradient, skip the update
+    learner.train_step(rollouts, np.random.default_rng(0))
+    ref = torch.cat([g.flatten() for g in seen["grads"].values()])
+    got = torch.cat([p.grad.flatten() for _, p in ours.named_parameters()])
+    assert ref.norm() > 0  # the batch carries signal (rewards differ within a group)
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-6), float((got - ref).norm() / ref.norm())

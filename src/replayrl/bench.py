@@ -74,7 +74,8 @@ def stats(xs: list[float]) -> dict[str, float]:
 def _finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
     """The summary of a completed run of exactly this config in `run_dir`, if there is one."""
     summary, saved = run_dir / "summary.json", run_dir / "config.yaml"
-    if summary.is_file() and saved.is_file() and saved.read_text() == config_to_yaml(cfg):
+    # compared as configs (not text): a saved run stays reusable when new defaulted knobs appear
+    if summary.is_file() and saved.is_file() and load_config(saved) == cfg:
         data = json.loads(summary.read_text())
         if data.get("steps") == cfg.train.steps:
             return data

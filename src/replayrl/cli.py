@@ -40,14 +40,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from replayrl.evaluation import evaluate
     from replayrl.generation import HFGenerator
     from replayrl.models import load_policy
-    from replayrl.tasks import make_task
+    from replayrl.tasks import task_from_config
 
     cfg = load_config(args.config, args.overrides)
     if args.model:
         cfg.model.path = args.model
     model, tok, path = load_policy(cfg.model, cfg.task)
-    t = cfg.task
-    task = make_task(t.name, digits=t.digits, eval_size=t.eval_size, seed=t.seed)
+    task = task_from_config(cfg.task)
     rows = task.eval_rows()[: cfg.eval.num_prompts] if cfg.eval.num_prompts else task.eval_rows()
     gen = HFGenerator(model, tok, cfg.eval.batch_size)
     res = evaluate(

@@ -55,10 +55,23 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    name: Literal["arithmetic"] = "arithmetic"
-    digits: int = Field(2, ge=1, le=9)  # difficulty knob: digits per operand
+    # arithmetic: the built-in generated task; dataset: rows from a local file (`path`)
+    name: Literal["arithmetic", "dataset"] = "arithmetic"
+    digits: int = Field(2, ge=1, le=9)  # arithmetic's difficulty knob: digits per operand
     eval_size: int = Field(200, ge=1)
     seed: int = 0
+    path: str | None = None  # dataset: JSONL, JSON, parquet or CSV file
+    eval_path: str | None = None  # dataset: a separate held-out file (else a seeded split)
+    prompt_column: str = "prompt"  # text, or a list of {role, content} messages
+    answer_column: str = "answer"
+    solution_column: str = "solution"  # format=math: the answer is its last \boxed{}
+    format: Literal["plain", "gsm8k", "math"] = "plain"  # gsm8k: answer after "####"
+
+    @model_validator(mode="after")
+    def _dataset_needs_path(self) -> TaskConfig:
+        if self.name == "dataset" and not self.path:
+            raise ValueError("task.path must name a local data file for task.name=dataset")
+        return self
 
 
 class RewardSpec(_Section):

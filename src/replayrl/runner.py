@@ -35,7 +35,7 @@ from replayrl.metrics import MetricsLogger, Progress
 from replayrl.models import load_policy
 from replayrl.rewards import resolve_rewards, score
 from replayrl.rollout import Rollout
-from replayrl.tasks import make_task
+from replayrl.tasks import task_from_config
 
 Log = Callable[[str], None]
 
@@ -52,7 +52,8 @@ class Counters:
     prompts_skipped_too_long: int = 0
     generation_seconds: float = 0.0
     training_seconds: float = 0.0
-    wall_seconds: float = 0.0
+    wall_seconds: float = 0.0  # training-loop time (generation, scoring, updates), no evals
+    eval_seconds: float = 0.0
     mu_per_step: list[float] = field(default_factory=list)
     design: dict[str, float] | None = None  # resolved `auto` buffer design
     reincarnation_step: int | None = None
@@ -100,8 +101,9 @@ class Trainer:
         _seed_all(cfg.train.seed)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
-        t = cfg.task
-        self.task = make_task(t.name, digits=t.digits, eval_size=t.eval_size, seed=t.seed)
+        self.task = task_from_config(cfg.task)
+        if getattr(self.task, "skipped", None):
+            log(self.task.skip_summary())  # type: ignore[attr-defined]
         self.rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
         self.buffer = self._make_buffer() if not cfg.needs_design else None
         critic = (
@@ -366,7 +368,7 @@ class Trainer:
         if c.step == 0 and not c.evals:
             t0 = time.perf_counter()
             first = self.evaluate()
-            c.wall_seconds += time.perf_counter() - t0
+            c.eval_seconds += time.perf_counter() - t0
             self._record_eval(first)
             self.metrics.log(0, first)
             self.log(
@@ -392,7 +394,7 @@ class Trainer:
         if last_eval_step != c.step:
             t0 = time.perf_counter()
             final = self.evaluate()
-            c.wall_seconds += time.perf_counter() - t0
+            c.eval_seconds += time.perf_counter() - t0
             self._record_eval(final)
             self.metrics.log(c.step, final)
         self.checkpoint()
@@ -472,7 +474,7 @@ class Trainer:
         if (every and c.step % every == 0) or c.step == cfg.train.steps:
             t0 = time.perf_counter()
             ev = self.evaluate()
-            c.wall_seconds += time.perf_counter() - t0
+            c.eval_seconds += time.perf_counter() - t0
             self._record_eval(ev)
             stats.update(ev)
         stats["wall_seconds"] = c.wall_seconds
@@ -505,6 +507,7 @@ class Trainer:
             "wall_seconds": c.wall_seconds,
             "generation_seconds": c.generation_seconds,
             "training_seconds": c.training_seconds,
+            "eval_seconds": c.eval_seconds,
             "mu_median": mu,
             "design": c.design,
             "reincarnation_step": c.reincarnation_step,

@@ -35,6 +35,7 @@ import argparse
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -401,9 +402,6 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
     "total_seconds" and "param_update_norm").
     """
     trl = _import_trl()
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
     from replayrl.runner import _quiet_transformers, _write_json
 
     settings, unmatched = trl_grpo_settings(cfg)
@@ -420,40 +418,20 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
     task = make_task(t.name, digits=t.digits, eval_size=t.eval_size, seed=t.seed)
     eval_rows = task.eval_rows()
     eval_rows = eval_rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else eval_rows
-    # the prompts our runner draws: sample_train(P, rng) per step == sample_train(steps * P)
-    rows = task.sample_train(
-        max(cfg.train.steps, 1) * cfg.rollout.prompts_per_step,
-        np.random.default_rng(cfg.train.seed),
-    )
-    columns = [k for k in rows[0] if k != "prompt"]
+    rows = _train_rows(cfg, task)
     metrics = MetricsLogger(run_dir, cfg.logging.tensorboard)
     recorder = _Recorder(cfg, task, eval_rows, tokenizer, metrics, n_params, log)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     t_start = time.perf_counter()
     try:
         if cfg.train.steps == 0:  # HF reads max_steps=0 as "use num_train_epochs"
             recorder.on_train_begin(None, None, None, model=model)
             recorder.on_train_end(None, None, None)
         else:
-            args = GRPOConfig(output_dir=str(run_dir / "trl"), **settings)
-            trainer = GRPOTrainer(
-                model=model,
-                reward_funcs=[recorder.reward_function(columns)],
-                args=args,
-                train_dataset=Dataset.from_list(rows),
-                processing_class=tokenizer,
-                callbacks=[recorder],
-                optimizers=(optimizer, scheduler),
-            )
-            _drop_console_callbacks(trainer)
-            trainer._generate_and_score_completions = recorder.time_generation(
-                trainer._generate_and_score_completions
-            )
-            trainer.train()
-            out = Path(args.output_dir)
+            trainer = _make_trainer(cfg, model, tokenizer, rows, recorder, run_dir / "trl")
+            with warnings.catch_warnings():  # TRL 1.16 calls a name transformers 5 deprecates
+                warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+                trainer.train()
+            out = Path(trainer.args.output_dir)
             if out.is_dir() and not any(out.iterdir()):
                 out.rmdir()  # nothing saved (save_strategy="no")
     finally:
@@ -493,6 +471,47 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
     }
     _write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def _train_rows(cfg: Config, task) -> list[dict[str, Any]]:
+    """The prompts our runner draws: sample_train(P, rng) per step == sample_train(steps * P)."""
+    n = max(cfg.train.steps, 1) * cfg.rollout.prompts_per_step
+    return task.sample_train(n, np.random.default_rng(cfg.train.seed))
+
+
+def _make_trainer(
+    cfg: Config,
+    model: torch.nn.Module,
+    tokenizer,
+    rows: list[dict[str, Any]],
+    recorder: _Recorder,
+    output_dir: Path,
+    callbacks: tuple[TrainerCallback, ...] = (),
+):
+    """A GRPOTrainer with our optimizer, reward scoring, recorder and generation timing."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    settings, _ = trl_grpo_settings(cfg)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    columns = [k for k in rows[0] if k != "prompt"]
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[recorder.reward_function(columns)],
+        args=GRPOConfig(output_dir=str(output_dir), **settings),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[recorder, *callbacks],
+        optimizers=(optimizer, scheduler),
+    )
+    _drop_console_callbacks(trainer)
+    trainer._generate_and_score_completions = recorder.time_generation(
+        trainer._generate_and_score_completions
+    )
+    return trainer
 
 
 def _drop_console_callbacks(trainer) -> None:

@@ -1,6 +1,7 @@
 """Reward functions with TRL's signature: f(prompts, completions, **columns) -> list[float|None]."""
 
 from replayrl.rewards.builtin import BUILTIN_REWARDS, correctness_reward, digits_format_reward
+from replayrl.rewards.loading import load_reward_function
 from replayrl.rewards.scoring import RewardFunction, ScoreResult, WeightedReward, score
 
 __all__ = [
@@ -16,11 +17,18 @@ __all__ = [
 
 
 def resolve_rewards(specs: list[tuple[str, float]]) -> list[WeightedReward]:
-    """Look up built-in reward names; unknown names are a clear error."""
+    """Built-in reward names, or `file.py:function` / `package.module:function` of the user's."""
     out = []
     for name, weight in specs:
-        if name not in BUILTIN_REWARDS:
+        if name in BUILTIN_REWARDS:
+            fn = BUILTIN_REWARDS[name]
+        elif ":" in name:
+            fn = load_reward_function(name)
+        else:
             known = ", ".join(sorted(BUILTIN_REWARDS))
-            raise ValueError(f"rewards: unknown reward function {name!r} (known: {known})")
-        out.append(WeightedReward(name=name, fn=BUILTIN_REWARDS[name], weight=weight))
+            raise ValueError(
+                f"rewards: unknown reward function {name!r} (built-in: {known}; or give your "
+                f"own as path/to/file.py:function)"
+            )
+        out.append(WeightedReward(name=name, fn=fn, weight=weight))
     return out

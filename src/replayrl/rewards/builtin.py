@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from replayrl.rewards.math import answer_tag_format_reward, boxed_format_reward, math_reward
+
 
 def correctness_reward(
     prompts: list[str], completions: list[str], answer: list[Any], **_: Any
@@ -26,4 +28,7 @@ def digits_format_reward(
 BUILTIN_REWARDS = {
     "correctness": correctness_reward,
     "digits_format": digits_format_reward,
+    "math": math_reward,
+    "boxed_format": boxed_format_reward,
+    "answer_tag_format": answer_tag_format_reward,
 }

@@ -1,12 +1,38 @@
 """Verifiable tasks: prompts with answer columns and a correctness check."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from replayrl.tasks.arithmetic import ArithmeticTask
 from replayrl.tasks.base import Task
+from replayrl.tasks.datasets import DatasetTask
 
-__all__ = ["ArithmeticTask", "Task", "make_task"]
+if TYPE_CHECKING:
+    from replayrl.config import TaskConfig
+
+__all__ = ["ArithmeticTask", "DatasetTask", "Task", "make_task", "task_from_config"]
 
 
 def make_task(name: str, **kwargs: object) -> Task:
     if name == "arithmetic":
         return ArithmeticTask(**kwargs)  # type: ignore[arg-type]
-    raise ValueError(f"task.name: unknown task {name!r} (known: arithmetic)")
+    if name == "dataset":
+        return DatasetTask(kwargs.pop("path"), **kwargs)  # type: ignore[arg-type]
+    raise ValueError(f"task.name: unknown task {name!r} (known: arithmetic, dataset)")
+
+
+def task_from_config(t: TaskConfig) -> Task:
+    """The task a config's `task` section describes."""
+    if t.name == "arithmetic":
+        return ArithmeticTask(digits=t.digits, eval_size=t.eval_size, seed=t.seed)
+    return DatasetTask(
+        t.path,
+        eval_path=t.eval_path,
+        prompt_column=t.prompt_column,
+        answer_column=t.answer_column,
+        solution_column=t.solution_column,
+        format=t.format,
+        eval_size=t.eval_size,
+        seed=t.seed,
+    )
