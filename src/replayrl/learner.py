@@ -115,6 +115,72 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return clone
 
 
+def _is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+class _EvalForward:
+    """Runs the shared policy module in eval mode (no dropout) and restores its mode."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def _forward(self, **kwargs):
+        raise NotImplementedError
+
+    def __call__(self, **kwargs):
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._forward(**kwargs)
+        finally:
+            self.model.train(was_training)
+
+
+ADAPTERS_DISABLED = "adapters_disabled"  # checkpoint marker for the LoRA reference
+
+
+class AdaptersDisabled(_EvalForward):
+    """pi_base of a LoRA policy: the policy module itself with its adapters switched off.
+
+    LoRA starts with B = 0, so this is the initial policy, exactly, with no second copy of
+    the model; the base weights never train, so it stays that.
+    """
+
+    def _forward(self, **kwargs):
+        with self.model.disable_adapter():
+            return self.model(**kwargs)
+
+    def state_dict(self) -> str:
+        return ADAPTERS_DISABLED
+
+    def load_state_dict(self, state: object) -> None:
+        pass
+
+
+class AdapterSnapshot(_EvalForward):
+    """A frozen LoRA policy: a copy of the adapter weights only (pi_{k-1} for KL-Convex, a
+    reincarnated pi_base), evaluated through the policy module with `functional_call`."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+        self.tensors = {
+            n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad
+        }
+
+    def _forward(self, **kwargs):
+        return torch.func.functional_call(self.model, self.tensors, args=(), kwargs=kwargs)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy the adapter weights from `state` (an adapter snapshot or the policy's own)."""
+        with torch.no_grad():
+            for name, t in self.tensors.items():
+                t.copy_(state[name])
+
+
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / std over masked entries (PPO advantage normalisation)."""
     m = mask.bool()
@@ -127,6 +193,9 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
 def _nanmean(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return float(np.mean(finite)) if finite else math.nan
+
+
+FrozenPolicy = torch.nn.Module | AdaptersDisabled | AdapterSnapshot
 
 
 class Learner:
@@ -143,8 +212,12 @@ class Learner:
         self.pad_id = pad_id
         self.cfg = cfg
         self.loss_fn = get_policy_loss(cfg.algorithm.loss_type)
+        self.lora = _is_lora(model)
+        # only what trains (with LoRA: the adapters; the base weights are frozen)
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.train.lr,
+            weight_decay=cfg.train.weight_decay,
         )
         self.critic = critic
         self.critic_optimizer = (
@@ -155,10 +228,20 @@ class Learner:
         self.version = 0  # policy version: bumped after every training step
         self.updates = 0  # optimizer steps taken
         # frozen policies for the KL terms, kept only while their weight is non-zero
-        self.base_model: torch.nn.Module | None = None  # pi_base (initial, or pi_T)
-        self.prev_model: torch.nn.Module | None = None  # pi_{k-1}
+        self.base_model: FrozenPolicy | None = None  # pi_base (initial, or pi_T)
+        self.prev_model: FrozenPolicy | None = None  # pi_{k-1}
         if cfg.kl.beta > 0 and self.kl_weights(0)[0] > 0:
-            self.base_model = _frozen_copy(model)
+            self.base_model = self._new_base()
+
+    # -- frozen policies -----------------------------------------------------------------
+    # Full fine-tuning keeps frozen deep copies. With LoRA the initial policy is the base
+    # model with the adapters disabled (no copy at all), and any later frozen policy
+    # (pi_{k-1}, a reincarnated pi_base) is a copy of the adapter weights only.
+    def _new_base(self):
+        return AdaptersDisabled(self.model) if self.lora else _frozen_copy(self.model)
+
+    def _freeze_current(self):
+        return AdapterSnapshot(self.model) if self.lora else _frozen_copy(self.model)
 
     # -- KL bookkeeping ----------------------------------------------------------------------
     def kl_lambda(self, step: int) -> float:
@@ -176,7 +259,7 @@ class Learner:
     def reincarnate(self) -> None:
         """Policy reincarnation (paper 2): pi_base <- the current policy."""
         if self.cfg.kl.beta > 0:
-            self.base_model = _frozen_copy(self.model)
+            self.base_model = self._freeze_current()
 
     def _per_rollout(
         self, model: torch.nn.Module, rollouts: Sequence[Rollout]
@@ -249,15 +332,15 @@ class Learner:
         w_base, w_prev = self.kl_weights(step)
         if w_base > 0:
             if self.base_model is None:
-                self.base_model = _frozen_copy(self.model)
+                self.base_model = self._new_base()
             fields["base_logprobs"] = self._per_rollout(self.base_model, batch)
         if w_prev > 0:
             if self.prev_model is None:  # first use: pi_{k-1} unknown, start from pi_k
-                self.prev_model = _frozen_copy(self.model)
+                self.prev_model = self._freeze_current()
             fields["prev_logprobs"] = self._per_rollout(self.prev_model, batch)
         if self.kl_weights(step + 1)[1] > 0:  # next step needs pi_{k-1} = this pi_k
             if self.prev_model is None:
-                self.prev_model = _frozen_copy(self.model)
+                self.prev_model = self._freeze_current()
             else:
                 self.prev_model.load_state_dict(self.model.state_dict())
         else:
@@ -464,10 +547,17 @@ class Learner:
         self.updates = int(state["updates"])  # type: ignore[arg-type]
         for name in ("base_model", "prev_model"):
             weights = state.get(name)
+            current = getattr(self, name)
             if weights is None:
                 setattr(self, name, None)
+            elif weights == ADAPTERS_DISABLED:
+                setattr(self, name, AdaptersDisabled(self.model))
             else:
-                frozen = getattr(self, name) or _frozen_copy(self.model)
+                if self.lora:
+                    frozen = current if isinstance(current, AdapterSnapshot) else None
+                    frozen = frozen or AdapterSnapshot(self.model)
+                else:
+                    frozen = current or _frozen_copy(self.model)
                 frozen.load_state_dict(weights)  # type: ignore[arg-type]
                 setattr(self, name, frozen)
         if self.critic is not None and self.critic_optimizer is not None:

@@ -201,23 +201,181 @@ def ensure_warmstart(cfg: ModelConfig, task_cfg: TaskConfig, log=print) -> Path:
     return dest
 
 
-def load_policy(
-    cfg: ModelConfig, task_cfg: TaskConfig, log=print
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
-    """The policy to train and its tokenizer: `model.path` if set, else the tiny warm start."""
-    path = cfg.path or str(ensure_warmstart(cfg, task_cfg, log=log))
-    local = Path(path)
-    if cfg.path and not local.exists() and (local.is_absolute() or path.startswith(".")):
+PREPARED_MODELS = ("smollm2-135m",)  # names `replayrl prepare` knows
+
+
+def prepared_model_dir(name: str) -> Path:
+    """Where `replayrl prepare NAME` writes its model folder."""
+    return cache_dir() / "models" / name
+
+
+def resolve_model_path(path: str) -> str:
+    """A local folder as it is (`~` expanded); a prepared model's name -> its cache folder;
+    anything else is returned unchanged (a hub id)."""
+    local = Path(path).expanduser()
+    if local.exists():
+        return str(local)
+    if path in PREPARED_MODELS:
+        prepared = prepared_model_dir(path)
+        if (prepared / "config.json").is_file():
+            return str(prepared)
+        raise FileNotFoundError(
+            f"model.path={path!r}: not prepared yet (no {prepared}); run "
+            f"`replayrl prepare {path}` first"
+        )
+    if local.is_absolute() or path.startswith((".", "~")) or path.count("/") > 1:
         raise FileNotFoundError(f"model.path={path!r}: no such folder")
+    return path
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    """A LoRA adapter saved by peft (adapter_config.json, no full model weights)."""
+    p = Path(path)
+    return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a peft wrapper (its LoRA layers stay active)."""
+    return model.get_base_model() if is_peft_model(model) else model
+
+
+def _import_peft():
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError(
+            "model.lora.enabled (and LoRA adapter folders) need peft: pip install 'peft>=0.13' "
+            "(or replayrl[lora])"
+        ) from exc
+    return peft
+
+
+def _from_pretrained(path: str, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    hub_id = not Path(path).exists()
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[cfg.dtype])
-    except OSError as exc:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    except Exception as exc:
+        if hub_id:
+            raise OSError(
+                f"model.path={path!r} is not a local folder, and loading it as a Hugging Face "
+                f"hub id failed: hub ids need a network (this machine may have none). Download "
+                f"the model where there is one and set model.path to its folder (for "
+                f"SmolLM2-135M-Instruct offline: `replayrl prepare smollm2-135m`, then "
+                f"model.path=smollm2-135m). Cause: {type(exc).__name__}: {exc}"
+            ) from exc
         raise OSError(
-            f"model.path={path!r} could not be loaded: not a local model folder, and hub ids "
-            f"need a network ({exc})"
+            f"model.path={path!r} could not be loaded as a causal LM folder "
+            f"({type(exc).__name__}: {exc})"
         ) from exc
+    return model, tok
+
+
+def apply_lora(model: PreTrainedModel, cfg: ModelConfig, seed: int = 0) -> torch.nn.Module:
+    """Wrap the policy with fresh LoRA adapters (base weights frozen; A drawn from `seed`,
+    B = 0, so the wrapped policy starts equal to the base)."""
+    peft = _import_peft()
+    lc = cfg.lora
+    config = peft.LoraConfig(
+        r=lc.r,
+        lora_alpha=lc.alpha,
+        lora_dropout=lc.dropout,
+        target_modules=list(lc.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            return peft.get_peft_model(model, config)
+    except ValueError as exc:
+        names = sorted({n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if n})
+        raise ValueError(
+            f"model.lora.target_modules={lc.target_modules}: {exc} (module names in this "
+            f"model include: {', '.join(names[:30])})"
+        ) from exc
+
+
+def _attach_adapter(model: PreTrainedModel, adapter: Path, trainable: bool) -> torch.nn.Module:
+    peft = _import_peft()
+    return peft.PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+
+
+def _adapter_base(adapter: Path) -> str:
+    data = json.loads((adapter / "adapter_config.json").read_text())
+    base = data.get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{adapter}/adapter_config.json does not name its base model")
+    return str(base)
+
+
+def load_policy(
+    cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    log=print,
+    adapter: str | Path | None = None,
+    seed: int = 0,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """The policy to train and its tokenizer: `model.path` if set, else the tiny warm start.
+
+    With `model.lora.enabled` the model comes back wrapped in fresh LoRA adapters (drawn
+    from `seed`), or in the saved ones of `adapter` (resume). A `model.path` that is itself
+    an adapter folder loads its base model (named in adapter_config.json) with the adapter
+    on top. `model.gradient_checkpointing` switches it on for the policy.
+    """
+    path = resolve_model_path(cfg.path) if cfg.path else str(ensure_warmstart(cfg, task_cfg, log))
+    if adapter is None and is_adapter_folder(path):
+        adapter, path = Path(path), resolve_model_path(_adapter_base(Path(path)))
+    model, tok = _from_pretrained(path, cfg.dtype)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # no KV cache in training forwards (generate keeps it: HFGenerator's GenerationConfig)
+        model.config.use_cache = False
+    if adapter is not None:
+        model = _attach_adapter(model, Path(adapter), trainable=cfg.lora.enabled)
+    elif cfg.lora.enabled:
+        model = apply_lora(model, cfg, seed=seed)
     return model, tok, path
+
+
+def _resolve_checkpoint(src: Path) -> Path:
+    """A run folder (its latest checkpoint), a checkpoint folder, or a policy folder."""
+    from replayrl.checkpoint import latest_checkpoint
+
+    if (src / "checkpoints").is_dir():
+        ckpt = latest_checkpoint(src)
+        if ckpt is None:
+            raise FileNotFoundError(f"{src}: no complete checkpoint under checkpoints/")
+        src = ckpt
+    if (src / "policy").is_dir():
+        src = src / "policy"
+    return src
+
+
+def export_merged(src: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+    """Write a plain model folder (LoRA merged into the weights) loadable with from_pretrained.
+
+    `src`: a run folder, a checkpoint folder or a policy folder (a LoRA adapter or a full
+    model, which is copied as it is).
+    """
+    policy = _resolve_checkpoint(Path(src).expanduser())
+    dest = Path(out).expanduser()
+    if is_adapter_folder(policy):
+        base = resolve_model_path(_adapter_base(policy))
+        model, tok = _from_pretrained(base, dtype)
+        model = _attach_adapter(model, policy, trainable=False).merge_and_unload()
+        if (policy / "tokenizer_config.json").is_file():  # the run's tokenizer (pad, side)
+            tok = AutoTokenizer.from_pretrained(policy)
+    elif (policy / "config.json").is_file():
+        model, tok = _from_pretrained(str(policy), dtype)
+    else:
+        raise FileNotFoundError(f"{policy}: neither a LoRA adapter nor a model folder")
+    atomic_save_pretrained(model, tok, dest)
+    return dest

@@ -32,7 +32,8 @@ from replayrl.evaluation import evaluate
 from replayrl.generation import HFGenerator, Sample, SamplingParams
 from replayrl.learner import Learner, ValueModel
 from replayrl.metrics import MetricsLogger, Progress
-from replayrl.models import load_policy
+from replayrl.models import load_policy, unwrap_model
+from replayrl.prompts import PromptRenderer, is_conversational
 from replayrl.rewards import resolve_rewards, score
 from replayrl.rollout import Rollout
 from replayrl.tasks import task_from_config
@@ -92,11 +93,22 @@ class Trainer:
         ckpt = latest_checkpoint(run_dir) if resume else None
         if resume and ckpt is None:
             raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints to resume")
+        lora = cfg.model.lora.enabled
+        # resume: the checkpoint's policy folder (LoRA: its adapter, on the configured base)
         model_cfg = (
-            cfg.model.model_copy(update={"path": str(ckpt / "policy")}) if ckpt else cfg.model
+            cfg.model.model_copy(update={"path": str(ckpt / "policy")})
+            if ckpt and not lora
+            else cfg.model
         )
+        adapter = ckpt / "policy" if ckpt and lora else None
         with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
-            self.model, self.tokenizer, self.model_path = load_policy(model_cfg, cfg.task, log=log)
+            self.model, self.tokenizer, self.model_path = load_policy(
+                model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
+            )
+        if lora:
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            log(f"LoRA: training {trainable:,} adapter parameters; the base model stays frozen")
+        self.render = PromptRenderer(self.tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
         # seed after loading: a run is the same whether or not its warm start was cached
         _seed_all(cfg.train.seed)
         self.n_params = sum(p.numel() for p in self.model.parameters())
@@ -124,7 +136,10 @@ class Trainer:
             if rm.enabled
             else None
         )
-        self.generator = HFGenerator(self.model, self.tokenizer, cfg.rollout.generation_batch_size)
+        # the transformers model itself (a LoRA wrapper's layers stay active inside it)
+        self.generator = HFGenerator(
+            unwrap_model(self.model), self.tokenizer, cfg.rollout.generation_batch_size
+        )
         self.prompt_rng = np.random.default_rng(cfg.train.seed)
         self.shuffle_rng = np.random.default_rng(cfg.train.seed + 1)
         self.counters = Counters()
@@ -246,7 +261,11 @@ class Trainer:
         """Generate, score and turn samples into rollouts with group advantages."""
         cfg, c = self.cfg, self.counters
         rows = self.task.sample_train(cfg.rollout.prompts_per_step, self.prompt_rng)
-        kept = [r for r in rows if self._fits(r["prompt"])]
+        # the text generated from (chat template); rows keep their prompt for reward functions
+        texts = [self.render(r["prompt"]) for r in rows]
+        fits = [self._fits(t) for t in texts]
+        kept = [r for r, ok in zip(rows, fits, strict=True) if ok]
+        kept_texts = [t for t, ok in zip(texts, fits, strict=True) if ok]
         c.prompts_skipped_too_long += len(rows) - len(kept)
         if not kept:
             raise ValueError(
@@ -256,14 +275,15 @@ class Trainer:
         r = cfg.rollout
         params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens)
         self.generator.policy_version = self.learner.version
-        samples = self.generator.generate(
-            [row["prompt"] for row in kept], r.num_generations, params
-        )
+        samples = self.generator.generate(kept_texts, r.num_generations, params)
         sample_rows = [kept[s.prompt_index] for s in samples]
         result = score(
             self.rewards,
             [row["prompt"] for row in sample_rows],
-            [s.text for s in samples],
+            [
+                _completion(s.text, row["prompt"])
+                for s, row in zip(samples, sample_rows, strict=True)
+            ],
             sample_rows,
         )
         if result.first_error and c.first_reward_error is None:
@@ -275,7 +295,9 @@ class Trainer:
         correct = [
             self.task.is_correct(s.text, row) for s, row in zip(samples, sample_rows, strict=True)
         ]
-        rollouts = self._to_rollouts(samples, sample_rows, result.rewards, correct)
+        rollouts = self._to_rollouts(
+            samples, [kept_texts[s.prompt_index] for s in samples], result.rewards, correct
+        )
         stats = {
             "reward/mean": _mean([x for x in result.rewards if x is not None]),
             "train/accuracy": _mean([float(x) for x in correct]),
@@ -289,7 +311,7 @@ class Trainer:
     def _to_rollouts(
         self,
         samples: list[Sample],
-        rows: list[dict[str, Any]],
+        prompt_texts: list[str],
         rewards: list[float | None],
         correct: list[bool],
     ) -> list[Rollout]:
@@ -315,7 +337,7 @@ class Trainer:
                     policy_version=s.policy_version,
                     step=step,
                     completion_text=s.text,
-                    prompt_text=rows[i]["prompt"],
+                    prompt_text=prompt_texts[i],
                     truncated=s.truncated,
                     group_mean_reward=float(means[j]),
                 )
@@ -331,6 +353,7 @@ class Trainer:
             self.cfg.rollout.max_new_tokens,
             pass_k=e.pass_k,
             temperature=e.temperature,
+            render=self.render,
         )
 
     def _record_eval(self, metrics: dict[str, float]) -> None:
@@ -548,6 +571,12 @@ def _reflection_rate(texts: list[str], words: list[str]) -> float:
         return math.nan
     lowered = [w.lower() for w in words]
     return sum(any(w in t.lower() for w in lowered) for t in texts) / len(texts)
+
+
+def _completion(text: str, prompt: Any) -> Any:
+    """What reward functions receive, as in TRL: the text, or for a conversational prompt
+    (a list of messages) the completion as one assistant message."""
+    return [{"role": "assistant", "content": text}] if is_conversational(prompt) else text
 
 
 def _mean(xs: list[float]) -> float:

@@ -5,14 +5,22 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from replayrl.rewards.math import answer_tag_format_reward, boxed_format_reward, math_reward
+from replayrl.rewards.math import (
+    answer_tag_format_reward,
+    boxed_format_reward,
+    completion_text,
+    math_reward,
+)
 
 
 def correctness_reward(
     prompts: list[str], completions: list[str], answer: list[Any], **_: Any
 ) -> list[float | None]:
     """1.0 when the stripped completion equals the answer column, else 0.0."""
-    return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answer, strict=True)]
+    return [
+        float(completion_text(c).strip() == str(a).strip())
+        for c, a in zip(completions, answer, strict=True)
+    ]
 
 
 _NUMBER = re.compile(r"-?\d+")
@@ -22,7 +30,7 @@ def digits_format_reward(
     prompts: list[str], completions: list[str], **_: Any
 ) -> list[float | None]:
     """1.0 when the completion is a single integer and nothing else."""
-    return [float(bool(_NUMBER.fullmatch(c.strip()))) for c in completions]
+    return [float(bool(_NUMBER.fullmatch(completion_text(c).strip()))) for c in completions]
 
 
 BUILTIN_REWARDS = {

