@@ -209,9 +209,20 @@ def summarise(
         "quick": quick,
         "variants": table,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, default=str))
     (out / "table.md").write_text(markdown_table(summary))
     return summary
+
+
+def _json_safe(value: Any) -> Any:
+    """Standard JSON has no Infinity/NaN: write null (an unreached target; see `reached_target`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _fmt(s: dict[str, float], digits: int = 3) -> str:
