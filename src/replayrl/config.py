@@ -110,6 +110,18 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(8, ge=1)
     generation_batch_size: int = Field(256, ge=1)
+    # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`)
+    backend: Literal["hf", "vllm"] = "hf"
+
+
+class VLLMConfig(_Section):
+    """vLLM engine settings (rollout.backend = vllm; GPU only)."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    enforce_eager: bool = True  # no CUDA graph capture: faster start, weights swap cleanly
+    max_model_len: int | None = Field(None, ge=1)  # None: prompt + max_new_tokens bound
+    seed: int = 0
 
 
 class BufferConfig(_Section):
@@ -227,7 +239,42 @@ class CheckpointConfig(_Section):
     keep_last: int = Field(2, ge=1)
 
 
+class WorkersConfig(_Section):
+    """Asynchronous runtimes: W generator workers and T learners running concurrently."""
+
+    generators: int = Field(1, ge=1)  # W
+    learners: int = Field(1, ge=1)  # T (data parallel; each samples its own buffer shard)
+    sync_every: int = Field(1, ge=1)  # k: generators get new weights every k learner steps
+    # bound on learner version - rollout version for every trained rollout; None = unbounded
+    max_staleness: int | None = Field(None, ge=0)
+    # drop: stale rollouts are removed from the buffer (counted); wait: also pause the learner
+    # until generators deliver rollouts within the bound (fewer drops, less learner overrun)
+    on_stale: Literal["drop", "wait"] = "drop"
+    # uses of each generated rollout the learner may not exceed (trained / received);
+    # auto = B / R, the synchronous loop's replay ratio; None = train as fast as possible
+    replay_ratio: float | Literal["auto"] | None = "auto"
+    generator_threads: int = Field(1, ge=1)  # torch threads per generator worker
+    max_pending_batches: int = Field(4, ge=1)  # backpressure: undelivered batches per worker
+    max_restarts: int = Field(3, ge=0)  # per worker, before the run fails
+    startup_timeout: float = Field(600.0, gt=0)  # seconds for a worker to load its model
+
+
+class RayConfig(_Section):
+    """`runtime: ray`: where and how the actors are placed."""
+
+    address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join
+    num_cpus: int | None = Field(None, ge=1)  # local instance only; None = all cores
+    generator_num_cpus: float = Field(1.0, ge=0)
+    generator_num_gpus: float = Field(0.0, ge=0)
+    learner_num_cpus: float = Field(1.0, ge=0)
+    learner_num_gpus: float = Field(0.0, ge=0)
+    buffer_num_cpus: float = Field(0.0, ge=0)
+
+
 class Config(_Section):
+    # sync: one process, generate then train; async-local: generator processes on this
+    # machine train concurrently with the learner; ray: generators, buffer, learners as actors
+    runtime: Literal["sync", "async-local", "ray"] = "sync"
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     rewards: list[RewardSpec] = [RewardSpec(name="correctness", weight=1.0)]
@@ -242,6 +289,9 @@ class Config(_Section):
     eval: EvalConfig = EvalConfig()
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    workers: WorkersConfig = WorkersConfig()
+    ray: RayConfig = RayConfig()
+    vllm: VLLMConfig = VLLMConfig()
 
     @property
     def rollouts_per_step(self) -> int:
@@ -279,7 +329,37 @@ class Config(_Section):
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
+        if self.runtime != "sync":
+            self._check_async()
         return self
+
+    def _check_async(self) -> None:
+        rt, w = self.runtime, self.workers
+        if self.remix.enabled:
+            raise ValueError(f"remix.enabled needs runtime=sync (got runtime={rt})")
+        if self.needs_design:
+            raise ValueError(
+                f"buffer.capacity/train.batch_size=auto needs runtime=sync (got runtime={rt}): "
+                "run `replayrl design` with a measured mu and set them"
+            )
+        if w.max_staleness is not None and w.max_staleness < w.sync_every:
+            raise ValueError(
+                f"workers.max_staleness={w.max_staleness} is below workers.sync_every="
+                f"{w.sync_every}: generators only see weights every {w.sync_every} steps"
+            )
+        if w.learners > 1:
+            if rt != "ray":
+                raise ValueError("workers.learners > 1 needs runtime=ray")
+            if self.batch_size % w.learners:
+                raise ValueError(
+                    f"train.batch_size B={self.batch_size} must be divisible by "
+                    f"workers.learners={w.learners} (each learner trains on B / T)"
+                )
+            if self.buffer.num_shards not in (1, w.learners):
+                raise ValueError(
+                    f"buffer.num_shards={self.buffer.num_shards}: with {w.learners} learners "
+                    "each learner samples its own shard (leave num_shards at 1)"
+                )
 
 
 def _format_validation_error(err: ValidationError) -> str:
