@@ -430,9 +430,9 @@ def test_fits_counts_prompt_tokens_plus_new_tokens(tmp_path: Path, short_context
     trainer = Trainer(cfg, tmp_path / "fits", log=quiet)
     try:
         assert trainer.max_positions == MAX_POS
-        assert trainer._fits("1+2=")  # 4 + 5 = 9 <= 10
-        assert trainer._fits("1+23=")  # 5 + 5 = 10 <= 10: exactly fills the context
-        assert not trainer._fits("12+34=")  # 6 + 5 = 11 > 10
+        assert trainer.producer.fits("1+2=")  # 4 + 5 = 9 <= 10
+        assert trainer.producer.fits("1+23=")  # 5 + 5 = 10 <= 10: exactly fills the context
+        assert not trainer.producer.fits("12+34=")  # 6 + 5 = 11 > 10
     finally:
         trainer.metrics.close()
 

@@ -24,17 +24,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from replayrl.algorithms import group_advantages
+from replayrl.accounting import RoleClock, format_accounting, role_summary, rollout_ledger
 from replayrl.buffer import batch_stats, make_buffer
 from replayrl.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
 from replayrl.config import Config, ConfigError, config_to_yaml, load_config
 from replayrl.evaluation import evaluate
-from replayrl.generation import HFGenerator, Sample, SamplingParams
+from replayrl.generation import make_generator
 from replayrl.learner import Learner, ValueModel
 from replayrl.metrics import MetricsLogger, Progress
 from replayrl.models import load_policy, unwrap_model
-from replayrl.prompts import PromptRenderer, is_conversational
-from replayrl.rewards import resolve_rewards, score
+from replayrl.producer import Production, RolloutProducer
+from replayrl.prompts import PromptRenderer
+from replayrl.rewards import resolve_rewards
 from replayrl.rollout import Rollout
 from replayrl.tasks import task_from_config
 
@@ -60,6 +61,11 @@ class Counters:
     reincarnation_step: int | None = None
     evals: list[dict[str, float]] = field(default_factory=list)
     first_reward_error: str | None = None
+    rollouts_trained: int = 0  # rollouts in training batches, counted per update pass
+    rollouts_lost_worker_died: int = 0  # async: the batch a killed generator was producing
+    rollouts_discarded: int = 0  # ReMix's window contents dropped at reincarnation
+    retired_buffer_stats: list[dict[str, float]] = field(default_factory=list)
+    roles: dict[str, dict[str, float]] = field(default_factory=dict)  # async role clocks
 
 
 def _seed_all(seed: int) -> None:
@@ -137,10 +143,21 @@ class Trainer:
             else None
         )
         # the transformers model itself (a LoRA wrapper's layers stay active inside it)
-        self.generator = HFGenerator(
-            unwrap_model(self.model), self.tokenizer, cfg.rollout.generation_batch_size
+        self.generator = make_generator(
+            cfg, unwrap_model(self.model), self.tokenizer, self.model_path
         )
         self.prompt_rng = np.random.default_rng(cfg.train.seed)
+        self.producer = RolloutProducer(
+            cfg,
+            self.task,
+            self.rewards,
+            self.tokenizer,
+            self.render,
+            self.generator,
+            self.max_positions,
+            self.prompt_rng,
+            log,
+        )
         self.shuffle_rng = np.random.default_rng(cfg.train.seed + 1)
         self.counters = Counters()
         eval_rows = self.task.eval_rows()
@@ -251,98 +268,25 @@ class Trainer:
         )
 
     # -- one step ----------------------------------------------------------------------------
-    def _fits(self, prompt: str) -> bool:
-        if not self.max_positions:
-            return True
-        n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        return n + self.cfg.rollout.max_new_tokens <= self.max_positions
-
     def produce(self) -> tuple[list[Rollout], dict[str, float]]:
         """Generate, score and turn samples into rollouts with group advantages."""
-        cfg, c = self.cfg, self.counters
-        rows = self.task.sample_train(cfg.rollout.prompts_per_step, self.prompt_rng)
-        # the text generated from (chat template); rows keep their prompt for reward functions
-        texts = [self.render(r["prompt"]) for r in rows]
-        fits = [self._fits(t) for t in texts]
-        kept = [r for r, ok in zip(rows, fits, strict=True) if ok]
-        kept_texts = [t for t, ok in zip(texts, fits, strict=True) if ok]
-        c.prompts_skipped_too_long += len(rows) - len(kept)
-        if not kept:
-            raise ValueError(
-                f"every prompt of this step is longer than the model's {self.max_positions} "
-                f"positions minus rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
-            )
-        r = cfg.rollout
-        params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens)
-        self.generator.policy_version = self.learner.version
-        samples = self.generator.generate(kept_texts, r.num_generations, params)
-        sample_rows = [kept[s.prompt_index] for s in samples]
-        result = score(
-            self.rewards,
-            [row["prompt"] for row in sample_rows],
-            [
-                _completion(s.text, row["prompt"])
-                for s, row in zip(samples, sample_rows, strict=True)
-            ],
-            sample_rows,
-        )
-        if result.first_error and c.first_reward_error is None:
-            c.first_reward_error = result.first_error
-            self.log(f"warning: {result.first_error} (those rollouts are dropped and counted)")
-        c.rollouts_dropped_reward_error += result.errors
-        c.rollouts_generated += len(samples)
-        c.tokens_generated += sum(s.completion_ids.numel() for s in samples)
-        correct = [
-            self.task.is_correct(s.text, row) for s, row in zip(samples, sample_rows, strict=True)
-        ]
-        rollouts = self._to_rollouts(
-            samples, [kept_texts[s.prompt_index] for s in samples], result.rewards, correct
-        )
-        stats = {
-            "reward/mean": _mean([x for x in result.rewards if x is not None]),
-            "train/accuracy": _mean([float(x) for x in correct]),
-            "completion_length": _mean([s.completion_ids.numel() for s in samples]),
-            "truncated_frac": _mean([float(s.truncated) for s in samples]),
+        c = self.counters
+        p = self.producer.produce(self.learner.version, c.step, c.step * 1_000_000)
+        self.account(p)
+        return p.rollouts, {
+            **p.stats,
             "rollouts/dropped_reward_error": float(c.rollouts_dropped_reward_error),
         }
-        stats.update({f"reward/{k}": v for k, v in result.means().items()})
-        return rollouts, stats
 
-    def _to_rollouts(
-        self,
-        samples: list[Sample],
-        prompt_texts: list[str],
-        rewards: list[float | None],
-        correct: list[bool],
-    ) -> list[Rollout]:
-        keep = [i for i, x in enumerate(rewards) if x is not None]
-        if not keep:
-            return []
-        step, base = self.counters.step, self.counters.step * 1_000_000
-        group_ids = torch.tensor([base + samples[i].prompt_index for i in keep])
-        reward_t = torch.tensor([float(rewards[i]) for i in keep])  # type: ignore[arg-type]
-        adv, means = group_advantages(reward_t, group_ids, self.cfg.algorithm.scale_rewards)
-        out = []
-        for j, i in enumerate(keep):
-            s = samples[i]
-            out.append(
-                Rollout(
-                    prompt_ids=s.prompt_ids,
-                    completion_ids=s.completion_ids,
-                    behaviour_logprobs=s.logprobs,
-                    reward=float(reward_t[j]),
-                    advantage=float(adv[j]),
-                    correct=correct[i],
-                    group_id=int(group_ids[j]),
-                    policy_version=s.policy_version,
-                    step=step,
-                    completion_text=s.text,
-                    prompt_text=prompt_texts[i],
-                    truncated=s.truncated,
-                    group_mean_reward=float(means[j]),
-                )
-            )
-        return out
+    def account(self, p: Production) -> None:
+        """Add one generation batch to the run's counters (the rollout ledger's inputs)."""
+        c = self.counters
+        c.rollouts_generated += p.generated
+        c.tokens_generated += p.tokens
+        c.rollouts_dropped_reward_error += p.dropped_reward_error
+        c.prompts_skipped_too_long += p.skipped_too_long
+        if p.first_error and c.first_reward_error is None:
+            c.first_reward_error = p.first_error
 
     def evaluate(self) -> dict[str, float]:
         e = self.cfg.eval
@@ -383,47 +327,64 @@ class Trainer:
         if self.buffer is None:
             self._auto_design()
         R, B = cfg.rollouts_per_step, cfg.batch_size
-        if cfg.buffer.kind == "replay" and cfg.buffer.capacity:
-            self.log(
-                f"replay: staleness horizon x = N/R = {cfg.buffer.capacity / R:.3g}, "
-                f"replay ratio y = B/R = {B / R:.3g}"
-            )
-        if c.step == 0 and not c.evals:
-            t0 = time.perf_counter()
-            first = self.evaluate()
-            c.eval_seconds += time.perf_counter() - t0
-            self._record_eval(first)
-            self.metrics.log(0, first)
-            self.log(
-                f"initial eval accuracy {first['eval/accuracy']:.3f} "
-                f"on {len(self.eval_rows)} prompts"
-            )
+        self._start()
         progress = Progress(cfg.train.steps, c.step, cfg.logging.progress)
         with _StopOnSigint() as stop:
             while c.step < cfg.train.steps:
                 self._one_step(R, B, progress)
                 if stop.requested:
                     # between steps: the checkpoint is exactly an uninterrupted run's state
-                    progress.close()
-                    path = self.checkpoint()
-                    self.metrics.close()
-                    self.log(
-                        f"interrupted at step {c.step}: checkpoint written to {path}; "
-                        f"resume with --resume {self.run_dir}"
-                    )
-                    raise KeyboardInterrupt
+                    self._interrupted(progress)
         progress.close()
+        return self._finish()
+
+    def _start(self) -> None:
+        """Log the replay design and evaluate the starting policy (not on resume)."""
+        cfg, c = self.cfg, self.counters
+        R, B = cfg.rollouts_per_step, cfg.batch_size
+        if cfg.buffer.kind == "replay" and cfg.buffer.capacity:
+            self.log(
+                f"replay: staleness horizon x = N/R = {cfg.buffer.capacity / R:.3g}, "
+                f"replay ratio y = B/R = {B / R:.3g}"
+            )
+        if c.step == 0 and not c.evals:
+            first = self._timed_eval()
+            self.metrics.log(0, first)
+            self.log(
+                f"initial eval accuracy {first['eval/accuracy']:.3f} "
+                f"on {len(self.eval_rows)} prompts"
+            )
+
+    def _timed_eval(self) -> dict[str, float]:
+        c = self.counters
+        t0 = time.perf_counter()
+        ev = self.evaluate()
+        c.eval_seconds += time.perf_counter() - t0
+        self._record_eval(ev)
+        return ev
+
+    def _interrupted(self, progress: Progress) -> None:
+        progress.close()
+        path = self.checkpoint()
+        self.metrics.close()
+        self.log(
+            f"interrupted at step {self.counters.step}: checkpoint written to {path}; "
+            f"resume with --resume {self.run_dir}"
+        )
+        raise KeyboardInterrupt
+
+    def _finish(self) -> dict[str, Any]:
+        """Final eval (unless the last step had one), checkpoint, summary, accounting."""
+        c = self.counters
         last_eval_step = c.evals[-1]["step"] if c.evals else -1
         if last_eval_step != c.step:
-            t0 = time.perf_counter()
-            final = self.evaluate()
-            c.eval_seconds += time.perf_counter() - t0
-            self._record_eval(final)
-            self.metrics.log(c.step, final)
+            self.metrics.log(c.step, self._timed_eval())
         self.checkpoint()
         summary = self.summary()
         _write_json(self.run_dir / "summary.json", summary)
         self.metrics.close()
+        acc = summary["accounting"]
+        self.log(format_accounting(acc["ledger"], acc))
         return summary
 
     def _one_step(self, R: int, B: int, progress: Progress) -> None:
@@ -435,6 +396,7 @@ class Trainer:
         )
         if rm.enabled and c.step == rm.reincarnation_step and c.reincarnation_step is None:
             self.learner.reincarnate()
+            self._retire(self.window)
             self.window = None  # from now on plain on-policy training
             c.reincarnation_step = c.step
             self.log(f"policy reincarnation at step {c.step}: pi_base <- pi_{c.step}, p = 0")
@@ -453,6 +415,21 @@ class Trainer:
             self.buffer.push(rollouts)
             batch = self.buffer.sample(B, current_version=version)
             epochs = rm.utd_after if rm.enabled else cfg.train.epochs
+        t_train = self._train_batch(batch, epochs, rollouts, stats)
+        c.generation_seconds += t_gen
+        if batch and rollouts:
+            mu = (t_gen / len(rollouts)) / (t_train / (len(batch) * epochs))
+            c.mu_per_step.append(mu)
+        stats["time/generation_s"] = t_gen
+        c.wall_seconds += time.perf_counter() - t_start
+        self._end_step(stats, progress)
+
+    def _train_batch(
+        self, batch: list[Rollout], epochs: int, fresh: list[Rollout], stats: dict[str, float]
+    ) -> float:
+        """One learner step on `batch` (`fresh`: this step's new rollouts, for text metrics)."""
+        cfg, c = self.cfg, self.counters
+        version = self.learner.version
         t1 = time.perf_counter()
         if batch:
             stats.update({f"batch/{k}": v for k, v in batch_stats(batch, version).items()})
@@ -466,19 +443,25 @@ class Trainer:
             )
             stats.update({f"train/{k}": v for k, v in train_metrics.items()})
             stats["reflection_rate"] = _reflection_rate(
-                [r.completion_text for r in rollouts], cfg.logging.reflection_words
+                [r.completion_text for r in fresh], cfg.logging.reflection_words
             )
         else:
             self.learner.version += 1  # nothing to learn from (all dropped): still a new step
         t_train = time.perf_counter() - t1
-        trained_tokens = sum(r.completion_ids.numel() for r in batch) * epochs
-        c.tokens_trained += trained_tokens
-        c.generation_seconds += t_gen
+        c.tokens_trained += sum(r.completion_ids.numel() for r in batch) * epochs
+        c.rollouts_trained += len(batch) * epochs
         c.training_seconds += t_train
         c.step += 1
-        if batch and rollouts:
-            mu = (t_gen / len(rollouts)) / (t_train / (len(batch) * epochs))
-            c.mu_per_step.append(mu)
+        stats["time/training_s"] = t_train
+        if hasattr(self.generator, "load_weights"):  # an engine with its own copy (vLLM)
+            self.generator.load_weights(
+                unwrap_model(self.model).named_parameters(), self.learner.version
+            )
+        return t_train
+
+    def _end_step(self, stats: dict[str, float], progress: Progress) -> None:
+        """Common step metrics, periodic eval and checkpoint, progress bar."""
+        cfg, c = self.cfg, self.counters
         stats.update(
             {
                 "buffer/size": float(len(self.buffer)),
@@ -486,30 +469,60 @@ class Trainer:
                 "tokens_generated": float(c.tokens_generated),
                 "tokens_trained": float(c.tokens_trained),
                 "flops/estimated": self._flops(),
-                "time/generation_s": t_gen,
-                "time/training_s": t_train,
                 "policy_version": float(self.learner.version),
                 "prompts_skipped_too_long": float(c.prompts_skipped_too_long),
             }
         )
         every = cfg.eval.every
-        c.wall_seconds += time.perf_counter() - t_start
         if (every and c.step % every == 0) or c.step == cfg.train.steps:
-            t0 = time.perf_counter()
-            ev = self.evaluate()
-            c.eval_seconds += time.perf_counter() - t0
-            self._record_eval(ev)
-            stats.update(ev)
+            stats.update(self._timed_eval())
         stats["wall_seconds"] = c.wall_seconds
         self.metrics.log(c.step, stats)
         progress.update(
-            reward=stats["reward/mean"],
+            reward=stats.get("reward/mean", float("nan")),
             acc=c.evals[-1]["eval/accuracy"] if c.evals else float("nan"),
             ent=stats.get("train/entropy", float("nan")),
         )
         ck = cfg.checkpoint.every
         if ck and c.step % ck == 0 and c.step != cfg.train.steps:
             self.checkpoint()
+
+    def _retire(self, buffer: Any) -> None:
+        """Keep a dropped buffer's counters in the ledger; its contents count as discarded."""
+        c = self.counters
+        st = dict(buffer.stats())
+        c.rollouts_discarded += int(st["size"])
+        c.retired_buffer_stats.append({**st, "size": 0.0})
+
+    def buffers(self) -> list[Any]:
+        return [b for b in (self.buffer, self.window) if b is not None]
+
+    def ledger(self) -> dict[str, Any]:
+        c = self.counters
+        return rollout_ledger(
+            c.rollouts_generated,
+            c.rollouts_dropped_reward_error,
+            c.rollouts_lost_worker_died,
+            [*(b.stats() for b in self.buffers()), *c.retired_buffer_stats],
+            c.rollouts_discarded,
+        )
+
+    def role_clocks(self) -> dict[str, dict[str, float]]:
+        """Sync: each role waits while the other works (async runtimes measure their own)."""
+        c = self.counters
+        if c.roles:
+            return c.roles
+        gen, learn = RoleClock(), RoleClock()
+        gen.busy_s, gen.idle_s = c.generation_seconds, c.training_seconds
+        gen.rollouts, gen.tokens, gen.batches = c.rollouts_generated, c.tokens_generated, c.step
+        learn.busy_s, learn.idle_s = c.training_seconds, c.generation_seconds
+        learn.rollouts, learn.tokens, learn.batches = c.rollouts_trained, c.tokens_trained, c.step
+        return {"generator/0": gen.as_dict(), "learner/0": learn.as_dict()}
+
+    def accounting(self) -> dict[str, Any]:
+        workers = self.cfg.workers.generators if self.cfg.runtime != "sync" else 1
+        trainers = self.cfg.workers.learners if self.cfg.runtime != "sync" else 1
+        return {"ledger": self.ledger(), **role_summary(self.role_clocks(), workers, trainers)}
 
     def summary(self) -> dict[str, Any]:
         c = self.counters
@@ -538,6 +551,8 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "num_parameters": self.n_params,
             "model_path": self.model_path,
+            "runtime": self.cfg.runtime,
+            "accounting": self.accounting(),
             "evals": c.evals,
         }
 
@@ -571,16 +586,6 @@ def _reflection_rate(texts: list[str], words: list[str]) -> float:
         return math.nan
     lowered = [w.lower() for w in words]
     return sum(any(w in t.lower() for w in lowered) for t in texts) / len(texts)
-
-
-def _completion(text: str, prompt: Any) -> Any:
-    """What reward functions receive, as in TRL: the text, or for a conversational prompt
-    (a list of messages) the completion as one assistant message."""
-    return [{"role": "assistant", "content": text}] if is_conversational(prompt) else text
-
-
-def _mean(xs: list[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else math.nan
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

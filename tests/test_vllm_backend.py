@@ -1,0 +1,330 @@
+"""VLLMGenerator against a fake `vllm` module (no GPU here), and make_generator's choices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from replayrl.config import VLLMConfig, load_config
+from replayrl.generation import HFGenerator, SamplingParams, make_generator
+from replayrl.generation.vllm import VLLMGenerator
+
+ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# char tokenizer ids: "</s>"=1, "+"=5, "0"=6, "1"=7, "2"=8, "3"=9, "9"=15, "="=16
+PROMPTS = ["1+2=", "9="]
+PROMPT_IDS = [[7, 5, 8, 16], [15, 16]]
+EOS = 1
+
+
+# ---- a fake of the parts of vLLM's API that VLLMGenerator uses ------------------------------
+
+
+@dataclass
+class Logprob:  # vllm.logprobs.Logprob
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:  # vllm.outputs.CompletionOutput
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None
+    cumulative_logprob: float | None = None
+
+
+@dataclass
+class RequestOutput:  # vllm.outputs.RequestOutput
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+
+
+class FakeSamplingParams:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+
+@dataclass
+class FakeModel:
+    loaded: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+
+    def load_weights(self, weights):
+        self.loaded.extend(weights)  # consumes the iterable, as vLLM's loaders do
+        return {name for name, _ in self.loaded}
+
+
+def _lps(*pairs: tuple[int, float]) -> list[dict[int, Logprob]]:
+    return [{tok: Logprob(lp, rank=1)} for tok, lp in pairs]
+
+
+def scripted_outputs() -> list[list[CompletionOutput]]:
+    """Two completions per prompt, listed out of index order; values exact in float32."""
+    return [
+        [
+            # ran out of tokens; an extra (top-1) entry at position 0 must not be picked
+            CompletionOutput(
+                index=1,
+                text="013",
+                token_ids=[6, 7, 9],
+                logprobs=[{6: Logprob(-1.0, rank=2), 7: Logprob(-0.5, rank=1)}]
+                + _lps((7, -2.0), (9, -0.125)),
+                finish_reason="length",
+            ),
+            CompletionOutput(
+                index=0,
+                text="2",
+                token_ids=[8, EOS],
+                logprobs=_lps((8, -0.25), (EOS, -0.5)),
+                finish_reason="stop",
+            ),
+        ],
+        [
+            CompletionOutput(
+                index=0, text="", token_ids=[EOS], logprobs=_lps((EOS, -3.0)), finish_reason="stop"
+            ),
+            # tokens after an EOS (an engine that ignored it) are cut off
+            CompletionOutput(
+                index=1,
+                text="3",
+                token_ids=[9, EOS, 6],
+                logprobs=_lps((9, -0.5), (EOS, -0.75), (6, -4.0)),
+                finish_reason="length",
+            ),
+        ],
+    ]
+
+
+class FakeLLM:
+    instances: list[FakeLLM] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.env_at_init = os.environ.get(ENV)
+        self.calls: list[tuple[list[dict], FakeSamplingParams, bool]] = []
+        self.prefix_resets = 0
+        self.model = FakeModel()
+        runner = SimpleNamespace(get_model=lambda: self.model)
+        worker = SimpleNamespace(model_runner=runner)
+        executor = SimpleNamespace(driver_worker=SimpleNamespace(worker=worker))
+        self.llm_engine = SimpleNamespace(model_executor=executor)
+        FakeLLM.instances.append(self)
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append((prompts, sampling_params, use_tqdm))
+        script = scripted_outputs()
+        return [
+            RequestOutput(str(i), p["prompt_token_ids"], script[i]) for i, p in enumerate(prompts)
+        ]
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_resets += 1
+        return True
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    mod = types.ModuleType("vllm")
+    mod.LLM = FakeLLM
+    mod.SamplingParams = FakeSamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setenv(ENV, "1")  # restored after the test; the generator must set "0"
+    FakeLLM.instances = []
+    return mod
+
+
+@pytest.fixture
+def generator(fake_vllm, char_tokenizer) -> VLLMGenerator:
+    cfg = VLLMConfig(gpu_memory_utilization=0.5, seed=3, enforce_eager=False)
+    return VLLMGenerator(
+        "/models/policy",
+        char_tokenizer,
+        cfg,
+        max_prompt_len=4,
+        max_new_tokens=3,
+        dtype="bfloat16",
+        policy_version=5,
+    )
+
+
+# ---- tests -----------------------------------------------------------------------------------
+
+
+def test_missing_vllm_raises_a_clear_import_error(monkeypatch, char_tokenizer):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now fails
+    monkeypatch.setenv(ENV, "1")
+    with pytest.raises(ImportError, match="pip install vllm") as info:
+        VLLMGenerator("/models/policy", char_tokenizer, VLLMConfig())
+    assert "needs a CUDA GPU" in str(info.value)
+
+
+def test_engine_is_built_from_the_config(generator):
+    (llm,) = FakeLLM.instances
+    assert llm.kwargs == {
+        "model": "/models/policy",
+        "dtype": "bfloat16",
+        "seed": 3,
+        "gpu_memory_utilization": 0.5,
+        "tensor_parallel_size": 1,
+        "enforce_eager": False,
+        "max_model_len": 7,  # 4 prompt + 3 new tokens
+        "logprobs_mode": "processed_logprobs",
+    }
+    assert llm.env_at_init == "0"  # in-process engine core, set before the engine is built
+    assert generator.policy_version == 5
+
+
+def test_explicit_max_model_len_wins(fake_vllm, char_tokenizer):
+    cfg = VLLMConfig(max_model_len=64)
+    VLLMGenerator("/m", char_tokenizer, cfg, max_prompt_len=4, max_new_tokens=3)
+    VLLMGenerator("/m", char_tokenizer, VLLMConfig())  # no bound known: vLLM's default
+    assert [llm.kwargs["max_model_len"] for llm in FakeLLM.instances] == [64, None]
+
+
+def test_generate_maps_outputs_to_samples(generator, char_tokenizer):
+    params = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=3)
+    samples = generator.generate(PROMPTS, 2, params)
+
+    (llm,) = FakeLLM.instances
+    ((prompts, sp, use_tqdm),) = llm.calls
+    assert prompts == [{"prompt_token_ids": ids} for ids in PROMPT_IDS]  # no BOS added
+    assert sp.kwargs == {
+        "n": 2,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": 3,
+        "logprobs": 0,
+        "skip_special_tokens": True,
+    }
+    assert use_tqdm is False
+
+    assert [s.prompt_index for s in samples] == [0, 0, 1, 1]
+    assert [s.prompt_ids.tolist() for s in samples] == [PROMPT_IDS[0]] * 2 + [PROMPT_IDS[1]] * 2
+    # completions in index order; EOS kept; anything after the first EOS dropped
+    assert [s.completion_ids.tolist() for s in samples] == [[8, EOS], [6, 7, 9], [EOS], [9, EOS]]
+    assert [s.logprobs.tolist() for s in samples] == [
+        [-0.25, -0.5],
+        [-1.0, -2.0, -0.125],  # the sampled token's value, not the top-1 entry's -0.5
+        [-3.0],
+        [-0.5, -0.75],
+    ]
+    assert [s.truncated for s in samples] == [False, True, False, False]
+    assert [s.text for s in samples] == ["2", "013", "", "3"]
+    for s in samples:
+        assert s.prompt_ids.dtype == torch.long
+        assert s.completion_ids.dtype == torch.long
+        assert s.logprobs.dtype == torch.float32
+        assert s.policy_version == 5
+
+
+def test_greedy_is_temperature_zero(generator):
+    generator.generate(
+        PROMPTS, 1, SamplingParams(temperature=0.7, top_p=0.5, max_new_tokens=3, greedy=True)
+    )
+    kwargs = FakeLLM.instances[0].calls[0][1].kwargs
+    assert kwargs["temperature"] == 0.0
+    assert kwargs["top_p"] == 1.0
+    assert kwargs["n"] == 1
+
+
+def test_top_p_below_one_is_refused(generator):
+    # vLLM's processed log-probs would be renormalised over the nucleus
+    with pytest.raises(ValueError, match="top_p=0.9"):
+        generator.generate(PROMPTS, 2, SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=3))
+    assert FakeLLM.instances[0].calls == []
+
+
+def test_prompt_longer_than_the_engine_context_is_refused(generator):
+    # 4 prompt tokens + 4 new > max_model_len 7: vLLM would cut the completion silently
+    with pytest.raises(ValueError, match="max_model_len=7"):
+        generator.generate(PROMPTS, 1, SamplingParams(max_new_tokens=4))
+    assert FakeLLM.instances[0].calls == []
+
+
+def test_load_weights_pushes_tensors_and_bumps_the_version(generator):
+    a, b = torch.ones(2, 3), torch.zeros(4)
+    named = (pair for pair in [("model.embed_tokens.weight", a), ("model.norm.weight", b)])
+    generator.load_weights(named, version=9)
+
+    (llm,) = FakeLLM.instances
+    assert [name for name, _ in llm.model.loaded] == [
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+    ]
+    assert llm.model.loaded[0][1] is a
+    assert llm.model.loaded[1][1] is b
+    assert llm.prefix_resets == 1
+    assert generator.policy_version == 9
+    samples = generator.generate(PROMPTS, 2, SamplingParams(max_new_tokens=3))
+    assert {s.policy_version for s in samples} == {9}
+
+
+def test_load_weights_needs_an_in_process_single_gpu_engine(fake_vllm, char_tokenizer):
+    tp2 = VLLMGenerator("/m", char_tokenizer, VLLMConfig(tensor_parallel_size=2))
+    with pytest.raises(NotImplementedError, match="tensor_parallel_size=1"):
+        tp2.load_weights([], version=1)
+    gen = VLLMGenerator("/m", char_tokenizer, VLLMConfig())
+    gen.llm.llm_engine = SimpleNamespace()  # a multiprocess engine has no model_executor
+    with pytest.raises(RuntimeError, match=ENV):
+        gen.load_weights([], version=1)
+    assert gen.policy_version == 0
+
+
+def test_make_generator_hf(tiny_model, char_tokenizer):
+    cfg = load_config(None, ["rollout.generation_batch_size=7"])
+    gen = make_generator(cfg, tiny_model, char_tokenizer, "/unused")
+    assert isinstance(gen, HFGenerator)
+    assert gen.model is tiny_model
+    assert gen.tokenizer is char_tokenizer
+    assert gen.batch_size == 7
+    assert gen.policy_version == 0
+
+
+def test_make_generator_vllm(fake_vllm, tiny_model, char_tokenizer):
+    cfg = load_config(
+        None,
+        [
+            "rollout.backend=vllm",
+            "rollout.max_new_tokens=5",
+            "model.dtype=bfloat16",
+            "vllm.gpu_memory_utilization=0.25",
+            "vllm.seed=11",
+        ],
+    )
+    gen = make_generator(cfg, tiny_model, char_tokenizer, "/models/policy", max_prompt_len=11)
+    assert isinstance(gen, VLLMGenerator)
+    kwargs = FakeLLM.instances[0].kwargs
+    assert kwargs["model"] == "/models/policy"
+    assert kwargs["dtype"] == "bfloat16"
+    assert kwargs["gpu_memory_utilization"] == 0.25
+    assert kwargs["seed"] == 11
+    assert kwargs["max_model_len"] == 16  # 11 + 5
+
+
+def test_make_generator_vllm_refuses_lora(monkeypatch, tiny_model, char_tokenizer):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # the check comes before importing vllm
+    cfg = load_config(None, ["rollout.backend=vllm", "model.lora.enabled=true"])
+    with pytest.raises(ValueError, match="model.lora.enabled=true is not supported"):
+        make_generator(cfg, tiny_model, char_tokenizer, "/models/policy")
+
+
+def test_package_import_does_not_load_the_vllm_backend():
+    code = (
+        "import sys, replayrl.generation; "
+        "assert 'replayrl.generation.vllm' not in sys.modules; assert 'vllm' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
