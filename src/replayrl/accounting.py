@@ -16,6 +16,16 @@ from replayrl.design import gamma
 BUFFER_KEYS = ("size", "evicted", "consumed", "dropped_stale", "pushed")
 
 
+def ledger_stats(buffer: Any) -> dict[str, float]:
+    """A buffer's counters for the ledger: a replay buffer's `consumed` counts draws, not
+    removals (its rollouts stay until evicted), so it is reported as `sampled` instead."""
+    st = dict(buffer.stats())
+    kind = getattr(buffer, "shard_kind", None) or getattr(buffer, "kind", "")
+    if kind == "replay":
+        st["sampled"], st["consumed"] = st.get("consumed", 0.0), 0.0
+    return st
+
+
 def rollout_ledger(
     generated: int,
     dropped_reward_error: int,

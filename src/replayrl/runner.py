@@ -24,7 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from replayrl.accounting import RoleClock, format_accounting, role_summary, rollout_ledger
+from replayrl.accounting import (
+    RoleClock,
+    format_accounting,
+    ledger_stats,
+    role_summary,
+    rollout_ledger,
+)
 from replayrl.buffer import batch_stats, make_buffer
 from replayrl.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
 from replayrl.config import Config, ConfigError, config_to_yaml, load_config
@@ -62,6 +68,7 @@ class Counters:
     evals: list[dict[str, float]] = field(default_factory=list)
     first_reward_error: str | None = None
     rollouts_trained: int = 0  # rollouts in training batches, counted per update pass
+    rollouts_sampled: int = 0  # rollouts drawn from the buffer (async replay-ratio pacing)
     rollouts_lost_worker_died: int = 0  # async: the batch a killed generator was producing
     rollouts_discarded: int = 0  # ReMix's window contents dropped at reincarnation
     retired_buffer_stats: list[dict[str, float]] = field(default_factory=list)
@@ -490,7 +497,7 @@ class Trainer:
     def _retire(self, buffer: Any) -> None:
         """Keep a dropped buffer's counters in the ledger; its contents count as discarded."""
         c = self.counters
-        st = dict(buffer.stats())
+        st = ledger_stats(buffer)
         c.rollouts_discarded += int(st["size"])
         c.retired_buffer_stats.append({**st, "size": 0.0})
 
@@ -503,7 +510,7 @@ class Trainer:
             c.rollouts_generated,
             c.rollouts_dropped_reward_error,
             c.rollouts_lost_worker_died,
-            [*(b.stats() for b in self.buffers()), *c.retired_buffer_stats],
+            [*(ledger_stats(b) for b in self.buffers()), *c.retired_buffer_stats],
             c.rollouts_discarded,
         )
 
@@ -606,7 +613,7 @@ def train(cfg: Config, log: Log = print) -> dict[str, Any]:
     run_dir = _prepare_run_dir(cfg)
     (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
     try:
-        trainer = Trainer(cfg, run_dir, log=log)
+        trainer = _trainer_class(cfg)(cfg, run_dir, log=log)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # a failed start must not block a rerun
         raise
@@ -624,4 +631,17 @@ def resume(
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
     cfg = load_config(cfg_path, overrides)
     (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
-    return Trainer(cfg, run_dir, log=log, resume=True).run()
+    return _trainer_class(cfg)(cfg, run_dir, log=log, resume=True).run()
+
+
+def _trainer_class(cfg: Config) -> type[Trainer]:
+    """sync: this module's loop; async-local: generator processes; ray: see distributed."""
+    if cfg.runtime == "async-local":
+        from replayrl.distributed.async_trainer import AsyncTrainer
+
+        return AsyncTrainer
+    if cfg.runtime == "ray":
+        from replayrl.distributed.ray_runtime import RayDriver
+
+        return RayDriver  # type: ignore[return-value]
+    return Trainer

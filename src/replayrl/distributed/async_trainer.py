@@ -1,0 +1,271 @@
+"""The learner side of the asynchronous runtimes (async-local and ray).
+
+Generators produce continuously with the last weights they were given; the learner ingests
+their deliveries into the buffer and takes a step whenever the buffer can serve a batch. The
+buffer, loss, evaluation, metrics, checkpoints and summary are the synchronous Trainer's.
+
+Pacing, so that async runs compare with sync ones at the same replay ratio y = B / R:
+the learner waits while it would use rollouts more than y times on average
+(`workers.replay_ratio`), and generators hold while they are a batch ahead of what the
+learner needs (on-policy: while the queue already holds a batch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from replayrl.accounting import RoleClock
+from replayrl.config import Config
+from replayrl.distributed.worker import Delivery
+from replayrl.metrics import Progress
+from replayrl.producer import Production
+from replayrl.rollout import Rollout
+from replayrl.runner import Trainer, _StopOnSigint
+
+Log = Callable[[str], None]
+_IDLE_SLEEP_S = 0.01
+
+
+class GeneratorPool(Protocol):
+    """What the learner needs from its generators, wherever they run."""
+
+    lost: int
+
+    def start(self) -> None: ...
+    def publish(self, model: Any, version: int) -> None: ...
+    def poll(self) -> list[Delivery]: ...
+    def check(self) -> list[Delivery]: ...
+    def set_hold(self, hold: bool) -> None: ...
+    def pause(self, paused: bool) -> None: ...
+    def stop(self) -> list[Delivery]: ...
+    def pids(self) -> dict[str, int]: ...
+    def restarts(self) -> dict[str, int]: ...
+
+
+def _clock(d: dict[str, float] | None) -> RoleClock:
+    d = d or {}
+    return RoleClock(
+        busy_s=d.get("busy_s", 0.0),
+        idle_s=d.get("idle_s", 0.0),
+        rollouts=int(d.get("rollouts", 0)),
+        tokens=int(d.get("tokens", 0)),
+        batches=int(d.get("batches", 0)),
+        restarts=int(d.get("restarts", 0)),
+    )
+
+
+class AsyncTrainer(Trainer):
+    """Trainer whose producer runs elsewhere (a GeneratorPool) concurrently with training."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        log: Log = print,
+        resume: bool = False,
+        pool_factory: Callable[[AsyncTrainer], GeneratorPool] | None = None,
+    ) -> None:
+        super().__init__(cfg, run_dir, log=log, resume=resume)
+        self.pool_factory = pool_factory or _local_pool
+        self.pool: GeneratorPool | None = None
+        c = self.counters
+        self.clocks = {k: _clock(v) for k, v in c.roles.items()}
+        self.learner_clock = self.clocks.setdefault("learner/0", RoleClock())
+        self.lost_before = c.rollouts_lost_worker_died  # from earlier sessions of this run
+        self.newest_delivered = self.learner.version - 1
+        self.fresh: list[Rollout] = []  # delivered since the last step (text metrics)
+        self.fresh_stats: dict[str, list[float]] = defaultdict(list)
+        w = cfg.workers
+        ratio = w.replay_ratio
+        self.ratio = cfg.batch_size / cfg.rollouts_per_step if ratio == "auto" else ratio
+
+    def _make_buffer(self):
+        """The configured buffer, with the staleness bound of `workers.max_staleness`."""
+        bound = self.cfg.workers.max_staleness
+        if bound is not None and (
+            self.cfg.buffer.max_staleness is None or bound < self.cfg.buffer.max_staleness
+        ):
+            self.cfg.buffer.max_staleness = bound
+        return super()._make_buffer()
+
+    # -- deliveries --------------------------------------------------------------------------
+    def _ingest(self, deliveries: list[Delivery]) -> None:
+        c = self.counters
+        for d in deliveries:
+            self.account(
+                Production(
+                    d.rollouts,
+                    d.stats,
+                    d.generated,
+                    d.tokens,
+                    d.dropped_reward_error,
+                    d.skipped_too_long,
+                    d.first_error,
+                    d.busy_s,
+                )
+            )
+            clock = self.clocks.setdefault(f"generator/{d.worker_id}", RoleClock())
+            clock.busy_s += d.busy_s
+            clock.idle_s += d.idle_s
+            clock.rollouts += d.generated
+            clock.tokens += d.tokens
+            clock.batches += 1
+            c.generation_seconds += d.busy_s
+            self.buffer.push(d.rollouts)
+            self.newest_delivered = max(self.newest_delivered, d.version)
+            self.fresh.extend(d.rollouts)
+            for k, v in d.stats.items():
+                if not (isinstance(v, float) and math.isnan(v)):
+                    self.fresh_stats[k].append(v)
+        if self.pool is not None:
+            c.rollouts_lost_worker_died = self.lost_before + self.pool.lost
+            for name, n in self.pool.restarts().items():
+                self.clocks.setdefault(name, RoleClock()).restarts = n
+
+    # -- pacing ------------------------------------------------------------------------------
+    def _pushed(self) -> int:
+        return int(self.buffer.stats()["pushed"])
+
+    def _ready(self, B: int) -> bool:
+        """Can the learner take a step now without breaking a bound?"""
+        cfg, c, v = self.cfg, self.counters, self.learner.version
+        self.buffer.sample(0, current_version=v)  # drops stale rollouts (counted)
+        need = 1 if cfg.buffer.with_replacement else B
+        if len(self.buffer) < need:
+            return False
+        w = cfg.workers
+        if w.on_stale == "wait" and w.max_staleness is not None:
+            if self.newest_delivered < v - w.max_staleness:
+                return False
+        if cfg.buffer.kind == "replay" and self.ratio is not None:
+            return c.rollouts_sampled + B <= self.ratio * self._pushed()
+        return True
+
+    def _hold(self, B: int) -> bool:
+        """Should generators wait? Only when a batch ahead of what the learner can use."""
+        cfg, c = self.cfg, self.counters
+        if cfg.buffer.kind == "onpolicy":
+            return len(self.buffer) >= B
+        if self.ratio is None:
+            return False
+        return self._pushed() >= (c.rollouts_sampled + B) / self.ratio + cfg.rollouts_per_step
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _timed_eval(self) -> dict[str, float]:
+        """Generators pause during evaluation, which is excluded from wall time."""
+        if self.pool is not None:
+            self.pool.pause(True)
+        try:
+            return super()._timed_eval()
+        finally:
+            if self.pool is not None:
+                self.pool.pause(False)
+
+    def _write_pids(self) -> None:
+        assert self.pool is not None
+        pids = {"learner/0": os.getpid(), **self.pool.pids()}
+        tmp = self.run_dir / ".workers.json.tmp"
+        tmp.write_text(json.dumps(pids, indent=2))
+        tmp.replace(self.run_dir / "workers.json")
+
+    def run(self) -> dict[str, Any]:
+        cfg, c = self.cfg, self.counters
+        B = cfg.batch_size
+        self._start()
+        self.log(
+            f"runtime {cfg.runtime}: {cfg.workers.generators} generator worker(s), weights "
+            f"synced every {cfg.workers.sync_every} step(s), staleness bound "
+            f"{cfg.workers.max_staleness} ({cfg.workers.on_stale}), replay ratio {self.ratio}"
+        )
+        progress = Progress(cfg.train.steps, c.step, cfg.logging.progress)
+        self.pool = self.pool_factory(self)
+        self.pool.publish(self.model, self.learner.version)
+        stopped = False
+        try:
+            self.pool.start()
+            self._write_pids()
+            loop_t0, wall0, eval0 = time.perf_counter(), c.wall_seconds, c.eval_seconds
+            waited_since = time.perf_counter()
+            with _StopOnSigint() as stop:
+                while c.step < cfg.train.steps and not self._stopping(stop):
+                    restarts = sum(self.pool.restarts().values())
+                    self._ingest(self.pool.poll() + self.pool.check())
+                    if sum(self.pool.restarts().values()) != restarts:
+                        self._write_pids()
+                    self.pool.set_hold(self._hold(B))
+                    if not self._ready(B):
+                        time.sleep(_IDLE_SLEEP_S)
+                        continue
+                    t0 = time.perf_counter()
+                    self.learner_clock.idle_s += t0 - waited_since
+                    self._learner_step(B)
+                    self.learner_clock.busy_s += time.perf_counter() - t0
+                    if self.learner.version % cfg.workers.sync_every == 0:
+                        self.pool.publish(self.model, self.learner.version)
+                    c.wall_seconds = (
+                        wall0 + time.perf_counter() - loop_t0 - (c.eval_seconds - eval0)
+                    )
+                    self._end_step(self._step_stats(), progress)
+                    waited_since = time.perf_counter()
+                stopped = self._stopping(stop)
+        finally:
+            self._ingest(self.pool.stop())  # everything delivered lands in the buffer
+            self._save_clocks()
+        if stopped:
+            self._interrupted(progress)
+        progress.close()
+        return self._finish()
+
+    def _stopping(self, stop: _StopOnSigint) -> bool:
+        return stop.requested or self.stop_requested()
+
+    def stop_requested(self) -> bool:
+        """Another way to ask for a clean stop (the Ray learner actor's)."""
+        return False
+
+    def _learner_step(self, B: int) -> None:
+        c, version = self.counters, self.learner.version
+        batch = self.buffer.sample(B, current_version=version)
+        self._stats = {}
+        epochs = self.cfg.train.epochs
+        t_train = self._train_batch(batch, epochs, self.fresh, self._stats)
+        c.rollouts_sampled += len(batch)
+        self.learner_clock.rollouts += len(batch) * epochs
+        self.learner_clock.tokens += sum(r.completion_ids.numel() for r in batch) * epochs
+        self.learner_clock.batches += 1
+        gen = [k for k in self.clocks if k.startswith("generator")]
+        g_busy = sum(self.clocks[k].busy_s for k in gen)
+        g_n = sum(self.clocks[k].rollouts for k in gen)
+        if g_n and t_train > 0:  # running mu: generation vs training seconds per sample
+            c.mu_per_step.append((g_busy / g_n) / (t_train / (len(batch) * epochs)))
+
+    def _step_stats(self) -> dict[str, float]:
+        stats = dict(self._stats)
+        for k, vs in self.fresh_stats.items():
+            stats[k] = sum(vs) / len(vs)
+        stats["rollouts/dropped_reward_error"] = float(self.counters.rollouts_dropped_reward_error)
+        stats["async/learner_idle_s"] = self.learner_clock.idle_s
+        stats["async/rollouts_lost_worker_died"] = float(self.counters.rollouts_lost_worker_died)
+        stats["async/newest_generator_version"] = float(self.newest_delivered)
+        self.fresh, self.fresh_stats = [], defaultdict(list)
+        return stats
+
+    def _save_clocks(self) -> None:
+        self.counters.roles = {k: v.as_dict() for k, v in sorted(self.clocks.items())}
+
+    def checkpoint(self) -> Path:
+        self._save_clocks()
+        return super().checkpoint()
+
+
+def _local_pool(trainer: AsyncTrainer) -> GeneratorPool:
+    from replayrl.distributed.local import LocalGeneratorPool
+
+    return LocalGeneratorPool(trainer.cfg, trainer.run_dir, trainer.model, trainer.log)

@@ -1,0 +1,234 @@
+"""async-local: generator workers in their own processes on this machine.
+
+Weights reach workers through shared memory (SharedWeights); rollouts come back as spool
+files written atomically, so a worker killed at any instant leaves either a whole batch or
+nothing, and the batch it was producing is counted as lost, never silently.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from replayrl.config import Config, build_config, config_to_yaml
+from replayrl.distributed.weights import SharedWeights
+from replayrl.distributed.worker import Delivery, GeneratorWorker
+
+Log = Callable[[str], None]
+_POLL_S = 0.02
+
+
+def _pending(spool: Path, worker_id: int) -> int:
+    prefix = f"d-w{worker_id:03d}-"
+    return sum(1 for n in os.listdir(spool) if n.startswith(prefix))
+
+
+def _worker_main(
+    cfg_yaml: str,
+    worker_id: int,
+    incarnation: int,
+    shared: SharedWeights,
+    spool: str,
+    stop: Any,
+    hold: Any,
+    inflight: Any,
+) -> None:
+    """Process entry: generate until told to stop; Ctrl-C is the parent's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    spool_dir = Path(spool)
+    tag = f"w{worker_id:03d}-i{incarnation:02d}"
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        cfg = build_config(yaml.safe_load(cfg_yaml))
+
+        def log(msg: str) -> None:
+            print(f"[generator {worker_id}] {msg}", flush=True)
+
+        worker = GeneratorWorker(cfg, worker_id, incarnation, log=log)
+        (spool_dir / f"ready-{tag}").write_text(str(os.getpid()))
+        idle_since = time.perf_counter()
+        while not stop.is_set():
+            if (
+                hold.value
+                or shared.version.value < 0
+                or _pending(spool_dir, worker_id) >= cfg.workers.max_pending_batches
+            ):
+                time.sleep(_POLL_S)
+                continue
+            version = shared.pull(worker.model, worker.version)
+            if version != worker.version:
+                worker.after_weights(version)
+            inflight[0], inflight[1] = worker.seq + 1, worker.planned
+            t0 = time.perf_counter()
+            d = worker.produce(idle_s=t0 - idle_since)
+            d.save(spool_dir / f"d-{tag}-{d.seq:07d}.pt")
+            inflight[1] = 0
+            idle_since = time.perf_counter()
+    except BaseException:
+        (spool_dir / f"error-{tag}").write_text(traceback.format_exc())
+        raise SystemExit(1) from None
+
+
+@dataclass
+class _Slot:
+    worker_id: int
+    incarnation: int
+    process: Any
+    inflight: Any  # shared [seq, planned rollouts] of the batch being produced
+    delivered_seq: int = 0
+    restarts: int = 0
+
+
+class LocalGeneratorPool:
+    """W worker processes (spawned, so no torch state is forked), restarted when they die."""
+
+    def __init__(self, cfg: Config, run_dir: Path, model: torch.nn.Module, log: Log = print):
+        self.cfg, self.log = cfg, log
+        self.ctx = mp.get_context("spawn")
+        self.shared = SharedWeights(model, self.ctx)
+        self.spool = run_dir / "spool"
+        shutil.rmtree(self.spool, ignore_errors=True)  # leftovers were accounted at save time
+        self.spool.mkdir(parents=True)
+        self.stop_event = self.ctx.Event()
+        self.hold_flag = self.ctx.Value("b", 0, lock=False)
+        self.pause_flag = False
+        self.slots: list[_Slot] = []
+        self.lost = 0  # rollouts of batches in progress when a worker died
+        self.cfg_yaml = config_to_yaml(cfg)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _spawn(self, worker_id: int, incarnation: int) -> _Slot:
+        inflight = self.ctx.Array("q", 2, lock=False)
+        p = self.ctx.Process(
+            target=_worker_main,
+            args=(
+                self.cfg_yaml,
+                worker_id,
+                incarnation,
+                self.shared,
+                str(self.spool),
+                self.stop_event,
+                self.hold_flag,
+                inflight,
+            ),
+            name=f"replayrl-generator-{worker_id}",
+            daemon=True,
+        )
+        p.start()
+        return _Slot(worker_id, incarnation, p, inflight)
+
+    def start(self) -> None:
+        self.slots = [self._spawn(i, 0) for i in range(self.cfg.workers.generators)]
+        self._wait_ready(self.slots)
+
+    def _wait_ready(self, slots: list[_Slot]) -> None:
+        deadline = time.monotonic() + self.cfg.workers.startup_timeout
+        waiting = list(slots)
+        while waiting:
+            for s in list(waiting):
+                if (self.spool / f"ready-{self._tag(s)}").exists():
+                    waiting.remove(s)
+                elif not s.process.is_alive():
+                    raise RuntimeError(self._death_message(s, "while starting"))
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"generator worker(s) {[s.worker_id for s in waiting]} not ready after "
+                    f"workers.startup_timeout={self.cfg.workers.startup_timeout} s"
+                )
+            time.sleep(0.05)
+
+    @staticmethod
+    def _tag(s: _Slot) -> str:
+        return f"w{s.worker_id:03d}-i{s.incarnation:02d}"
+
+    def _death_message(self, s: _Slot, when: str) -> str:
+        err = self.spool / f"error-{self._tag(s)}"
+        detail = err.read_text().strip().splitlines()[-1] if err.exists() else "no traceback"
+        return (
+            f"generator worker {s.worker_id} died {when} (exit code {s.process.exitcode}): {detail}"
+        )
+
+    def pids(self) -> dict[str, int]:
+        return {f"generator/{s.worker_id}": s.process.pid for s in self.slots}
+
+    # -- data and weights --------------------------------------------------------------------
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        self.shared.publish(model, version)
+
+    def set_hold(self, hold: bool) -> None:
+        """Ask workers not to start new batches (learner has enough; evaluation running)."""
+        self.hold_flag.value = int(hold or self.pause_flag)
+
+    def pause(self, paused: bool) -> None:
+        self.pause_flag = paused
+        self.set_hold(paused)
+
+    def poll(self) -> list[Delivery]:
+        """Delivered batches, oldest first; each file is read once and removed."""
+        names = sorted(n for n in os.listdir(self.spool) if n.startswith("d-"))
+        out = []
+        for name in names:
+            path = self.spool / name
+            d = Delivery.load(path)
+            path.unlink()
+            for s in self.slots:
+                if s.worker_id == d.worker_id and s.incarnation == d.incarnation:
+                    s.delivered_seq = max(s.delivered_seq, d.seq)
+            out.append(d)
+        return out
+
+    def check(self) -> list[Delivery]:
+        """Restart dead workers (counting their lost batch); returns their last deliveries."""
+        delivered: list[Delivery] = []
+        for i, s in enumerate(self.slots):
+            if s.process.is_alive() or self.stop_event.is_set():
+                continue
+            delivered += self.poll()  # whatever it finished before dying
+            seq, planned = int(s.inflight[0]), int(s.inflight[1])
+            lost = planned if planned and seq > s.delivered_seq else 0
+            self.lost += lost
+            if s.restarts >= self.cfg.workers.max_restarts:
+                raise RuntimeError(
+                    self._death_message(s, f"after {s.restarts} restarts")
+                    + f" (workers.max_restarts={self.cfg.workers.max_restarts})"
+                )
+            self.log(
+                f"{self._death_message(s, 'mid-run')}; {lost} rollouts of its batch in "
+                "progress counted as lost; restarting it"
+            )
+            new = self._spawn(s.worker_id, s.incarnation + 1)
+            new.restarts = s.restarts + 1
+            self.slots[i] = new
+            self._wait_ready([new])
+        return delivered
+
+    def restarts(self) -> dict[str, int]:
+        return {f"generator/{s.worker_id}": s.restarts for s in self.slots}
+
+    def stop(self) -> list[Delivery]:
+        """Stop every worker, then collect what they delivered (nothing is left behind)."""
+        self.stop_event.set()
+        for s in self.slots:
+            s.process.join(timeout=60)
+            if s.process.is_alive():
+                s.process.terminate()
+                s.process.join(timeout=10)
+        out = self.poll()
+        for s in self.slots:  # a worker stopped mid-batch (terminated) lost that batch
+            seq, planned = int(s.inflight[0]), int(s.inflight[1])
+            if planned and seq > s.delivered_seq:
+                self.lost += planned
+        return out

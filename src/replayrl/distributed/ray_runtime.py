@@ -1,0 +1,317 @@
+"""runtime: ray. Generator workers, the buffer and the learner as Ray actors.
+
+The driver (`replayrl train runtime=ray`) starts or joins Ray, places a learner actor by
+`ray.learner_num_cpus/gpus`, and waits. The learner actor runs the same AsyncTrainer loop as
+async-local; its generators are actors placed by `ray.generator_num_cpus/gpus`, its buffer
+an actor (`ray.buffer_num_cpus`). Weights travel through Ray's object store as one object
+per sync. The run folder must be on a filesystem the learner's node can write.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from replayrl.accounting import format_accounting
+from replayrl.config import Config, build_config, config_to_yaml
+from replayrl.distributed.async_trainer import AsyncTrainer
+from replayrl.distributed.weights import trainable_state
+from replayrl.distributed.worker import Delivery, GeneratorWorker
+
+Log = Callable[[str], None]
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - the `ray` extra is installed by make
+        raise ImportError(
+            "runtime=ray needs Ray: pip install 'replayrl[ray]' (or pip install ray)"
+        ) from exc
+    return ray
+
+
+def _quiet() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+# -- actors (plain classes; wrapped with ray.remote where they are created) ------------------
+class GeneratorActor:
+    """A GeneratorWorker in a Ray actor; `generate` returns one delivery as plain data."""
+
+    def __init__(self, cfg_yaml: str, worker_id: int, incarnation: int) -> None:
+        _quiet()
+        cfg = build_config(yaml.safe_load(cfg_yaml))
+
+        def log(msg: str) -> None:
+            print(f"[generator {worker_id}] {msg}", flush=True)
+
+        self.worker = GeneratorWorker(cfg, worker_id, incarnation, log=log)
+        self.idle_since = time.perf_counter()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def generate(self, weights: dict | None, version: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        if weights is not None:
+            self.worker.set_weights(weights, version)
+        d = self.worker.produce(idle_s=t0 - self.idle_since)
+        self.idle_since = time.perf_counter()
+        return d.to_plain()
+
+
+class BufferActor:
+    """The replay buffer / on-policy queue, held by its own actor."""
+
+    def __init__(self, kind: str, capacity: int | None, kwargs: dict[str, Any]) -> None:
+        from replayrl.buffer import make_buffer
+
+        self.buffer = make_buffer(kind, capacity, **kwargs)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.buffer, method)(*args)
+
+    def size(self) -> int:
+        return len(self.buffer)
+
+
+class RemoteBuffer:
+    """The Buffer interface over a BufferActor (what AsyncTrainer sees)."""
+
+    def __init__(self, handle: Any, kind: str) -> None:
+        self.handle, self.kind = handle, kind
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return _ray().get(self.handle.call.remote(method, *args))
+
+    def push(self, rollouts: list) -> None:
+        if rollouts:
+            self._call("push", rollouts)
+
+    def sample(self, n: int, current_version: int | None = None) -> list:
+        return self._call("sample", n, current_version)
+
+    def __len__(self) -> int:
+        return _ray().get(self.handle.size.remote())
+
+    def stats(self) -> dict[str, float]:
+        return self._call("stats")
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._call("state_dict")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._call("load_state_dict", state)
+
+
+class RayGeneratorPool:
+    """W generator actors kept busy with `generate` calls; a dead actor is replaced."""
+
+    def __init__(self, cfg: Config, log: Log) -> None:
+        self.cfg, self.log = cfg, log
+        self.ray = _ray()
+        self.cfg_yaml = config_to_yaml(cfg)
+        rc = cfg.ray
+        self.actor_cls = self.ray.remote(
+            num_cpus=rc.generator_num_cpus, num_gpus=rc.generator_num_gpus, max_restarts=0
+        )(GeneratorActor)
+        self.actors: list[Any] = []
+        self.incarnations: list[int] = []
+        self.restart_counts: list[int] = []
+        self.synced: list[int] = []  # weights version each actor holds
+        self.pending: dict[Any, int] = {}  # ref -> worker id
+        self.weights: Any = None
+        self.version = -1
+        self.hold = self.paused = False
+        self.lost = 0
+        self._pids: dict[str, int] = {}
+
+    def _new_actor(self, worker_id: int, incarnation: int) -> Any:
+        a = self.actor_cls.options(name=None).remote(self.cfg_yaml, worker_id, incarnation)
+        self._pids[f"generator/{worker_id}"] = self.ray.get(
+            a.pid.remote(), timeout=self.cfg.workers.startup_timeout
+        )
+        return a
+
+    def start(self) -> None:
+        W = self.cfg.workers.generators
+        self.actors = [self._new_actor(i, 0) for i in range(W)]
+        self.incarnations, self.restart_counts, self.synced = [0] * W, [0] * W, [-1] * W
+        self._submit()
+
+    def publish(self, model: Any, version: int) -> None:
+        self.weights = self.ray.put(trainable_state(model))
+        self.version = version
+
+    def _submit(self) -> None:
+        if self.hold or self.paused or self.version < 0:
+            return
+        busy = set(self.pending.values())
+        for i, a in enumerate(self.actors):
+            if i in busy:
+                continue
+            new = self.weights if self.synced[i] != self.version else None
+            self.pending[a.generate.remote(new, self.version)] = i
+            self.synced[i] = self.version
+
+    def poll(self) -> list[Delivery]:
+        out: list[Delivery] = []
+        if self.pending:
+            ready, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
+            for ref in ready:
+                i = self.pending.pop(ref)
+                try:
+                    out.append(Delivery.from_plain(self.ray.get(ref)))
+                except self.ray.exceptions.RayActorError as exc:
+                    self._replace(i, exc)
+        self._submit()
+        return out
+
+    def _replace(self, i: int, exc: Exception) -> None:
+        lost = self.cfg.rollouts_per_step
+        self.lost += lost
+        if self.restart_counts[i] >= self.cfg.workers.max_restarts:
+            raise RuntimeError(
+                f"generator worker {i} died after {self.restart_counts[i]} restarts "
+                f"(workers.max_restarts={self.cfg.workers.max_restarts}): {exc}"
+            )
+        self.log(
+            f"generator worker {i} died mid-run ({type(exc).__name__}); {lost} rollouts of "
+            "its batch in progress counted as lost; restarting it"
+        )
+        self.incarnations[i] += 1
+        self.restart_counts[i] += 1
+        self.actors[i] = self._new_actor(i, self.incarnations[i])
+        self.synced[i] = -1
+
+    def check(self) -> list[Delivery]:
+        return []  # deaths surface as errors on pending calls (poll)
+
+    def set_hold(self, hold: bool) -> None:
+        self.hold = hold
+
+    def pause(self, paused: bool) -> None:
+        self.paused = paused
+
+    def stop(self) -> list[Delivery]:
+        """Let calls in flight finish (their rollouts are kept), then end the actors."""
+        self.hold = True
+        out: list[Delivery] = []
+        deadline = time.monotonic() + 120
+        while self.pending and time.monotonic() < deadline:
+            out += self.poll()
+            time.sleep(0.01)
+        self.lost += self.cfg.rollouts_per_step * len(self.pending)  # did not finish in time
+        for a in self.actors:
+            self.ray.kill(a)
+        return out
+
+    def pids(self) -> dict[str, int]:
+        return dict(self._pids)
+
+    def restarts(self) -> dict[str, int]:
+        return {f"generator/{i}": n for i, n in enumerate(self.restart_counts)}
+
+
+class RayAsyncTrainer(AsyncTrainer):
+    """AsyncTrainer with a buffer actor and generator actors (runs inside LearnerActor)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, log: Log = print, resume: bool = False):
+        super().__init__(
+            cfg, run_dir, log=log, resume=resume, pool_factory=lambda t: RayGeneratorPool(cfg, log)
+        )
+        self.external_stop = threading.Event()
+
+    def _make_buffer(self):
+        local = super()._make_buffer()  # validates the arguments; its config is reused
+        b = self.cfg.buffer
+        handle = (
+            _ray()
+            .remote(num_cpus=self.cfg.ray.buffer_num_cpus)(BufferActor)
+            .remote(
+                b.kind,
+                b.capacity,
+                dict(
+                    sampler=b.sampler,
+                    delta=b.delta,
+                    with_replacement=b.with_replacement,
+                    num_shards=b.num_shards,
+                    max_staleness=b.max_staleness,
+                    seed=self.cfg.train.seed,
+                ),
+            )
+        )
+        del local
+        return RemoteBuffer(handle, b.kind)
+
+    def stop_requested(self) -> bool:
+        return self.external_stop.is_set()
+
+
+class LearnerActor:
+    """Rank-0 learner: runs the whole AsyncTrainer loop; `request_stop` is Ctrl-C's path."""
+
+    def __init__(self, cfg_yaml: str, run_dir: str, resume: bool) -> None:
+        _quiet()
+        cfg = build_config(yaml.safe_load(cfg_yaml))
+        cfg.logging.progress = False  # a progress bar does not survive Ray's log forwarding
+        self.trainer = RayAsyncTrainer(cfg, Path(run_dir), resume=resume)
+
+    def run(self) -> dict[str, Any]:
+        try:
+            return self.trainer.run()
+        except KeyboardInterrupt:
+            return {"interrupted": True, "step": self.trainer.counters.step}
+
+    def request_stop(self) -> None:
+        self.trainer.external_stop.set()
+
+
+class RayDriver:
+    """What `replayrl train runtime=ray` runs in the calling process."""
+
+    def __init__(self, cfg: Config, run_dir: Path, log: Log = print, resume: bool = False):
+        self.cfg, self.run_dir, self.log, self.resume = cfg, run_dir, log, resume
+
+    def run(self) -> dict[str, Any]:
+        ray = _ray()
+        rc = self.cfg.ray
+        started = not ray.is_initialized()
+        if started:
+            ray.init(
+                address=rc.address,
+                num_cpus=rc.num_cpus if rc.address is None else None,
+                include_dashboard=False,
+                logging_level="WARNING",
+                log_to_driver=True,
+            )
+        try:
+            actor = (
+                ray.remote(num_cpus=rc.learner_num_cpus, num_gpus=rc.learner_num_gpus)(LearnerActor)
+                .options(max_concurrency=2)
+                .remote(config_to_yaml(self.cfg), str(self.run_dir.resolve()), self.resume)
+            )
+            ref = actor.run.remote()
+            try:
+                result = ray.get(ref)
+            except KeyboardInterrupt:
+                self.log("\nstopping the Ray run after this step (checkpointing)")
+                ray.get(actor.request_stop.remote())
+                result = ray.get(ref)
+            if result.get("interrupted"):
+                raise KeyboardInterrupt
+            acc = result["accounting"]
+            self.log(format_accounting(acc["ledger"], acc))  # the actor's own print may be cut
+            return result
+        finally:
+            if started:
+                ray.shutdown()

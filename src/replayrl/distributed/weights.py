@@ -1,0 +1,63 @@
+"""Moving policy weights from the learner to generator workers, stamped with a version.
+
+Only trainable tensors travel (all of them for full fine-tuning, the adapters with LoRA):
+the frozen rest is identical in every process because all load it from the same path.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any
+
+import torch
+
+
+def trainable_names(model: torch.nn.Module) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of the trainable parameters (what a weight sync sends)."""
+    return {
+        n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad
+    }
+
+
+@torch.no_grad()
+def load_trainable(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy synced tensors into `model`; a name mismatch is an error, never a silent skip."""
+    params = dict(model.named_parameters())
+    missing = [n for n in state if n not in params]
+    if missing:
+        raise KeyError(f"weight sync: the worker's model has no parameter {missing[0]!r}")
+    for n, t in state.items():
+        params[n].copy_(t)
+
+
+class SharedWeights:
+    """One shared-memory copy of the trainable weights plus a version number (async-local).
+
+    The learner `publish`es under a lock; a worker `pull`s when the version moved. Passing
+    this object to a spawned process shares the memory (torch's shared-memory tensors).
+    """
+
+    def __init__(self, model: torch.nn.Module, ctx: Any | None = None) -> None:
+        ctx = ctx or mp.get_context("spawn")
+        self.tensors = {n: t.share_memory_() for n, t in trainable_state(model).items()}
+        self.version = ctx.Value("q", -1, lock=False)
+        self.lock = ctx.Lock()
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        params = dict(model.named_parameters())
+        with self.lock, torch.no_grad():
+            for n, t in self.tensors.items():
+                t.copy_(params[n].detach())
+            self.version.value = version
+
+    def pull(self, model: torch.nn.Module, have: int) -> int:
+        """Load the published weights if newer than `have`; returns the version now held."""
+        if self.version.value == have:
+            return have
+        with self.lock:
+            load_trainable(model, self.tensors)
+            return int(self.version.value)

@@ -1,0 +1,142 @@
+"""A generator worker: its own copy of the policy, producing rollouts with synced weights.
+
+The same class runs in a local process (async-local) and inside a Ray actor (ray); only
+the transport around it differs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from replayrl.buffer.base import rollout_from_dict, rollout_to_dict
+from replayrl.config import Config
+from replayrl.distributed.weights import load_trainable
+from replayrl.generation import make_generator
+from replayrl.models import load_policy, unwrap_model
+from replayrl.producer import RolloutProducer
+from replayrl.prompts import PromptRenderer
+from replayrl.rewards import resolve_rewards
+from replayrl.rollout import Rollout
+from replayrl.tasks import task_from_config
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Delivery:
+    """One batch a worker hands over: rollouts plus the counts the ledger and clocks need."""
+
+    worker_id: int
+    incarnation: int
+    seq: int  # the worker incarnation's batch number
+    version: int  # policy version that generated it
+    rollouts: list[Rollout]
+    stats: dict[str, float]
+    generated: int
+    tokens: int
+    dropped_reward_error: int
+    skipped_too_long: int
+    first_error: str | None
+    busy_s: float
+    idle_s: float  # waiting since the previous batch (holds, pauses, weight loads)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_plain(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["rollouts"] = [rollout_to_dict(r) for r in self.rollouts]
+        return d
+
+    @classmethod
+    def from_plain(cls, d: dict[str, Any]) -> Delivery:
+        return cls(**{**d, "rollouts": [rollout_from_dict(r) for r in d["rollouts"]]})
+
+    def save(self, path: Path) -> None:
+        """Atomic: a worker killed mid-write leaves only a temporary file."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(self.to_plain(), tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Delivery:
+        return cls.from_plain(torch.load(path, weights_only=True))
+
+
+def worker_seed(cfg: Config, worker_id: int, incarnation: int) -> int:
+    """Distinct prompt/sampling streams per worker and per restart."""
+    return cfg.train.seed + 7919 * (worker_id + 1) + 104_729 * incarnation
+
+
+class GeneratorWorker:
+    """Builds model, task, rewards and producer from the run's config; weights come by sync."""
+
+    def __init__(self, cfg: Config, worker_id: int, incarnation: int = 0, log: Log = print):
+        self.cfg, self.worker_id, self.incarnation = cfg, worker_id, incarnation
+        torch.set_num_threads(cfg.workers.generator_threads)
+        seed = worker_seed(cfg, worker_id, incarnation)
+        self.model, tokenizer, path = load_policy(cfg.model, cfg.task, log=log, seed=cfg.train.seed)
+        torch.manual_seed(seed)  # after the (cached) warm start: sampling differs per worker
+        self.model.eval()
+        render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
+        generator = make_generator(cfg, unwrap_model(self.model), tokenizer, path)
+        self.producer = RolloutProducer(
+            cfg,
+            task_from_config(cfg.task),
+            resolve_rewards([(r.name, r.weight) for r in cfg.rewards]),
+            tokenizer,
+            render,
+            generator,
+            getattr(self.model.config, "max_position_embeddings", None),
+            np.random.default_rng(seed),
+            log,
+        )
+        self.version = -1  # no weights yet: the learner publishes before anything is generated
+        self.seq = 0
+
+    def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        load_trainable(self.model, state)
+        self.after_weights(version)
+
+    def after_weights(self, version: int) -> None:
+        """The model holds `version`; an engine with its own copy (vLLM) gets it too."""
+        gen = self.producer.generator
+        if hasattr(gen, "load_weights"):
+            gen.load_weights(unwrap_model(self.model).named_parameters(), version)
+        self.version = version
+
+    @property
+    def planned(self) -> int:
+        """Rollouts the next batch will sample (what is lost if the worker dies mid-batch)."""
+        return self.cfg.rollouts_per_step
+
+    def produce(self, idle_s: float) -> Delivery:
+        self.seq += 1
+        key = self.incarnation * 64 + self.worker_id + 1
+        p = self.producer.produce(
+            self.version, step=self.version, group_base=1_000_000 * (self.seq * 4096 + key)
+        )
+        return Delivery(
+            worker_id=self.worker_id,
+            incarnation=self.incarnation,
+            seq=self.seq,
+            version=self.version,
+            rollouts=p.rollouts,
+            stats=p.stats,
+            generated=p.generated,
+            tokens=p.tokens,
+            dropped_reward_error=p.dropped_reward_error,
+            skipped_too_long=p.skipped_too_long,
+            first_error=p.first_error,
+            busy_s=p.seconds,
+            idle_s=idle_s,
+        )
+
+
+def now() -> float:
+    return time.perf_counter()
