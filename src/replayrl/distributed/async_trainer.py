@@ -125,7 +125,9 @@ class AsyncTrainer(Trainer):
                 if not (isinstance(v, float) and math.isnan(v)):
                     self.fresh_stats[k].append(v)
         if self.pool is not None:
-            c.rollouts_lost_worker_died = self.lost_before + self.pool.lost
+            lost = self.lost_before + self.pool.lost - c.rollouts_lost_worker_died
+            c.rollouts_lost_worker_died += lost
+            c.rollouts_generated += lost  # sampled (at least in part), never delivered
             for name, n in self.pool.restarts().items():
                 self.clocks.setdefault(name, RoleClock()).restarts = n
 

@@ -31,6 +31,11 @@ def load_trainable(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> No
     if missing:
         raise KeyError(f"weight sync: the worker's model has no parameter {missing[0]!r}")
     for n, t in state.items():
+        if params[n].shape != t.shape:
+            raise ValueError(
+                f"weight sync: {n!r} has shape {tuple(t.shape)} from the learner but "
+                f"{tuple(params[n].shape)} in the worker's model"
+            )
         params[n].copy_(t)
 
 

@@ -1,0 +1,266 @@
+"""Asynchronous runtimes: async-local processes and Ray actors, faults and the rollout ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from replayrl.accounting import ledger_stats, role_summary, rollout_ledger
+from replayrl.buffer import make_buffer
+from replayrl.config import ConfigError, load_config
+from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
+from replayrl.distributed.worker import Delivery
+from replayrl.rollout import Rollout
+from replayrl.runner import train
+from tiny import TINY_RUN
+
+CLI = [sys.executable, "-m", "replayrl.cli"]
+# replay at y = B/R = 2 with a staleness bound: the learner paces itself on deliveries
+ASYNC = [
+    *TINY_RUN,
+    "buffer.kind=replay",
+    "buffer.capacity=32",
+    "train.batch_size=16",
+    "train.threads=1",
+    "workers.max_staleness=3",
+]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def _rollout(version: int) -> Rollout:
+    return Rollout(
+        prompt_ids=torch.tensor([1, 2]),
+        completion_ids=torch.tensor([3, 4, 5]),
+        behaviour_logprobs=torch.tensor([-0.5, -0.25, -1.0]),
+        reward=1.0,
+        advantage=0.5,
+        correct=True,
+        group_id=7,
+        policy_version=version,
+        step=version,
+        completion_text="42",
+    )
+
+
+# -- config ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["runtime=async-local", "workers.learners=2"], "workers.learners > 1 needs runtime=ray"),
+        (
+            ["runtime=ray", "workers.max_staleness=1", "workers.sync_every=2"],
+            "workers.max_staleness=1 is below workers.sync_every=2",
+        ),
+        (
+            ["runtime=ray", "workers.learners=3", "train.batch_size=16"],
+            "must be divisible by workers.learners=3",
+        ),
+        (
+            ["runtime=async-local", "remix.enabled=true", "algorithm.loss_type=mix_ppg"],
+            "remix.enabled needs runtime=sync",
+        ),
+        (["runtime=threads"], "runtime"),
+    ],
+)
+def test_async_config_errors_name_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(">", ".")):
+        load_config(None, overrides)
+
+
+# -- pure pieces -------------------------------------------------------------------------------
+def test_ledger_balances_hand_computed() -> None:
+    onpolicy = {"size": 3, "evicted": 2, "consumed": 10, "dropped_stale": 1, "pushed": 16}
+    led = rollout_ledger(20, 3, 1, [onpolicy])
+    assert led["generated"] == 20 and led["balanced"]  # 3 + 1 + 3 + 2 + 10 + 1 = 20
+    assert not rollout_ledger(21, 3, 1, [onpolicy])["balanced"]  # one rollout unaccounted
+    # ReMix's window discarded at reincarnation: its 4 rollouts are accounted for
+    window = {"size": 0, "evicted": 6, "consumed": 0, "dropped_stale": 0, "pushed": 10}
+    assert rollout_ledger(30, 3, 1, [onpolicy, window], discarded=4)["balanced"]
+
+
+def test_replay_buffer_draws_are_not_removals() -> None:
+    buf = make_buffer("replay", 4)
+    buf.push([_rollout(0) for _ in range(6)])
+    buf.sample(3)
+    st = ledger_stats(buf)
+    assert (st["size"], st["evicted"], st["consumed"], st["sampled"]) == (4, 2, 0, 3)
+    assert rollout_ledger(6, 0, 0, [st])["balanced"]
+
+
+def test_role_summary_mu_and_gamma() -> None:
+    roles = {
+        "generator/0": {"busy_s": 10.0, "rollouts": 100},  # 0.1 s per rollout
+        "learner/0": {"busy_s": 4.0, "rollouts": 200},  # 0.02 s per rollout
+    }
+    s = role_summary(roles, workers=3, trainers=1)
+    assert s["mu"] == pytest.approx(5.0)
+    assert s["gamma"] == pytest.approx((1 + 3) / (1 + 5.0))
+
+
+def test_shared_weights_publish_then_pull() -> None:
+    src, dst = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    shared = SharedWeights(src)
+    assert shared.pull(dst, -1) == -1  # nothing published yet
+    with torch.no_grad():
+        src.weight.add_(1.0)
+    shared.publish(src, 5)
+    assert shared.pull(dst, -1) == 5
+    assert torch.equal(dst.weight, src.weight) and torch.equal(dst.bias, src.bias)
+    assert shared.pull(dst, 5) == 5  # unchanged version: no copy needed
+
+
+def test_weight_sync_rejects_unknown_names_and_shapes() -> None:
+    state = trainable_state(torch.nn.Linear(3, 2))
+    with pytest.raises(KeyError, match="no parameter 'weight'"):
+        load_trainable(torch.nn.Sequential(torch.nn.Linear(3, 2)), state)
+    with pytest.raises(ValueError, match=r"'weight' has shape \(2, 3\) from the learner"):
+        load_trainable(torch.nn.Linear(3, 4), state)
+
+
+def test_delivery_round_trips_through_a_spool_file(tmp_path: Path) -> None:
+    d = Delivery(0, 1, 3, 2, [_rollout(2)], {"reward/mean": 1.0}, 8, 24, 1, 0, None, 0.5, 0.1)
+    d.save(tmp_path / "d.pt")
+    back = Delivery.load(tmp_path / "d.pt")
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert (back.worker_id, back.incarnation, back.seq, back.version) == (0, 1, 3, 2)
+    assert torch.equal(back.rollouts[0].behaviour_logprobs, d.rollouts[0].behaviour_logprobs)
+    assert back.rollouts[0].completion_text == "42" and back.generated == 8
+
+
+def test_sync_runs_report_a_balanced_ledger(tmp_path: Path) -> None:
+    cfg = load_config(None, [*TINY_RUN, f"logging.run_dir={tmp_path}", "train.steps=2"])
+    acc = train(cfg, log=quiet)["accounting"]
+    assert acc["ledger"]["balanced"] and acc["ledger"]["generated"] == 16
+    assert acc["ledger"]["consumed"] == 16  # the on-policy queue removes what it hands out
+    assert set(acc["roles"]) == {"generator/0", "learner/0"} and acc["mu"] > 0
+
+
+# -- end to end --------------------------------------------------------------------------------
+def _metrics(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _check_run(summary: dict, run: Path, steps: int, bound: int) -> None:
+    assert summary["steps"] == steps and summary["policy_version"] == steps
+    led = summary["accounting"]["ledger"]
+    assert led["balanced"], led
+    assert led["generated"] > 0 and led["in_buffer"] > 0
+    ages = [m["batch/age_max"] for m in _metrics(run) if "batch/age_max" in m]
+    assert len(ages) == steps and max(ages) <= bound
+    roles = summary["accounting"]["roles"]
+    assert roles["learner/0"]["batches"] == steps and roles["generator/0"]["rollouts"] > 0
+    assert summary["accounting"]["mu"] > 0 and summary["accounting"]["gamma"] > 0
+
+
+def test_async_local_trains_within_the_staleness_bound(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        [
+            *ASYNC,
+            "runtime=async-local",
+            f"logging.run_dir={tmp_path}",
+            "train.steps=4",
+            "workers.on_stale=wait",
+        ],
+    )
+    summary = train(cfg, log=quiet)
+    run = tmp_path / "demo"
+    _check_run(summary, run, 4, bound=3)
+    assert not any((run / "spool").glob("d-*"))  # every delivered batch was ingested
+    assert set(json.loads((run / "workers.json").read_text())) == {"learner/0", "generator/0"}
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*CLI, "train", *args], stdout=log.open("w"), stderr=subprocess.STDOUT, env=os.environ
+    )
+
+
+def _wait_for_step(run: Path, proc: subprocess.Popen, step: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(m.get("step", 0) >= step and "train/loss" in m for m in _metrics(run)):
+            return
+        assert proc.poll() is None, f"the run ended before step {step}"
+        time.sleep(0.05)
+    raise TimeoutError(f"no step {step} within {timeout} s")
+
+
+def _kill_generator_mid_run(tmp_path: Path, runtime: list[str]) -> dict:
+    run, log = tmp_path / "demo", tmp_path / "log.txt"
+    proc = _start([*ASYNC, *runtime, f"logging.run_dir={tmp_path}", "train.steps=40"], log)
+    try:
+        _wait_for_step(run, proc, 1)
+        pid = json.loads((run / "workers.json").read_text())["generator/0"]
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    assert "generator worker 0 died" in log.read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    _check_run(summary, run, 40, bound=3)
+    assert summary["accounting"]["roles"]["generator/0"]["restarts"] == 1
+    return summary
+
+
+def test_async_local_survives_a_killed_generator(tmp_path: Path) -> None:
+    _kill_generator_mid_run(tmp_path, ["runtime=async-local"])
+
+
+def test_async_local_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path: Path) -> None:
+    run, log = tmp_path / "demo", tmp_path / "log.txt"
+    proc = _start(
+        [*ASYNC, "runtime=async-local", f"logging.run_dir={tmp_path}", "train.steps=400"], log
+    )
+    try:
+        _wait_for_step(run, proc, 2)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert code != 0 and "interrupted at step" in log.read_text(), log.read_text()[-2000:]
+    ckpt = (run / "checkpoints" / "latest").read_text().strip()
+    state = torch.load(run / "checkpoints" / ckpt / "state.pt", weights_only=False)
+    stopped_at = state["counters"]["step"]
+    assert 2 <= stopped_at < 400
+    # the checkpoint's own ledger balances: rollouts delivered after Ctrl-C are in its buffer
+    c, buf = state["counters"], state["buffer"]["counters"]
+    in_buffer = len(state["buffer"]["order"]) if "order" in state["buffer"] else None
+    assert c["rollouts_generated"] == (
+        c["rollouts_dropped_reward_error"] + c["rollouts_lost_worker_died"] + buf["pushed"]
+    )
+    assert in_buffer is None or buf["pushed"] == in_buffer + buf["evicted"] + buf["dropped_stale"]
+    done = subprocess.run(
+        [*CLI, "train", "--resume", str(run), f"train.steps={stopped_at + 3}"],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == stopped_at + 3
+    assert summary["accounting"]["ledger"]["balanced"]
+
+
+ray = pytest.importorskip("ray")
+RAY = ["runtime=ray", "ray.num_cpus=2", "ray.generator_num_cpus=0.5", "ray.learner_num_cpus=0.5"]
+
+
+def test_ray_run_survives_a_killed_generator_within_the_bound(tmp_path: Path) -> None:
+    summary = _kill_generator_mid_run(tmp_path, RAY)
+    assert summary["runtime"] == "ray"
