@@ -264,3 +264,18 @@ RAY = ["runtime=ray", "ray.num_cpus=2", "ray.generator_num_cpus=0.5", "ray.learn
 def test_ray_run_survives_a_killed_generator_within_the_bound(tmp_path: Path) -> None:
     summary = _kill_generator_mid_run(tmp_path, RAY)
     assert summary["runtime"] == "ray"
+
+
+def test_ray_two_data_parallel_learners_stay_in_sync(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        [*ASYNC, *RAY, "workers.learners=2", f"logging.run_dir={tmp_path}", "train.steps=3"],
+    )
+    summary = train(cfg, log=quiet)
+    run = tmp_path / "demo"
+    _check_run(summary, run, 3, bound=3)
+    roles = summary["accounting"]["roles"]
+    # each learner trained its own B / T = 8 rollouts per step, from its own shard
+    assert roles["learner/0"]["rollouts"] == roles["learner/1"]["rollouts"] == 3 * 8
+    assert summary["learners_in_sync"] is True
+    assert summary["accounting"]["trainers"] == 2

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -227,6 +227,8 @@ class Learner:
             raise ValueError("algorithm.advantage=gae needs a critic")
         self.version = 0  # policy version: bumped after every training step
         self.updates = 0  # optimizer steps taken
+        # data-parallel learners average gradients here before clipping (distributed/ddp.py)
+        self.grad_hook: Callable[[list[torch.nn.Parameter]], None] | None = None
         # frozen policies for the KL terms, kept only while their weight is non-zero
         self.base_model: FrozenPolicy | None = None  # pi_base (initial, or pi_T)
         self.prev_model: FrozenPolicy | None = None  # pi_{k-1}
@@ -477,6 +479,8 @@ class Learner:
         out: dict[str, float] = {}
         if self.critic is not None:
             assert self.critic_optimizer is not None
+            if self.grad_hook is not None:
+                self.grad_hook(list(self.critic.parameters()))
             torch.nn.utils.clip_grad_norm_(
                 self.critic.parameters(), cfg.train.max_grad_norm or math.inf
             )
@@ -487,6 +491,8 @@ class Learner:
         if policy_frozen:
             return out
         max_norm = cfg.train.max_grad_norm
+        if self.grad_hook is not None:  # every rank, same parameter order
+            self.grad_hook([p for p in self.model.parameters() if p.requires_grad])
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf)
         if not torch.isfinite(grad_norm):

@@ -390,9 +390,12 @@ class Trainer:
         summary = self.summary()
         _write_json(self.run_dir / "summary.json", summary)
         self.metrics.close()
+        self.report_accounting(summary)
+        return summary
+
+    def report_accounting(self, summary: dict[str, Any]) -> None:
         acc = summary["accounting"]
         self.log(format_accounting(acc["ledger"], acc))
-        return summary
 
     def _one_step(self, R: int, B: int, progress: Progress) -> None:
         cfg, c = self.cfg, self.counters

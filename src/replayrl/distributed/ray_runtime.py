@@ -16,11 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 import yaml
 
-from replayrl.accounting import format_accounting
+from replayrl.accounting import RoleClock, format_accounting
+from replayrl.checkpoint import latest_checkpoint
 from replayrl.config import Config, build_config, config_to_yaml
 from replayrl.distributed.async_trainer import AsyncTrainer
+from replayrl.distributed.ddp import average_gradients, free_port, init_group, weights_digest
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
 
@@ -111,6 +115,105 @@ class RemoteBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._call("load_state_dict", state)
+
+
+class ShardedRemoteBuffer:
+    """T buffer actors, one per learner (paper 1's sharding): each delivery goes to one shard,
+    round-robin; learner r samples shard r. `len` is T x the smallest shard, so "len >= B"
+    means every learner can draw its B / T."""
+
+    def __init__(self, shards: list[RemoteBuffer]) -> None:
+        self.shards, self.kind, self.next = shards, shards[0].kind, 0
+
+    def push(self, rollouts: list) -> None:
+        if rollouts:
+            self.shards[self.next % len(self.shards)].push(rollouts)
+            self.next += 1
+
+    def sample(self, n: int, current_version: int | None = None) -> list:
+        """Rank 0's share (n = 0 drops stale rollouts in every shard)."""
+        if n == 0:
+            for sh in self.shards:
+                sh.sample(0, current_version)
+            return []
+        return self.shards[0].sample(n, current_version)
+
+    def __len__(self) -> int:
+        return len(self.shards) * min(len(sh) for sh in self.shards)
+
+    def stats(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for sh in self.shards:
+            for k, v in sh.stats().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"shards": [sh.state_dict() for sh in self.shards], "next": self.next}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for sh, st in zip(self.shards, state["shards"], strict=True):
+            sh.load_state_dict(st)
+        self.next = int(state["next"])
+
+
+class FollowerActor:
+    """Learner rank r > 0: a replica of the policy that trains on its own shard's B / T and
+    averages gradients with the other ranks."""
+
+    def __init__(self, cfg_yaml: str, rank: int, world: int, policy_path: str | None) -> None:
+        _quiet()
+        from replayrl.learner import Learner
+        from replayrl.models import load_policy
+
+        cfg = build_config(yaml.safe_load(cfg_yaml))
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        model_cfg = cfg.model.model_copy(update={"path": policy_path}) if policy_path else cfg.model
+        with torch.random.fork_rng():  # the same weights as rank 0 (same path / warm start)
+            self.model, tok, _ = load_policy(model_cfg, cfg.task, seed=cfg.train.seed)
+        self.learner = Learner(self.model, tok.pad_token_id, _per_rank(cfg, world))
+        self.rank, self.world = rank, world
+        self.rng = np.random.default_rng(cfg.train.seed + 1 + rank)
+        self.epochs = cfg.train.epochs
+
+    def join(self, address: str, port: int) -> None:
+        init_group(self.rank, self.world, address, port)
+        self.learner.grad_hook = average_gradients
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+    def train_step(self, shard: Any, n: int, version: int, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        batch = _ray().get(shard.call.remote("sample", n, version))
+        self.learner.version = version
+        self.learner.train_step(
+            batch,
+            self.rng,
+            step=step,
+            epochs=self.epochs,
+            stale=[r.policy_version < version for r in batch],
+        )
+        return {
+            "busy_s": time.perf_counter() - t0,
+            "rollouts": len(batch) * self.epochs,
+            "tokens": sum(r.completion_ids.numel() for r in batch) * self.epochs,
+        }
+
+    def digest(self) -> str:
+        return weights_digest(self.model)
+
+
+def _per_rank(cfg: Config, world: int) -> Config:
+    """Each of T learners updates on B / T rollouts (mini-batches split the same way)."""
+    if world == 1:
+        return cfg
+    out = cfg.model_copy(deep=True)
+    mini = cfg.train.mini_batch_size
+    if mini is not None:
+        out.train.mini_batch_size = max(1, mini // world)
+    return out
 
 
 class RayGeneratorPool:
@@ -230,28 +333,94 @@ class RayAsyncTrainer(AsyncTrainer):
             cfg, run_dir, log=log, resume=resume, pool_factory=lambda t: RayGeneratorPool(cfg, log)
         )
         self.external_stop = threading.Event()
+        self.followers: list[Any] = []
 
     def _make_buffer(self):
         local = super()._make_buffer()  # validates the arguments; its config is reused
-        b = self.cfg.buffer
-        handle = (
-            _ray()
-            .remote(num_cpus=self.cfg.ray.buffer_num_cpus)(BufferActor)
-            .remote(
-                b.kind,
-                b.capacity,
-                dict(
-                    sampler=b.sampler,
-                    delta=b.delta,
-                    with_replacement=b.with_replacement,
-                    num_shards=b.num_shards,
-                    max_staleness=b.max_staleness,
-                    seed=self.cfg.train.seed,
-                ),
-            )
-        )
         del local
-        return RemoteBuffer(handle, b.kind)
+        b, T = self.cfg.buffer, self.cfg.workers.learners
+        if b.capacity is not None and b.capacity % T:
+            raise ValueError(
+                f"buffer.capacity={b.capacity} must be divisible by workers.learners={T} "
+                "(each learner keeps a shard of N / T)"
+            )
+        cls = _ray().remote(num_cpus=self.cfg.ray.buffer_num_cpus)(BufferActor)
+        shards = [
+            RemoteBuffer(
+                cls.remote(
+                    b.kind,
+                    None if b.capacity is None else b.capacity // T,
+                    dict(
+                        sampler=b.sampler,
+                        delta=b.delta,
+                        with_replacement=b.with_replacement,
+                        num_shards=b.num_shards if T == 1 else 1,
+                        max_staleness=b.max_staleness,
+                        seed=self.cfg.train.seed + 1000 * r,
+                    ),
+                ),
+                b.kind,
+            )
+            for r in range(T)
+        ]
+        return shards[0] if T == 1 else ShardedRemoteBuffer(shards)
+
+    def run(self) -> dict[str, Any]:
+        if self.cfg.workers.learners > 1:
+            self._start_followers()
+        return super().run()
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        if self.followers:  # data parallelism must leave identical replicas
+            digests = {weights_digest(self.model)} | set(
+                _ray().get([f.digest.remote() for f in self.followers])
+            )
+            out["learners_in_sync"] = len(digests) == 1
+            if len(digests) != 1:
+                self.log("warning: the data-parallel learners' weights differ")
+        return out
+
+    def report_accounting(self, summary: dict[str, Any]) -> None:
+        pass  # the driver prints it (an actor's last lines can be cut at shutdown)
+
+    def _start_followers(self) -> None:
+        """Ranks 1..T-1 as actors; rank 0 (this actor) joins the same process group."""
+        ray, cfg, T = _ray(), self.cfg, self.cfg.workers.learners
+        ckpt = latest_checkpoint(self.run_dir) if self.counters.step else None
+        cls = ray.remote(num_cpus=cfg.ray.learner_num_cpus, num_gpus=cfg.ray.learner_num_gpus)(
+            FollowerActor
+        )
+        policy = str(ckpt / "policy") if ckpt is not None else None
+        self.followers = [cls.remote(config_to_yaml(cfg), r, T, policy) for r in range(1, T)]
+        address, port = ray.util.get_node_ip_address(), free_port()
+        joins = [f.join.remote(address, port) for f in self.followers]
+        init_group(0, T, address, port)
+        ray.get(joins)
+        self.learner.grad_hook = average_gradients
+        self.learner.cfg = _per_rank(cfg, T)
+        if self.counters.step:  # resumed: the optimizer state too
+            state = self.learner.state_dict()
+            ray.get([f.load_learner_state.remote(state) for f in self.followers])
+        self.log(f"{T} data-parallel learners (torch.distributed), one buffer shard each")
+
+    def _learner_step(self, B: int) -> None:
+        if not self.followers:
+            return super()._learner_step(B)
+        T, c, version = len(self.followers) + 1, self.counters, self.learner.version
+        shards = self.buffer.shards  # type: ignore[attr-defined]
+        refs = [
+            f.train_step.remote(shards[r].handle, B // T, version, c.step + 1)
+            for r, f in enumerate(self.followers, start=1)
+        ]
+        super()._learner_step(B // T)
+        for r, res in enumerate(_ray().get(refs), start=1):
+            clock = self.clocks.setdefault(f"learner/{r}", RoleClock())
+            clock.busy_s += res["busy_s"]
+            clock.rollouts += res["rollouts"]
+            clock.tokens += res["tokens"]
+            clock.batches += 1
+        c.rollouts_sampled += B - B // T  # the followers' shares
 
     def stop_requested(self) -> bool:
         return self.external_stop.is_set()
