@@ -7,6 +7,7 @@ the frozen rest is identical in every process because all load it from the same 
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from typing import Any
 
 import torch
@@ -42,27 +43,36 @@ def load_trainable(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> No
 class SharedWeights:
     """One shared-memory copy of the trainable weights plus a version number (async-local).
 
-    The learner `publish`es under a lock; a worker `pull`s when the version moved. Passing
-    this object to a spawned process shares the memory (torch's shared-memory tensors).
+    A sequence lock, not a mutex: the learner makes `seq` odd while it writes, and a worker
+    copies, then retries if `seq` moved. A worker killed mid-copy therefore cannot leave
+    anything locked. Passing this object to a spawned process shares the memory.
     """
 
     def __init__(self, model: torch.nn.Module, ctx: Any | None = None) -> None:
         ctx = ctx or mp.get_context("spawn")
         self.tensors = {n: t.share_memory_() for n, t in trainable_state(model).items()}
         self.version = ctx.Value("q", -1, lock=False)
-        self.lock = ctx.Lock()
+        self.seq = ctx.Value("q", 0, lock=False)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         params = dict(model.named_parameters())
-        with self.lock, torch.no_grad():
+        self.seq.value += 1  # odd: writing
+        with torch.no_grad():
             for n, t in self.tensors.items():
                 t.copy_(params[n].detach())
-            self.version.value = version
+        self.version.value = version
+        self.seq.value += 1  # even: consistent
 
     def pull(self, model: torch.nn.Module, have: int) -> int:
         """Load the published weights if newer than `have`; returns the version now held."""
-        if self.version.value == have:
-            return have
-        with self.lock:
+        while True:
+            s1 = self.seq.value
+            if s1 % 2:
+                time.sleep(0.001)
+                continue
+            version = int(self.version.value)
+            if version == have:
+                return have
             load_trainable(model, self.tensors)
-            return int(self.version.value)
+            if self.seq.value == s1:  # nothing was written meanwhile: a consistent copy
+                return version
