@@ -200,13 +200,17 @@ def _wait_for_step(run: Path, proc: subprocess.Popen, step: int, timeout: float 
     raise TimeoutError(f"no step {step} within {timeout} s")
 
 
+def _kill_generator(run: Path, proc: subprocess.Popen) -> None:
+    _wait_for_step(run, proc, 1)
+    pid = json.loads((run / "workers.json").read_text())["generator/0"]
+    os.kill(pid, signal.SIGKILL)
+
+
 def _kill_generator_mid_run(tmp_path: Path, runtime: list[str]) -> dict:
     run, log = tmp_path / "demo", tmp_path / "log.txt"
     proc = _start([*ASYNC, *runtime, f"logging.run_dir={tmp_path}", "train.steps=40"], log)
     try:
-        _wait_for_step(run, proc, 1)
-        pid = json.loads((run / "workers.json").read_text())["generator/0"]
-        os.kill(pid, signal.SIGKILL)
+        _kill_generator(run, proc)
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
         proc.kill()
@@ -222,12 +226,22 @@ def test_async_local_survives_a_killed_generator(tmp_path: Path) -> None:
 
 
 def test_async_local_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path: Path) -> None:
+    _ctrl_c_then_resume(tmp_path, ["runtime=async-local"])
+
+
+def _ctrl_c_then_resume(tmp_path: Path, runtime: list[str], kill_first: bool = False) -> dict:
+    """Ctrl-C mid-run (optionally after killing a generator), check the checkpoint, resume."""
     run, log = tmp_path / "demo", tmp_path / "log.txt"
-    proc = _start(
-        [*ASYNC, "runtime=async-local", f"logging.run_dir={tmp_path}", "train.steps=400"], log
-    )
+    proc = _start([*ASYNC, *runtime, f"logging.run_dir={tmp_path}", "train.steps=400"], log)
     try:
-        _wait_for_step(run, proc, 2)
+        if kill_first:
+            _kill_generator(run, proc)
+            deadline = time.monotonic() + 240
+            while "restarting it" not in log.read_text():
+                assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+                time.sleep(0.1)
+        step = max((m.get("step", 0) for m in _metrics(run)), default=0)
+        _wait_for_step(run, proc, step + 2)
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=120)
     finally:
@@ -239,11 +253,11 @@ def test_async_local_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path: Path) -> 
     assert 2 <= stopped_at < 400
     # the checkpoint's own ledger balances: rollouts delivered after Ctrl-C are in its buffer
     c, buf = state["counters"], state["buffer"]["counters"]
-    in_buffer = len(state["buffer"]["order"]) if "order" in state["buffer"] else None
     assert c["rollouts_generated"] == (
         c["rollouts_dropped_reward_error"] + c["rollouts_lost_worker_died"] + buf["pushed"]
     )
-    assert in_buffer is None or buf["pushed"] == in_buffer + buf["evicted"] + buf["dropped_stale"]
+    in_buffer = len(state["buffer"]["order"])
+    assert buf["pushed"] == in_buffer + buf["evicted"] + buf["dropped_stale"]
     done = subprocess.run(
         [*CLI, "train", "--resume", str(run), f"train.steps={stopped_at + 3}"],
         capture_output=True,
@@ -255,15 +269,19 @@ def test_async_local_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path: Path) -> 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == stopped_at + 3
     assert summary["accounting"]["ledger"]["balanced"]
+    return summary
 
 
 ray = pytest.importorskip("ray")
 RAY = ["runtime=ray", "ray.num_cpus=2", "ray.generator_num_cpus=0.5", "ray.learner_num_cpus=0.5"]
 
 
-def test_ray_run_survives_a_killed_generator_within_the_bound(tmp_path: Path) -> None:
-    summary = _kill_generator_mid_run(tmp_path, RAY)
+def test_ray_survives_a_killed_generator_then_ctrl_c_resumes(tmp_path: Path) -> None:
+    summary = _ctrl_c_then_resume(tmp_path, RAY, kill_first=True)
     assert summary["runtime"] == "ray"
+    assert summary["accounting"]["roles"]["generator/0"]["restarts"] == 1  # kept over resume
+    ages = [m["batch/age_max"] for m in _metrics(tmp_path / "demo") if "batch/age_max" in m]
+    assert ages and max(ages) <= 3
 
 
 def test_ray_two_data_parallel_learners_stay_in_sync(tmp_path: Path) -> None:

@@ -79,6 +79,7 @@ class AsyncTrainer(Trainer):
         self.clocks = {k: _clock(v) for k, v in c.roles.items()}
         self.learner_clock = self.clocks.setdefault("learner/0", RoleClock())
         self.lost_before = c.rollouts_lost_worker_died  # from earlier sessions of this run
+        self.restarts_before = {k: v.restarts for k, v in self.clocks.items()}
         self.newest_delivered = self.learner.version - 1
         self.fresh: list[Rollout] = []  # delivered since the last step (text metrics)
         self.fresh_stats: dict[str, list[float]] = defaultdict(list)
@@ -128,8 +129,10 @@ class AsyncTrainer(Trainer):
             lost = self.lost_before + self.pool.lost - c.rollouts_lost_worker_died
             c.rollouts_lost_worker_died += lost
             c.rollouts_generated += lost  # sampled (at least in part), never delivered
-            for name, n in self.pool.restarts().items():
-                self.clocks.setdefault(name, RoleClock()).restarts = n
+            for name, n in self.pool.restarts().items():  # plus earlier sessions' restarts
+                self.clocks.setdefault(name, RoleClock()).restarts = (
+                    self.restarts_before.get(name, 0) + n
+                )
 
     # -- pacing ------------------------------------------------------------------------------
     def _pushed(self) -> int:

@@ -439,7 +439,8 @@ class LearnerActor:
         try:
             return self.trainer.run()
         except KeyboardInterrupt:
-            return {"interrupted": True, "step": self.trainer.counters.step}
+            ckpt = latest_checkpoint(self.trainer.run_dir)
+            return {"interrupted": True, "step": self.trainer.counters.step, "ckpt": str(ckpt)}
 
     def request_stop(self) -> None:
         self.trainer.external_stop.set()
@@ -477,6 +478,10 @@ class RayDriver:
                 ray.get(actor.request_stop.remote())
                 result = ray.get(ref)
             if result.get("interrupted"):
+                self.log(  # here, not only in the actor: its last lines can be cut at shutdown
+                    f"interrupted at step {result['step']}: checkpoint written to "
+                    f"{result['ckpt']}; resume with --resume {self.run_dir}"
+                )
                 raise KeyboardInterrupt
             acc = result["accounting"]
             self.log(format_accounting(acc["ledger"], acc))  # the actor's own print may be cut
