@@ -131,3 +131,46 @@ def test_bad_suite_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("variants: {a: {config: x.yaml}}\nbaseline: b\n")
     with pytest.raises(ConfigError, match="baseline 'b'"):
         load_suite(str(bad))
+
+
+def _fake_run(accs: list[float], per_eval: int, final: float | None = None) -> dict:
+    evals = [
+        {
+            "eval/accuracy": a,
+            "rollouts_generated": i * per_eval,
+            "tokens_generated": i * per_eval * 3,
+            "wall_seconds": float(i),
+        }
+        for i, a in enumerate(accs)
+    ]
+    return {
+        "evals": evals,
+        "final_eval_accuracy": accs[-1] if final is None else final,
+        "best_eval_accuracy": max(accs),
+        "rollouts_generated": (len(accs) - 1) * per_eval,
+        "wall_seconds": float(len(accs) - 1),
+        "run_dir": "x",
+        "final_entropy": 0.1,
+    }
+
+
+def test_ratio_compares_with_the_baseline_at_the_variants_own_target(tmp_path: Path) -> None:
+    from replayrl.bench import summarise
+
+    suite = {
+        "name": "t",
+        "path": "t.yaml",
+        "baseline": "grpo",
+        "variants": {"grpo": {}, "ppo": {}, "remix-ppo": {"baseline": "ppo"}},
+    }
+    results = {
+        "grpo": [_fake_run([0.5, 0.8], 100)],  # target 0.8
+        # ppo reaches grpo's 0.8 at 200 rollouts, its own final 0.9 at 300
+        "ppo": [_fake_run([0.5, 0.7, 0.8, 0.9], 100)],
+        "remix-ppo": [_fake_run([0.5, 0.9], 150)],  # reaches 0.9 at 150
+    }
+    rows = summarise(suite, results, [0], tmp_path, quick=False)["variants"]
+    assert rows["ppo"]["rollouts_ratio"] == pytest.approx(200 / 100)
+    # 150 / 300 (ppo at ppo's target 0.9), not 150 / 200 (ppo at grpo's target)
+    assert rows["remix-ppo"]["target_accuracy"] == 0.9
+    assert rows["remix-ppo"]["rollouts_ratio"] == pytest.approx(150 / 300)

@@ -193,12 +193,19 @@ def summarise(
         }
         table[name] = row
     for row in table.values():
-        b = table[row["baseline"]]
+        # the baseline measured at this row's target (ppo's own target for remix-ppo, even
+        # though ppo's row is scored against the suite's default baseline)
+        b_runs = results[row["baseline"]]
+        b_reach = [first_reaching(s, row["target_accuracy"]) for s in b_runs]
+        base_at = {
+            "rollouts_to_target": stats([r["rollouts"] for r in b_reach]),
+            "wall_seconds_to_target": stats([r["wall_seconds"] for r in b_reach]),
+        }
         for key, ratio in (
             ("rollouts_to_target", "rollouts_ratio"),
             ("wall_seconds_to_target", "wall_ratio"),
         ):
-            num, den = row[key]["median"], b[key]["median"]
+            num, den = row[key]["median"], base_at[key]["median"]
             row[ratio] = num / den if den and math.isfinite(den) else math.nan
     summary = {
         "suite": suite["name"],
