@@ -174,3 +174,80 @@ def test_ratio_compares_with_the_baseline_at_the_variants_own_target(tmp_path: P
     # 150 / 300 (ppo at ppo's target 0.9), not 150 / 200 (ppo at grpo's target)
     assert rows["remix-ppo"]["target_accuracy"] == 0.9
     assert rows["remix-ppo"]["rollouts_ratio"] == pytest.approx(150 / 300)
+
+
+def _grid_suite(tmp_path: Path, k: int | None, quick_k: int | None = None) -> dict:
+    from replayrl.bench import load_suite
+
+    path = _suite(tmp_path)
+    data = json.loads(path.read_text())
+    # R: grpo 2 x 4 = 8; replay 1 x 4 = 4; remix-grpo 2 x 2 = 4
+    data["variants"]["replay"]["overrides"].append("rollout.prompts_per_step=1")
+    data["variants"]["remix-grpo"]["overrides"] = ["rollout.num_generations=2"]
+    if k is not None:
+        data["eval_every_rollouts"] = k
+    if quick_k is not None:
+        data["quick_eval_every_rollouts"] = quick_k
+    path.write_text(json.dumps(data))
+    return load_suite(str(path))
+
+
+def test_eval_every_rollouts_puts_every_variant_on_the_same_grid(tmp_path: Path) -> None:
+    from replayrl.bench import variant_config
+
+    suite = _grid_suite(tmp_path, 16)
+    out = tmp_path / "out"
+    every = {n: variant_config(suite, n, 0, out).eval.every for n in suite["variants"]}
+    assert every == {"grpo": 2, "replay": 4, "remix-grpo": 4}  # 16 rollouts each
+    for name, cfg in ((n, variant_config(suite, n, 3, out)) for n in suite["variants"]):
+        assert cfg.eval.every * cfg.rollouts_per_step == 16
+        assert cfg.train.seed == 3 and cfg.logging.name == f"{name}-s3"
+    # the grid is applied last: it wins over quick_overrides' eval.every=1
+    quick = {n: variant_config(suite, n, 0, out, quick=True).eval.every for n in suite["variants"]}
+    assert quick == every
+    # without the key each variant keeps its preset's eval.every (5 steps)
+    plain = _grid_suite(tmp_path, None)
+    assert {variant_config(plain, n, 0, out).eval.every for n in plain["variants"]} == {5}
+    # quick_eval_every_rollouts replaces K under --quick only
+    both = _grid_suite(tmp_path, 16, quick_k=8)
+    assert variant_config(both, "grpo", 0, out, quick=True).eval.every == 1
+    assert variant_config(both, "replay", 0, out, quick=True).eval.every == 2
+    assert variant_config(both, "grpo", 0, out).eval.every == 2
+
+
+def test_eval_every_rollouts_not_a_multiple_of_r_is_an_error(tmp_path: Path) -> None:
+    from replayrl.bench import run_suite, variant_config
+
+    suite = _grid_suite(tmp_path, 12)  # a multiple of 4 (replay) but not of 8 (grpo)
+    with pytest.raises(ConfigError, match=r"'grpo'.*eval_every_rollouts=12.*R=8"):
+        variant_config(suite, "grpo", 0, tmp_path)
+    assert variant_config(suite, "replay", 0, tmp_path).eval.every == 3
+    # run_suite resolves every config before the first run: nothing is trained
+    with pytest.raises(ConfigError, match="not a multiple"):
+        run_suite(suite, [0], tmp_path / "out", quick=True)
+    assert not list((tmp_path / "out" / "tiny").iterdir())
+    with pytest.raises(ConfigError, match="positive integer"):
+        variant_config(_grid_suite(tmp_path, 0), "grpo", 0, tmp_path)
+
+
+def test_quick_bench_on_a_common_grid_saves_eval_every_and_gamma(tmp_path: Path) -> None:
+    from replayrl.config import load_config
+
+    suite = _grid_suite(tmp_path, 8)  # quick: 2 steps; grpo every step, replay every 2
+    out = tmp_path / "out"
+    args = ["bench", suite["path"], "--quick", "--seeds", "0", "--out", str(out)]
+    assert main(args) == 0
+    folder = out / "tiny"
+    saved = {n: load_config(folder / f"{n}-s0" / "config.yaml") for n in suite["variants"]}
+    assert {n: c.eval.every for n, c in saved.items()} == {
+        "grpo": 1,
+        "replay": 2,
+        "remix-grpo": 2,
+    }
+    summary = json.loads((folder / "summary.json").read_text())
+    for name, row in summary["variants"].items():
+        run = json.loads((folder / f"{name}-s0" / "summary.json").read_text())
+        assert row["gamma"]["median"] == pytest.approx(run["accounting"]["gamma"])
+        # evaluated at 0, 8 and 16 rollouts (grpo at step 1 and 2; the others at step 2)
+        grid = [e["rollouts_generated"] for e in run["evals"]]
+        assert grid == ([0, 8, 16] if name == "grpo" else [0, 8])

@@ -5,6 +5,14 @@ A suite file (benchmarks/suites/<name>.yaml) names a baseline and its variants, 
 plus dotted overrides; `quick_overrides` shrink every run for `--quick`. The target accuracy
 is the baseline's median final eval accuracy; each variant is scored by the generated
 rollouts (and tokens, wall seconds) it needed to first reach it.
+
+Evaluations happen every `eval.every` steps, so a variant generating fewer rollouts per step R
+would be evaluated on a finer rollout grid and reach a threshold "earlier" by construction. A
+suite-level `eval_every_rollouts: K` puts every variant on the same grid: each variant gets
+`eval.every = K / R` (R = rollout.prompts_per_step x rollout.num_generations of its resolved
+config, added as the last override, so it is part of the run's saved config); K must be a
+multiple of every variant's R (ConfigError otherwise). `quick_eval_every_rollouts` replaces K
+under `--quick` (default: K itself).
 """
 
 from __future__ import annotations
@@ -82,6 +90,43 @@ def _finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def eval_every_rollouts(suite: dict[str, Any], quick: bool) -> int | None:
+    """The suite's common evaluation grid in rollouts (None: each variant's own eval.every)."""
+    k = suite.get("eval_every_rollouts")
+    if quick and suite.get("quick_eval_every_rollouts") is not None:
+        k = suite["quick_eval_every_rollouts"]
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"eval_every_rollouts must be a positive integer, got {k!r}")
+    return k
+
+
+def variant_config(suite: dict[str, Any], name: str, seed: int, out: Path, quick: bool = False):
+    """The resolved config of variant `name`, seed `seed`, with the suite's common eval grid."""
+    v = suite["variants"][name]
+    overrides = [
+        *COMMON,
+        *suite.get("overrides", []),
+        *(suite.get("quick_overrides", []) if quick else []),
+        *v.get("overrides", []),
+        f"train.seed={seed}",
+        f"logging.run_dir={out}",
+        f"logging.name={name}-s{seed}",
+    ]
+    cfg = load_config(v["config"], overrides)
+    k = eval_every_rollouts(suite, quick)
+    if k is None:
+        return cfg
+    r = cfg.rollouts_per_step
+    if k % r:
+        raise ConfigError(
+            f"variant {name!r}: eval_every_rollouts={k} is not a multiple of its rollouts per "
+            f"step R={r} (rollout.prompts_per_step x rollout.num_generations)"
+        )
+    return load_config(v["config"], [*overrides, f"eval.every={k // r}"])
+
+
 def _run_one(cfg, peer: str | None, run_dir: Path, log: Log) -> dict[str, Any]:
     if peer == "trl":
         from replayrl.peers.trl_grpo import run_trl_grpo
@@ -108,11 +153,12 @@ def run_suite(
     out = out_root / suite["name"]
     out.mkdir(parents=True, exist_ok=True)
     variants = {k: v for k, v in suite["variants"].items() if not only or k in only}
-    common = [
-        *COMMON,
-        *suite.get("overrides", []),
-        *(suite.get("quick_overrides", []) if quick else []),
-    ]
+    # resolve every config first: a bad grid fails before hours of runs, not halfway through
+    configs = {
+        (name, seed): variant_config(suite, name, seed, out, quick)
+        for name in variants
+        for seed in seeds
+    }
     results: dict[str, list[dict[str, Any]]] = {}
     for name, v in variants.items():
         if v.get("peer") == "trl":
@@ -124,14 +170,7 @@ def run_suite(
         results[name] = []
         for seed in seeds:
             run_name = f"{name}-s{seed}"
-            overrides = [
-                *common,
-                *v.get("overrides", []),
-                f"train.seed={seed}",
-                f"logging.run_dir={out}",
-                f"logging.name={run_name}",
-            ]
-            cfg = load_config(v["config"], overrides)
+            cfg = configs[name, seed]
             summary = None if fresh else _finished_run(cfg, out / run_name)
             if summary is not None:
                 log(f"{run_name}: reusing the finished run with the same config")
@@ -189,6 +228,7 @@ def summarise(
             "mu": stats(
                 [s.get("mu_median") if s.get("mu_median") is not None else math.nan for s in runs]
             ),
+            "gamma": stats([_gamma(s) for s in runs]),
             "final_entropy": stats([s["final_entropy"] for s in runs]),
         }
         table[name] = row
@@ -219,6 +259,12 @@ def summarise(
     (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, default=str))
     (out / "table.md").write_text(markdown_table(summary))
     return summary
+
+
+def _gamma(summary: dict[str, Any]) -> float:
+    """Paper 1's gamma from a run's accounting block (NaN when it has none)."""
+    g = (summary.get("accounting") or {}).get("gamma")
+    return float(g) if g is not None else math.nan
 
 
 def _json_safe(value: Any) -> Any:
