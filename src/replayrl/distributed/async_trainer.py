@@ -238,10 +238,14 @@ class AsyncTrainer(Trainer):
     def _learner_step(self, B: int) -> None:
         c, version = self.counters, self.learner.version
         batch = self.buffer.sample(B, current_version=version)
+        c.rollouts_sampled += len(batch)
+        # re-decide before training: the batch just taken may free generators to work
+        # during this step (otherwise an on-policy run never overlaps)
+        assert self.pool is not None
+        self.pool.set_hold(self._hold(B))
         self._stats = {}
         epochs = self.cfg.train.epochs
         t_train = self._train_batch(batch, epochs, self.fresh, self._stats)
-        c.rollouts_sampled += len(batch)
         self.learner_clock.rollouts += len(batch) * epochs
         self.learner_clock.tokens += sum(r.completion_ids.numel() for r in batch) * epochs
         self.learner_clock.batches += 1

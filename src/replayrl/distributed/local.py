@@ -60,7 +60,10 @@ def _worker_main(
         worker = GeneratorWorker(cfg, worker_id, incarnation, log=log)
         (spool_dir / f"ready-{tag}").write_text(str(os.getpid()))
         idle_since = time.perf_counter()
+        parent = os.getppid()
         while not stop.is_set():
+            if os.getppid() != parent:  # the learner died (e.g. SIGKILL): do not linger
+                return
             if (
                 hold.value
                 or shared.version.value < 0

@@ -301,6 +301,7 @@ class RayGeneratorPool:
 
     def set_hold(self, hold: bool) -> None:
         self.hold = hold
+        self._submit()  # released: start idle generators now, not at the next poll
 
     def pause(self, paused: bool) -> None:
         self.paused = paused
@@ -420,7 +421,7 @@ class RayAsyncTrainer(AsyncTrainer):
             clock.rollouts += res["rollouts"]
             clock.tokens += res["tokens"]
             clock.batches += 1
-        c.rollouts_sampled += B - B // T  # the followers' shares
+        c.rollouts_sampled += B - B // T  # the followers' shares (rank 0's counted above)
 
     def stop_requested(self) -> bool:
         return self.external_stop.is_set()
