@@ -67,6 +67,16 @@ def _rollout(version: int) -> Rollout:
             "must be divisible by workers.learners=3",
         ),
         (
+            [
+                "runtime=ray",
+                "workers.learners=3",
+                "buffer.kind=replay",
+                "buffer.capacity=32",
+                "train.batch_size=24",
+            ],
+            "buffer.capacity=32 must be divisible by workers.learners=3",
+        ),
+        (
             ["runtime=async-local", "remix.enabled=true", "algorithm.loss_type=mix_ppg"],
             "remix.enabled needs runtime=sync",
         ),

@@ -355,6 +355,12 @@ class Config(_Section):
                     f"train.batch_size B={self.batch_size} must be divisible by "
                     f"workers.learners={w.learners} (each learner trains on B / T)"
                 )
+            cap = self.buffer.capacity
+            if isinstance(cap, int) and cap % w.learners:
+                raise ValueError(
+                    f"buffer.capacity={cap} must be divisible by workers.learners="
+                    f"{w.learners} (each learner keeps a shard of N / T)"
+                )
             if self.buffer.num_shards not in (1, w.learners):
                 raise ValueError(
                     f"buffer.num_shards={self.buffer.num_shards}: with {w.learners} learners "

@@ -175,11 +175,10 @@ class Trainer:
             run_dir, cfg.logging.tensorboard, resume_step=self.counters.step if resume else None
         )
 
-    def _make_buffer(self):
+    def _buffer_kwargs(self) -> dict[str, Any]:
+        """`make_buffer` keyword arguments from the config (shared with Ray's buffer actors)."""
         b = self.cfg.buffer
-        return make_buffer(
-            b.kind,
-            b.capacity,
+        return dict(
             sampler=b.sampler,
             delta=b.delta,
             with_replacement=b.with_replacement,
@@ -187,6 +186,9 @@ class Trainer:
             max_staleness=b.max_staleness,
             seed=self.cfg.train.seed,
         )
+
+    def _make_buffer(self):
+        return make_buffer(self.cfg.buffer.kind, self.cfg.buffer.capacity, **self._buffer_kwargs())
 
     def _auto_design(self) -> None:
         """Resolve `auto` N / B: measure mu on warm-up batches, then apply paper 1's optimum.

@@ -337,28 +337,20 @@ class RayAsyncTrainer(AsyncTrainer):
         self.followers: list[Any] = []
 
     def _make_buffer(self):
-        local = super()._make_buffer()  # validates the arguments; its config is reused
-        del local
+        super()._make_buffer()  # a local one, dropped: the same argument checks, bound applied
         b, T = self.cfg.buffer, self.cfg.workers.learners
-        if b.capacity is not None and b.capacity % T:
-            raise ValueError(
-                f"buffer.capacity={b.capacity} must be divisible by workers.learners={T} "
-                "(each learner keeps a shard of N / T)"
-            )
         cls = _ray().remote(num_cpus=self.cfg.ray.buffer_num_cpus)(BufferActor)
+        kwargs = self._buffer_kwargs()
         shards = [
             RemoteBuffer(
                 cls.remote(
                     b.kind,
                     None if b.capacity is None else b.capacity // T,
-                    dict(
-                        sampler=b.sampler,
-                        delta=b.delta,
-                        with_replacement=b.with_replacement,
-                        num_shards=b.num_shards if T == 1 else 1,
-                        max_staleness=b.max_staleness,
-                        seed=self.cfg.train.seed + 1000 * r,
-                    ),
+                    {
+                        **kwargs,
+                        "num_shards": b.num_shards if T == 1 else 1,
+                        "seed": kwargs["seed"] + 1000 * r,
+                    },
                 ),
                 b.kind,
             )
