@@ -208,7 +208,8 @@ def test_normaliser_makes_micro_batches_sum_to_full_batch(loss_type: str, loss_a
     lengths = [5, 1, 3, 4, 2, 5]  # ragged sequences
     mask = torch.tensor([[1.0] * k + [0.0] * (t - k) for k in lengths])
     loss_fn = get_policy_loss(loss_type)
-    kw = {"loss_agg": loss_agg, "rewards": rewards, "baselines": baselines}
+    extra = {"rewards": rewards, "baselines": baselines} if loss_type == "asymre" else {}
+    kw = {"loss_agg": loss_agg, **extra}
     full, _ = loss_fn(logprobs, old, adv, mask, **kw)
     (full_grad,) = torch.autograd.grad(full, logprobs)
     normaliser = float(mask.sum()) if loss_agg == "token_mean" else float(n)
@@ -216,7 +217,7 @@ def test_normaliser_makes_micro_batches_sum_to_full_batch(loss_type: str, loss_a
     grads = torch.zeros_like(logprobs)
     for part in (slice(0, 1), slice(1, 4), slice(4, 6)):
         lp = logprobs[part].detach().requires_grad_(True)
-        kw_part = {**kw, "rewards": rewards[part], "baselines": baselines[part]}
+        kw_part = {k: v[part] if k in extra else v for k, v in kw.items()}
         loss, _ = loss_fn(lp, old[part], adv[part], mask[part], normaliser=normaliser, **kw_part)
         loss.backward()
         total = total + loss.detach()
@@ -226,7 +227,7 @@ def test_normaliser_makes_micro_batches_sum_to_full_batch(loss_type: str, loss_a
     # without the normaliser each micro-batch is its own mean: the sum would be wrong
     naive = 0.0
     for p in (slice(0, 1), slice(1, 4), slice(4, 6)):
-        kw_part = {**kw, "rewards": rewards[p], "baselines": baselines[p]}
+        kw_part = {k: v[p] if k in extra else v for k, v in kw.items()}
         naive += loss_fn(logprobs[p].detach(), old[p], adv[p], mask[p], **kw_part)[0].item()
     assert naive != pytest.approx(full.item(), abs=1e-3)
 
@@ -286,20 +287,21 @@ def test_unknown_loss_names_it():
 
 
 def test_duplicate_registration_rejected():
-    before = POLICY_LOSSES["grpo_clip"]
+    before = POLICY_LOSSES.get("grpo_clip")
     with pytest.raises(ValueError, match="grpo_clip"):
         register_policy_loss("grpo_clip")(lambda *a, **k: None)
-    assert POLICY_LOSSES["grpo_clip"] is before
+    assert POLICY_LOSSES.get("grpo_clip") is before
 
 
 def test_register_new_loss_then_lookup():
     name = "_test_only_loss"
 
-    def fn(logprobs, old_logprobs, advantages, mask, **_):
-        return logprobs.sum(), {}
+    def fn(logprobs, old_logprobs, advantages, mask, *, loss_agg, normaliser, rewards):
+        return (logprobs * rewards.unsqueeze(-1)).sum(), {}
 
     try:
-        assert register_policy_loss(name)(fn) is fn
+        assert register_policy_loss(name, inputs=("rewards",))(fn) is fn
         assert get_policy_loss(name) is fn
+        assert POLICY_LOSSES.get(name).inputs == ("rewards",)
     finally:
-        POLICY_LOSSES.pop(name, None)
+        POLICY_LOSSES.remove(name)

@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
@@ -152,15 +160,39 @@ class DesignConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    loss_type: Literal["grpo_clip", "asymre", "mix_ppg"] = "grpo_clip"
+    # names registered in replayrl.algorithms (POLICY_LOSSES, AGGREGATIONS, ADVANTAGES):
+    # a loss registered before the config is built is accepted like a built-in one
+    loss_type: str = "grpo_clip"  # grpo_clip | asymre | mix_ppg | ...
     epsilon: float = Field(0.2, ge=0)
     epsilon_high: float | None = Field(None, ge=0)  # None: same as epsilon
-    loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
+    # token_mean | seq_mean | dr_grpo (sum / (B * rollout.max_new_tokens), a constant)
+    loss_agg: str = "token_mean"
     scale_rewards: bool = True  # False = Dr.GRPO (no std normalisation)
     asymre_delta_v: float = -0.1
     # grpo: group-relative advantage stored at generation; gae: PPO with a critic (`critic`)
-    advantage: Literal["grpo", "gae"] = "grpo"
+    advantage: str = "grpo"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus c (ReMix: 0.001)
+
+    @field_validator("loss_type")
+    @classmethod
+    def _registered_loss(cls, v: str) -> str:
+        from replayrl.algorithms import POLICY_LOSSES
+
+        return POLICY_LOSSES.check(v)
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _registered_agg(cls, v: str) -> str:
+        from replayrl.algorithms import AGGREGATIONS
+
+        return AGGREGATIONS.check(v)
+
+    @field_validator("advantage")
+    @classmethod
+    def _registered_advantage(cls, v: str) -> str:
+        from replayrl.algorithms import ADVANTAGES
+
+        return ADVANTAGES.check(v)
 
 
 class KLScheduleConfig(_Section):

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from replayrl.io import atomic_write_text
+
 
 def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
@@ -23,9 +25,7 @@ class MetricsLogger:
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            tmp = self.path.with_name(".metrics.jsonl.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-            tmp.replace(self.path)
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = self.path.open("a" if resume_step is not None else "w")
         self._tb = None
         if tensorboard:

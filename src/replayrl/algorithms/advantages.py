@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from replayrl.algorithms.registry import Registry
 
 
 def group_advantages(
@@ -51,3 +55,27 @@ def gae(
         adv[:, t] = last
         next_value = values[:, t] * m + next_value * (1 - m)  # right padding: V after end = 0
     return adv, adv + values
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over masked entries: PPO's advantage normalisation of GAE advantages
+    (as ReMix-PPO's PPO set-up, arXiv 2507.06892, Sec. 4)."""
+    m = mask.bool()
+    vals = x[m]
+    if vals.numel() < 2:
+        return x * mask
+    return ((x - vals.mean()) / (vals.std() + eps)) * mask
+
+
+@dataclass(frozen=True)
+class AdvantageSpec:
+    """Where an estimator runs: once at generation (stored on the rollout, as paper 1) or by
+    the learner at every step with the current critic (as ReMix-PPO for replayed data)."""
+
+    at_generation: bool
+    needs_critic: bool
+
+
+ADVANTAGES: Registry[AdvantageSpec] = Registry("advantage estimator", "algorithm.advantage")
+ADVANTAGES.add("grpo", AdvantageSpec(at_generation=True, needs_critic=False))  # group_advantages
+ADVANTAGES.add("gae", AdvantageSpec(at_generation=False, needs_critic=True))  # gae + whiten

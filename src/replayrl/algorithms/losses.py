@@ -10,46 +10,79 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from replayrl.algorithms.aggregation import aggregate
+from replayrl.algorithms.registry import Registry
+
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+# tensors a loss may ask for besides (logprobs, old_logprobs, advantages, mask), and the
+# config knobs it may take; a loss receives exactly the ones it declares
+LOSS_INPUTS = ("anchor_logprobs", "rewards", "baselines")
+LOSS_KNOBS = ("epsilon", "epsilon_high", "delta_v")
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+@dataclass(frozen=True)
+class LossSpec:
+    fn: PolicyLoss
+    inputs: tuple[str, ...] = ()
+    knobs: tuple[str, ...] = ()
+
+
+POLICY_LOSSES: Registry[LossSpec] = Registry("loss", "algorithm.loss_type")
+
+
+def register_policy_loss(
+    name: str, inputs: tuple[str, ...] = (), knobs: tuple[str, ...] = ()
+) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Register `fn(logprobs, old_logprobs, advantages, mask, *, loss_agg, normaliser,
+    **declared inputs and knobs)`; undeclared names are errors, not silently dropped."""
+    unknown = [k for k in (*inputs, *knobs) if k not in (*LOSS_INPUTS, *LOSS_KNOBS)]
+    if unknown:
+        raise ValueError(f"policy loss {name!r}: unknown inputs/knobs {unknown}")
+
     def deco(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
+        POLICY_LOSSES.add(name, LossSpec(fn, tuple(inputs), tuple(knobs)))
         return fn
 
     return deco
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
-    if name not in POLICY_LOSSES:
-        raise ValueError(
-            f"algorithm.loss_type: unknown loss {name!r} "
-            f"(known: {', '.join(sorted(POLICY_LOSSES))})"
-        )
-    return POLICY_LOSSES[name]
+    return POLICY_LOSSES.get(name).fn
 
 
-def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, loss_agg: str, normaliser: float | None = None
-) -> torch.Tensor:
-    """token_mean: sum / #tokens (DAPO); seq_mean: mean over sequences of each token mean (GRPO)."""
-    mask = mask.to(per_token.dtype)
-    if loss_agg == "token_mean":
-        denom = normaliser if normaliser is not None else mask.sum().clamp(min=1)
-        return (per_token * mask).sum() / denom
-    if loss_agg == "seq_mean":
-        seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        denom = normaliser if normaliser is not None else per_token.size(0)
-        return seq.sum() / denom
-    raise ValueError(f"algorithm.loss_agg: unknown aggregation {loss_agg!r}")
+def call_policy_loss(
+    name: str,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    available: dict[str, Any],
+    knobs: dict[str, Any],
+    loss_agg: str,
+    normaliser: float | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Call a registered loss with the inputs and knobs it declares (a missing one is an
+    error naming it)."""
+    spec = POLICY_LOSSES.get(name)
+    missing = [k for k in spec.inputs if k not in available]
+    if missing:
+        raise ValueError(f"loss {name!r} needs {missing}, which the batch does not carry")
+    kwargs = {k: available[k] for k in spec.inputs} | {k: knobs[k] for k in spec.knobs}
+    return spec.fn(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        loss_agg=loss_agg,
+        normaliser=normaliser,
+        **kwargs,
+    )
 
 
 def importance_ess(seq_log_ratios: torch.Tensor) -> float:
@@ -71,7 +104,7 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * m).sum() / m.sum().clamp(min=1))
 
 
-@register_policy_loss("grpo_clip")
+@register_policy_loss("grpo_clip", knobs=("epsilon", "epsilon_high"))
 def grpo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -104,7 +137,7 @@ def grpo_clip_loss(
     return loss, metrics
 
 
-@register_policy_loss("asymre")
+@register_policy_loss("asymre", inputs=("rewards", "baselines"), knobs=("delta_v",))
 def asymre_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -133,7 +166,7 @@ def asymre_loss(
     return loss, metrics
 
 
-@register_policy_loss("mix_ppg")
+@register_policy_loss("mix_ppg", inputs=("anchor_logprobs",), knobs=("epsilon", "epsilon_high"))
 def mix_ppg_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

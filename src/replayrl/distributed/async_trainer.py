@@ -12,7 +12,6 @@ learner needs (on-policy: while the queue already holds a batch).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -24,6 +23,7 @@ from typing import Any, Protocol
 from replayrl.accounting import RoleClock
 from replayrl.config import Config
 from replayrl.distributed.worker import Delivery
+from replayrl.io import atomic_write_json
 from replayrl.metrics import Progress
 from replayrl.producer import Production
 from replayrl.rollout import Rollout
@@ -176,9 +176,7 @@ class AsyncTrainer(Trainer):
     def _write_pids(self) -> None:
         assert self.pool is not None
         pids = {"learner/0": os.getpid(), **self.pool.pids()}
-        tmp = self.run_dir / ".workers.json.tmp"
-        tmp.write_text(json.dumps(pids, indent=2))
-        tmp.replace(self.run_dir / "workers.json")
+        atomic_write_json(self.run_dir / "workers.json", pids)
 
     def run(self) -> dict[str, Any]:
         cfg, c = self.cfg, self.counters

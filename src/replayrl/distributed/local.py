@@ -24,6 +24,7 @@ import yaml
 from replayrl.config import Config, build_config, config_to_yaml
 from replayrl.distributed.weights import SharedWeights
 from replayrl.distributed.worker import Delivery, GeneratorWorker
+from replayrl.io import quiet_transformers
 
 Log = Callable[[str], None]
 _POLL_S = 0.02
@@ -49,9 +50,7 @@ def _worker_main(
     spool_dir = Path(spool)
     tag = f"w{worker_id:03d}-i{incarnation:02d}"
     try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
+        quiet_transformers()
         cfg = build_config(yaml.safe_load(cfg_yaml))
 
         def log(msg: str) -> None:

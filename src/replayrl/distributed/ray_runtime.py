@@ -27,6 +27,7 @@ from replayrl.distributed.async_trainer import AsyncTrainer
 from replayrl.distributed.ddp import average_gradients, free_port, init_group, weights_digest
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
+from replayrl.io import quiet_transformers
 
 Log = Callable[[str], None]
 
@@ -41,10 +42,7 @@ def _ray():
     return ray
 
 
-def _quiet() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+_quiet = quiet_transformers
 
 
 # -- actors (plain classes; wrapped with ray.remote where they are created) ------------------

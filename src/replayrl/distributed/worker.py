@@ -19,6 +19,7 @@ from replayrl.buffer.base import rollout_from_dict, rollout_to_dict
 from replayrl.config import Config
 from replayrl.distributed.weights import load_trainable
 from replayrl.generation import make_generator
+from replayrl.io import atomic_write_with
 from replayrl.models import load_policy, unwrap_model
 from replayrl.producer import RolloutProducer
 from replayrl.prompts import PromptRenderer
@@ -61,9 +62,8 @@ class Delivery:
 
     def save(self, path: Path) -> None:
         """Atomic: a worker killed mid-write leaves only a temporary file."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save(self.to_plain(), tmp)
-        tmp.replace(path)
+        # no fsync: the spool only has to survive a killed worker, and it is written often
+        atomic_write_with(path, lambda tmp: torch.save(self.to_plain(), tmp), fsync=False)
 
     @classmethod
     def load(cls, path: Path) -> Delivery:

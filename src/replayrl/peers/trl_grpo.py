@@ -142,7 +142,7 @@ def trl_grpo_settings(cfg: Config) -> tuple[dict[str, Any], list[str]]:
         "optim": "adamw_torch",
         "max_grad_norm": t.max_grad_norm or 0.0,  # 0 = no clipping, like our None
         # loss
-        "loss_type": "dapo" if a.loss_agg == "token_mean" else "grpo",
+        "loss_type": {"token_mean": "dapo", "seq_mean": "grpo"}.get(a.loss_agg, a.loss_agg),
         "epsilon": a.epsilon,
         "epsilon_high": a.epsilon_high if a.epsilon_high is not None else a.epsilon,
         "delta": None,

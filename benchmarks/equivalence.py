@@ -1,0 +1,122 @@
+"""Behaviour-equivalence check for refactors of the loop: short deterministic sync runs.
+
+    # on the code before the change (e.g. a `git archive` of main on PYTHONPATH):
+    python benchmarks/equivalence.py record /tmp/eq-before
+    # on the code after it:
+    python benchmarks/equivalence.py record /tmp/eq-after
+    python benchmarks/equivalence.py compare /tmp/eq-before /tmp/eq-after
+
+Each case is a preset shortened to a few steps with overrides that reach the code paths a
+refactor can break (positive-bias sampling, mini-batches, the KL schedule, reincarnation
+inside the run, critic warm-up). `compare` asserts that every metric of every step is
+identical, except wall-clock fields (time/*, *_seconds, ...), and exits 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+COMMON = [
+    "train.steps=12",
+    "eval.every=4",
+    "eval.num_prompts=64",
+    "train.threads=1",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+    "logging.overwrite=true",
+]
+
+CASES: dict[str, tuple[str, list[str]]] = {
+    "grpo": ("configs/grpo.yaml", ["train.mini_batch_size=64"]),
+    "replay": (
+        "configs/replay.yaml",
+        ["buffer.sampler=positive_bias", "buffer.delta=0.3", "train.epochs=2"],
+    ),
+    "remix-grpo": (
+        "configs/remix-grpo.yaml",
+        ["remix.reincarnation_step=6", "kl.schedule.start=2", "kl.schedule.every=2"],
+    ),
+    "ppo": ("configs/ppo.yaml", ["critic.warmup_steps=2"]),
+    "remix-ppo": (
+        "configs/remix-ppo.yaml",
+        ["remix.reincarnation_step=6", "kl.schedule.start=2", "kl.schedule.every=2"],
+    ),
+}
+
+# wall-clock measurements differ between any two runs
+TIME_KEYS = ("time/", "wall_seconds", "_seconds", "mu_median", "mu/", "throughput", "busy", "idle")
+
+
+def _timeless(key: str) -> bool:
+    return not any(t in key for t in TIME_KEYS)
+
+
+def record(out: Path, names: list[str]) -> None:
+    from replayrl.config import load_config
+    from replayrl.runner import train
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        preset, extra = CASES[name]
+        overrides = [*COMMON, *extra, f"logging.run_dir={out / 'runs'}", f"logging.name={name}"]
+        train(load_config(preset, overrides), log=lambda s: None)
+        rows = (out / "runs" / name / "metrics.jsonl").read_text()
+        (out / f"{name}.jsonl").write_text(rows)
+        print(f"{name}: {len(rows.splitlines())} metric rows", flush=True)
+
+
+def _rows(path: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def compare(before: Path, after: Path, names: list[str]) -> int:
+    failures = 0
+    for name in names:
+        ra, rb = _rows(before / f"{name}.jsonl"), _rows(after / f"{name}.jsonl")
+        diffs = []
+        if len(ra) != len(rb):
+            diffs.append(f"{len(ra)} rows before, {len(rb)} after")
+        compared = 0
+        for i, (a, b) in enumerate(zip(ra, rb, strict=False)):
+            keys = {k for k in a.keys() | b.keys() if _timeless(k)}
+            for k in sorted(keys):
+                compared += 1
+                if not _same(a.get(k), b.get(k)):
+                    diffs.append(f"row {i} step {a.get('step')}: {k}: {a.get(k)!r} != {b.get(k)!r}")
+        status = "IDENTICAL" if not diffs else f"DIFFERENT ({len(diffs)})"
+        print(f"{name}: {len(ra)} rows, {compared} values compared: {status}")
+        for d in diffs[:10]:
+            print(f"    {d}")
+        failures += bool(diffs)
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("out", type=Path)
+    r.add_argument("--cases", nargs="*", default=list(CASES))
+    c = sub.add_parser("compare")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    c.add_argument("--cases", nargs="*", default=list(CASES))
+    args = p.parse_args(argv)
+    if args.cmd == "record":
+        record(args.out, args.cases)
+        return 0
+    return compare(args.before, args.after, args.cases)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
