@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,24 @@ def average_gradients(params: list[torch.nn.Parameter]) -> None:
         n = p.numel()
         p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
         offset += n
+
+
+def sum_over_ranks(count: float) -> float:
+    """A number summed over every rank (the loss normaliser's token / sequence count)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return count
+    t = torch.tensor([count], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def data_parallel(learner: Any, world: int) -> None:
+    """Make a learner one of `world` data-parallel ranks: gradients averaged over ranks, and
+    the loss normalised by the count over all ranks (token_mean = the mean over every rank's
+    tokens, not an average of per-rank means; see algorithms.aggregation.batch_normaliser)."""
+    learner.grad_hook = average_gradients
+    learner.count_reducer = sum_over_ranks
+    learner.world_size = world
 
 
 def weights_digest(model: torch.nn.Module) -> str:

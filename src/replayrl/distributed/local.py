@@ -234,3 +234,8 @@ class LocalGeneratorPool:
             if planned and seq > s.delivered_seq:
                 self.lost += planned
         return out
+
+
+def local_pool(session: Any) -> LocalGeneratorPool:
+    """The async-local runtime's pool for a session (its config, run folder, policy, log)."""
+    return LocalGeneratorPool(session.cfg, session.run_dir, session.model, session.log)

@@ -22,12 +22,13 @@ import yaml
 
 from replayrl.accounting import RoleClock, format_accounting
 from replayrl.checkpoint import latest_checkpoint
+from replayrl.components import buffer_kwargs, build_learner
 from replayrl.config import Config, build_config, config_to_yaml
-from replayrl.distributed.async_trainer import AsyncTrainer
-from replayrl.distributed.ddp import average_gradients, free_port, init_group, weights_digest
+from replayrl.distributed.ddp import data_parallel, free_port, init_group, weights_digest
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.io import quiet_transformers
+from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
 
 Log = Callable[[str], None]
 
@@ -161,7 +162,6 @@ class FollowerActor:
 
     def __init__(self, cfg_yaml: str, rank: int, world: int, policy_path: str | None) -> None:
         _quiet()
-        from replayrl.learner import Learner
         from replayrl.models import load_policy
 
         cfg = build_config(yaml.safe_load(cfg_yaml))
@@ -169,15 +169,15 @@ class FollowerActor:
             torch.set_num_threads(cfg.train.threads)
         model_cfg = cfg.model.model_copy(update={"path": policy_path}) if policy_path else cfg.model
         with torch.random.fork_rng():  # the same weights as rank 0 (same path / warm start)
-            self.model, tok, _ = load_policy(model_cfg, cfg.task, seed=cfg.train.seed)
-        self.learner = Learner(self.model, tok.pad_token_id, _per_rank(cfg, world))
+            self.model, tok, path = load_policy(model_cfg, cfg.task, seed=cfg.train.seed)
+        self.learner = build_learner(_per_rank(cfg, world), self.model, tok.pad_token_id, path)
         self.rank, self.world = rank, world
         self.rng = np.random.default_rng(cfg.train.seed + 1 + rank)
         self.epochs = cfg.train.epochs
 
     def join(self, address: str, port: int) -> None:
         init_group(self.rank, self.world, address, port)
-        self.learner.grad_hook = average_gradients
+        data_parallel(self.learner, self.world)
 
     def load_learner_state(self, state: dict[str, Any]) -> None:
         self.learner.load_state_dict(state)
@@ -324,21 +324,20 @@ class RayGeneratorPool:
         return {f"generator/{i}": n for i, n in enumerate(self.restart_counts)}
 
 
-class RayAsyncTrainer(AsyncTrainer):
-    """AsyncTrainer with a buffer actor and generator actors (runs inside LearnerActor)."""
+class RayAsyncTrainer(AsyncSession):
+    """An AsyncSession with a buffer actor and generator actors (runs inside LearnerActor)."""
 
     def __init__(self, cfg: Config, run_dir: Path, log: Log = print, resume: bool = False):
-        super().__init__(
-            cfg, run_dir, log=log, resume=resume, pool_factory=lambda t: RayGeneratorPool(cfg, log)
-        )
+        super().__init__(cfg, run_dir, lambda s: RayGeneratorPool(cfg, log), log=log, resume=resume)
         self.external_stop = threading.Event()
         self.followers: list[Any] = []
 
-    def _make_buffer(self):
-        super()._make_buffer()  # a local one, dropped: the same argument checks, bound applied
-        b, T = self.cfg.buffer, self.cfg.workers.learners
-        cls = _ray().remote(num_cpus=self.cfg.ray.buffer_num_cpus)(BufferActor)
-        kwargs = self._buffer_kwargs()
+    def make_buffer(self, cfg: Config) -> Any:
+        """Buffer actors (one shard per learner) instead of an in-process buffer."""
+        cfg = staleness_bounded(cfg)
+        b, T = cfg.buffer, cfg.workers.learners
+        cls = _ray().remote(num_cpus=cfg.ray.buffer_num_cpus)(BufferActor)
+        kwargs = buffer_kwargs(cfg)
         shards = [
             RemoteBuffer(
                 cls.remote(
@@ -359,7 +358,7 @@ class RayAsyncTrainer(AsyncTrainer):
     def run(self) -> dict[str, Any]:
         if self.cfg.workers.learners > 1:
             self._start_followers()
-        return super().run()
+        return run_async(self)
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
@@ -388,23 +387,23 @@ class RayAsyncTrainer(AsyncTrainer):
         joins = [f.join.remote(address, port) for f in self.followers]
         init_group(0, T, address, port)
         ray.get(joins)
-        self.learner.grad_hook = average_gradients
+        data_parallel(self.learner, T)
         self.learner.cfg = _per_rank(cfg, T)
         if self.counters.step:  # resumed: the optimizer state too
             state = self.learner.state_dict()
             ray.get([f.load_learner_state.remote(state) for f in self.followers])
         self.log(f"{T} data-parallel learners (torch.distributed), one buffer shard each")
 
-    def _learner_step(self, B: int) -> None:
+    def learner_step(self, B: int) -> None:
         if not self.followers:
-            return super()._learner_step(B)
+            return super().learner_step(B)
         T, c, version = len(self.followers) + 1, self.counters, self.learner.version
         shards = self.buffer.shards  # type: ignore[attr-defined]
         refs = [
             f.train_step.remote(shards[r].handle, B // T, version, c.step + 1)
             for r, f in enumerate(self.followers, start=1)
         ]
-        super()._learner_step(B // T)
+        super().learner_step(B // T)
         for r, res in enumerate(_ray().get(refs), start=1):
             clock = self.clocks.setdefault(f"learner/{r}", RoleClock())
             clock.busy_s += res["busy_s"]

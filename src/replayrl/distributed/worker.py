@@ -16,16 +16,12 @@ import numpy as np
 import torch
 
 from replayrl.buffer.base import rollout_from_dict, rollout_to_dict
+from replayrl.components import build_producer
 from replayrl.config import Config
 from replayrl.distributed.weights import load_trainable
-from replayrl.generation import make_generator
 from replayrl.io import atomic_write_with
 from replayrl.models import load_policy, unwrap_model
-from replayrl.producer import RolloutProducer
-from replayrl.prompts import PromptRenderer
-from replayrl.rewards import resolve_rewards
 from replayrl.rollout import Rollout
-from replayrl.tasks import task_from_config
 
 Log = Callable[[str], None]
 
@@ -115,18 +111,8 @@ class GeneratorWorker:
         self.model, tokenizer, path = load_policy(cfg.model, cfg.task, log=log, seed=cfg.train.seed)
         torch.manual_seed(seed)  # after the (cached) warm start: sampling differs per worker
         self.model.eval()
-        render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
-        generator = make_generator(cfg, unwrap_model(self.model), tokenizer, path)
-        self.producer = RolloutProducer(
-            cfg,
-            task_from_config(cfg.task),
-            resolve_rewards([(r.name, r.weight) for r in cfg.rewards]),
-            tokenizer,
-            render,
-            generator,
-            getattr(self.model.config, "max_position_embeddings", None),
-            np.random.default_rng(seed),
-            log,
+        self.producer = build_producer(
+            cfg, self.model, tokenizer, path, np.random.default_rng(seed), log
         )
         self.version = -1  # no weights yet: the learner publishes before anything is generated
         self.seq = 0

@@ -47,9 +47,11 @@ from transformers import TrainerCallback
 from replayrl.config import Config, config_to_yaml, load_config
 from replayrl.evaluation import evaluate
 from replayrl.generation import HFGenerator
+from replayrl.io import atomic_write_json, quiet_transformers
 from replayrl.metrics import MetricsLogger, Progress
 from replayrl.models import load_policy
 from replayrl.rewards import resolve_rewards, score
+from replayrl.run import prepare_run_dir
 from replayrl.tasks import make_task
 
 Log = Callable[[str], None]
@@ -397,15 +399,13 @@ class _Recorder(TrainerCallback):
 def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]:
     """Train `cfg`'s warm start with TRL's GRPOTrainer; write metrics.jsonl and summary.json.
 
-    Returns the summary (the keys of `replayrl.runner.Trainer.summary()` where meaningful, plus
+    Returns the summary (the keys of `replayrl.session.Session.summary()` where meaningful, plus
     "peer", "trl_version", "unmatched_settings", "trl_settings", "eval_seconds",
     "total_seconds" and "param_update_norm").
     """
     trl = _import_trl()
-    from replayrl.runner import _quiet_transformers, _write_json
-
     settings, unmatched = trl_grpo_settings(cfg)
-    _quiet_transformers()
+    quiet_transformers()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
@@ -469,7 +469,7 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
         "trl_final_log": recorder.trl_final,
         "evals": recorder.evals,
     }
-    _write_json(run_dir / "summary.json", summary)
+    atomic_write_json(run_dir / "summary.json", summary)
     return summary
 
 
@@ -527,8 +527,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     The run folder is logging.run_dir / logging.name (default name: `<name>-trl`).
     """
-    from replayrl.runner import _prepare_run_dir
-
     p = argparse.ArgumentParser(prog="python -m replayrl.peers.trl_grpo", description=__doc__)
     p.add_argument("--config", default=None, help="YAML preset (default: built-in defaults)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
@@ -536,7 +534,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = load_config(ns.config, ns.overrides)
     if not any(o.startswith("logging.name=") for o in ns.overrides):
         cfg.logging.name = f"{cfg.logging.name}-trl"
-    run_dir = _prepare_run_dir(cfg)
+    run_dir = prepare_run_dir(cfg)
     summary = run_trl_grpo(cfg, run_dir)
     print(
         f"TRL peer: final eval accuracy {summary['final_eval_accuracy']:.3f} after "

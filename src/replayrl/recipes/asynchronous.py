@@ -1,8 +1,8 @@
-"""The learner side of the asynchronous runtimes (async-local and ray).
+"""The asynchronous loop (async-local and ray): the learner side.
 
 Generators produce continuously with the last weights they were given; the learner ingests
 their deliveries into the buffer and takes a step whenever the buffer can serve a batch. The
-buffer, loss, evaluation, metrics, checkpoints and summary are the synchronous Trainer's.
+buffer, loss, evaluation, metrics, checkpoints and summary are the synchronous session's.
 
 Pacing, so that async runs compare with sync ones at the same replay ratio y = B / R:
 the learner waits while it would use rollouts more than y times on average
@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from replayrl.accounting import RoleClock
+from replayrl.buffer import Buffer
+from replayrl.components import build_buffer
 from replayrl.config import Config
 from replayrl.distributed.worker import Delivery
 from replayrl.io import atomic_write_json
 from replayrl.metrics import Progress
 from replayrl.producer import Production
 from replayrl.rollout import Rollout
-from replayrl.runner import Trainer, _StopOnSigint
+from replayrl.session import Session, StopOnSigint
 
 Log = Callable[[str], None]
 _IDLE_SLEEP_S = 0.01
@@ -61,19 +63,31 @@ def _clock(d: dict[str, float] | None) -> RoleClock:
     )
 
 
-class AsyncTrainer(Trainer):
-    """Trainer whose producer runs elsewhere (a GeneratorPool) concurrently with training."""
+def staleness_bounded(cfg: Config) -> Config:
+    """The config whose buffer also enforces `workers.max_staleness` (a copy if it changes)."""
+    bound = cfg.workers.max_staleness
+    if bound is None or (
+        cfg.buffer.max_staleness is not None and bound >= cfg.buffer.max_staleness
+    ):
+        return cfg
+    out = cfg.model_copy(deep=True)
+    out.buffer.max_staleness = bound
+    return out
+
+
+class AsyncSession(Session):
+    """A session whose producer runs elsewhere (a GeneratorPool) concurrently with training."""
 
     def __init__(
         self,
         cfg: Config,
         run_dir: Path,
+        pool_factory: Callable[[AsyncSession], GeneratorPool],
         log: Log = print,
         resume: bool = False,
-        pool_factory: Callable[[AsyncTrainer], GeneratorPool] | None = None,
     ) -> None:
         super().__init__(cfg, run_dir, log=log, resume=resume)
-        self.pool_factory = pool_factory or _local_pool
+        self.pool_factory = pool_factory
         self.pool: GeneratorPool | None = None
         c = self.counters
         self.clocks = {k: _clock(v) for k, v in c.roles.items()}
@@ -87,17 +101,12 @@ class AsyncTrainer(Trainer):
         ratio = w.replay_ratio
         self.ratio = cfg.batch_size / cfg.rollouts_per_step if ratio == "auto" else ratio
 
-    def _make_buffer(self):
+    def make_buffer(self, cfg: Config) -> Buffer:
         """The configured buffer, with the staleness bound of `workers.max_staleness`."""
-        bound = self.cfg.workers.max_staleness
-        if bound is not None and (
-            self.cfg.buffer.max_staleness is None or bound < self.cfg.buffer.max_staleness
-        ):
-            self.cfg.buffer.max_staleness = bound
-        return super()._make_buffer()
+        return build_buffer(staleness_bounded(cfg))
 
     # -- deliveries --------------------------------------------------------------------------
-    def _ingest(self, deliveries: list[Delivery]) -> None:
+    def ingest(self, deliveries: list[Delivery]) -> None:
         c = self.counters
         for d in deliveries:
             self.account(
@@ -138,7 +147,7 @@ class AsyncTrainer(Trainer):
     def _pushed(self) -> int:
         return int(self.buffer.stats()["pushed"])
 
-    def _ready(self, B: int) -> bool:
+    def ready(self, B: int) -> bool:
         """Can the learner take a step now without breaking a bound?"""
         cfg, c, v = self.cfg, self.counters, self.learner.version
         self.buffer.sample(0, current_version=v)  # drops stale rollouts (counted)
@@ -153,7 +162,7 @@ class AsyncTrainer(Trainer):
             return c.rollouts_sampled + B <= self.ratio * self._pushed()
         return True
 
-    def _hold(self, B: int) -> bool:
+    def hold(self, B: int) -> bool:
         """Should generators wait? Only when a batch ahead of what the learner can use."""
         cfg, c = self.cfg, self.counters
         if cfg.buffer.kind == "onpolicy":
@@ -163,87 +172,39 @@ class AsyncTrainer(Trainer):
         return self._pushed() >= (c.rollouts_sampled + B) / self.ratio + cfg.rollouts_per_step
 
     # -- the loop ----------------------------------------------------------------------------
-    def _timed_eval(self) -> dict[str, float]:
+    def timed_eval(self) -> dict[str, float]:
         """Generators pause during evaluation, which is excluded from wall time."""
         if self.pool is not None:
             self.pool.pause(True)
         try:
-            return super()._timed_eval()
+            return super().timed_eval()
         finally:
             if self.pool is not None:
                 self.pool.pause(False)
 
-    def _write_pids(self) -> None:
+    def write_pids(self) -> None:
         assert self.pool is not None
         pids = {"learner/0": os.getpid(), **self.pool.pids()}
         atomic_write_json(self.run_dir / "workers.json", pids)
 
-    def run(self) -> dict[str, Any]:
-        cfg, c = self.cfg, self.counters
-        B = cfg.batch_size
-        self._start()
-        self.log(
-            f"runtime {cfg.runtime}: {cfg.workers.generators} generator worker(s), weights "
-            f"synced every {cfg.workers.sync_every} step(s), staleness bound "
-            f"{cfg.workers.max_staleness} ({cfg.workers.on_stale}), replay ratio {self.ratio}"
-        )
-        progress = Progress(cfg.train.steps, c.step, cfg.logging.progress)
-        self.pool = self.pool_factory(self)
-        self.pool.publish(self.model, self.learner.version)
-        stopped = False
-        try:
-            self.pool.start()
-            self._write_pids()
-            loop_t0, wall0, eval0 = time.perf_counter(), c.wall_seconds, c.eval_seconds
-            waited_since = time.perf_counter()
-            with _StopOnSigint() as stop:
-                while c.step < cfg.train.steps and not self._stopping(stop):
-                    restarts = sum(self.pool.restarts().values())
-                    self._ingest(self.pool.poll() + self.pool.check())
-                    if sum(self.pool.restarts().values()) != restarts:
-                        self._write_pids()
-                    self.pool.set_hold(self._hold(B))
-                    if not self._ready(B):
-                        time.sleep(_IDLE_SLEEP_S)
-                        continue
-                    t0 = time.perf_counter()
-                    self.learner_clock.idle_s += t0 - waited_since
-                    self._learner_step(B)
-                    self.learner_clock.busy_s += time.perf_counter() - t0
-                    if self.learner.version % cfg.workers.sync_every == 0:
-                        self.pool.publish(self.model, self.learner.version)
-                    c.wall_seconds = (
-                        wall0 + time.perf_counter() - loop_t0 - (c.eval_seconds - eval0)
-                    )
-                    self._end_step(self._step_stats(), progress)
-                    waited_since = time.perf_counter()
-                stopped = self._stopping(stop)
-        finally:
-            self._ingest(self.pool.stop())  # everything delivered lands in the buffer
-            self._save_clocks()
-        if stopped:
-            self._interrupted(progress)
-        progress.close()
-        return self._finish()
-
-    def _stopping(self, stop: _StopOnSigint) -> bool:
+    def stopping(self, stop: StopOnSigint) -> bool:
         return stop.requested or self.stop_requested()
 
     def stop_requested(self) -> bool:
         """Another way to ask for a clean stop (the Ray learner actor's)."""
         return False
 
-    def _learner_step(self, B: int) -> None:
+    def learner_step(self, B: int) -> None:
         c, version = self.counters, self.learner.version
         batch = self.buffer.sample(B, current_version=version)
         c.rollouts_sampled += len(batch)
         # re-decide before training: the batch just taken may free generators to work
         # during this step (otherwise an on-policy run never overlaps)
         assert self.pool is not None
-        self.pool.set_hold(self._hold(B))
+        self.pool.set_hold(self.hold(B))
         self._stats = {}
         epochs = self.cfg.train.epochs
-        t_train = self._train_batch(batch, epochs, self.fresh, self._stats)
+        t_train = self.train_batch(batch, epochs, self.fresh, self._stats)
         self.learner_clock.rollouts += len(batch) * epochs
         self.learner_clock.tokens += sum(r.completion_ids.numel() for r in batch) * epochs
         self.learner_clock.batches += 1
@@ -253,7 +214,7 @@ class AsyncTrainer(Trainer):
         if g_n and t_train > 0:  # running mu: generation vs training seconds per sample
             c.mu_per_step.append((g_busy / g_n) / (t_train / (len(batch) * epochs)))
 
-    def _step_stats(self) -> dict[str, float]:
+    def step_stats(self) -> dict[str, float]:
         stats = dict(self._stats)
         for k, vs in self.fresh_stats.items():
             stats[k] = sum(vs) / len(vs)
@@ -264,15 +225,66 @@ class AsyncTrainer(Trainer):
         self.fresh, self.fresh_stats = [], defaultdict(list)
         return stats
 
-    def _save_clocks(self) -> None:
+    def save_clocks(self) -> None:
         self.counters.roles = {k: v.as_dict() for k, v in sorted(self.clocks.items())}
 
     def checkpoint(self) -> Path:
-        self._save_clocks()
+        self.save_clocks()
         return super().checkpoint()
 
 
-def _local_pool(trainer: AsyncTrainer) -> GeneratorPool:
-    from replayrl.distributed.local import LocalGeneratorPool
+def run_async(s: AsyncSession) -> dict[str, Any]:
+    """Ingest deliveries -> (if a batch is ready within the bounds) sample -> update ->
+    publish weights every k steps, until `train.steps`; generators never wait on the learner
+    except through the pacing holds."""
+    cfg, c = s.cfg, s.counters
+    B = cfg.batch_size
+    s.start()
+    s.log(
+        f"runtime {cfg.runtime}: {cfg.workers.generators} generator worker(s), weights "
+        f"synced every {cfg.workers.sync_every} step(s), staleness bound "
+        f"{cfg.workers.max_staleness} ({cfg.workers.on_stale}), replay ratio {s.ratio}"
+    )
+    progress = Progress(cfg.train.steps, c.step, cfg.logging.progress)
+    pool = s.pool = s.pool_factory(s)
+    pool.publish(s.model, s.learner.version)
+    stopped = False
+    try:
+        pool.start()
+        s.write_pids()
+        with StopOnSigint() as stop:
+            _learn_while_generating(s, pool, B, progress, stop)
+            stopped = s.stopping(stop)
+    finally:
+        s.ingest(pool.stop())  # everything delivered lands in the buffer
+        s.save_clocks()
+    if stopped:
+        s.interrupted(progress)
+    progress.close()
+    return s.finish()
 
-    return LocalGeneratorPool(trainer.cfg, trainer.run_dir, trainer.model, trainer.log)
+
+def _learn_while_generating(
+    s: AsyncSession, pool: GeneratorPool, B: int, progress: Progress, stop: StopOnSigint
+) -> None:
+    cfg, c = s.cfg, s.counters
+    loop_t0, wall0, eval0 = time.perf_counter(), c.wall_seconds, c.eval_seconds
+    waited_since = time.perf_counter()
+    while c.step < cfg.train.steps and not s.stopping(stop):
+        restarts = sum(pool.restarts().values())
+        s.ingest(pool.poll() + pool.check())
+        if sum(pool.restarts().values()) != restarts:
+            s.write_pids()
+        pool.set_hold(s.hold(B))
+        if not s.ready(B):
+            time.sleep(_IDLE_SLEEP_S)
+            continue
+        t0 = time.perf_counter()
+        s.learner_clock.idle_s += t0 - waited_since
+        s.learner_step(B)
+        s.learner_clock.busy_s += time.perf_counter() - t0
+        if s.learner.version % cfg.workers.sync_every == 0:
+            pool.publish(s.model, s.learner.version)
+        c.wall_seconds = wall0 + time.perf_counter() - loop_t0 - (c.eval_seconds - eval0)
+        s.end_step(s.step_stats(), progress)
+        waited_since = time.perf_counter()

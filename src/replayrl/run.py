@@ -1,0 +1,74 @@
+"""Entry points: `train(cfg)` starts a run, `resume(run_dir)` continues one; the runtime
+(sync, async-local, ray) picks the recipe. The CLI and the Python API call these."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from replayrl.config import Config, ConfigError, config_to_yaml, load_config
+from replayrl.io import atomic_write_text, quiet_transformers
+
+Log = Callable[[str], None]
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    """An empty `logging.run_dir/logging.name` (an existing one only with logging.overwrite)."""
+    run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not cfg.logging.overwrite:
+            raise ConfigError(
+                f"run folder {run_dir} already exists: resume it with `--resume {run_dir}`, "
+                f"pick another logging.name, or set logging.overwrite=true"
+            )
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def train(cfg: Config, log: Log = print) -> dict[str, Any]:
+    """Start a new run from a resolved config; returns its summary (also in summary.json)."""
+    quiet_transformers()
+    run_dir = prepare_run_dir(cfg)
+    atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
+    try:
+        start = _runtime(cfg, run_dir, log, resume=False)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # a failed start must not block a rerun
+        raise
+    return start()
+
+
+def resume(
+    run_dir: str | Path, overrides: list[str] | None = None, log: Log = print
+) -> dict[str, Any]:
+    """Continue a run from its latest checkpoint (config from the run folder + overrides)."""
+    quiet_transformers()
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
+    cfg = load_config(cfg_path, overrides)
+    atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
+    return _runtime(cfg, run_dir, log, resume=True)()
+
+
+def _runtime(cfg: Config, run_dir: Path, log: Log, resume: bool) -> Callable[[], dict[str, Any]]:
+    """Build the run's session for its runtime; returns the call that runs its loop."""
+    if cfg.runtime == "ray":
+        from replayrl.distributed.ray_runtime import RayDriver
+
+        return RayDriver(cfg, run_dir, log=log, resume=resume).run
+    if cfg.runtime == "async-local":
+        from replayrl.distributed.local import local_pool
+        from replayrl.recipes.asynchronous import AsyncSession, run_async
+
+        s = AsyncSession(cfg, run_dir, local_pool, log=log, resume=resume)
+        return lambda: run_async(s)
+    from replayrl.recipes.sync import run_sync
+    from replayrl.session import Session
+
+    session = Session(cfg, run_dir, log=log, resume=resume)
+    return lambda: run_sync(session)
