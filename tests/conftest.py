@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -53,3 +54,13 @@ def tiny_model(char_tokenizer, tiny_model_config):
     model = build_tiny_model(tiny_model_config, vocab_size=len(char_tokenizer), seed=0)
     assert model.dtype == torch.float32
     return model.eval()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `ray` are skipped, one by one, when ray is not installed."""
+    if importlib.util.find_spec("ray") is not None:
+        return
+    skip = pytest.mark.skip(reason="ray is not installed (the `ray` extra)")
+    for item in items:
+        if "ray" in item.keywords:
+            item.add_marker(skip)

@@ -115,7 +115,6 @@ def grpo_clip_loss(
     epsilon_high: float | None = None,
     loss_agg: str = "token_mean",
     normaliser: float | None = None,
-    **_: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """-E[min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)], rho = pi/pi_old (paper 1, GRPO clip)."""
     eps_high = epsilon if epsilon_high is None else epsilon_high
@@ -149,7 +148,6 @@ def asymre_loss(
     delta_v: float = -0.1,
     loss_agg: str = "token_mean",
     normaliser: float | None = None,
-    **_: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """AsymRE: -E[(r - (V + dV)) log pi(z|q)], V = group mean reward, no ratio (paper 1)."""
     weight = (rewards - (baselines + delta_v)).unsqueeze(-1).to(logprobs.dtype)
@@ -178,7 +176,6 @@ def mix_ppg_loss(
     epsilon_high: float | None = None,
     loss_agg: str = "token_mean",
     normaliser: float | None = None,
-    **_: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """-E[min(r A, clip(r, c-eps, c+eps) A)], r = pi/pi_beh, c = pi_k/pi_beh (paper 2, Mix-PPG).
 
