@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.replayrl-installed
 
-.PHONY: install demo test lint format clean trl-peer
+.PHONY: install demo test lint typecheck mutate format clean trl-peer
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -33,6 +33,17 @@ trl-peer: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+
+# mypy on the pure layer, the learner and the config ([tool.mypy] in pyproject.toml)
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+# mutation testing of algorithms/, the learner and the loop with the fast tests that cover
+# them ([tool.mutmut] in pyproject.toml); prints killed / total
+mutate: $(STAMP)
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children 2 || true
+	$(PY) scripts/mutation_score.py
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks

@@ -224,11 +224,16 @@ REMIX = [
     "remix.reincarnation_step=2",
     "kl.beta=0.01",
     "kl.target=convex",
+    # the policy must move for pi_T to differ from the initial policy: an entropy bonus
+    # moves it even when every group's rewards are equal (zero advantages)
+    "algorithm.entropy_coef=0.1",
+    "train.lr=0.01",
 ]
 
 
 def test_remix_mixes_then_reincarnates_with_utd_passes(tmp_path: Path) -> None:
     s = _session(tmp_path, *REMIX)
+    initial = _flat(s.learner.model)
     try:
         updates, base_at_T = [], None
         for step in range(4):
@@ -241,7 +246,8 @@ def test_remix_mixes_then_reincarnates_with_utd_passes(tmp_path: Path) -> None:
         assert updates == [2, 2, 1, 1]
         assert s.counters.reincarnation_step == 2
         assert s.source.window is None  # type: ignore[union-attr]
-        assert torch.equal(_flat(s.learner.base_model), base_at_T)
+        assert base_at_T is not None and not torch.equal(base_at_T, initial)
+        assert torch.equal(_flat(s.learner.base_model), base_at_T)  # pi_base <- pi_T
         s.metrics.close()
         rows = {r["step"]: r for r in read_metrics(s.run_dir / "metrics.jsonl")}
         # step 2 replays the window (1 - p fresh, p stale); after T only fresh rollouts

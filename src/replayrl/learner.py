@@ -254,7 +254,7 @@ class Learner:
             for start in range(0, len(batch), mini):
                 idx = order[start : start + mini]
                 chunk = [batch[i] for i in idx]
-                chunk_fields = {k: [v[i] for i in idx] for k, v in fields.items()}
+                chunk_fields: TokenFields = {k: [v[i] for i in idx] for k, v in fields.items()}
                 for k, v in self._update(chunk, chunk_fields, weights, policy_frozen).items():
                     sums[k].append(v)
         if not policy_frozen:
@@ -406,7 +406,9 @@ class Learner:
             return {"loss": sums["loss"], "grad_norm": float(grad_norm), "skipped_updates": 1.0}
         self.optimizer.step()
         self.updates += 1
-        out = {k: sums.pop(k) for k in ("loss", "policy_loss", "kl_loss") if k in sums}
+        out: dict[str, float] = {
+            k: sums.pop(k) for k in ("loss", "policy_loss", "kl_loss") if k in sums
+        }
         out.update({k: v / max(tokens, 1) for k, v in sums.items()})
         a = self.cfg.algorithm
         eps_high = a.epsilon if a.epsilon_high is None else a.epsilon_high

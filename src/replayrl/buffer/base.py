@@ -57,7 +57,8 @@ def rollout_to_dict(r: Rollout) -> dict[str, Any]:
 
 
 def rollout_from_dict(d: dict[str, Any]) -> Rollout:
-    return Rollout(**{k: (dict(v) if k == "extras" else v) for k, v in d.items()})
+    fields: dict[str, Any] = {k: (dict(v) if k == "extras" else v) for k, v in d.items()}
+    return Rollout(**fields)
 
 
 def encode_rollouts(items: Iterable[Rollout]) -> tuple[list[dict[str, Any]], list[int]]:

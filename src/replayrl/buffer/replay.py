@@ -84,11 +84,11 @@ class _Ring:
             return []
         slots = (offsets + self.head) % self.cap
         items = self.items
-        return [items[s] for s in slots.tolist()]  # type: ignore[misc]
+        return [items[s] for s in slots.tolist()]
 
     def ordered(self) -> list[Rollout]:
         items = self.items
-        return [items[s] for s in self.slots().tolist()]  # type: ignore[misc]
+        return [items[s] for s in self.slots().tolist()]
 
     def versions(self) -> np.ndarray:
         return self.version[self.slots()]
@@ -97,7 +97,7 @@ class _Ring:
         """Keep the rollouts at offsets where ``mask`` is True, in order. O(count)."""
         keep = self.slots()[mask]
         items = self.items
-        self.reset([items[s] for s in keep.tolist()], self.version[keep])  # type: ignore[misc]
+        self.reset([items[s] for s in keep.tolist()], self.version[keep])
 
     def nbytes(self) -> int:
         return sys.getsizeof(self.items) + self.version.nbytes
@@ -258,8 +258,7 @@ class ReplayBuffer(BaseBuffer):
         )
         ri, fi = reserve.items, fresh.items
         return [
-            ri[s] if res else fi[s]  # type: ignore[misc]
-            for s, res in zip(slots.tolist(), in_res.tolist(), strict=True)
+            ri[s] if res else fi[s] for s, res in zip(slots.tolist(), in_res.tolist(), strict=True)
         ]
 
     def _num_candidates(self, current_version: int | None) -> int:
