@@ -66,6 +66,8 @@ def record(out: Path, names: list[str]) -> None:
         train(load_config(preset, overrides), log=lambda s: None)
         rows = (out / "runs" / name / "metrics.jsonl").read_text()
         (out / f"{name}.jsonl").write_text(rows)
+        summary = json.loads((out / "runs" / name / "summary.json").read_text())
+        (out / f"{name}.summary.json").write_text(json.dumps(summary, indent=1))
         print(f"{name}: {len(rows.splitlines())} metric rows", flush=True)
 
 
@@ -77,6 +79,23 @@ def _same(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return a == b
+
+
+def _summary_diffs(a_path: Path, b_path: Path) -> list[str]:
+    """summary.json: every count and accuracy, the evals and the rollout ledger."""
+    if not a_path.exists() or not b_path.exists():
+        return [f"missing {a_path.name}"] if a_path.exists() != b_path.exists() else []
+    a, b = json.loads(a_path.read_text()), json.loads(b_path.read_text())
+    for d in (a, b):  # each eval record carries the clocks at that eval
+        d["evals"] = [{k: v for k, v in e.items() if _timeless(k)} for e in d.get("evals", [])]
+    keys = [k for k in a.keys() | b.keys() if _timeless(k) and k not in ("run_dir", "accounting")]
+    out = [
+        f"summary {k}: {a.get(k)!r} != {b.get(k)!r}" for k in sorted(keys) if a.get(k) != b.get(k)
+    ]
+    la, lb = a["accounting"]["ledger"], b["accounting"]["ledger"]
+    if la != lb:
+        out.append(f"summary ledger: {la} != {lb}")
+    return out
 
 
 def compare(before: Path, after: Path, names: list[str]) -> int:
@@ -93,6 +112,7 @@ def compare(before: Path, after: Path, names: list[str]) -> int:
                 compared += 1
                 if not _same(a.get(k), b.get(k)):
                     diffs.append(f"row {i} step {a.get('step')}: {k}: {a.get(k)!r} != {b.get(k)!r}")
+        diffs += _summary_diffs(before / f"{name}.summary.json", after / f"{name}.summary.json")
         status = "IDENTICAL" if not diffs else f"DIFFERENT ({len(diffs)})"
         print(f"{name}: {len(ra)} rows, {compared} values compared: {status}")
         for d in diffs[:10]:
