@@ -23,7 +23,7 @@ def main() -> int:
         if ":" not in line:
             continue
         name, status = (x.strip() for x in line.rsplit(":", 1))
-        module = name.split(".x")[0].rsplit(".", 1)[0] if ".x" in name else name
+        module = name.split(".x", 1)[0]
         by_module[module][status] += 1
         if status != "killed":
             survivors.append(f"{status}: {name}")

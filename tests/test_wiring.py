@@ -394,3 +394,89 @@ def test_learner_normaliser_uses_the_rank_reducer(tiny_model, char_tokenizer, ro
     assert learner.normaliser(rollouts[:4]) == pytest.approx(local)
     learner.count_reducer = lambda c: c + 30  # the other ranks hold 30 more tokens
     assert learner.normaliser(rollouts[:4]) == pytest.approx((local + 30) / 3)
+
+
+# -- metrics, state and the pure helpers the learner reports with -----------------------------
+def test_clip_stats_and_ess_hand_values() -> None:
+    from replayrl.algorithms.losses import clip_stats, importance_ess
+
+    ratio = torch.tensor([1.0, 1.3, 0.7, 1.1])
+    centre = torch.tensor([1.0, 1.0, 1.0, 1.2])
+    stale = torch.tensor([False, False, True, True])
+    out = clip_stats(ratio, centre, stale, 0.2, 0.25)
+    # fresh: 1.0 inside [0.8, 1.25], 1.3 outside; stale: 0.7 < 0.8, 1.1 inside [1.0, 1.45]
+    assert out["on_policy/ratio_mean"] == pytest.approx(1.15)
+    assert out["on_policy/clip_frac"] == pytest.approx(0.5)
+    assert out["off_policy/ratio_mean"] == pytest.approx(0.9)
+    assert out["off_policy/clip_frac"] == pytest.approx(0.5)
+    assert out["on_policy/tokens"] == 2.0 and out["off_policy/tokens"] == 2.0
+    none_stale = clip_stats(ratio, centre, torch.zeros(4, dtype=torch.bool), 0.2, 0.2)
+    assert math.isnan(none_stale["off_policy/ratio_mean"]) and none_stale["off_policy/tokens"] == 0
+    # ESS of weights w = [1, 3]: (1 + 3)^2 / (2 (1 + 9)) = 0.8; equal weights: 1
+    assert importance_ess(torch.log(torch.tensor([1.0, 3.0]))) == pytest.approx(0.8)
+    assert importance_ess(torch.full((5,), -2.0)) == pytest.approx(1.0)
+    assert importance_ess(torch.zeros(0)) == 1.0
+
+
+def test_first_step_metrics_are_the_on_policy_values(rollouts, tiny_model, char_tokenizer) -> None:
+    learner = _learner(tiny_model, char_tokenizer.pad_token_id, "kl.beta=0.1", "train.lr=0.003")
+    b = collate(rollouts, learner.pad_id)
+    _, ent = token_logprobs(learner.model, b, 1.0)
+    entropy = float((ent * b["mask"]).sum() / b["mask"].sum())
+    m = learner.train_step(rollouts, np.random.default_rng(0), step=1)
+    tokens = float(b["mask"].sum())
+    # the first on-policy pass: ratios 1 (behaviour log-probs are this policy's), nothing
+    # clipped, KL to pi_base (= this policy) 0, every sequence weight equal
+    assert m["on_policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert m["on_policy/clip_frac"] == 0.0 and m["on_policy/tokens"] == tokens
+    assert m["off_policy/tokens"] == 0.0
+    assert m["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert m["ess"] == pytest.approx(1.0, abs=1e-5)
+    assert m["kl_to_base"] == pytest.approx(0.0, abs=1e-6)
+    assert m["kl_loss"] == pytest.approx(0.0, abs=1e-7)
+    assert m["entropy"] == pytest.approx(entropy, rel=1e-4)
+    assert m["lr"] == 0.003 and m["skipped_updates"] == 0.0 and m["grad_norm"] > 0
+    assert m["kl_lambda"] == 1.0 and m["kl_coef_base"] == pytest.approx(0.1)
+    assert m["kl_coef_prev"] == 0.0
+    assert m["loss"] == pytest.approx(m["policy_loss"] + m["kl_loss"], abs=1e-6)
+    assert learner.version == 1 and learner.updates == 1
+
+
+def test_learner_state_round_trip_continues_identically(
+    rollouts, tiny_model, char_tokenizer
+) -> None:
+    over = (
+        "kl.beta=0.1",
+        "kl.target=convex",
+        "kl.schedule.start=0",
+        "kl.schedule.every=1",
+        "kl.schedule.decrement=0.3",
+        "train.lr=0.01",
+    )
+    a = _learner(tiny_model, char_tokenizer.pad_token_id, *over)
+    a.train_step(rollouts, np.random.default_rng(0), step=1)
+    a.train_step(rollouts, np.random.default_rng(1), step=2)
+    b = _learner(tiny_model, char_tokenizer.pad_token_id, *over)
+    b.model.load_state_dict(a.model.state_dict())
+    b.load_state_dict(copy.deepcopy(a.state_dict()))
+    assert (b.version, b.updates) == (a.version, a.updates) == (2, 2)
+    assert torch.equal(_flat(b.base_model), _flat(a.base_model))
+    assert torch.equal(_flat(b.prev_model), _flat(a.prev_model))
+    ma = a.train_step(rollouts, np.random.default_rng(2), step=3)
+    mb = b.train_step(rollouts, np.random.default_rng(2), step=3)
+    assert torch.equal(_flat(a.model), _flat(b.model))  # optimizer state restored too
+    assert ma["loss"] == mb["loss"]
+    # a checkpoint without frozen policies drops them
+    state = a.state_dict()
+    state["prev_model"] = None
+    b.load_state_dict(state)
+    assert b.prev_model is None
+
+
+def test_measure_backward_takes_no_step(rollouts, tiny_model, char_tokenizer) -> None:
+    learner = _learner(tiny_model, char_tokenizer.pad_token_id)
+    before = _flat(learner.model)
+    learner.measure_backward(rollouts)
+    assert torch.equal(_flat(learner.model), before)
+    assert all(p.grad is None for p in learner.model.parameters())
+    assert learner.updates == 0 and learner.version == 0
