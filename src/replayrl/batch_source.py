@@ -53,7 +53,7 @@ class BufferSource:
 
 
 class RemixSource(BufferSource):
-    """ReMix (arXiv 2507.06892, Sec. 3): before step T, Mix-PPG batches = the fresh rollouts
+    """ReMix (arXiv 2507.06892): before step T, Mix-PPG batches = the fresh rollouts
     plus a share p sampled (without removal) from the window of the last N_pol policies'
     rollouts, m = utd passes; at step T policy reincarnation (pi_base <- pi_T, the window is
     dropped), then plain on-policy batches with utd_after passes."""

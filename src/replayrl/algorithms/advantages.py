@@ -59,7 +59,7 @@ def gae(
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / std over masked entries: PPO's advantage normalisation of GAE advantages
-    (as ReMix-PPO's PPO set-up, arXiv 2507.06892, Sec. 4)."""
+    (as in ReMix-PPO's PPO set-up, arXiv 2507.06892)."""
     m = mask.bool()
     vals = x[m]
     if vals.numel() < 2:

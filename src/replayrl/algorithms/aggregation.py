@@ -30,20 +30,20 @@ AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation", "algorithm.lo
 
 
 def _token_mean(per_token: torch.Tensor, mask: torch.Tensor, normaliser: float | None):
-    """sum / #tokens (DAPO, arXiv 2503.14476, token-level policy-gradient loss)."""
+    """sum / #tokens (DAPO, arXiv 2503.14476: token-level policy-gradient loss)."""
     denom = normaliser if normaliser is not None else mask.sum().clamp(min=1)
     return (per_token * mask).sum() / denom
 
 
 def _seq_mean(per_token: torch.Tensor, mask: torch.Tensor, normaliser: float | None):
-    """Mean over sequences of each sequence's token mean (GRPO, arXiv 2402.03300, eq. 3)."""
+    """Mean over sequences of each sequence's token mean (GRPO, arXiv 2402.03300)."""
     seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     denom = normaliser if normaliser is not None else per_token.size(0)
     return seq.sum() / denom
 
 
 def _dr_grpo(per_token: torch.Tensor, mask: torch.Tensor, normaliser: float | None):
-    """sum / (batch * max_completion_length), a constant (Dr.GRPO, arXiv 2503.20783, Sec. 3.2):
+    """sum / (batch * max_completion_length), a constant (Dr.GRPO, arXiv 2503.20783):
     no length bias from dividing by each sequence's own length."""
     if normaliser is None:
         raise ValueError("loss_agg=dr_grpo needs normaliser = batch size * max completion length")

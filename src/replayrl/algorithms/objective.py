@@ -3,7 +3,7 @@
     t <= T:  L = L_MixPPG - c * H[pi] + beta * L_KLC(pi_base = initial policy)
     t >  T:  L = L_PPO    - c * H[pi] + beta * L_KLC(pi_base = pi_T)
 
-(arXiv 2507.06892, Sec. 3: Mix-PPG objective, KL-Convex constraint, policy reincarnation;
+(arXiv 2507.06892: the Mix-PPG objective, the KL-Convex constraint, policy reincarnation;
 restated in the module docstrings of `losses` and `kl`). Paper 1 (arXiv 2604.08706) is the
 special case c = beta = 0 with the GRPO clip loss. The learner collates batches, calls
 `policy_objective` / `critic_objective` and steps the optimizers; nothing else decides a term.
@@ -51,7 +51,7 @@ def kl_term(
     normaliser: float | None,
 ) -> torch.Tensor:
     """beta * L_KLC = (w_base + w_prev) * agg[lambda KL(pi||pi_base) + (1-lambda) KL(pi||pi_{k-1})]
-    with lambda = w_base / (w_base + w_prev) (arXiv 2507.06892, Sec. 3, KL-Convex)."""
+    with lambda = w_base / (w_base + w_prev) (arXiv 2507.06892, KL-Convex constraint)."""
     kl_tok = kl_convex(
         logprobs, base_logprobs, prev_logprobs, w.kl_base / (w.kl_base + w.kl_prev), w.kl_estimator
     )
@@ -70,7 +70,7 @@ def policy_objective(
     w: ObjectiveWeights,
     normaliser: float | None,
 ) -> ObjectiveTerms:
-    """L_policy + beta * L_KLC - c * H (arXiv 2507.06892, Sec. 3, full objective).
+    """L_policy + beta * L_KLC - c * H (arXiv 2507.06892, full objective).
 
     `loss_type` is a registered policy loss (mix_ppg before reincarnation, grpo_clip = PPO's
     clip after it, or any other); `inputs` are the batch tensors it may declare
@@ -109,5 +109,5 @@ def critic_objective(
     normaliser: float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped value loss 0.5 max((V - R)^2, (V_old + clip(V - V_old) - R)^2), the critic
-    of ReMix-PPO (arXiv 2507.06892, Sec. 4 set-up: value clip 0.5, GAE gamma = lambda = 1)."""
+    of ReMix-PPO (arXiv 2507.06892, PPO set-up: value clip 0.5, GAE gamma = lambda = 1)."""
     return clipped_value_loss(values, old_values, returns, mask, value_clip, loss_agg, normaliser)
