@@ -21,14 +21,14 @@ $(STAMP): $(PY) pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/replayrl train --config configs/demo.yaml
+	$(VENV)/bin/replayrl train --config demo
 
 test: $(STAMP)
 	$(VENV)/bin/pytest
 
 # TRL's GRPOTrainer on the same model, task and reward (see BENCHMARKS.md)
 trl-peer: $(STAMP)
-	$(PY) -m replayrl.peers.trl_grpo --config configs/grpo.yaml train.threads=1
+	$(PY) -m replayrl.peers.trl_grpo --config grpo train.threads=1
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

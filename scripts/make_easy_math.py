@@ -1,6 +1,6 @@
 """Write data/easy_math.jsonl: one-step arithmetic with small numbers, bare or as a word problem.
 
-A task SmolLM2-135M-Instruct can partly solve, for the `configs/smollm2-gsm.yaml` preset.
+A task SmolLM2-135M-Instruct can partly solve, for the `smollm2-gsm` preset.
 Deterministic: `python scripts/make_easy_math.py` rewrites the same file.
 Columns: `prompt` (text), `answer` (an integer, as text), `kind` (the template's name).
 """

@@ -24,18 +24,17 @@ TINY = [
 
 
 def _suite(tmp_path: Path) -> Path:
-    root = Path(__file__).parent.parent / "configs"
     suite = {
         "baseline": "grpo",
         "overrides": TINY,
         "quick_overrides": ["train.steps=2", "eval.every=1", "remix.reincarnation_step=1"],
         "variants": {
-            "grpo": {"config": str(root / "grpo.yaml")},
+            "grpo": {"config": "grpo"},  # shipped presets by name
             "replay": {
-                "config": str(root / "replay.yaml"),
+                "config": "replay",
                 "overrides": ["buffer.capacity=16", "train.batch_size=8"],
             },
-            "remix-grpo": {"config": str(root / "remix-grpo.yaml")},
+            "remix-grpo": {"config": "remix-grpo"},
         },
     }
     path = tmp_path / "tiny.yaml"

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from replayrl import prepare as prep
+from replayrl.catalog import resolve_preset
 from replayrl.config import load_config
 from replayrl.models import prepared_model_dir
 
@@ -70,9 +71,9 @@ def test_one_lora_step_of_the_preset(prepared: Path, tmp_path: Path) -> None:
     from replayrl.runner import train
 
     root = Path(__file__).resolve().parents[1]
-    reward = root / "configs" / "rewards" / "answer_format.py"
+    reward = resolve_preset("smollm2-gsm").parent / "rewards" / "answer_format.py"
     cfg = load_config(
-        root / "configs" / "smollm2-gsm.yaml",
+        "smollm2-gsm",
         [
             f"task.path={root / 'data' / 'easy_math.jsonl'}",
             f"rewards=[{{name: math}}, {{name: '{reward}:final_answer_format', weight: 0.5}}]",

@@ -22,8 +22,6 @@ from replayrl.peers.trl_grpo import (  # noqa: E402
     trl_grpo_settings,
 )
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
 
 def _tiny_cfg(*extra: str):
     """tests/tiny.py's run (R = 2 x 4), 2 steps, an eval after every step."""
@@ -33,7 +31,7 @@ def _tiny_cfg(*extra: str):
 def test_settings_mirror_the_grpo_preset() -> None:
     from trl import GRPOConfig
 
-    cfg = load_config(CONFIGS / "grpo.yaml", ["train.steps=10"])
+    cfg = load_config("grpo", ["train.steps=10"])
     kw, unmatched = trl_grpo_settings(cfg)
     R = cfg.rollouts_per_step  # 16 prompts x 8 completions
     # one optimizer step == one generation batch of R rollouts, each used once
@@ -58,7 +56,7 @@ def test_settings_mirror_the_grpo_preset() -> None:
 
 
 def test_rejects_what_trl_grpo_cannot_run() -> None:
-    replay = load_config(CONFIGS / "replay.yaml")
+    replay = load_config("replay")
     with pytest.raises(ValueError, match="buffer.kind=replay"):
         trl_grpo_settings(replay)
     with pytest.raises(ValueError, match="train.epochs=2"):

@@ -1,10 +1,11 @@
 """`replayrl bench SUITE`: named variants x seeds on one task, run one after another, then a
 summary (median and IQR over seeds), a Markdown table and plots.
 
-A suite file (benchmarks/suites/<name>.yaml) names a baseline and its variants, each a preset
-plus dotted overrides; `quick_overrides` shrink every run for `--quick`. The target accuracy
-is the baseline's median final eval accuracy; each variant is scored by the generated
-rollouts (and tokens, wall seconds) it needed to first reach it.
+A suite (a shipped name: src/replayrl/suites/<name>.yaml, or a path) names a baseline and its
+variants, each a preset (a shipped name or a path) plus dotted overrides; `quick_overrides`
+shrink every run for `--quick`. The target accuracy is the baseline's median final eval
+accuracy; each variant is scored by the generated rollouts (and tokens, wall seconds) it needed
+to first reach it.
 
 Evaluations happen every `eval.every` steps, so a variant generating fewer rollouts per step R
 would be evaluated on a finer rollout grid and reach a threshold "earlier" by construction. A
@@ -35,11 +36,12 @@ Log = Callable[[str], None]
 
 
 def load_suite(name_or_path: str) -> dict[str, Any]:
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = Path("benchmarks/suites") / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"bench suite not found: {path}")
+    from replayrl.catalog import UnknownNameError, resolve_suite
+
+    try:
+        path = resolve_suite(name_or_path)
+    except UnknownNameError as exc:
+        raise ConfigError(str(exc)) from None
     suite = yaml.safe_load(path.read_text()) or {}
     variants = suite.get("variants")
     if not isinstance(variants, dict) or not variants:

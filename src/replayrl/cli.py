@@ -1,5 +1,5 @@
-"""`replayrl` command line: train | eval | config show | design | bench | report | prepare |
-export-merged."""
+"""`replayrl` command line: train | eval | config show | presets | design | bench | report |
+prepare | export-merged."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from replayrl.config import ConfigError, config_to_yaml, load_config
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", help="YAML config file (e.g. configs/demo.yaml)")
+    p.add_argument(
+        "--config", "-c", help="a preset name (`replayrl presets`, e.g. demo) or a YAML file"
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-4")
 
 
@@ -125,6 +127,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from replayrl.catalog import PRESETS, SUITES, listing
+
+    for title, kind in (("presets (train --config NAME)", PRESETS), ("bench suites", SUITES)):
+        rows = listing(kind)
+        width = max((len(n) for n, _ in rows), default=0)
+        print(f"{title}:")
+        for name, desc in rows:
+            print(f"{name:<{width}}  {desc}")
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from replayrl.report import make_report
 
@@ -164,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "bench",
-        help="run a benchmark suite (benchmarks/suites/NAME.yaml), or `bench buffer`",
+        help="run a benchmark suite (a shipped name, see `replayrl presets`, or a YAML file), "
+        "or `bench buffer`",
     )
     p.add_argument("suite", help="suite name or YAML path; `buffer` = replay buffer latency")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per variant")
@@ -194,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="folder to write")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.set_defaults(func=_cmd_export_merged)
+
+    p = sub.add_parser("presets", help="list the shipped presets and bench suites")
+    p.set_defaults(func=_cmd_presets)
 
     p = sub.add_parser("report", help="plots from run folders (accuracy vs rollouts, ...)")
     p.add_argument("runs", nargs="+", help="run folders (grouped by name without -s<seed>)")

@@ -444,9 +444,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+    """The mapping in a YAML file: an existing path, or a shipped preset's name (`grpo`)."""
+    from replayrl.catalog import UnknownNameError, resolve_preset
+
+    try:
+        p = resolve_preset(path)
+    except UnknownNameError as exc:
+        raise ConfigError(f"config file not found: {exc}") from None
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -464,7 +468,7 @@ def build_config(data: dict[str, Any]) -> Config:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Resolve a config: defaults <- YAML file <- dotted overrides."""
+    """Resolve a config: defaults <- YAML file (a path or a preset name) <- dotted overrides."""
     data = load_yaml(path) if path else {}
     return build_config(apply_overrides(data, list(overrides or [])))
 

@@ -523,7 +523,7 @@ def _drop_console_callbacks(trainer) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """`python -m replayrl.peers.trl_grpo --config configs/grpo.yaml [key=value ...]`.
+    """`python -m replayrl.peers.trl_grpo --config grpo [key=value ...]`.
 
     The run folder is logging.run_dir / logging.name (default name: `<name>-trl`).
     """

@@ -1,4 +1,4 @@
-"""A format reward for `configs/smollm2-gsm.yaml`, loaded as a user file (TRL's signature).
+"""A format reward for the `smollm2-gsm` preset, loaded as a user file (TRL's signature).
 
 `final_answer_format`: 1.0 when the completion ends by stating its answer, i.e. its last
 line is (or ends with) "The answer is N." or "\\boxed{N}"; 0.0 otherwise (no stated answer,
