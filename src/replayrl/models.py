@@ -331,7 +331,27 @@ def load_policy(
     if adapter is None and is_adapter_folder(path):
         adapter, path = Path(path), resolve_model_path(_adapter_base(Path(path)))
     model, tok = _from_pretrained(path, cfg.dtype)
+    model, tok = prepare_policy(model, tok, cfg, adapter=adapter, seed=seed)
+    return model, tok, path
+
+
+def prepare_policy(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    cfg: ModelConfig,
+    adapter: str | Path | None = None,
+    seed: int = 0,
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """Make a loaded causal LM and its tokenizer ready to train (what `load_policy` does after
+    loading; also for model objects handed to the Python API): a pad token, left padding,
+    `model.gradient_checkpointing`, and LoRA adapters (fresh from `seed`, or `adapter`'s)."""
+    if not isinstance(tok, PreTrainedTokenizerBase):
+        raise TypeError(
+            f"the tokenizer must be a transformers tokenizer (got {type(tok).__name__})"
+        )
     if tok.pad_token_id is None:
+        if tok.eos_token is None:
+            raise ValueError("the tokenizer has neither a pad token nor an EOS token")
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     if cfg.gradient_checkpointing:
@@ -340,9 +360,9 @@ def load_policy(
         model.config.use_cache = False
     if adapter is not None:
         model = _attach_adapter(model, Path(adapter), trainable=cfg.lora.enabled)
-    elif cfg.lora.enabled:
+    elif cfg.lora.enabled and not is_peft_model(model):
         model = apply_lora(model, cfg, seed=seed)
-    return model, tok, path
+    return model, tok
 
 
 def _resolve_checkpoint(src: Path) -> Path:
