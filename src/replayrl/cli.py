@@ -19,14 +19,18 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from replayrl.runner import resume, train
+    # the same path as the Python API (`replayrl.ReplayTrainer`): one way to train
+    from replayrl.api import ReplayConfig, ReplayTrainer
 
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes the run's own config.yaml; drop --config")
-        summary = resume(args.resume, args.overrides)
+        summary = ReplayTrainer.from_run(args.resume, args.overrides).train(
+            resume_from_checkpoint=True
+        )
     else:
-        summary = train(load_config(args.config, args.overrides))
+        trainer = ReplayTrainer(args=ReplayConfig(args.config, overrides=args.overrides))
+        summary = trainer.train()
     keys = (
         "initial_eval_accuracy",
         "final_eval_accuracy",
