@@ -51,7 +51,8 @@ def _resolve(kind: str, name_or_path: str | Path) -> Path:
     label = "preset" if kind == PRESETS else "bench suite"
     known = ", ".join(_names(kind)) or "(none)"
     raise UnknownNameError(
-        f"{label} {text!r}: no such file, and not a shipped {label} name (shipped: {known})"
+        f"{label} {text!r} not found: no such file, and not a shipped {label} name "
+        f"(shipped: {known})"
     )
 
 

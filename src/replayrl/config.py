@@ -261,6 +261,11 @@ class LoggingConfig(_Section):
     name: str = "demo"
     overwrite: bool = False  # replace an existing run folder of the same name
     tensorboard: bool = True
+    # Weights & Biases (the `wandb` extra), beside JSONL and TensorBoard, with the same metric
+    # names and the run config; WANDB_MODE=offline works without an account or network
+    wandb: bool = False
+    wandb_project: str = "replayrl"
+    wandb_entity: str | None = None
     progress: bool = True
     # a completion containing any of these counts toward `reflection_rate` (paper 2's finding)
     reflection_words: list[str] = ["wait", "check", "verify", "let me"]
@@ -450,7 +455,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         p = resolve_preset(path)
     except UnknownNameError as exc:
-        raise ConfigError(f"config file not found: {exc}") from None
+        raise ConfigError(str(exc)) from None
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:

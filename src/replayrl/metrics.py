@@ -1,11 +1,23 @@
-"""Metric sinks: JSONL always, TensorBoard when enabled, and a progress bar."""
+"""Metric sinks: JSONL always, TensorBoard and Weights & Biases when enabled, a progress bar.
+
+All three sinks get the same names (`reward/mean`, `train/loss`, `eval/accuracy`, ...) at the
+same step; TensorBoard and W&B take the finite numbers of each record (JSONL keeps every
+value, NaN as null).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from replayrl.config import Config
+
+WANDB_ID_FILE = "wandb_id"  # the W&B run id, so a resumed run logs into the same W&B run
 
 from replayrl.io import atomic_write_text
 
@@ -21,7 +33,15 @@ class MetricsLogger:
     before a crash, and about to be logged again) are dropped first, so each step appears once.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+        wandb: dict[str, Any] | None = None,
+    ):
+        """`wandb`: keyword arguments of `wandb.init` (project, entity, name, config), or None
+        for no W&B logging."""
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
@@ -33,15 +53,34 @@ class MetricsLogger:
 
             purge = resume_step + 1 if resume_step is not None else None
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
+        self._wandb = _start_wandb(run_dir, wandb) if wandb is not None else None
+
+    @classmethod
+    def from_config(
+        cls, run_dir: Path, cfg: Config, resume_step: int | None = None
+    ) -> MetricsLogger:
+        """The sinks `cfg.logging` asks for; W&B gets the whole resolved config."""
+        lg = cfg.logging
+        wandb = None
+        if lg.wandb:
+            wandb = {
+                "project": lg.wandb_project,
+                "entity": lg.wandb_entity,
+                "name": lg.name,
+                "config": cfg.model_dump(mode="json"),
+            }
+        return cls(run_dir, lg.tensorboard, resume_step=resume_step, wandb=wandb)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        scalars = numeric(metrics)
         if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None and scalars:
+            self._wandb.log(scalars, step=step)
 
     def close(self) -> None:
         if not self._file.closed:
@@ -49,6 +88,42 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def numeric(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a record: what TensorBoard and W&B receive."""
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def _start_wandb(run_dir: Path, kwargs: dict[str, Any]) -> Any:
+    """A W&B run writing under `run_dir`, resumed when the run folder already has one."""
+    try:
+        import wandb
+    except ImportError as exc:
+        raise ImportError(
+            "logging.wandb=true needs the wandb package: pip install 'replayrl[wandb]'"
+        ) from exc
+    id_file = run_dir / WANDB_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.is_file() else None
+    if run_id is None:
+        run_id = secrets.token_hex(4)  # 8 characters, as W&B's own ids
+        tmp = id_file.with_name(f".{WANDB_ID_FILE}.tmp")
+        tmp.write_text(run_id)
+        os.replace(tmp, id_file)
+    return wandb.init(
+        dir=str(run_dir),
+        id=run_id,
+        resume="allow",
+        reinit="finish_previous",
+        **{k: v for k, v in kwargs.items() if v is not None},
+    )
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

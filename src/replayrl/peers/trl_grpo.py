@@ -419,7 +419,7 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
     eval_rows = task.eval_rows()
     eval_rows = eval_rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else eval_rows
     rows = _train_rows(cfg, task)
-    metrics = MetricsLogger(run_dir, cfg.logging.tensorboard)
+    metrics = MetricsLogger.from_config(run_dir, cfg)
     recorder = _Recorder(cfg, task, eval_rows, tokenizer, metrics, n_params, log)
     t_start = time.perf_counter()
     try:
