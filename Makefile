@@ -31,8 +31,8 @@ trl-peer: $(STAMP)
 	$(PY) -m replayrl.peers.trl_grpo --config grpo train.threads=1
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 # mypy on the pure layer, the learner and the config ([tool.mypy] in pyproject.toml)
 typecheck: $(STAMP)
@@ -46,8 +46,8 @@ mutate: $(STAMP)
 	$(PY) scripts/mutation_score.py
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format src tests benchmarks
-	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks examples
+	$(VENV)/bin/ruff check --fix src tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

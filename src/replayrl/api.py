@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,15 @@ def _reward_name(fn: Callable[..., Any], index: int) -> str:
     return f"reward_{index}" if name == "<lambda>" else name
 
 
+@dataclass
+class TrainerState:
+    """What TRL scripts read after training: `trainer.state.global_step` (steps trained) and
+    `trainer.state.log_history` (metrics.jsonl's records)."""
+
+    global_step: int = 0
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+
+
 class ReplayTrainer:
     """Train a policy with replay / ReMix / GRPO (the counterpart of TRL's `GRPOTrainer`).
 
@@ -305,8 +315,9 @@ class ReplayTrainer:
             every step; returning True stops training after the step (see `ReplayCallback`).
         log: where progress messages go (default: print).
 
-    Methods: `train()`, `evaluate()`, `save_model()`; attributes `config` (the resolved
-    `Config`), `run_dir`, `model`, `tokenizer`, `summary` (after training) and `metrics()`.
+    Methods: `train()`, `evaluate()`, `save_model()`, `metrics()`; attributes `config` (the
+    resolved `Config`), `run_dir`, `model`, `tokenizer` (alias `processing_class`), and after
+    training `summary` and `state` (TRL's `state.global_step`, `state.log_history`).
 
     In-memory datasets, model objects, reward callables and callbacks need `runtime: sync`
     (asynchronous workers build their own copies from files and names).
@@ -327,6 +338,7 @@ class ReplayTrainer:
         self.log = log
         self.callbacks = as_callbacks(callbacks)
         self.summary: dict[str, Any] | None = None
+        self.state = TrainerState()
         self._model: torch.nn.Module | None = None
         self._tokenizer: Any = None
         self._model_path = ""
@@ -600,6 +612,7 @@ class ReplayTrainer:
             summary = runner.train(self.config, log=self.log, hooks=_used(hooks))
             self._trained = True
         self.summary = summary
+        self.state = TrainerState(int(summary["steps"]), self.metrics())
         hooks.train_end(summary)
         return summary
 
