@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from replayrl.config import Config, load_config
 
 _LAZY = {
-    "ReplayConfig": "replayrl.api",
+    "ReplayConfig": "replayrl.api_config",
     "ReplayTrainer": "replayrl.api",
     "ReplayCallback": "replayrl.callbacks",
     "preset_names": "replayrl.catalog",
