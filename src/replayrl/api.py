@@ -104,6 +104,18 @@ class ReplayTrainer:
 
     In-memory datasets, model objects, reward callables and callbacks need `runtime: sync`
     (asynchronous workers build their own copies from files and names).
+
+    Example::
+
+        trainer = ReplayTrainer(
+            model="smollm2-135m",
+            reward_funcs=[lambda completions, answer, **kw: [float(a in c) for c, a in
+                                                             zip(completions, answer)]],
+            args=ReplayConfig("remix-grpo", output_dir="runs/mine", max_steps=100),
+            train_dataset=Dataset.from_list(rows),
+        )
+        summary = trainer.train()          # summary["final_eval_accuracy"], ...
+        trainer.save_model("my-policy")
     """
 
     def __init__(
