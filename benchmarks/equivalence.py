@@ -20,6 +20,8 @@ import math
 import sys
 from pathlib import Path
 
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+
 COMMON = [
     "train.steps=12",
     "eval.every=4",
@@ -31,18 +33,18 @@ COMMON = [
 ]
 
 CASES: dict[str, tuple[str, list[str]]] = {
-    "grpo": ("configs/grpo.yaml", ["train.mini_batch_size=64"]),
+    "grpo": ("grpo", ["train.mini_batch_size=64"]),
     "replay": (
-        "configs/replay.yaml",
+        "replay",
         ["buffer.sampler=positive_bias", "buffer.delta=0.3", "train.epochs=2"],
     ),
     "remix-grpo": (
-        "configs/remix-grpo.yaml",
+        "remix-grpo",
         ["remix.reincarnation_step=6", "kl.schedule.start=2", "kl.schedule.every=2"],
     ),
-    "ppo": ("configs/ppo.yaml", ["critic.warmup_steps=2"]),
+    "ppo": ("ppo", ["critic.warmup_steps=2"]),
     "remix-ppo": (
-        "configs/remix-ppo.yaml",
+        "remix-ppo",
         ["remix.reincarnation_step=6", "kl.schedule.start=2", "kl.schedule.every=2"],
     ),
 }
@@ -62,6 +64,9 @@ def record(out: Path, names: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         preset, extra = CASES[name]
+        # the checkout's configs/ (a link to the shipped presets): a file path, so that code
+        # from before presets had names (the "before" side of a comparison) reads it too
+        preset = str(PRESET_DIR / f"{preset}.yaml")
         overrides = [*COMMON, *extra, f"logging.run_dir={out / 'runs'}", f"logging.name={name}"]
         train(load_config(preset, overrides), log=lambda s: None)
         rows = (out / "runs" / name / "metrics.jsonl").read_text()
