@@ -383,7 +383,7 @@ class ReplayTrainer:
         tokens_generated, wall_seconds, run_dir and evals (every evaluation). A callback that
         stops the run early leaves `steps` below the configured `train.steps`.
         """
-        from replayrl import runner
+        from replayrl import run
 
         hooks = self._hooks()
         hooks.train_begin(self.config)
@@ -393,7 +393,7 @@ class ReplayTrainer:
             self._check_resumable(run_dir)
             self._model = None  # the checkpoint's policy is trained, not a given object
             self._trained = True
-            summary = runner.resume(
+            summary = run.resume(
                 run_dir, self.args.override_strings(), log=self.log, hooks=_used(hooks)
             )
             self.config = load_config(run_dir / "config.yaml")
@@ -404,7 +404,7 @@ class ReplayTrainer:
                 self._load_policy()  # once, here: the loop takes this object
                 hooks.policy = (self._model, self._tokenizer, self._model_path)
             # nothing handed over: the loop loads everything from the config (the CLI's path)
-            summary = runner.train(self.config, log=self.log, hooks=_used(hooks))
+            summary = run.train(self.config, log=self.log, hooks=_used(hooks))
             self._trained = True
         self.summary = summary
         self.state = TrainerState(int(summary["steps"]), self.metrics())

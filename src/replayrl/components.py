@@ -143,8 +143,16 @@ def build_components(
     log: Log = print,
     ckpt: Path | None = None,
     make_main_buffer: Callable[[Config], Buffer] = build_buffer,
+    policy: tuple[Any, Any, str] | None = None,
+    task: Any = None,
+    rewards: list[Any] | None = None,
 ) -> Components:
     """Build every part of a run; `ckpt`: load the policy from this checkpoint (resume).
+
+    `policy` (model, tokenizer, model_path), `task` and `rewards` (WeightedReward list): objects
+    from the Python API used instead of building them from the config; `policy` only without
+    `ckpt` (a resumed run always loads its checkpoint's policy). The API has already prepared a
+    given model (models.prepare_policy: pad token, left padding, LoRA, checkpointing).
 
     The order of construction is part of a run's determinism (the RNG is seeded after the
     warm start and the critic's and buffers' set-up draws from it): keep it.
@@ -157,20 +165,25 @@ def build_components(
         else cfg.model
     )
     adapter = ckpt / "policy" if ckpt and lora else None
-    with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
-        model, tokenizer, model_path = load_policy(
-            model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
-        )
+    if policy is not None and ckpt is None:  # a model object from the Python API
+        model, tokenizer, model_path = policy
+    else:
+        with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
+            model, tokenizer, model_path = load_policy(
+                model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
+            )
     if lora:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log(f"LoRA: training {trainable:,} adapter parameters; the base model stays frozen")
     render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
     # seed after loading: a run is the same whether or not its warm start was cached
     seed_all(cfg.train.seed)
-    task = task_from_config(cfg.task)
+    if task is None:
+        task = task_from_config(cfg.task)
     if getattr(task, "skipped", None):
         log(task.skip_summary())
-    rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
+    if rewards is None:
+        rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
     buffer = make_main_buffer(cfg) if not cfg.needs_design else None
     learner = build_learner(cfg, model, tokenizer.pad_token_id, model_path)
     window = build_window(cfg)

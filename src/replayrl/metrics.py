@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from replayrl.io import atomic_write_text
 
 if TYPE_CHECKING:
     from replayrl.config import Config
 
 WANDB_ID_FILE = "wandb_id"  # the W&B run id, so a resumed run logs into the same W&B run
-
-from replayrl.io import atomic_write_text
 
 
 def _clean(v: Any) -> Any:
@@ -114,9 +113,7 @@ def _start_wandb(run_dir: Path, kwargs: dict[str, Any]) -> Any:
     run_id = id_file.read_text().strip() if id_file.is_file() else None
     if run_id is None:
         run_id = secrets.token_hex(4)  # 8 characters, as W&B's own ids
-        tmp = id_file.with_name(f".{WANDB_ID_FILE}.tmp")
-        tmp.write_text(run_id)
-        os.replace(tmp, id_file)
+        atomic_write_text(id_file, run_id)
     return wandb.init(
         dir=str(run_dir),
         id=run_id,

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from replayrl.callbacks import RunHooks
 from replayrl.config import Config, ConfigError, config_to_yaml, load_config
 from replayrl.io import atomic_write_text, quiet_transformers
 
@@ -28,13 +29,16 @@ def prepare_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
-def train(cfg: Config, log: Log = print) -> dict[str, Any]:
-    """Start a new run from a resolved config; returns its summary (also in summary.json)."""
+def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[str, Any]:
+    """Start a new run from a resolved config; returns its summary (also in summary.json).
+
+    `hooks`: objects (policy, task, rewards) and callbacks from the Python API."""
+    check_hooks(cfg, hooks)
     quiet_transformers()
     run_dir = prepare_run_dir(cfg)
     atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
     try:
-        start = _runtime(cfg, run_dir, log, resume=False)
+        start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # a failed start must not block a rerun
         raise
@@ -42,7 +46,10 @@ def train(cfg: Config, log: Log = print) -> dict[str, Any]:
 
 
 def resume(
-    run_dir: str | Path, overrides: list[str] | None = None, log: Log = print
+    run_dir: str | Path,
+    overrides: list[str] | None = None,
+    log: Log = print,
+    hooks: RunHooks | None = None,
 ) -> dict[str, Any]:
     """Continue a run from its latest checkpoint (config from the run folder + overrides)."""
     quiet_transformers()
@@ -51,11 +58,23 @@ def resume(
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
     cfg = load_config(cfg_path, overrides)
+    check_hooks(cfg, hooks)
     atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
-    return _runtime(cfg, run_dir, log, resume=True)()
+    return _runtime(cfg, run_dir, log, resume=True, hooks=hooks)()
 
 
-def _runtime(cfg: Config, run_dir: Path, log: Log, resume: bool) -> Callable[[], dict[str, Any]]:
+def check_hooks(cfg: Config, hooks: RunHooks | None) -> None:
+    """Hooks reach the synchronous loop only (async and Ray workers build their own objects)."""
+    if hooks is not None and cfg.runtime != "sync":
+        raise ConfigError(
+            f"model objects, in-memory datasets, reward callables and callbacks need "
+            f"runtime=sync (got runtime={cfg.runtime}): give files and names instead"
+        )
+
+
+def _runtime(
+    cfg: Config, run_dir: Path, log: Log, resume: bool, hooks: RunHooks | None = None
+) -> Callable[[], dict[str, Any]]:
     """Build the run's session for its runtime; returns the call that runs its loop."""
     if cfg.runtime == "ray":
         from replayrl.distributed.ray_runtime import RayDriver
@@ -70,5 +89,5 @@ def _runtime(cfg: Config, run_dir: Path, log: Log, resume: bool) -> Callable[[],
     from replayrl.recipes.sync import run_sync
     from replayrl.session import Session
 
-    session = Session(cfg, run_dir, log=log, resume=resume)
+    session = Session(cfg, run_dir, log=log, resume=resume, hooks=hooks)
     return lambda: run_sync(session)

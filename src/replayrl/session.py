@@ -20,6 +20,7 @@ import torch
 from replayrl.accounting import format_accounting
 from replayrl.batch_source import BatchSource
 from replayrl.buffer import Buffer, batch_stats
+from replayrl.callbacks import RunHooks
 from replayrl.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
 from replayrl.components import Components, build_batch_source, build_buffer, build_components
 from replayrl.config import Config, config_to_yaml
@@ -37,14 +38,26 @@ Log = Callable[[str], None]
 class Session:
     """One run: its components, counters, metrics log and checkpoints."""
 
-    def __init__(self, cfg: Config, run_dir: Path, log: Log = print, resume: bool = False):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        log: Log = print,
+        resume: bool = False,
+        hooks: RunHooks | None = None,
+    ):
+        """`hooks`: objects and callbacks from the Python API (sync runs only)."""
         self.cfg, self.run_dir, self.log = cfg, run_dir, log
+        self.hooks = hooks if hooks is not None else RunHooks()
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         ckpt = latest_checkpoint(run_dir) if resume else None
         if resume and ckpt is None:
             raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints to resume")
-        self.parts: Components = build_components(cfg, log, ckpt, self.make_buffer)
+        h = self.hooks
+        self.parts: Components = build_components(
+            cfg, log, ckpt, self.make_buffer, policy=h.policy, task=h.task, rewards=h.rewards
+        )
         p = self.parts
         self.model, self.tokenizer, self.model_path = p.model, p.tokenizer, p.model_path
         self.learner, self.generator, self.producer = p.learner, p.generator, p.producer
@@ -54,8 +67,8 @@ class Session:
         self.counters = Counters()
         if ckpt is not None:
             self._restore(ckpt)
-        self.metrics = MetricsLogger(
-            run_dir, cfg.logging.tensorboard, resume_step=self.counters.step if resume else None
+        self.metrics = MetricsLogger.from_config(  # JSONL, TensorBoard, W&B as configured
+            run_dir, cfg, resume_step=self.counters.step if resume else None
         )
 
     def make_buffer(self, cfg: Config) -> Buffer:
@@ -100,7 +113,7 @@ class Session:
         )
 
     def checkpoint(self) -> Path:
-        return save_checkpoint(
+        path = save_checkpoint(
             self.run_dir,
             self.counters.step,
             self.model,
@@ -108,6 +121,8 @@ class Session:
             self._state(),
             keep_last=self.cfg.checkpoint.keep_last,
         )
+        self.hooks.checkpointed(self.counters.step, path)
+        return path
 
     # -- generation and evaluation -----------------------------------------------------------
     def produce(self) -> tuple[list[Rollout], dict[str, float]]:
@@ -141,6 +156,7 @@ class Session:
         ev = self.evaluate()
         c.eval_seconds += time.perf_counter() - t0
         c.record_eval(ev, self.n_params)
+        self.hooks.evaluated(c.step, ev)
         return ev
 
     # -- one learner step --------------------------------------------------------------------
@@ -215,6 +231,7 @@ class Session:
             stats.update(self.timed_eval())
         stats["wall_seconds"] = c.wall_seconds
         self.metrics.log(c.step, stats)
+        self.hooks.step_end(c.step, stats)  # a callback may ask the loop to stop
         progress.update(
             reward=stats.get("reward/mean", float("nan")),
             acc=c.evals[-1]["eval/accuracy"] if c.evals else float("nan"),

@@ -27,7 +27,8 @@ def run_sync(s: Session) -> dict[str, Any]:
     c = s.counters
     progress = Progress(s.cfg.train.steps, c.step, s.cfg.logging.progress)
     with StopOnSigint() as stop:
-        while c.step < s.cfg.train.steps:
+        # a Python API callback may stop early: the run still finishes (eval, checkpoint)
+        while c.step < s.cfg.train.steps and not s.hooks.stop_requested:
             sync_step(s, progress)
             if stop.requested:
                 s.interrupted(progress)  # between steps: the checkpoint is exact
