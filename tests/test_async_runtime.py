@@ -15,6 +15,7 @@ import torch
 
 from replayrl.accounting import ledger_stats, role_summary, rollout_ledger
 from replayrl.buffer import make_buffer
+from replayrl.checkpoint import load_state
 from replayrl.config import ConfigError, load_config
 from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
 from replayrl.distributed.worker import Delivery
@@ -258,7 +259,7 @@ def _ctrl_c_then_resume(tmp_path: Path, runtime: list[str], kill_first: bool = F
         proc.kill()
     assert code != 0 and "interrupted at step" in log.read_text(), log.read_text()[-2000:]
     ckpt = (run / "checkpoints" / "latest").read_text().strip()
-    state = torch.load(run / "checkpoints" / ckpt / "state.pt", weights_only=False)
+    state = load_state(run / "checkpoints" / ckpt)
     stopped_at = state["counters"]["step"]
     assert 2 <= stopped_at < 400
     # the checkpoint's own ledger balances: rollouts delivered after Ctrl-C are in its buffer
