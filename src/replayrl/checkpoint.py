@@ -93,9 +93,13 @@ def save_checkpoint(
         _fsync_tree(tmp)
         manifest = {"format": 1, "step": step, "files": _files(tmp)}
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        if dest.exists():  # rewriting a step (a finished run resumed): keep it until replaced
+            old = root / f".{name}.old-{os.getpid()}"
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
         atomic_write_text(root / "latest", name)
     except (OSError, RuntimeError) as exc:
         # torch/safetensors report a failed write (disk full, RLIMIT_FSIZE) as RuntimeError

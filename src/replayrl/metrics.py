@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,17 @@ class MetricsLogger:
     before a crash, and about to be logged again) are dropped first, so each step appears once.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+        log: Callable[[str], None] = print,
+    ):
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            records = read_metrics(self.path, log=log)
+            kept = [r for r in records if r.get("step", 0) <= resume_step]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = self.path.open("a" if resume_step is not None else "w")
         self._tb = None
@@ -51,8 +60,27 @@ class MetricsLogger:
             self._tb = None
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_metrics(path: Path, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl. A last line cut short (the process died mid-write) is
+    dropped with a warning (`log`, else `warnings`); a bad line elsewhere is an error
+    naming file and line."""
+    lines = path.read_text(errors="replace").split("\n")
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if i == len(lines):  # no newline after it: an interrupted append
+                msg = f"warning: {path}:{i}: dropped a partial last line ({len(line)} chars)"
+                if log is not None:
+                    log(msg)
+                else:
+                    warnings.warn(msg, stacklevel=2)
+                continue
+            raise ValueError(f"{path}:{i}: not a JSON record ({exc.msg})") from None
+    return out
 
 
 class Progress:
