@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from replayrl.checkpoint import find_checkpoints
+from replayrl.checkpoint import CheckpointWriteError, find_checkpoints
 from replayrl.config import Config, ConfigError, config_to_yaml
 from replayrl.io import atomic_write_text
 
@@ -124,3 +124,21 @@ def last_good_checkpoint(run_dir: Path | None) -> str:
     if path is None:
         return f"no complete checkpoint under {run_dir}"
     return f"last good checkpoint: {path} (continue with `replayrl train --resume {run_dir}`)"
+
+
+@contextmanager
+def run_guard(run_dir: Path, log: Log = print) -> Iterator[None]:
+    """Around a started run (after `new_run_folder` / a resumed trainer's restore): an
+    expected failure (a write error such as a full disk or a
+    file-size limit, a RunFailed such as exhausted worker restarts) becomes a RunFailed
+    whose message names the last good checkpoint; Ctrl-C logs it too."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        log(last_good_checkpoint(run_dir))
+        raise
+    except (OSError, RunFailed) as exc:
+        if isinstance(exc, CheckpointWriteError):  # its message names the last good one
+            raise RunFailed(str(exc)) from exc
+        what = "" if isinstance(exc, RunFailed) else f"{type(exc).__name__}: "
+        raise RunFailed(f"{what}{exc}; {last_good_checkpoint(run_dir)}") from exc
