@@ -178,7 +178,7 @@ def describe_missing(run_dir: Path) -> str:
     """Why there is nothing to resume under `run_dir` (for the error message)."""
     _, skipped = find_checkpoints(run_dir)
     if not skipped:
-        return f"no checkpoint under {run_dir / 'checkpoints'} to resume"
+        return f"no complete checkpoint under {run_dir / 'checkpoints'} to resume"
     why = "; ".join(f"{p.name}: {r}" for p, r in skipped)
     return f"no complete checkpoint under {run_dir / 'checkpoints'} to resume ({why})"
 

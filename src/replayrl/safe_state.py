@@ -101,8 +101,11 @@ def decode(data: Any, tensors: dict[str, torch.Tensor]) -> Any:
         if key == "__float__":
             return float(value)
         if key == "__ndarray__":
+            dtype = np.dtype(value["dtype"])
+            if dtype.kind not in "biufc":  # plain numbers only (no object arrays)
+                raise StateFormatError(f"array of dtype {dtype} is not plain numbers")
             raw = base64.b64decode(value["data"])
-            return np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"]).copy()
+            return np.frombuffer(raw, dtype=dtype).reshape(value["shape"]).copy()
     return {k: decode(v, tensors) for k, v in data.items()}
 
 

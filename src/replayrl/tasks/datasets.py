@@ -110,7 +110,10 @@ def _count(skipped: dict[str, int] | None, reason: str, where: str) -> None:
 
 def _jsonl_rows(text: str, path: Path, skipped: dict[str, int] | None) -> list[Any]:
     rows: list[Any] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # split on "\n" only: str.splitlines would also split inside a JSON string holding a
+    # raw U+2028 or \x1c (legal JSON), turning one good row into two broken ones
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         if _has_bad_bytes(line):
