@@ -320,10 +320,29 @@ def test_ctrl_c_mid_run_then_resume(tmp_path: Path, capsys):  # F2
     assert steps_logged(run) == list(range(1, stopped + 2))
 
 
-def test_exhausted_restarts_name_the_last_good_checkpoint(base_run: Path):  # F17
+def test_exhausted_restarts_name_the_last_good_checkpoint(base_run: Path):  # F17 (unit)
     with pytest.raises(RunFailed, match="worker 0 died.*last good checkpoint: .*step_000004"):
         with run_guard(base_run, log=lambda _: None):
             raise RunFailed("generator worker 0 died after 3 restarts")
+
+
+def test_async_worker_dying_past_max_restarts(tmp_path: Path, capsys):  # F17 (end to end)
+    rewards = tmp_path / "die.py"
+    # generator workers score rollouts, the learner process never does: only workers die
+    rewards.write_text("import os\ndef die(completions, **kw):\n    os._exit(3)\n")
+    argv = args(
+        tmp_path,
+        "async",
+        "runtime=async-local",
+        "workers.max_restarts=0",
+        "train.batch_size=8",
+        "train.steps=3",
+        f"rewards=[{{name: '{rewards}:die'}}]",
+    )
+    code, _, err = cli(["train", *argv], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "generator worker 0" in line and "max_restarts=0" in line
+    assert "no complete checkpoint" in line  # it died before any checkpoint: says so
 
 
 def test_damaged_spool_file_is_an_error_not_a_crash(tmp_path: Path):  # F18
