@@ -73,13 +73,16 @@ def main() -> None:
                 assert len(back.rollouts) == a.rollouts
                 times[fmt].append((t1 - t0, t2 - t1))
     base = statistics.median(s + lo for s, lo in times["pickle"])
-    print(f"{a.rollouts} rollouts, prompt {a.prompt} + completion {a.completion} tokens, "
-          f"{a.repeats} repeats (medians)")
+    print(
+        f"{a.rollouts} rollouts, prompt {a.prompt} + completion {a.completion} tokens, "
+        f"{a.repeats} repeats (medians)"
+    )
     for fmt, ts in times.items():
         save = statistics.median(s for s, _ in ts) * 1e3
         load = statistics.median(lo for _, lo in ts) * 1e3
         tot = statistics.median(s + lo for s, lo in ts)
-        print(f"{fmt:>13}: save {save:6.2f} ms  load {load:6.2f} ms  total/pickle {tot / base:.2f}x")
+        ratio = tot / base
+        print(f"{fmt:>13}: save {save:6.2f} ms  load {load:6.2f} ms  total/pickle {ratio:.2f}x")
 
 
 if __name__ == "__main__":
