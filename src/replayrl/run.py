@@ -3,42 +3,28 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from replayrl.config import Config, ConfigError, config_to_yaml, load_config
-from replayrl.io import atomic_write_text, quiet_transformers
+from replayrl.config import Config, load_config
+from replayrl.io import quiet_transformers
+from replayrl.run_folder import check_resume_config, new_run_folder, run_guard, write_config
 
 Log = Callable[[str], None]
-
-
-def prepare_run_dir(cfg: Config) -> Path:
-    """An empty `logging.run_dir/logging.name` (an existing one only with logging.overwrite)."""
-    run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not cfg.logging.overwrite:
-            raise ConfigError(
-                f"run folder {run_dir} already exists: resume it with `--resume {run_dir}`, "
-                f"pick another logging.name, or set logging.overwrite=true"
-            )
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
 
 
 def train(cfg: Config, log: Log = print) -> dict[str, Any]:
     """Start a new run from a resolved config; returns its summary (also in summary.json)."""
     quiet_transformers()
-    run_dir = prepare_run_dir(cfg)
-    atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
-    try:
+    run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
+    # an overwritten run is moved aside, deleted only once this one has started (model,
+    # data, rewards loaded) and put back if the start fails
+    with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
+        write_config(run_dir, cfg)
         start = _runtime(cfg, run_dir, log, resume=False)
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a failed start must not block a rerun
-        raise
-    return start()
+    with run_guard(run_dir, log=log):  # expected failures name the last good checkpoint
+        return start()
 
 
 def resume(
@@ -51,8 +37,11 @@ def resume(
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
     cfg = load_config(cfg_path, overrides)
-    atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
-    return _runtime(cfg, run_dir, log, resume=True)()
+    check_resume_config(load_config(cfg_path), cfg)  # before anything is written
+    start = _runtime(cfg, run_dir, log, resume=True)  # restores the checkpoint (not ray's)
+    write_config(run_dir, cfg)  # only once the checkpoint accepted the overrides
+    with run_guard(run_dir, log=log):
+        return start()
 
 
 def _runtime(cfg: Config, run_dir: Path, log: Log, resume: bool) -> Callable[[], dict[str, Any]]:

@@ -156,6 +156,10 @@ class GeneratorWorker:
             first_error=p.first_error,
             busy_s=p.seconds,
             idle_s=idle_s,
+            extra={
+                "dropped_reward_timeout": p.dropped_reward_timeout,
+                "reward_seconds": p.reward_seconds,
+            },
         )
 
 

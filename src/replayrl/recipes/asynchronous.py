@@ -119,6 +119,8 @@ class AsyncSession(Session):
                     d.skipped_too_long,
                     d.first_error,
                     d.busy_s,
+                    dropped_reward_timeout=int(d.extra.get("dropped_reward_timeout", 0)),
+                    reward_seconds=float(d.extra.get("reward_seconds", 0.0)),
                 )
             )
             clock = self.clocks.setdefault(f"generator/{d.worker_id}", RoleClock())
@@ -218,7 +220,9 @@ class AsyncSession(Session):
         stats = dict(self._stats)
         for k, vs in self.fresh_stats.items():
             stats[k] = sum(vs) / len(vs)
-        stats["rollouts/dropped_reward_error"] = float(self.counters.rollouts_dropped_reward_error)
+        c = self.counters
+        stats["rollouts/dropped_reward_error"] = float(c.rollouts_dropped_reward_error)
+        stats["rollouts/dropped_reward_timeout"] = float(c.rollouts_dropped_reward_timeout)
         stats["async/learner_idle_s"] = self.learner_clock.idle_s
         stats["async/rollouts_lost_worker_died"] = float(self.counters.rollouts_lost_worker_died)
         stats["async/newest_generator_version"] = float(self.newest_delivered)
