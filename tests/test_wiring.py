@@ -480,3 +480,33 @@ def test_measure_backward_takes_no_step(rollouts, tiny_model, char_tokenizer) ->
     assert torch.equal(_flat(learner.model), before)
     assert all(p.grad is None for p in learner.model.parameters())
     assert learner.updates == 0 and learner.version == 0
+
+
+def test_frozen_policies_live_exactly_while_weighted(rollouts, tiny_model, char_tokenizer) -> None:
+    # lambda(t): 1, 1, 0.5, 0 for t = 1..4 -> pi_{k-1} needed from t = 3, pi_base until t = 3
+    learner = _learner(
+        tiny_model,
+        char_tokenizer.pad_token_id,
+        "kl.beta=0.1",
+        "kl.target=convex",
+        "kl.schedule.start=2",
+        "kl.schedule.every=1",
+        "kl.schedule.decrement=0.5",
+        "kl.schedule.floor=0.0",
+        "train.lr=0.01",
+        "algorithm.entropy_coef=0.1",  # the policy moves even with equal rewards
+    )
+    rng = np.random.default_rng(0)
+    initial = _flat(learner.model)
+    learner.train_step(rollouts, rng, step=1)
+    assert learner.prev_model is None  # t = 2 puts no weight on pi_{k-1}
+    assert torch.equal(_flat(learner.base_model), initial)
+    for step in (2, 3):
+        before = _flat(learner.model)
+        learner.train_step(rollouts, rng, step=step)
+        assert torch.equal(_flat(learner.prev_model), before), step
+        assert torch.equal(_flat(learner.base_model), initial), step  # weighted at t + 1
+    before = _flat(learner.model)
+    learner.train_step(rollouts, rng, step=4)
+    assert learner.base_model is None  # lambda = 0 from t = 4 on: pi_base dropped
+    assert torch.equal(_flat(learner.prev_model), before)
