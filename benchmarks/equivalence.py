@@ -9,7 +9,9 @@
 Each case is a preset shortened to a few steps with overrides that reach the code paths a
 refactor can break (positive-bias sampling, mini-batches, the KL schedule, reincarnation
 inside the run, critic warm-up). `compare` asserts that every metric of every step is
-identical, except wall-clock fields (time/*, *_seconds, ...), and exits 1 otherwise.
+identical, except wall-clock fields (time/*, *_seconds, ...), and exits 1 otherwise;
+`compare --allow-added` also accepts keys that only the second run has (a feature that adds
+metrics), while every key both runs have must still be identical.
 """
 
 from __future__ import annotations
@@ -86,14 +88,15 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
-def _summary_diffs(a_path: Path, b_path: Path) -> list[str]:
+def _summary_diffs(a_path: Path, b_path: Path, allow_added: bool = False) -> list[str]:
     """summary.json: every count and accuracy, the evals and the rollout ledger."""
     if not a_path.exists() or not b_path.exists():
         return [f"missing {a_path.name}"] if a_path.exists() != b_path.exists() else []
     a, b = json.loads(a_path.read_text()), json.loads(b_path.read_text())
     for d in (a, b):  # each eval record carries the clocks at that eval
         d["evals"] = [{k: v for k, v in e.items() if _timeless(k)} for e in d.get("evals", [])]
-    keys = [k for k in a.keys() | b.keys() if _timeless(k) and k not in ("run_dir", "accounting")]
+    both = a.keys() if allow_added else a.keys() | b.keys()
+    keys = [k for k in both if _timeless(k) and k not in ("run_dir", "accounting")]
     out = [
         f"summary {k}: {a.get(k)!r} != {b.get(k)!r}" for k in sorted(keys) if a.get(k) != b.get(k)
     ]
@@ -103,7 +106,7 @@ def _summary_diffs(a_path: Path, b_path: Path) -> list[str]:
     return out
 
 
-def compare(before: Path, after: Path, names: list[str]) -> int:
+def compare(before: Path, after: Path, names: list[str], allow_added: bool = False) -> int:
     failures = 0
     for name in names:
         ra, rb = _rows(before / f"{name}.jsonl"), _rows(after / f"{name}.jsonl")
@@ -112,12 +115,15 @@ def compare(before: Path, after: Path, names: list[str]) -> int:
             diffs.append(f"{len(ra)} rows before, {len(rb)} after")
         compared = 0
         for i, (a, b) in enumerate(zip(ra, rb, strict=False)):
-            keys = {k for k in a.keys() | b.keys() if _timeless(k)}
+            added = b.keys() - a.keys() if allow_added else set()
+            keys = {k for k in a.keys() | b.keys() if _timeless(k) and k not in added}
             for k in sorted(keys):
                 compared += 1
                 if not _same(a.get(k), b.get(k)):
                     diffs.append(f"row {i} step {a.get('step')}: {k}: {a.get(k)!r} != {b.get(k)!r}")
-        diffs += _summary_diffs(before / f"{name}.summary.json", after / f"{name}.summary.json")
+        diffs += _summary_diffs(
+            before / f"{name}.summary.json", after / f"{name}.summary.json", allow_added
+        )
         status = "IDENTICAL" if not diffs else f"DIFFERENT ({len(diffs)})"
         print(f"{name}: {len(ra)} rows, {compared} values compared: {status}")
         for d in diffs[:10]:
@@ -136,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     c.add_argument("--cases", nargs="*", default=list(CASES))
+    c.add_argument("--allow-added", action="store_true", help="accept keys only the second run has")
     args = p.parse_args(argv)
     if args.cmd == "record":
         record(args.out, args.cases)
         return 0
-    return compare(args.before, args.after, args.cases)
+    return compare(args.before, args.after, args.cases, args.allow_added)
 
 
 if __name__ == "__main__":

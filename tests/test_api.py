@@ -211,7 +211,7 @@ def test_objects_in_the_api_train_like_files_and_names_in_the_cli(tmp_path: Path
     assert [r for _, r in rec.steps] == [r["reward/mean"] for r in api_metrics[1:]]
     assert [s for s, _ in rec.evals] == [0, 2, 3]
     assert [s for s, _ in rec.checkpoints] == [2, 3]
-    assert all((p / "state.pt").is_file() for _, p in rec.checkpoints[-1:])
+    assert all((p / "manifest.json").is_file() for _, p in rec.checkpoints[-1:])
     # the trained object is the one given (trained in place); evaluate() repeats the final eval
     assert trainer.model is trainer._model
     assert trainer.evaluate() == {k: v for k, v in api_metrics[-1].items() if k.startswith("eval/")}

@@ -9,15 +9,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from replayrl.accounting import ledger_stats, role_summary, rollout_ledger
 from replayrl.buffer import make_buffer
+from replayrl.checkpoint import load_state
 from replayrl.config import ConfigError, load_config
 from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
 from replayrl.distributed.worker import Delivery
+from replayrl.recipes.asynchronous import AsyncSession
 from replayrl.rollout import Rollout
 from replayrl.runner import train
 from tiny import TINY_RUN
@@ -106,6 +109,35 @@ def test_replay_buffer_draws_are_not_removals() -> None:
     st = ledger_stats(buf)
     assert (st["size"], st["evicted"], st["consumed"], st["sampled"]) == (4, 2, 0, 3)
     assert rollout_ledger(6, 0, 0, [st])["balanced"]
+
+
+def _pacing(buffer_kind: str, stale_buffer: bool, pushed: int, sampled: int) -> SimpleNamespace:
+    """An AsyncSession's pacing state without processes: R = 8, B = 16, y = 2, bound 3."""
+    cfg = load_config(None, [*ASYNC, f"buffer.kind={buffer_kind}", "runtime=async-local"])
+    buf = make_buffer(buffer_kind, 32, max_staleness=3)
+    buf.push([_rollout(0 if stale_buffer else 5) for _ in range(16)])
+    s = SimpleNamespace(
+        cfg=cfg,
+        buffer=buf,
+        learner=SimpleNamespace(version=5),
+        counters=SimpleNamespace(rollouts_sampled=sampled),
+        newest_delivered=5,
+        ratio=2.0,
+        _pushed=lambda: pushed,
+    )
+    s._has_usable_data = lambda B: AsyncSession._has_usable_data(s, B)
+    return s
+
+
+def test_generators_never_hold_while_the_learner_lacks_usable_rollouts() -> None:
+    # 48 pushed, 64 sampled: the replay-ratio pace says "a batch ahead", but every rollout in
+    # the buffer is 5 versions old (bound 3) and is dropped: holding would deadlock the run
+    s = _pacing("replay", stale_buffer=True, pushed=48, sampled=64)
+    assert not AsyncSession.ready(s, 16)
+    assert not AsyncSession.hold(s, 16)
+    fresh = _pacing("replay", stale_buffer=False, pushed=48, sampled=64)
+    assert AsyncSession.hold(fresh, 16)  # fresh rollouts and ahead of pace: hold
+    assert AsyncSession.ready(fresh, 16)  # and the learner can use them
 
 
 def test_role_summary_mu_and_gamma() -> None:
@@ -258,7 +290,7 @@ def _ctrl_c_then_resume(tmp_path: Path, runtime: list[str], kill_first: bool = F
         proc.kill()
     assert code != 0 and "interrupted at step" in log.read_text(), log.read_text()[-2000:]
     ckpt = (run / "checkpoints" / "latest").read_text().strip()
-    state = torch.load(run / "checkpoints" / ckpt / "state.pt", weights_only=False)
+    state = load_state(run / "checkpoints" / ckpt)
     stopped_at = state["counters"]["step"]
     assert 2 <= stopped_at < 400
     # the checkpoint's own ledger balances: rollouts delivered after Ctrl-C are in its buffer

@@ -49,3 +49,42 @@ def test_rng_state_round_trip():
     draws = (random.random(), float(np.random.rand()), float(torch.rand(())))
     set_rng_state(state)
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == draws
+
+
+def test_safe_state_round_trips_plain_state_without_pickle():
+    import math
+
+    import pytest
+
+    from replayrl.safe_state import StateFormatError, dumps, dumps_single, loads, loads_single
+
+    x = torch.arange(6.0)
+    state = {
+        "tuple": (1, 2.5, None, "s", True),
+        0: {"view": x[2:4], "whole": x, "empty": torch.zeros(0, dtype=torch.long)},
+        "nan": float("nan"),
+        "inf": float("-inf"),
+        "big": 2**80,
+        "np_rng": np.random.get_state(),
+        "pcg": np.random.default_rng(1).bit_generator.state,
+        "__tensor__": "not a marker",
+    }
+    for back in (loads(*dumps(state)), loads_single(dumps_single(state))):
+        assert back["tuple"] == state["tuple"] and back["big"] == 2**80
+        assert torch.equal(back[0]["view"], x[2:4]) and torch.equal(back[0]["whole"], x)
+        assert back[0]["empty"].dtype == torch.long and back[0]["empty"].numel() == 0
+        assert math.isnan(back["nan"]) and back["inf"] == float("-inf")
+        assert back["__tensor__"] == "not a marker"
+        np.random.set_state(back["np_rng"])
+        a = np.random.rand()
+        np.random.set_state(state["np_rng"])
+        assert np.random.rand() == a
+        g = np.random.default_rng()
+        g.bit_generator.state = back["pcg"]
+        assert g.random() == np.random.default_rng(1).random()
+    with pytest.raises(TypeError, match=r"state\.obj: a object cannot be saved"):
+        dumps({"obj": object()})
+    text, blob = dumps({"a": np.zeros(2)})
+    evil = text.replace(b'"<f8"', b'"|O"')
+    with pytest.raises(StateFormatError, match="not plain numbers"):
+        loads(evil, blob)

@@ -11,6 +11,7 @@ import torch
 from replayrl.algorithms.advantages import gae
 from replayrl.algorithms.kl import kl_convex, kl_convex_lambda, kl_estimate
 from replayrl.algorithms.losses import clipped_value_loss, get_policy_loss
+from replayrl.checkpoint import load_state
 from replayrl.config import load_config
 from replayrl.learner import Learner
 from replayrl.metrics import read_metrics
@@ -179,6 +180,6 @@ def test_ppo_with_critic_trains_value_head(tmp_path: Path) -> None:
     train(cfg, log=lambda _: None)
     steps = [m for m in read_metrics(tmp_path / "ppo/metrics.jsonl") if "train/value_loss" in m]
     assert len(steps) == 2 and all(math.isfinite(m["train/value_loss"]) for m in steps)
-    state = torch.load(tmp_path / "ppo/checkpoints/step_000002/state.pt", weights_only=False)
+    state = load_state(tmp_path / "ppo/checkpoints/step_000002")
     head = state["learner"]["critic"]["head.weight"]
     assert head.abs().sum() > 0  # moved from its zero initialisation

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
+from replayrl.checkpoint import load_state
 from replayrl.cli import main
 from replayrl.config import load_config
 from replayrl.metrics import read_metrics
@@ -58,8 +58,8 @@ def test_replay_resume_continues_exactly(tmp_path: Path) -> None:
     for step in (3, 4):
         for key in ("reward/mean", "train/loss", "batch/age_mean", "buffer/size"):
             assert a[step][key] == b[step][key], (step, key)
-    state_a = torch.load(tmp_path / "straight/checkpoints/step_000004/state.pt", weights_only=False)
-    state_b = torch.load(tmp_path / "split/checkpoints/step_000004/state.pt", weights_only=False)
+    state_a = load_state(tmp_path / "straight/checkpoints/step_000004")
+    state_b = load_state(tmp_path / "split/checkpoints/step_000004")
 
     def contents(state: dict) -> list[tuple[int, int, int]]:
         table, order = state["buffer"]["rollouts"], state["buffer"]["order"]

@@ -19,6 +19,8 @@ from replayrl.config import Config, ConfigError, load_config
 from replayrl.learner import Learner
 from replayrl.metrics import read_metrics
 from replayrl.models import build_tiny_model, ensure_warmstart
+from replayrl.producer import MAX_EMPTY_STEPS
+from replayrl.run_folder import RunFailed
 from replayrl.runner import Trainer, resume, train
 from replayrl.tasks import ArithmeticTask
 from tiny import TINY_MODEL
@@ -458,10 +460,30 @@ def test_too_long_prompts_are_skipped_and_counted(tmp_path: Path, short_context_
     assert records[1]["rollouts_generated"] == 2 * kept_per_step[0]
 
 
-def test_every_prompt_too_long_is_an_error(tmp_path: Path, short_context_model: Path):
-    # max_new_tokens 7: even "1+2=" needs 4 + 7 = 11 > 10 positions
+def test_a_step_whose_prompts_are_all_too_long_is_skipped(
+    tmp_path: Path, short_context_model: Path
+):
+    # max_new_tokens 7: even "1+2=" needs 4 + 7 = 11 > 10 positions; 2 steps < MAX_EMPTY_STEPS
     cfg = _short_ctx_cfg(
-        tmp_path, short_context_model, "allskip", "train.steps=1", "rollout.max_new_tokens=7"
+        tmp_path, short_context_model, "skipstep", "train.steps=2", "rollout.max_new_tokens=7"
     )
-    with pytest.raises(ValueError, match="longer than the model's 10 positions"):
+    logs: list[str] = []
+    summary = train(cfg, log=logs.append)
+    assert summary["steps"] == 2 and summary["rollouts_generated"] == 0
+    assert summary["prompts_skipped_too_long"] == 2 * 8
+    assert sum("step skipped" in line for line in logs) == 2
+    assert latest_checkpoint(tmp_path / "skipstep").name == "step_000002"
+
+
+def test_every_prompt_too_long_is_an_error(tmp_path: Path, short_context_model: Path):
+    cfg = _short_ctx_cfg(
+        tmp_path,
+        short_context_model,
+        "allskip",
+        f"train.steps={MAX_EMPTY_STEPS + 1}",
+        "rollout.max_new_tokens=7",
+        "checkpoint.every=2",
+    )
+    with pytest.raises(RunFailed, match="longer than the model's 10 positions") as info:
         train(cfg, log=quiet)
+    assert "last good checkpoint" in str(info.value) and "step_000004" in str(info.value)

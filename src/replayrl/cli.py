@@ -226,10 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from replayrl.run_folder import RunFailed
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (ConfigError, ValueError, FileNotFoundError, OSError, ImportError) as exc:
+    except (ConfigError, ValueError, FileNotFoundError, OSError, ImportError, RunFailed) as exc:
+        # expected failures (bad input, a full disk, a failing worker): the message says
+        # what to do, a traceback would only hide it
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -7,7 +7,7 @@ loss_type, kl_estimator) so users coming from those tools recognise them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -25,9 +26,41 @@ class ConfigError(ValueError):
     """A bad config key or value; the message names the key and the value."""
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type admits a bool (bool itself, Any, or a union/Literal with one)."""
+    if annotation is bool or annotation is Any:
+        return True
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return any(isinstance(a, bool) for a in args)
+    return any(_takes_bool(a) for a in args)
+
+
+def _wants_number(annotation: Any) -> bool:
+    if annotation in (int, float):
+        return True
+    return any(_wants_number(a) for a in get_args(annotation))
+
+
 class _Section(BaseModel):
-    # numbers accepted where text is expected: `logging.name=2024` is a name, not an error
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
+    # numbers accepted where text is expected: `logging.name=2024` is a name, not an error;
+    # NaN and inf are never a meaningful setting (allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        coerce_numbers_to_str=True,
+        allow_inf_nan=False,
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true as 1 for an int field: `train.steps=true` would train 1 step
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            annotation = cls.model_fields[info.field_name].annotation
+            if _wants_number(annotation) and not _takes_bool(annotation):
+                raise ValueError(f"expected a number, not the boolean {str(value).lower()}")
+        return value
 
 
 class TinyModelConfig(_Section):
@@ -118,6 +151,9 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(8, ge=1)
     generation_batch_size: int = Field(256, ge=1)
+    # seconds one reward-function call may take before its rollouts are dropped (reason
+    # "timeout"; the call is abandoned in a background thread); null: no timeout
+    reward_timeout_s: float | None = Field(60.0, gt=0)
     # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`)
     backend: Literal["hf", "vllm"] = "hf"
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import secrets
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,13 +39,15 @@ class MetricsLogger:
         run_dir: Path,
         tensorboard: bool = True,
         resume_step: int | None = None,
+        log: Callable[[str], None] = print,
         wandb: dict[str, Any] | None = None,
     ):
         """`wandb`: keyword arguments of `wandb.init` (project, entity, name, config), or None
         for no W&B logging."""
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            records = read_metrics(self.path, log=log)
+            kept = [r for r in records if r.get("step", 0) <= resume_step]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = self.path.open("a" if resume_step is not None else "w")
         self._tb = None
@@ -56,7 +60,11 @@ class MetricsLogger:
 
     @classmethod
     def from_config(
-        cls, run_dir: Path, cfg: Config, resume_step: int | None = None
+        cls,
+        run_dir: Path,
+        cfg: Config,
+        resume_step: int | None = None,
+        log: Callable[[str], None] = print,
     ) -> MetricsLogger:
         """The sinks `cfg.logging` asks for; W&B gets the whole resolved config."""
         lg = cfg.logging
@@ -68,7 +76,7 @@ class MetricsLogger:
                 "name": lg.name,
                 "config": cfg.model_dump(mode="json"),
             }
-        return cls(run_dir, lg.tensorboard, resume_step=resume_step, wandb=wandb)
+        return cls(run_dir, lg.tensorboard, resume_step=resume_step, log=log, wandb=wandb)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
@@ -123,8 +131,27 @@ def _start_wandb(run_dir: Path, kwargs: dict[str, Any]) -> Any:
     )
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_metrics(path: Path, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl. A last line cut short (the process died mid-write) is
+    dropped with a warning (`log`, else `warnings`); a bad line elsewhere is an error
+    naming file and line."""
+    lines = path.read_text(errors="replace").split("\n")
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if i == len(lines):  # no newline after it: an interrupted append
+                msg = f"warning: {path}:{i}: dropped a partial last line ({len(line)} chars)"
+                if log is not None:
+                    log(msg)
+                else:
+                    warnings.warn(msg, stacklevel=2)
+                continue
+            raise ValueError(f"{path}:{i}: not a JSON record ({exc.msg})") from None
+    return out
 
 
 class Progress:

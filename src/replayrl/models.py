@@ -214,6 +214,14 @@ def resolve_model_path(path: str) -> str:
     anything else is returned unchanged (a hub id)."""
     local = Path(path).expanduser()
     if local.exists():
+        if (
+            local.is_dir()
+            and not (local / "config.json").is_file()
+            and not is_adapter_folder(local)
+        ):
+            raise FileNotFoundError(f"not a model folder: {local} has no config.json")
+        if not local.is_dir():
+            raise FileNotFoundError(f"not a model folder: {local} is a file")
         return str(local)
     if path in PREPARED_MODELS:
         prepared = prepared_model_dir(path)

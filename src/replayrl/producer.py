@@ -21,8 +21,11 @@ from replayrl.generation import Generator, Sample, SamplingParams
 from replayrl.prompts import PromptRenderer, is_conversational
 from replayrl.rewards import score
 from replayrl.rollout import Rollout
+from replayrl.run_folder import RunFailed
 
 Log = Callable[[str], None]
+
+MAX_EMPTY_STEPS = 5  # consecutive steps whose prompts are all too long before the run stops
 
 
 @dataclass
@@ -37,6 +40,8 @@ class Production:
     skipped_too_long: int
     first_error: str | None
     seconds: float  # generation + scoring
+    dropped_reward_timeout: int = 0  # of dropped_reward_error: reward calls that timed out
+    reward_seconds: float = 0.0  # of seconds: in reward functions
 
 
 @dataclass
@@ -54,6 +59,7 @@ class RolloutProducer:
     prompt_rng: np.random.Generator
     log: Log = print
     _reported_error: bool = field(default=False, init=False)
+    _empty_steps: int = field(default=0, init=False)  # consecutive steps with no prompt left
 
     def fits(self, prompt: str) -> bool:
         if not self.max_positions:
@@ -72,10 +78,8 @@ class RolloutProducer:
         kept = [row for row, ok in zip(rows, fits, strict=True) if ok]
         kept_texts = [t for t, ok in zip(texts, fits, strict=True) if ok]
         if not kept:
-            raise ValueError(
-                f"every prompt of this step is longer than the model's {self.max_positions} "
-                f"positions minus rollout.max_new_tokens={r.max_new_tokens}"
-            )
+            return self._all_too_long(len(rows), t0)
+        self._empty_steps = 0
         params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens)
         self.generator.policy_version = version
         samples = self.generator.generate(kept_texts, r.num_generations, params)
@@ -86,6 +90,7 @@ class RolloutProducer:
             [row["prompt"] for row in sample_rows],
             [completion_for_reward(s.text, row["prompt"]) for s, row in pairs],
             sample_rows,
+            timeout_s=r.reward_timeout_s,
         )
         if result.first_error and not self._reported_error:
             self._reported_error = True
@@ -106,6 +111,7 @@ class RolloutProducer:
             "truncated_frac": _mean([float(s.truncated) for s in samples]),
         }
         stats.update({f"reward/{k}": v for k, v in result.means().items()})
+        stats["time/reward_s"] = result.seconds
         return Production(
             rollouts=rollouts,
             stats=stats,
@@ -115,7 +121,26 @@ class RolloutProducer:
             skipped_too_long=len(rows) - len(kept),
             first_error=result.first_error,
             seconds=time.perf_counter() - t0,
+            dropped_reward_timeout=result.reasons.get("timeout", 0),
+            reward_seconds=result.seconds,
         )
+
+    def _all_too_long(self, n: int, t0: float) -> Production:
+        """A step whose sampled prompts are all too long is skipped (counted); only a long
+        run of such steps, i.e. a dataset whose prompts almost never fit, is an error."""
+        self._empty_steps += 1
+        r = self.cfg.rollout
+        what = (
+            f"longer than the model's {self.max_positions} positions minus "
+            f"rollout.max_new_tokens={r.max_new_tokens}"
+        )
+        if self._empty_steps >= MAX_EMPTY_STEPS:
+            raise RunFailed(
+                f"every prompt sampled in {self._empty_steps} steps in a row is {what}: "
+                "lower rollout.max_new_tokens or use shorter prompts"
+            )
+        self.log(f"warning: all {n} prompts sampled for this step are {what}; step skipped")
+        return Production([], {}, 0, 0, 0, n, None, time.perf_counter() - t0)
 
     def _to_rollouts(
         self,

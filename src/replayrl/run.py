@@ -3,30 +3,16 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from replayrl.callbacks import RunHooks
-from replayrl.config import Config, ConfigError, config_to_yaml, load_config
-from replayrl.io import atomic_write_text, quiet_transformers
+from replayrl.config import Config, ConfigError, load_config
+from replayrl.io import quiet_transformers
+from replayrl.run_folder import check_resume_config, new_run_folder, run_guard, write_config
 
 Log = Callable[[str], None]
-
-
-def prepare_run_dir(cfg: Config) -> Path:
-    """An empty `logging.run_dir/logging.name` (an existing one only with logging.overwrite)."""
-    run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not cfg.logging.overwrite:
-            raise ConfigError(
-                f"run folder {run_dir} already exists: resume it with `--resume {run_dir}`, "
-                f"pick another logging.name, or set logging.overwrite=true"
-            )
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
 
 
 def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[str, Any]:
@@ -35,14 +21,14 @@ def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[
     `hooks`: objects (policy, task, rewards) and callbacks from the Python API."""
     check_hooks(cfg, hooks)
     quiet_transformers()
-    run_dir = prepare_run_dir(cfg)
-    atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
-    try:
+    run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
+    # an overwritten run is moved aside, deleted only once this one has started (model,
+    # data, rewards loaded) and put back if the start fails
+    with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
+        write_config(run_dir, cfg)
         start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a failed start must not block a rerun
-        raise
-    return start()
+    with run_guard(run_dir, log=log):  # expected failures name the last good checkpoint
+        return start()
 
 
 def resume(
@@ -59,8 +45,12 @@ def resume(
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
     cfg = load_config(cfg_path, overrides)
     check_hooks(cfg, hooks)
-    atomic_write_text(run_dir / "config.yaml", config_to_yaml(cfg))
-    return _runtime(cfg, run_dir, log, resume=True, hooks=hooks)()
+    check_resume_config(load_config(cfg_path), cfg)  # before anything is written
+    # restores the checkpoint (not ray's)
+    start = _runtime(cfg, run_dir, log, resume=True, hooks=hooks)
+    write_config(run_dir, cfg)  # only once the checkpoint accepted the overrides
+    with run_guard(run_dir, log=log):
+        return start()
 
 
 def check_hooks(cfg: Config, hooks: RunHooks | None) -> None:

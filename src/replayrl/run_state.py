@@ -25,6 +25,8 @@ class Counters:
     training_seconds: float = 0.0
     wall_seconds: float = 0.0  # training-loop time (generation, scoring, updates), no evals
     eval_seconds: float = 0.0
+    reward_seconds: float = 0.0  # in reward functions (sync: excluded from generation_seconds)
+    rollouts_dropped_reward_timeout: int = 0  # of rollouts_dropped_reward_error
     mu_per_step: list[float] = field(default_factory=list)
     design: dict[str, float] | None = None  # resolved `auto` buffer design
     reincarnation_step: int | None = None
@@ -42,6 +44,8 @@ class Counters:
         self.rollouts_generated += p.generated
         self.tokens_generated += p.tokens
         self.rollouts_dropped_reward_error += p.dropped_reward_error
+        self.rollouts_dropped_reward_timeout += p.dropped_reward_timeout
+        self.reward_seconds += p.reward_seconds
         self.prompts_skipped_too_long += p.skipped_too_long
         if p.first_error and self.first_reward_error is None:
             self.first_reward_error = p.first_error
@@ -128,6 +132,8 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
         "generation_seconds": c.generation_seconds,
         "training_seconds": c.training_seconds,
         "eval_seconds": c.eval_seconds,
+        "reward_seconds": c.reward_seconds,
+        "rollouts_dropped_reward_timeout": c.rollouts_dropped_reward_timeout,
         "mu_median": mu,
         "design": c.design,
         "reincarnation_step": c.reincarnation_step,

@@ -21,7 +21,13 @@ from replayrl.accounting import format_accounting
 from replayrl.batch_source import BatchSource
 from replayrl.buffer import Buffer, batch_stats
 from replayrl.callbacks import RunHooks
-from replayrl.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
+from replayrl.checkpoint import (
+    describe_missing,
+    latest_checkpoint,
+    load_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from replayrl.components import Components, build_batch_source, build_buffer, build_components
 from replayrl.config import Config, config_to_yaml
 from replayrl.evaluation import evaluate
@@ -51,9 +57,10 @@ class Session:
         self.hooks = hooks if hooks is not None else RunHooks()
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        ckpt = latest_checkpoint(run_dir) if resume else None
+        # resume: the newest complete checkpoint (newer, damaged ones are logged and skipped)
+        ckpt = latest_checkpoint(run_dir, log=log) if resume else None
         if resume and ckpt is None:
-            raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints to resume")
+            raise FileNotFoundError(describe_missing(run_dir))
         h = self.hooks
         self.parts: Components = build_components(
             cfg, log, ckpt, self.make_buffer, policy=h.policy, task=h.task, rewards=h.rewards
@@ -68,7 +75,7 @@ class Session:
         if ckpt is not None:
             self._restore(ckpt)
         self.metrics = MetricsLogger.from_config(  # JSONL, TensorBoard, W&B as configured
-            run_dir, cfg, resume_step=self.counters.step if resume else None
+            run_dir, cfg, resume_step=self.counters.step if resume else None, log=log
         )
 
     def make_buffer(self, cfg: Config) -> Buffer:
@@ -133,6 +140,7 @@ class Session:
         return p.rollouts, {
             **p.stats,
             "rollouts/dropped_reward_error": float(c.rollouts_dropped_reward_error),
+            "rollouts/dropped_reward_timeout": float(c.rollouts_dropped_reward_timeout),
         }
 
     def account(self, p: Production) -> None:

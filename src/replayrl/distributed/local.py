@@ -25,6 +25,7 @@ from replayrl.config import Config, build_config, config_to_yaml
 from replayrl.distributed.weights import SharedWeights
 from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.io import quiet_transformers
+from replayrl.run_folder import RunFailed
 
 Log = Callable[[str], None]
 _POLL_S = 0.02
@@ -144,7 +145,7 @@ class LocalGeneratorPool:
                 if (self.spool / f"ready-{self._tag(s)}").exists():
                     waiting.remove(s)
                 elif not s.process.is_alive():
-                    raise RuntimeError(self._death_message(s, "while starting"))
+                    raise RunFailed(self._death_message(s, "while starting"))
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"generator worker(s) {[s.worker_id for s in waiting]} not ready after "
@@ -203,7 +204,7 @@ class LocalGeneratorPool:
             lost = planned if planned and seq > s.delivered_seq else 0
             self.lost += lost
             if s.restarts >= self.cfg.workers.max_restarts:
-                raise RuntimeError(
+                raise RunFailed(
                     self._death_message(s, f"after {s.restarts} restarts")
                     + f" (workers.max_restarts={self.cfg.workers.max_restarts})"
                 )

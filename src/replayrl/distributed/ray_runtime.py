@@ -29,6 +29,7 @@ from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.io import quiet_transformers
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
+from replayrl.run_folder import RunFailed
 
 Log = Callable[[str], None]
 
@@ -281,7 +282,7 @@ class RayGeneratorPool:
         lost = self.cfg.rollouts_per_step
         self.lost += lost
         if self.restart_counts[i] >= self.cfg.workers.max_restarts:
-            raise RuntimeError(
+            raise RunFailed(
                 f"generator worker {i} died after {self.restart_counts[i]} restarts "
                 f"(workers.max_restarts={self.cfg.workers.max_restarts}): {exc}"
             )

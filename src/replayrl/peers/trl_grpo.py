@@ -51,7 +51,7 @@ from replayrl.io import atomic_write_json, quiet_transformers
 from replayrl.metrics import MetricsLogger, Progress
 from replayrl.models import load_policy
 from replayrl.rewards import resolve_rewards, score
-from replayrl.run import prepare_run_dir
+from replayrl.run_folder import new_run_folder
 from replayrl.tasks import make_task
 
 Log = Callable[[str], None]
@@ -534,8 +534,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = load_config(ns.config, ns.overrides)
     if not any(o.startswith("logging.name=") for o in ns.overrides):
         cfg.logging.name = f"{cfg.logging.name}-trl"
-    run_dir = prepare_run_dir(cfg)
-    summary = run_trl_grpo(cfg, run_dir)
+    run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
+    # an overwritten run comes back if this one fails
+    with new_run_folder(run_dir, cfg.logging.overwrite):
+        summary = run_trl_grpo(cfg, run_dir)
     print(
         f"TRL peer: final eval accuracy {summary['final_eval_accuracy']:.3f} after "
         f"{summary['steps']} steps, {summary['rollouts_generated']} rollouts, "

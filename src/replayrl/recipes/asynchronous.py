@@ -119,6 +119,8 @@ class AsyncSession(Session):
                     d.skipped_too_long,
                     d.first_error,
                     d.busy_s,
+                    dropped_reward_timeout=int(d.extra.get("dropped_reward_timeout", 0)),
+                    reward_seconds=float(d.extra.get("reward_seconds", 0.0)),
                 )
             )
             clock = self.clocks.setdefault(f"generator/{d.worker_id}", RoleClock())
@@ -147,9 +149,9 @@ class AsyncSession(Session):
     def _pushed(self) -> int:
         return int(self.buffer.stats()["pushed"])
 
-    def ready(self, B: int) -> bool:
-        """Can the learner take a step now without breaking a bound?"""
-        cfg, c, v = self.cfg, self.counters, self.learner.version
+    def _has_usable_data(self, B: int) -> bool:
+        """Does the buffer hold a batch the staleness bounds allow the learner to use?"""
+        cfg, v = self.cfg, self.learner.version
         self.buffer.sample(0, current_version=v)  # drops stale rollouts (counted)
         need = 1 if cfg.buffer.with_replacement else B
         if len(self.buffer) < need:
@@ -158,16 +160,27 @@ class AsyncSession(Session):
         if w.on_stale == "wait" and w.max_staleness is not None:
             if self.newest_delivered < v - w.max_staleness:
                 return False
-        if cfg.buffer.kind == "replay" and self.ratio is not None:
-            return c.rollouts_sampled + B <= self.ratio * self._pushed()
+        return True
+
+    def ready(self, B: int) -> bool:
+        """Can the learner take a step now without breaking a bound?"""
+        if not self._has_usable_data(B):
+            return False
+        if self.cfg.buffer.kind == "replay" and self.ratio is not None:
+            return self.counters.rollouts_sampled + B <= self.ratio * self._pushed()
         return True
 
     def hold(self, B: int) -> bool:
-        """Should generators wait? Only when a batch ahead of what the learner can use."""
+        """Should generators wait? Only when a batch ahead of what the learner can use.
+
+        Never while the learner lacks usable data: rollouts dropped as stale still count as
+        pushed, so the replay-ratio pace alone would hold the generators while the learner
+        waits for fresh rollouts (a deadlock seen when a restarted generator fell behind).
+        """
         cfg, c = self.cfg, self.counters
         if cfg.buffer.kind == "onpolicy":
             return len(self.buffer) >= B
-        if self.ratio is None:
+        if self.ratio is None or not self._has_usable_data(B):
             return False
         return self._pushed() >= (c.rollouts_sampled + B) / self.ratio + cfg.rollouts_per_step
 
@@ -218,7 +231,9 @@ class AsyncSession(Session):
         stats = dict(self._stats)
         for k, vs in self.fresh_stats.items():
             stats[k] = sum(vs) / len(vs)
-        stats["rollouts/dropped_reward_error"] = float(self.counters.rollouts_dropped_reward_error)
+        c = self.counters
+        stats["rollouts/dropped_reward_error"] = float(c.rollouts_dropped_reward_error)
+        stats["rollouts/dropped_reward_timeout"] = float(c.rollouts_dropped_reward_timeout)
         stats["async/learner_idle_s"] = self.learner_clock.idle_s
         stats["async/rollouts_lost_worker_died"] = float(self.counters.rollouts_lost_worker_died)
         stats["async/newest_generator_version"] = float(self.newest_delivered)

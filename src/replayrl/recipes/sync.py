@@ -43,7 +43,8 @@ def sync_step(s: Session, progress: Progress) -> None:
     s.source.before_step(s.learner, c, s.log)  # ReMix: reincarnation at step T
     t_start = time.perf_counter()
     fresh, stats = s.produce()  # generate, score, group advantages
-    t_gen = time.perf_counter() - t_start
+    t_reward = stats.get("time/reward_s", 0.0)  # user code, not generation: not in mu
+    t_gen = time.perf_counter() - t_start - t_reward
     batch, epochs = s.source.next_batch(fresh, s.learner.version)  # push, sample
     t_train = s.train_batch(batch, epochs, fresh, stats)  # update
     c.generation_seconds += t_gen
@@ -67,8 +68,8 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
     mus, produced = [], []
     for _ in range(cfg.design.warmup_steps):
         t0 = time.perf_counter()
-        rollouts, _ = s.produce()
-        t_gen = time.perf_counter() - t0
+        rollouts, stats = s.produce()
+        t_gen = time.perf_counter() - t0 - stats.get("time/reward_s", 0.0)  # not rewards
         produced.extend(rollouts)
         if not rollouts:
             continue

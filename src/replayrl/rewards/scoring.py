@@ -1,17 +1,32 @@
 """Score completions with several weighted reward functions, robust to faulty functions.
 
-A function that raises, returns the wrong length, or returns NaN/inf for an item must not
-crash the run: the affected rollouts are dropped and counted, and the first error is kept.
+A reward function that raises, hangs, returns the wrong number of values, or returns a
+value that is not a finite number must not crash or stall the run: the affected rollouts
+are dropped and counted by reason, and the first error is kept for the log.
+
+Timeouts. Python cannot kill a function running in a thread, so a per-call timeout here
+is honest about what it does: each call runs in a fresh daemon thread; if it has not
+returned within `timeout_s`, the call is abandoned (its result, if it ever comes, is
+ignored), every rollout of that call is dropped with reason "timeout", and the thread is
+left running in the background (counted by `abandoned_threads()`; it ends with the
+process). A call that timed out is never retried item by item, and the item-by-item
+isolation of a call that raised shares one `timeout_s` budget, so a slow function that
+raises costs at most about 2 x timeout_s per step, not one timeout per item.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 RewardFunction = Callable[..., Sequence[float | None]]
+
+DEFAULT_TIMEOUT_S = 60.0
+_abandoned: list[threading.Thread] = []
 
 
 @dataclass
@@ -25,9 +40,12 @@ class WeightedReward:
 class ScoreResult:
     rewards: list[float | None]  # None: the rollout must be dropped (a reward function failed)
     per_function: dict[str, list[float | None]]
-    errors: int = 0  # rollouts dropped because of a failing reward function
+    errors: int = 0  # rollouts dropped because of a failing reward function (any reason)
     first_error: str | None = None
-    error_counts: dict[str, int] = field(default_factory=dict)
+    error_counts: dict[str, int] = field(default_factory=dict)  # per function name
+    reasons: dict[str, int] = field(default_factory=dict)  # dropped rollouts per reason
+    seconds: float = 0.0  # wall time spent in reward functions (not generation)
+    timeouts: int = 0  # calls abandoned after timeout_s
 
     def means(self) -> dict[str, float]:
         """Mean of each function's valid values (for per-function reward metrics)."""
@@ -38,30 +56,149 @@ class ScoreResult:
         return out
 
 
+class RewardCallError(Exception):
+    """One reward call's failure and its reason (timeout, error, wrong_length, ...)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def abandoned_threads() -> int:
+    """Reward calls abandoned after a timeout whose threads are still running."""
+    _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+    return len(_abandoned)
+
+
 def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     keys = [k for k in rows[0] if k != "prompt"] if rows else []
     return {k: [r.get(k) for r in rows] for k in keys}
 
 
-def _check_value(v: Any) -> float | None:
+def check_value(v: Any) -> float | None:
+    """A reward value as a float; None stays None (not applicable). Numbers (bool counts as
+    0/1, numpy scalars, one-element tensors) are accepted; text such as "1.0" is not a
+    number and raises RewardCallError, as does NaN or inf."""
     if v is None:
         return None
-    if isinstance(v, bool):
-        return float(v)
-    f = float(v)  # raises on non-numbers
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):
+        raise RewardCallError("non_numeric", f"returned {type(v).__name__} {v!r}, not a number")
+    try:
+        f = float(v)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise RewardCallError("non_numeric", f"returned {v!r}, not a number ({exc})") from None
     if not math.isfinite(f):
-        raise ValueError(f"returned non-finite reward {v!r}")
+        raise RewardCallError("non_finite", f"returned non-finite reward {v!r}")
     return f
 
 
+def _run(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None, what: str) -> Any:
+    if timeout is None:
+        try:
+            return fn(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - user code: any error is the call's failure
+            raise RewardCallError("error", f"{type(exc).__name__}: {exc}") from exc
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["out"] = fn(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            box["exc"] = exc
+
+    t = threading.Thread(target=target, name=f"reward:{what}", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        _abandoned.append(t)
+        raise RewardCallError(
+            "timeout",
+            f"did not return within {timeout:g} s (call abandoned; its thread keeps running "
+            "in the background)",
+        )
+    if "exc" in box:
+        exc = box["exc"]
+        raise RewardCallError("error", f"{type(exc).__name__}: {exc}") from exc
+    return box["out"]
+
+
 def _call(
-    wr: WeightedReward, prompts: list[str], completions: list[str], rows: Sequence[dict[str, Any]]
-) -> list[float | None]:
-    out = wr.fn(prompts=prompts, completions=completions, **_columns(rows))
-    if out is None or len(out) != len(completions):
-        got = "None" if out is None else f"{len(out)} values"
-        raise ValueError(f"returned {got} for {len(completions)} completions")
-    return [_check_value(v) for v in out]
+    wr: WeightedReward,
+    prompts: list[str],
+    completions: list[str],
+    rows: Sequence[dict[str, Any]],
+    timeout: float | None,
+) -> list[Any]:
+    kwargs = {"prompts": prompts, "completions": completions, **_columns(rows)}
+    out = _run(wr.fn, kwargs, timeout, wr.name)
+    try:
+        n = len(out)
+    except TypeError:
+        n = None
+    if out is None or n != len(completions) or isinstance(out, (str, bytes)):
+        got = "None" if out is None else f"{type(out).__name__} of {n} values"
+        raise RewardCallError("wrong_length", f"returned {got} for {len(completions)} completions")
+    return list(out)
+
+
+class _Scorer:
+    def __init__(self, n: int, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.failed: list[str | None] = [None] * n  # the reason each rollout is dropped
+        self.result = ScoreResult(rewards=[None] * n, per_function={})
+
+    def fail(self, wr: WeightedReward, i: int, err: RewardCallError) -> None:
+        r = self.result
+        r.error_counts[wr.name] = r.error_counts.get(wr.name, 0) + 1
+        if self.failed[i] is None:
+            self.failed[i] = err.reason
+        if r.first_error is None:
+            r.first_error = f"reward function {wr.name!r}: {err} [{err.reason}]"
+
+    def values(self, wr: WeightedReward, raw: list[Any], idx: list[int]) -> list[float | None]:
+        out: list[float | None] = []
+        for i, v in zip(idx, raw, strict=True):
+            try:
+                out.append(check_value(v))
+            except RewardCallError as err:
+                out.append(None)
+                self.fail(wr, i, err)
+        return out
+
+    def run(self, wr: WeightedReward, prompts, completions, rows) -> list[float | None]:
+        n = len(completions)
+        try:
+            raw = _call(wr, prompts, completions, rows, self.timeout)
+            return self.values(wr, raw, list(range(n)))
+        except RewardCallError as err:
+            if err.reason == "timeout":  # never retried: it could cost n more timeouts
+                self.result.timeouts += 1
+                for i in range(n):
+                    self.fail(wr, i, err)
+                return [None] * n
+        # the batch call raised or returned a bad shape: isolate the failing items, within
+        # one shared time budget
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        values: list[float | None] = []
+        for i in range(n):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                err = RewardCallError(
+                    "timeout", f"item-by-item retries ran past {self.timeout:g} s"
+                )
+                self.fail(wr, i, err)
+                values.append(None)
+                continue
+            try:
+                raw = _call(wr, prompts[i : i + 1], completions[i : i + 1], rows[i : i + 1], left)
+                values.extend(self.values(wr, raw, [i]))
+            except RewardCallError as err:
+                if err.reason == "timeout":
+                    self.result.timeouts += 1
+                    deadline = time.monotonic()  # stop retrying this function
+                self.fail(wr, i, err)
+                values.append(None)
+        return values
 
 
 def score(
@@ -69,34 +206,24 @@ def score(
     prompts: list[str],
     completions: list[str],
     rows: Sequence[dict[str, Any]],
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
 ) -> ScoreResult:
-    """Weighted sum of reward functions (None = not applicable, as in TRL's nansum)."""
+    """Weighted sum of reward functions (None = not applicable, as in TRL's nansum).
+
+    Each call gets `timeout_s` seconds (None: no timeout, called in this thread).
+    """
+    t0 = time.perf_counter()
     n = len(completions)
-    failed = [False] * n
-    result = ScoreResult(rewards=[None] * n, per_function={})
+    s = _Scorer(n, timeout_s)
+    result = s.result
     for wr in fns:
-        try:
-            values = _call(wr, prompts, completions, rows)
-        except Exception:  # noqa: BLE001 - isolate the failing items one by one
-            values = []
-            for i in range(n):
-                try:
-                    values.append(
-                        _call(wr, prompts[i : i + 1], completions[i : i + 1], rows[i : i + 1])[0]
-                    )
-                except Exception as exc:  # noqa: BLE001
-                    values.append(None)
-                    failed[i] = True
-                    result.error_counts[wr.name] = result.error_counts.get(wr.name, 0) + 1
-                    if result.first_error is None:
-                        result.first_error = (
-                            f"reward function {wr.name!r}: {type(exc).__name__}: {exc}"
-                        )
-        result.per_function[wr.name] = values
+        result.per_function[wr.name] = s.run(wr, prompts, completions, rows)
     for i in range(n):
-        if failed[i]:
+        if s.failed[i] is not None:
+            result.reasons[s.failed[i]] = result.reasons.get(s.failed[i], 0) + 1
             continue
         vals = [(wr.weight, result.per_function[wr.name][i]) for wr in fns]
         result.rewards[i] = sum(w * v for w, v in vals if v is not None)
-    result.errors = sum(failed)
+    result.errors = sum(f is not None for f in s.failed)
+    result.seconds = time.perf_counter() - t0
     return result

@@ -42,6 +42,7 @@ DEFAULT_EVAL_SIZE = 200  # upper bound of the held-out split when neither size n
 
 # skip reasons (keys of `DatasetTask.skipped`)
 INVALID_JSON = "invalid_json"
+NOT_UTF8 = "not_utf8"  # a line or row with bytes that are not UTF-8
 BAD_CSV_ROW = "bad_csv_row"
 NOT_A_MAPPING = "not_a_mapping"
 MISSING_PROMPT = "missing_prompt"
@@ -70,22 +71,53 @@ def _suffix(path: Path) -> tuple[str, bool]:
 
 
 def _read_text(path: Path, gz: bool) -> str:
+    """The file's text; bytes that are not UTF-8 become lone surrogates (surrogateescape),
+    so the rows holding them are skipped and counted (NOT_UTF8), not the whole file."""
     data = path.read_bytes()
     if gz:
         data = gzip.decompress(data)
-    return data.decode("utf-8-sig")
+    return data.decode("utf-8-sig", errors="surrogateescape")
+
+
+_BAD_BYTES = re.compile("[\udc80-\udcff]")
+
+
+def _has_bad_bytes(value: Any) -> bool:
+    if isinstance(value, str):
+        return _BAD_BYTES.search(value) is not None
+    if isinstance(value, Mapping):
+        return any(_has_bad_bytes(k) or _has_bad_bytes(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_has_bad_bytes(v) for v in value)
+    return False
+
+
+class SkipCounts(dict):
+    """Skipped rows per reason, plus where the first one of each reason is (file:line)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: dict[str, str] = {}
 
 
 def _count(skipped: dict[str, int] | None, reason: str, where: str) -> None:
     if skipped is None:
         raise ValueError(f"{where}: {reason.replace('_', ' ')}")
     skipped[reason] = skipped.get(reason, 0) + 1
+    if isinstance(skipped, SkipCounts):
+        skipped.first.setdefault(reason, where)
 
 
 def _jsonl_rows(text: str, path: Path, skipped: dict[str, int] | None) -> list[Any]:
     rows: list[Any] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # split on "\n" only: str.splitlines would also split inside a JSON string holding a
+    # raw U+2028 or \x1c (legal JSON), turning one good row into two broken ones
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
+            continue
+        if _has_bad_bytes(line):
+            _count(skipped, NOT_UTF8, f"{path}:{lineno}")
             continue
         try:
             rows.append(json.loads(line))
@@ -100,21 +132,33 @@ def _json_rows(text: str, path: Path, skipped: dict[str, int] | None) -> list[An
     except json.JSONDecodeError:
         return _jsonl_rows(text, path, skipped)  # a .json file holding JSON lines
     if isinstance(data, list):
-        return data
+        return _drop_bad_bytes(data, path, skipped)
     if isinstance(data, dict):
         lists = {k: v for k, v in data.items() if isinstance(v, list)}
         if len(lists) == 1:
             only = next(iter(lists.values()))
             if all(isinstance(r, Mapping) for r in only):  # {"data": [...]} or {"train": [...]}
-                return only
+                return _drop_bad_bytes(only, path, skipped)
         if lists and len(lists) == len(data) and len({len(v) for v in lists.values()}) == 1:
             keys = list(lists)  # column-oriented: {"prompt": [...], "answer": [...]}
             columns = zip(*lists.values(), strict=True)
-            return [dict(zip(keys, vals, strict=True)) for vals in columns]
+            rows = [dict(zip(keys, vals, strict=True)) for vals in columns]
+            return _drop_bad_bytes(rows, path, skipped)
     raise ValueError(
         f"{path}: a .json dataset must hold a list of rows, columns of equal length, "
         "or one key holding the list of rows"
     )
+
+
+def _drop_bad_bytes(rows: list[Any], path: Path, skipped: dict[str, int] | None) -> list[Any]:
+    """Rows of a JSON document without undecodable bytes (the others counted, by index)."""
+    kept = []
+    for i, row in enumerate(rows):
+        if _has_bad_bytes(row):
+            _count(skipped, NOT_UTF8, f"{path}: row {i}")
+        else:
+            kept.append(row)
+    return kept
 
 
 def _csv_rows(text: str, path: Path, skipped: dict[str, int] | None) -> list[Any]:
@@ -123,6 +167,9 @@ def _csv_rows(text: str, path: Path, skipped: dict[str, int] | None) -> list[Any
     for row in reader:
         if None in row:  # more cells than header columns
             _count(skipped, BAD_CSV_ROW, f"{path}:{reader.line_num}")
+            continue
+        if _has_bad_bytes(row):
+            _count(skipped, NOT_UTF8, f"{path}:{reader.line_num}")
             continue
         rows.append(row)
     return rows
@@ -318,6 +365,7 @@ class DatasetTask:
         self.seed = seed
         self.skipped: dict[str, int] = {}
         self.skipped_by_source: dict[str, dict[str, int]] = {}
+        self.first_skip: dict[str, str] = {}  # reason -> file:line of its first skipped row
 
         rows, self.source_label = self._load(source)
         if eval_path is not None:
@@ -363,8 +411,10 @@ class DatasetTask:
                 self.skipped[reason] = self.skipped.get(reason, 0) + c
 
     def _load(self, source: Any) -> tuple[list[Row], str]:
-        skipped: dict[str, int] = {}
+        skipped = SkipCounts()
         raw_rows, label = _source_rows(source, skipped)
+        for reason, where in skipped.first.items():
+            self.first_skip.setdefault(reason, where)
         counts: Counter[str] = Counter(skipped)
         rows: list[Row] = []
         for raw in raw_rows:
@@ -448,9 +498,10 @@ class DatasetTask:
             total = sum(counts.values())
             detail = f" ({_format_counts(counts)})" if total else ""
             parts.append(f"{label}: skipped {total} rows{detail}")
+        where = "".join(f"; first {r} at {w}" for r, w in sorted(self.first_skip.items()))
         return (
             f"dataset task {self.name!r} [{self.format}]: {self.num_train} train rows, "
-            f"{self.num_eval} eval rows; " + "; ".join(parts)
+            f"{self.num_eval} eval rows; " + "; ".join(parts) + where
         )
 
 
