@@ -34,10 +34,13 @@ def to_rollout(s: Sample, reward: float = 0.0, advantage: float = 0.0) -> Rollou
     )
 
 
-@pytest.fixture(scope="module")
-def generator(tiny_model, char_tokenizer) -> HFGenerator:
-    # batch_size 5 < 12 jobs: batches straddle prompts, so padding differs per batch
-    return HFGenerator(tiny_model, char_tokenizer, batch_size=5, policy_version=7)
+@pytest.fixture(scope="module", params=["fast", "generate"])
+def generator(request, tiny_model, char_tokenizer) -> HFGenerator:
+    # batch_size 5 < 12 jobs: batches straddle prompts, so padding differs per batch;
+    # every test runs on both implementations (our decode loop and transformers' generate)
+    return HFGenerator(
+        tiny_model, char_tokenizer, batch_size=5, policy_version=7, impl=request.param
+    )
 
 
 @pytest.fixture(scope="module", params=[0.7, 1.0], ids=["T0.7", "T1.0"])
@@ -227,3 +230,47 @@ def test_model_generation_config_does_not_truncate_sampling(tiny_model, char_tok
     # near-uniform random model puts most mass outside its top 2 (214 of 257 sampled tokens
     # with this seed and no top_k). With the model's top_k leaking in, none ever are.
     assert outside_top2 > total // 2
+
+
+def test_fast_and_generate_agree_when_greedy(tiny_model, char_tokenizer):
+    params = SamplingParams(max_new_tokens=MAX_NEW, greedy=True)
+    fast = HFGenerator(tiny_model, char_tokenizer, batch_size=5, impl="fast")
+    ref = HFGenerator(tiny_model, char_tokenizer, batch_size=5, impl="generate")
+    # 3 completions per prompt: the shared prefill is expanded to 3 rows per prompt
+    a, b = fast.generate(PROMPTS, 3, params), ref.generate(PROMPTS, 3, params)
+    assert [s.prompt_index for s in a] == [s.prompt_index for s in b]
+    for x, y in zip(a, b, strict=True):
+        assert x.completion_ids.tolist() == y.completion_ids.tolist()
+        assert x.truncated == y.truncated
+        assert torch.allclose(x.logprobs, y.logprobs, atol=1e-5)
+
+
+def test_fast_batches_split_groups_at_the_batch_size(tiny_model, char_tokenizer):
+    gen = HFGenerator(tiny_model, char_tokenizer, batch_size=5)
+    batches = gen._fast_batches([[1], [2], [3]], 4)
+    assert [[(i, n) for i, _, n in b] for b in batches] == [
+        [(0, 4), (1, 1)],
+        [(1, 3), (2, 2)],
+        [(2, 2)],
+    ]
+
+
+def test_bfloat16_copy_follows_the_policy_weights(tiny_model, char_tokenizer):
+    model = copy.deepcopy(tiny_model)
+    gen = HFGenerator(model, char_tokenizer, batch_size=8, dtype=torch.bfloat16)
+    params = SamplingParams(max_new_tokens=MAX_NEW, greedy=True)
+    before = gen.generate(PROMPTS, 1, params)
+    assert model.dtype == torch.float32  # the master weights are untouched
+    assert next(gen._copy.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():  # a "training step": the policy changes a lot
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    after = gen.generate(PROMPTS, 1, params)
+    want = HFGenerator(model, char_tokenizer, batch_size=8).generate(PROMPTS, 1, params)
+    assert any(
+        x.completion_ids.tolist() != y.completion_ids.tolist()
+        for x, y in zip(before, after, strict=True)
+    )
+    for x, y in zip(after, want, strict=True):
+        # bf16 rounds the logits: the log-probs are close, not equal
+        assert torch.allclose(x.logprobs[:1], y.logprobs[:1], atol=0.1)

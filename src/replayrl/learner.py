@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from replayrl import logprobs
 from replayrl.algorithms import ADVANTAGES, POLICY_LOSSES, batch_normaliser, importance_ess
 from replayrl.algorithms.advantages import gae, whiten
 from replayrl.algorithms.aggregation import Reducer
@@ -57,14 +58,8 @@ def token_logprobs(
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log pi(token) under logits / temperature, and the per-token entropy."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logits = logits[:, :-1].float() / temperature
-    logps = torch.log_softmax(logits, dim=-1)
-    targets = batch["input_ids"][:, 1:]
-    token_logps = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = -(logps.exp() * logps).sum(-1)
-    return token_logps, entropy
+    # completion positions only, head applied in chunks (replayrl/logprobs.py)
+    return logprobs.token_logprobs(model, batch, temperature, entropy_grad)
 
 
 def _nanmean(values: list[float]) -> float:

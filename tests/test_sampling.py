@@ -1,0 +1,66 @@
+"""Inverse-CDF next-token sampling: the distribution, the nucleus and the returned log-probs."""
+
+from __future__ import annotations
+
+import torch
+
+from replayrl.generation.sampling import sample_next, top_p_keep
+
+N = 40_000
+
+
+def _freqs(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=vocab).float() / tokens.numel()
+
+
+def test_samples_follow_the_tempered_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -30.0])
+    g = torch.Generator().manual_seed(0)
+    for temperature in (1.0, 0.5, 2.0):
+        tokens, logps = sample_next(logits.expand(N, -1), temperature, generator=g)
+        expected = torch.softmax(logits / temperature, -1)
+        # binomial std <= 0.0025 at N = 40,000: 0.01 is four of them
+        assert torch.allclose(_freqs(tokens, 5), expected, atol=0.01)
+        assert torch.allclose(logps, torch.log(expected)[tokens], atol=1e-6)
+    # a token with (numerically) zero probability is never drawn
+    tokens, _ = sample_next(torch.tensor([[0.0, -200.0, 0.0]]).expand(N, -1), generator=g)
+    assert int((tokens == 1).sum()) == 0
+
+
+def test_top_p_samples_the_renormalised_nucleus_and_stores_untruncated_logprobs():
+    probs = torch.tensor([0.1, 0.4, 0.2, 0.3])  # sorted: 0.4 (tok 1), 0.3 (tok 3), 0.2, 0.1
+    logits = probs.log()
+    g = torch.Generator().manual_seed(1)
+    tokens, logps = sample_next(logits.expand(N, -1), 1.0, top_p=0.5, generator=g)
+    # mass before tok 3 is 0.4 < 0.5: kept; before tok 2 it is 0.7: dropped
+    freqs = _freqs(tokens, 4)
+    assert freqs[0] == 0 and freqs[2] == 0
+    assert abs(float(freqs[1]) - 0.4 / 0.7) < 0.01
+    assert torch.allclose(logps, probs.log()[tokens], atol=1e-6)  # not renormalised
+    # top_p below the first token's mass keeps only it
+    tokens, _ = sample_next(logits.expand(1000, -1), 1.0, top_p=0.35, generator=g)
+    assert set(tokens.tolist()) == {1}
+
+
+def test_top_p_keep_mask():
+    sorted_probs = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.97, 0.01, 0.01, 0.01]])
+    assert top_p_keep(sorted_probs, 0.8).tolist() == [
+        [True, True, False, False],
+        [True, False, False, False],
+    ]
+    assert top_p_keep(sorted_probs, 1e-9)[:, 0].all()  # the top token always stays
+
+
+def test_greedy_takes_the_argmax_with_its_untempered_logprob():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 4.0, 0.0]])
+    tokens, logps = sample_next(logits, temperature=0.3, greedy=True)
+    assert tokens.tolist() == [1, 0]
+    assert torch.allclose(logps, torch.log_softmax(logits, -1)[[0, 1], [1, 0]])
+
+
+def test_bf16_logits_are_sampled_in_fp32():
+    logits = torch.randn(8, 1000).bfloat16()
+    tokens, logps = sample_next(logits, 1.0)
+    assert logps.dtype == torch.float32
+    want = torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert torch.allclose(logps, want)
