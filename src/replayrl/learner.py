@@ -56,10 +56,12 @@ def token_logprobs(
     batch: dict[str, torch.Tensor],
     temperature: float,
     entropy_grad: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log pi(token) under logits / temperature, and the per-token entropy."""
-    # completion positions only, head applied in chunks (replayrl/logprobs.py)
-    return logprobs.token_logprobs(model, batch, temperature, entropy_grad)
+    # completion positions only, head applied in chunks; `autocast`: e.g. bf16 matmuls
+    # with fp32 master weights (replayrl/logprobs.py)
+    return logprobs.token_logprobs(model, batch, temperature, entropy_grad, autocast)
 
 
 def _nanmean(values: list[float]) -> float:

@@ -8,6 +8,7 @@ from transformers import PreTrainedTokenizerBase
 from replayrl.config import Config
 from replayrl.generation.base import Generator
 from replayrl.generation.hf import HFGenerator
+from replayrl.precision import enable_fast_fp32_matmul, generation_dtype
 
 
 def make_generator(
@@ -26,7 +27,10 @@ def make_generator(
     """
     backend = cfg.rollout.backend
     if backend == "hf":
-        return HFGenerator(model, tokenizer, cfg.rollout.generation_batch_size)
+        if cfg.precision.fast_fp32_matmul:
+            enable_fast_fp32_matmul()
+        dtype = generation_dtype(cfg.precision.generation, next(model.parameters()).dtype)
+        return HFGenerator(model, tokenizer, cfg.rollout.generation_batch_size, dtype=dtype)
     if backend == "vllm":
         if cfg.model.lora.enabled:
             raise ValueError(

@@ -11,6 +11,7 @@ from replayrl.rewards.math import (
     completion_text,
     math_reward,
 )
+from replayrl.rewards.reasoning_gym import reasoning_gym_reward
 
 
 def correctness_reward(
@@ -39,4 +40,5 @@ BUILTIN_REWARDS = {
     "math": math_reward,
     "boxed_format": boxed_format_reward,
     "answer_tag_format": answer_tag_format_reward,
+    "reasoning_gym": reasoning_gym_reward,
 }

@@ -26,6 +26,19 @@ def task_from_config(t: TaskConfig) -> Task:
     """The task a config's `task` section describes."""
     if t.name == "arithmetic":
         return ArithmeticTask(digits=t.digits, eval_size=t.eval_size, seed=t.seed)
+    if t.name == "reasoning_gym":
+        from replayrl.tasks.reasoning_gym import ReasoningGymTask  # lazy: optional package
+
+        rg = t.reasoning_gym
+        return ReasoningGymTask(
+            rg.datasets,
+            size=rg.size,
+            config=rg.config,
+            weights=rg.weights,
+            eval_size=t.eval_size,
+            seed=t.seed,
+            system_prompt=t.system_prompt,
+        )
     return DatasetTask(
         t.path,
         eval_path=t.eval_path,
