@@ -427,7 +427,7 @@ def run_speed_bench(
     seqs: int = 16,
     seq_len: int = 200,
     group: int = 4,
-    grpo_repeats: int = 2,
+    grpo_repeats: int = 1,
     sections: tuple[str, ...] = ("generation", "learner", "grpo"),
     out: Path | None = None,
     log: Callable[[str], None] = print,
