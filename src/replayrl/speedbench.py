@@ -234,6 +234,22 @@ def _recompute(model, rollouts: list[Rollout], path: Path_, pad_id: int) -> list
     return out
 
 
+def _interleaved(
+    paths: list[Path_], runs: list[Callable[[], object]], repeats: int
+) -> list[tuple[float, object]]:
+    """Median seconds (and last result) of each path's run, the paths taking turns within
+    every repeat so that a change in the machine's load hits them all alike."""
+    times: list[list[float]] = [[] for _ in paths]
+    last: list[object] = [None] * len(paths)
+    for _ in range(repeats):
+        for i, (p, run) in enumerate(zip(paths, runs, strict=True)):
+            p.setup()
+            t0 = time.perf_counter()
+            last[i] = run()
+            times[i].append(time.perf_counter() - t0)
+    return [(statistics.median(t), x) for t, x in zip(times, last, strict=True)]
+
+
 def bench_generation(
     model, tok, paths: list[Path_], prompts: int, samples: list[int], max_new: int, repeats: int
 ) -> tuple[list[Row], dict[str, list[Sample]]]:
@@ -241,23 +257,32 @@ def bench_generation(
     texts = _prompts(tok, prompts)
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new)
     for s in samples:
+        gens = []
         for p in paths:
             p.setup()
             gen = HFGenerator(
                 model, tok, 256, impl="generate" if p.old else "fast", dtype=p.gen_dtype
             )
-            torch.manual_seed(0)
             gen.generate(texts[:2], 1, SamplingParams(max_new_tokens=4))  # warm-up
-            counts = []
+            gens.append(gen)
+        counts: list[list[int]] = [[] for _ in paths]
 
-            def run(gen=gen, s=s, counts=counts):
+        def make_run(gen, c, s=s):
+            def run():
                 out = gen.generate(texts, s, params)
-                counts.append(sum(x.completion_ids.numel() for x in out))
+                c.append(sum(x.completion_ids.numel() for x in out))
                 return out
 
-            seconds, out = _median_time(run, repeats)
+            return run
+
+        torch.manual_seed(0)
+        runs = [make_run(g, c) for g, c in zip(gens, counts, strict=True)]
+        for p, c, (seconds, out) in zip(
+            paths, counts, _interleaved(paths, runs, repeats), strict=True
+        ):
             kept[f"{p.name} x{s}"] = out
-            tokens = int(statistics.median(counts))
+            # tokens generated differ run to run (EOS): tokens/s = median tokens / median time
+            tokens = int(statistics.median(c))
             rows.append(
                 Row(
                     "generation",
@@ -309,7 +334,7 @@ def bench_learner(
     prompt_len = seq_len - seq_len * 16 // 25  # 200 -> 72 prompt + 128 completion
     vocab = int(model.get_input_embeddings().weight.shape[0])
     rollouts = _random_rollouts(vocab, seqs, prompt_len, seq_len - prompt_len)
-    rows = []
+    learners = []
     for p in paths:
         p.setup()
         policy = copy.deepcopy(model)
@@ -317,11 +342,15 @@ def bench_learner(
             policy = apply_lora(policy, ModelConfig.model_validate({"lora": {"enabled": True}}))
         learner = _learner(policy, pad_id, micro=64 if p.old else 8)
         _train(p, learner, rollouts[:2])  # warm-up
-        seconds, _ = _median_time(lambda p=p, lr=learner: _train(p, lr, rollouts), repeats)
-        kind = "LoRA" if lora else "full"
-        rows.append(Row("learner", f"{p.name}, {kind}", seqs * seq_len, seconds, None, kind))
-        del learner, policy
-    return rows
+        learners.append(learner)
+    runs = [
+        lambda p=p, lr=lr: _train(p, lr, rollouts) for p, lr in zip(paths, learners, strict=True)
+    ]
+    kind = "LoRA" if lora else "full"
+    return [
+        Row("learner", f"{p.name}, {kind}", seqs * seq_len, seconds, None, kind)
+        for p, (seconds, _) in zip(paths, _interleaved(paths, runs, repeats), strict=True)
+    ]
 
 
 def bench_grpo_step(
@@ -337,7 +366,7 @@ def bench_grpo_step(
     """Generate prompts x group completions, then one LoRA train step on them."""
     texts = _prompts(tok, prompts)
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new)
-    rows = []
+    runs, stats = [], []
     for p in paths:
         p.setup()
         policy = apply_lora(
@@ -346,15 +375,14 @@ def bench_grpo_step(
         core = policy.get_base_model()
         gen = HFGenerator(core, tok, 256, impl="generate" if p.old else "fast", dtype=p.gen_dtype)
         learner = _learner(policy, pad_id, micro=64 if p.old else 8)
-        torch.manual_seed(0)
-        gen_times, train_times = [], []
-        tokens = []
+        st: dict[str, list[float]] = {"gen": [], "train": [], "tokens": []}
+        stats.append(st)
 
-        def step(p=p, gen=gen, learner=learner, gt=gen_times, tt=train_times, nt=tokens):
+        def step(p=p, gen=gen, learner=learner, st=st):
             t0 = time.perf_counter()
             samples = gen.generate(texts, group, params)
             t1 = time.perf_counter()
-            rollouts = _to_rollouts(samples, len(gt))
+            rollouts = _to_rollouts(samples, len(st["gen"]))
             if p.gen_dtype is not None or p.autocast is not None:
                 # reduced precision: the learner's own log pi_old for the fresh rollouts
                 logprobs.refresh_behaviour_logprobs(
@@ -362,17 +390,20 @@ def bench_grpo_step(
                 )
             _train(p, learner, rollouts)
             gen.policy_version = learner.version
-            gt.append(t1 - t0)
-            tt.append(time.perf_counter() - t1)
-            nt.append(sum(r.completion_ids.numel() for r in rollouts))
+            st["gen"].append(t1 - t0)
+            st["train"].append(time.perf_counter() - t1)
+            st["tokens"].append(sum(r.completion_ids.numel() for r in rollouts))
 
-        seconds, _ = _median_time(step, repeats)
+        runs.append(step)
+    torch.manual_seed(0)
+    rows = []
+    for p, st, (seconds, _) in zip(paths, stats, _interleaved(paths, runs, repeats), strict=True):
         extra = (
-            f"gen {statistics.median(gen_times):.1f} s + train "
-            f"{statistics.median(train_times):.1f} s, {statistics.median(tokens):.0f} new tokens"
+            f"gen {statistics.median(st['gen']):.1f} s + train "
+            f"{statistics.median(st['train']):.1f} s, {statistics.median(st['tokens']):.0f} "
+            "new tokens"
         )
         rows.append(Row("grpo step", f"{p.name}, LoRA {prompts}x{group}", 1, seconds, None, extra))
-        del learner, policy, gen
     return rows
 
 
