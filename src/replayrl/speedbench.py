@@ -374,7 +374,9 @@ def bench_grpo_step(
         )
         core = policy.get_base_model()
         gen = HFGenerator(core, tok, 256, impl="generate" if p.old else "fast", dtype=p.gen_dtype)
-        learner = _learner(policy, pad_id, micro=64 if p.old else 8)
+        # micro-batch 8 on both paths, as configs/smollm2-gsm.yaml: the old path's full-vocab
+        # logits over 64 rollouts in one micro-batch took 22 GB and were OOM-killed here
+        learner = _learner(policy, pad_id, micro=8)
         st: dict[str, list[float]] = {"gen": [], "train": [], "tokens": []}
         stats.append(st)
 
