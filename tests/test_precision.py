@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from replayrl import precision
@@ -104,3 +105,50 @@ def test_bf16_sampler_logprobs_refreshed_to_the_learners(tiny_model, char_tokeni
         lp, _ = token_logprobs(model, b, 1.0)
     m = b["mask"].bool()
     assert float((lp - b["old_logprobs"])[m].abs().max()) < 1e-5
+
+
+def test_learner_autocast_step_refreshes_fresh_behaviour_logprobs(tiny_model, char_tokenizer):
+    """Wiring: with learner_autocast=bfloat16 the learner recomputes log pi_old of fresh
+    rollouts in bf16 itself, so its first on-policy update sees ratios of 1."""
+    import numpy as np
+
+    from replayrl.learner import Learner
+
+    model = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)
+    gen = HFGenerator(model, char_tokenizer, 16)
+    torch.manual_seed(5)
+    samples = gen.generate(["1+2=", "12+34=", "7+80="], 4, SamplingParams(max_new_tokens=5))
+    rollouts = []
+    for i, s in enumerate(samples):
+        r = _rollout(0, [0.0])
+        r.prompt_ids, r.completion_ids, r.behaviour_logprobs = (
+            s.prompt_ids,
+            s.completion_ids,
+            s.logprobs,
+        )
+        r.advantage = 1.0 if i % 2 else -1.0
+        rollouts.append(r)
+    pad = char_tokenizer.pad_token_id
+    for refresh, expect_unit in (("never", False), ("auto", True)):
+        cfg = load_config(
+            None,
+            [
+                "precision.learner_autocast=bfloat16",
+                f"precision.recompute_behaviour_logprobs={refresh}",
+                "rollout.prompts_per_step=3",
+                "rollout.num_generations=4",
+            ],
+        )
+        batch = [copy.deepcopy(r) for r in rollouts]
+        learner = Learner(copy.deepcopy(model), pad, cfg)
+        m = learner.train_step(batch, np.random.default_rng(0))
+        if expect_unit:
+            assert m["behaviour_refreshed"] == len(batch)
+            assert m["behaviour_mismatch_max"] > 1e-3  # fp32 sampler vs bf16 learner
+            assert m["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+            assert all("sampler_logprobs" in r.extras for r in batch)
+        else:
+            assert "behaviour_refreshed" not in m
+            assert m["ratio_max"] > 1.001  # the bf16 learner disagrees with the fp32 sampler

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from replayrl import logprobs
+from replayrl import logprobs, precision
 from replayrl.algorithms import ADVANTAGES, POLICY_LOSSES, batch_normaliser, importance_ess
 from replayrl.algorithms.advantages import gae, whiten
 from replayrl.algorithms.aggregation import Reducer
@@ -96,6 +96,17 @@ class Learner:
         self.cfg = cfg
         self.loss_type = POLICY_LOSSES.check(cfg.algorithm.loss_type)
         self.lora = is_lora(model)
+        # precision policy (replayrl/precision.py): learner autocast, oneDNN fp32 matmuls, and
+        # whether fresh rollouts get log pi_old recomputed in the learner's own precision
+        p = cfg.precision
+        self.autocast = precision.autocast_dtype(p.learner_autocast)
+        if p.fast_fp32_matmul:
+            precision.enable_fast_fp32_matmul()
+        reduced = p.learner_autocast != "none" or p.generation not in ("auto", "float32")
+        reduced = reduced or (p.generation == "auto" and cfg.model.dtype != "float32")
+        self.recompute_behaviour = p.recompute_behaviour_logprobs == "always" or (
+            p.recompute_behaviour_logprobs == "auto" and reduced
+        )
         # only what trains (with LoRA: the adapters; the base weights are frozen)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -159,7 +170,12 @@ class Learner:
         with torch.no_grad():
             for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
                 b = collate(rollouts[sl], self.pad_id)
-                logps, _ = token_logprobs(model, b, self.cfg.rollout.temperature)  # type: ignore[arg-type]
+                logps, _ = token_logprobs(
+                    model,  # type: ignore[arg-type]
+                    b,
+                    self.cfg.rollout.temperature,
+                    autocast=self.autocast,
+                )
                 out.extend(unpad(logps, b["mask"]))
         return out
 
@@ -238,6 +254,12 @@ class Learner:
         cfg = self.cfg
         epochs = epochs or cfg.train.epochs
         stale_flags = list(stale) if stale is not None else [False] * len(batch)
+        refreshed: dict[str, float] = {}
+        if self.recompute_behaviour and not policy_frozen:
+            # reduced precision: fresh rollouts get log pi_old from the learner itself
+            refreshed = logprobs.refresh_behaviour_logprobs(
+                batch, self.version, lambda rs: self._per_rollout(self.model, rs)
+            )
         fields = self._frozen_fields(batch, stale_flags, step)
         w_base, w_prev = self.kl_weights(step)
         weights = ObjectiveWeights(
@@ -258,6 +280,7 @@ class Learner:
             self.version += 1
         out = {k: _nanmean(v) for k, v in sums.items()}
         out.update(kl_lambda=self.kl_lambda(step), kl_coef_base=w_base, kl_coef_prev=w_prev)
+        out.update(refreshed)
         return out
 
     def normaliser(self, minibatch: Sequence[Rollout]) -> float:
@@ -302,7 +325,11 @@ class Learner:
         """The objective's gradient on one micro-batch, and its diagnostics into `acc`."""
         mask = b["mask"]
         logps, entropy = token_logprobs(
-            self.model, b, self.cfg.rollout.temperature, entropy_grad=w.entropy_coef > 0
+            self.model,
+            b,
+            self.cfg.rollout.temperature,
+            entropy_grad=w.entropy_coef > 0,
+            autocast=self.autocast,
         )
         adv = b["token_advantages"] if not self.advantage.at_generation else b["advantages"]
         a = self.cfg.algorithm
@@ -431,7 +458,9 @@ class Learner:
         """A forward+backward pass with no optimizer step (to time training per sample)."""
         for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
             b = collate(rollouts[sl], self.pad_id)
-            logps, _ = token_logprobs(self.model, b, self.cfg.rollout.temperature)
+            logps, _ = token_logprobs(
+                self.model, b, self.cfg.rollout.temperature, autocast=self.autocast
+            )
             (-(logps * b["mask"]).sum()).backward()
         self.optimizer.zero_grad(set_to_none=True)
 
