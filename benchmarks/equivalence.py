@@ -5,6 +5,8 @@
     # on the code after it:
     python benchmarks/equivalence.py record /tmp/eq-after
     python benchmarks/equivalence.py compare /tmp/eq-before /tmp/eq-after
+    # a run setting on one side only (e.g. a new default's old value):
+    python benchmarks/equivalence.py record /tmp/eq-old --override rollout.generation_impl=generate
 
 Each case is a preset shortened to a few steps with overrides that reach the code paths a
 refactor can break (positive-bias sampling, mini-batches, the KL schedule, reincarnation
@@ -59,7 +61,7 @@ def _timeless(key: str) -> bool:
     return not any(t in key for t in TIME_KEYS)
 
 
-def record(out: Path, names: list[str]) -> None:
+def record(out: Path, names: list[str], extra_overrides: list[str] | None = None) -> None:
     from replayrl.config import load_config
     from replayrl.runner import train
 
@@ -69,7 +71,13 @@ def record(out: Path, names: list[str]) -> None:
         # the checkout's configs/ (a link to the shipped presets): a file path, so that code
         # from before presets had names (the "before" side of a comparison) reads it too
         preset = str(PRESET_DIR / f"{preset}.yaml")
-        overrides = [*COMMON, *extra, f"logging.run_dir={out / 'runs'}", f"logging.name={name}"]
+        overrides = [
+            *COMMON,
+            *extra,
+            *(extra_overrides or []),
+            f"logging.run_dir={out / 'runs'}",
+            f"logging.name={name}",
+        ]
         train(load_config(preset, overrides), log=lambda s: None)
         rows = (out / "runs" / name / "metrics.jsonl").read_text()
         (out / f"{name}.jsonl").write_text(rows)
@@ -138,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("record")
     r.add_argument("out", type=Path)
     r.add_argument("--cases", nargs="*", default=list(CASES))
+    r.add_argument(
+        "--override",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides for every case (e.g. rollout.generation_impl=generate)",
+    )
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
@@ -145,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--allow-added", action="store_true", help="accept keys only the second run has")
     args = p.parse_args(argv)
     if args.cmd == "record":
-        record(args.out, args.cases)
+        record(args.out, args.cases, args.override)
         return 0
     return compare(args.before, args.after, args.cases, args.allow_added)
 

@@ -459,7 +459,12 @@ class ReplayTrainer:
             task = self._task if self._task is not None else task_from_config(t)
             rows = task.eval_rows()
             rows = rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else rows
-        gen = HFGenerator(unwrap_model(model), tok, cfg.rollout.generation_batch_size)
+        gen = HFGenerator(
+            unwrap_model(model),
+            tok,
+            cfg.rollout.generation_batch_size,
+            impl=cfg.rollout.generation_impl,
+        )
         e = cfg.eval
         metrics = evaluate(
             gen,

@@ -57,7 +57,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     model, tok, path = load_policy(cfg.model, cfg.task)
     task = task_from_config(cfg.task)
     rows = task.eval_rows()[: cfg.eval.num_prompts] if cfg.eval.num_prompts else task.eval_rows()
-    gen = HFGenerator(unwrap_model(model), tok, cfg.eval.batch_size)
+    gen = HFGenerator(
+        unwrap_model(model), tok, cfg.eval.batch_size, impl=cfg.rollout.generation_impl
+    )
     render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
     res = evaluate(
         gen,

@@ -185,6 +185,10 @@ class RolloutConfig(_Section):
     reward_timeout_s: float | None = Field(60.0, gt=0)
     # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`)
     backend: Literal["hf", "vllm"] = "hf"
+    # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling; ~2x);
+    # generate = transformers generate + torch.multinomial, the implementation before 0.2
+    # (other random draws: select it to reproduce runs and BENCHMARKS.md's default suite)
+    generation_impl: Literal["fast", "generate"] = "fast"
 
 
 class VLLMConfig(_Section):
@@ -311,6 +315,10 @@ class TrainConfig(_Section):
     max_grad_norm: float | None = Field(1.0, gt=0)
     seed: int = 0
     threads: int | None = Field(None, ge=1)  # torch intra-op threads; None = torch default
+    # learner log-probs: chunked = completion positions only, output head in chunks (less
+    # memory, faster); full = full-vocabulary logits of every position, the implementation
+    # before 0.2 (rounding differs at ~1e-7: select it to reproduce older runs bit for bit)
+    logprobs_impl: Literal["chunked", "full"] = "chunked"
 
 
 class EvalConfig(_Section):

@@ -57,11 +57,12 @@ def token_logprobs(
     temperature: float,
     entropy_grad: bool = False,
     autocast: torch.dtype | None = None,
+    full: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log pi(token) under logits / temperature, and the per-token entropy."""
     # completion positions only, head applied in chunks; `autocast`: e.g. bf16 matmuls
     # with fp32 master weights (replayrl/logprobs.py)
-    return logprobs.token_logprobs(model, batch, temperature, entropy_grad, autocast)
+    return logprobs.token_logprobs(model, batch, temperature, entropy_grad, autocast, full)
 
 
 def _nanmean(values: list[float]) -> float:
@@ -100,6 +101,7 @@ class Learner:
         # whether fresh rollouts get log pi_old recomputed in the learner's own precision
         p = cfg.precision
         self.autocast = precision.autocast_dtype(p.learner_autocast)
+        self.full_logprobs = cfg.train.logprobs_impl == "full"
         if p.fast_fp32_matmul:
             precision.enable_fast_fp32_matmul()
         reduced = p.learner_autocast != "none" or p.generation not in ("auto", "float32")
@@ -175,6 +177,7 @@ class Learner:
                     b,
                     self.cfg.rollout.temperature,
                     autocast=self.autocast,
+                    full=self.full_logprobs,
                 )
                 out.extend(unpad(logps, b["mask"]))
         return out
@@ -330,6 +333,7 @@ class Learner:
             self.cfg.rollout.temperature,
             entropy_grad=w.entropy_coef > 0,
             autocast=self.autocast,
+            full=self.full_logprobs,
         )
         adv = b["token_advantages"] if not self.advantage.at_generation else b["advantages"]
         a = self.cfg.algorithm
@@ -459,7 +463,11 @@ class Learner:
         for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
             b = collate(rollouts[sl], self.pad_id)
             logps, _ = token_logprobs(
-                self.model, b, self.cfg.rollout.temperature, autocast=self.autocast
+                self.model,
+                b,
+                self.cfg.rollout.temperature,
+                autocast=self.autocast,
+                full=self.full_logprobs,
             )
             (-(logps * b["mask"]).sum()).backward()
         self.optimizer.zero_grad(set_to_none=True)

@@ -107,15 +107,19 @@ def token_logprobs(
     temperature: float,
     entropy_grad: bool = False,
     autocast: torch.dtype | None = None,
+    full: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log pi(token) under logits / temperature and the per-token entropy, laid out
     like `batch["mask"]` ((batch, length - 1); zero outside the mask).
+
+    `full` computes them from full-vocabulary logits at every position (`token_logprobs_full`,
+    the older implementation: same values up to rounding, more memory).
 
     `autocast` (e.g. torch.bfloat16) runs the model's matmuls in that dtype (fp32 master
     weights untouched); the log-softmax is always fp32.
     """
     with precision.autocast(autocast, batch["input_ids"].device):
-        parts = None if _reference else _split(model)
+        parts = None if _reference or full else _split(model)
         if parts is None:
             return token_logprobs_full(model, batch, temperature, entropy_grad)
         return _token_logprobs_head(parts, batch, temperature, entropy_grad)

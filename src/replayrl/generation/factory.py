@@ -30,7 +30,13 @@ def make_generator(
         if cfg.precision.fast_fp32_matmul:
             enable_fast_fp32_matmul()
         dtype = generation_dtype(cfg.precision.generation, next(model.parameters()).dtype)
-        return HFGenerator(model, tokenizer, cfg.rollout.generation_batch_size, dtype=dtype)
+        return HFGenerator(
+            model,
+            tokenizer,
+            cfg.rollout.generation_batch_size,
+            dtype=dtype,
+            impl=cfg.rollout.generation_impl,
+        )
     if backend == "vllm":
         if cfg.model.lora.enabled:
             raise ValueError(

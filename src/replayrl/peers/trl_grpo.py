@@ -296,7 +296,12 @@ class _Recorder(TrainerCallback):
 
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
         t0 = time.perf_counter()
-        generator = HFGenerator(model, self.tokenizer, self.cfg.rollout.generation_batch_size)
+        generator = HFGenerator(
+            model,
+            self.tokenizer,
+            self.cfg.rollout.generation_batch_size,
+            impl=self.cfg.rollout.generation_impl,
+        )
         e = self.cfg.eval
         ev = evaluate(
             generator,
