@@ -92,3 +92,33 @@ def test_config_errors_are_clear():
         _task("task.reasoning_gym.datasets=[no_such_dataset]", "task.reasoning_gym.config={}")
     with pytest.raises(ValueError, match="not in use"):
         _task("task.reasoning_gym.config={gcd: {}}")
+
+
+def test_reward_runs_under_the_reward_timeout(monkeypatch):
+    """The reasoning_gym reward is called through scoring.score like every reward: a scorer
+    that hangs past rollout.reward_timeout_s drops that call's rollouts as "timeout"."""
+    import threading
+
+    from replayrl.rewards import reasoning_gym as rg_reward
+
+    task = _task()
+    rows = task.eval_rows()[:2]
+    release = threading.Event()
+
+    def hang(*args, **kwargs):
+        release.wait(5)  # abandoned by score(); released below so the thread ends
+        return 1.0
+
+    monkeypatch.setattr(rg_reward, "score_completion", hang)
+    try:
+        res = score(
+            resolve_rewards([("reasoning_gym", 1.0)]),
+            ["p"] * 2,
+            ["<answer>1</answer>"] * 2,
+            rows,
+            timeout_s=0.2,
+        )
+    finally:
+        release.set()
+    assert res.rewards == [None, None]
+    assert res.timeouts >= 1 and res.reasons.get("timeout") == 2

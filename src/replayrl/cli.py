@@ -123,6 +123,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from replayrl.report import make_report
 
     suite = load_suite(args.suite)
+    # applied to every variant after the suite's own overrides (e.g. an implementation choice)
+    suite["overrides"] = [*suite.get("overrides", []), *(args.set or [])]
     only = None
     if args.only:
         only = sorted(set(args.only) | {suite["baseline"]})
@@ -200,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", help="run only these variants (baseline included)")
     p.add_argument("--out", default="runs/bench", help="root folder for the suite's runs")
     p.add_argument("--fresh", action="store_true", help="rerun finished runs (default: reuse)")
+    p.add_argument(
+        "--set",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="config overrides for every variant of the suite (after the suite's own)",
+    )
     p.add_argument("--n", type=int, default=1_000_000, help="bench buffer: rollouts stored")
     p.add_argument("--batch", type=int, default=256, help="bench buffer: sample size")
     p.add_argument("--repeats", type=int, help="bench buffer / speed: timed repeats (200 / 3)")
