@@ -6,11 +6,12 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from replayrl.bench import first_reaching, load_suite, stats
+from replayrl.bench import first_reaching, load_suite, modelled_compute_to, stats
 from replayrl.cli import main
-from replayrl.config import ConfigError
+from replayrl.config import ConfigError, load_config
 from tiny import TINY_MODEL
 
 TINY = [
@@ -250,3 +251,57 @@ def test_quick_bench_on_a_common_grid_saves_eval_every_and_gamma(tmp_path: Path)
         # evaluated at 0, 8 and 16 rollouts (grpo at step 1 and 2; the others at step 2)
         grid = [e["rollouts_generated"] for e in run["evals"]]
         assert grid == ([0, 8, 16] if name == "grpo" else [0, 8])
+
+
+def test_reasoning_suite_quick_runs_every_task_with_per_task_and_median_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real `reasoning` suite file under --quick: 3 tasks, ppo pair on `add` only."""
+    out = tmp_path / "out"
+    root = Path(__file__).parent.parent
+    monkeypatch.chdir(root)  # the suite names its presets relative to the repository
+    args = ["bench", "reasoning", "--quick", "--seeds", "0", "--out", str(out)]
+    assert main(args) == 0
+    folder = out / "reasoning"
+    summary = json.loads((folder / "summary.json").read_text(), parse_constant=_no_constants)
+    assert set(summary["tasks"]) == {"add", "sub", "chain"} and summary["paper_mu"] == 5.3
+    for task, s in summary["tasks"].items():
+        names = set(s["variants"])
+        assert {"grpo", "replay", "replay-posbias", "remix-grpo"} <= names
+        assert ({"ppo", "remix-ppo"} <= names) == (task == "add")
+        assert (folder / task / "summary.json").is_file()
+        assert (folder / task / "accuracy_vs_rollouts_generated.png").stat().st_size > 1000
+        cfg = load_config(folder / task / "grpo-s0" / "config.yaml")
+        assert cfg.task.name == "reasoning" and cfg.task.op == task
+        assert cfg.rewards[0].name == "final_answer"
+    over = summary["median_over_tasks"]
+    assert over["grpo"]["tasks"] == ["add", "sub", "chain"]
+    assert over["remix-ppo"]["tasks"] == ["add"]
+    for name, row in over.items():
+        per = [
+            s["variants"][name]["final_eval_accuracy"]["median"]
+            for s in summary["tasks"].values()
+            if name in s["variants"]
+        ]
+        assert row["final_eval_accuracy"]["median"] == pytest.approx(float(np.median(per)))
+    table = (folder / "table.md").read_text()
+    assert "| sub | replay-posbias |" in table and "**median over 3 tasks** | grpo" in table
+    assert "mu=5.3" in table
+
+
+def test_modelled_compute_is_mu_times_generated_plus_trained() -> None:
+    run = {
+        "mu_median": 2.0,
+        "evals": [
+            {"eval/accuracy": 0.1, "rollouts_generated": 0, "tokens_trained": 0},
+            {"eval/accuracy": 0.5, "rollouts_generated": 100, "rollouts_trained": 300},
+        ],
+    }
+    assert modelled_compute_to(run, 0.5, None) == 2.0 * 100 + 300
+    assert modelled_compute_to(run, 0.5, 5.3) == pytest.approx(5.3 * 100 + 300)
+    assert math.isinf(modelled_compute_to(run, 0.9, 5.3))
+    # no rollouts_trained in the eval: trained tokens x the learner's rollouts per token
+    run["evals"][1] = {"eval/accuracy": 0.5, "rollouts_generated": 100, "tokens_trained": 1000}
+    run["accounting"] = {"roles": {"learner/0": {"rollouts": 50, "tokens": 250}}}
+    assert modelled_compute_to(run, 0.5, 1.0) == pytest.approx(100 + 200)
+    assert math.isnan(modelled_compute_to({"evals": run["evals"]}, 0.5, None))

@@ -117,9 +117,15 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    # arithmetic: the built-in generated task; dataset: rows from a local file (`path`)
-    name: Literal["arithmetic", "dataset"] = "arithmetic"
+    # arithmetic: the built-in generated task; dataset: rows from a local file (`path`);
+    # reasoning: built-in written-out arithmetic (long traces, final answer after `#`)
+    name: Literal["arithmetic", "dataset", "reasoning"] = "arithmetic"
     digits: int = Field(2, ge=1, le=9)  # arithmetic's difficulty knob: digits per operand
+    # reasoning (tasks/reasoning.py): the operation, operand lengths min_digits..digits, and
+    # the number of terms of a chain
+    op: Literal["add", "sub", "chain"] = "add"
+    min_digits: int = Field(1, ge=1, le=9)
+    terms: int = Field(4, ge=3, le=8)
     eval_size: int = Field(200, ge=1)
     seed: int = 0
     path: str | None = None  # dataset: JSONL, JSON, parquet or CSV file

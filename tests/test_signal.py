@@ -1,0 +1,66 @@
+"""The no-learning-signal detector: per-step metrics and a warning after K empty steps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from replayrl.signal import RewardSignalMonitor, start_accuracy_warning
+
+
+def _step(groups: list[list[float]]) -> list[tuple[int, float]]:
+    return [(gid, r) for gid, rs in enumerate(groups) for r in rs]
+
+
+def test_frac_reward_zero_std_counts_groups_with_equal_rewards() -> None:
+    m = RewardSignalMonitor(patience=3)
+    rep = m.update(_step([[1, 1, 1], [0, 0, 0], [0, 1, 0], [1, 0, 1]]))
+    assert rep.metrics["signal/frac_reward_zero_std"] == pytest.approx(0.5)
+    assert rep.metrics["signal/no_signal_steps"] == 0 and rep.warning is None
+
+
+def test_warns_once_after_patience_steps_without_variance_and_resets() -> None:
+    m = RewardSignalMonitor(patience=3)
+    empty = _step([[0, 0], [0, 0]])
+    reports = [m.update(empty) for _ in range(5)]
+    assert [r.warning is not None for r in reports] == [False, False, True, False, False]
+    assert "no learning signal for 3 consecutive steps" in reports[2].warning
+    assert "all-correct or all-wrong" in reports[2].warning
+    assert reports[4].metrics["signal/no_signal_steps"] == 5
+    assert reports[4].metrics["signal/frac_reward_zero_std"] == 1.0
+    # one step with variance resets the streak; a new streak warns again
+    assert m.update(_step([[0, 1], [0, 0]])).metrics["signal/no_signal_steps"] == 0
+    again = [m.update(empty) for _ in range(3)]
+    assert again[-1].warning is not None
+    assert again[-1].metrics["signal/no_signal_total"] == 8
+
+
+def test_all_correct_groups_also_have_no_signal() -> None:
+    m = RewardSignalMonitor(patience=1)
+    rep = m.update(_step([[1, 1], [1, 1]]))
+    assert rep.warning is not None and "mean reward 1" in rep.warning
+
+
+def test_groups_of_one_are_judged_over_the_whole_step() -> None:
+    m = RewardSignalMonitor(patience=2)
+    varied = m.update([(0, 0.0), (1, 1.0), (2, 0.0)])  # PPO: one completion per prompt
+    assert math.isnan(varied.metrics["signal/frac_reward_zero_std"])
+    assert varied.metrics["signal/no_signal_steps"] == 0
+    m.update([(0, 0.0), (1, 0.0)])
+    rep = m.update([(0, 0.0), (1, 0.0)])
+    assert rep.warning is not None and "every rollout got the same reward" in rep.warning
+
+
+def test_dropped_rewards_are_ignored_and_patience_is_checked() -> None:
+    m = RewardSignalMonitor(patience=1)
+    rep = m.update([(0, 1.0), (0, float("nan")), (0, 0.0)])
+    assert rep.metrics["signal/frac_reward_zero_std"] == 0.0 and rep.warning is None
+    with pytest.raises(ValueError, match="patience"):
+        RewardSignalMonitor(patience=0)
+
+
+def test_start_accuracy_warning() -> None:
+    assert start_accuracy_warning(0.05, 200) is None
+    msg = start_accuracy_warning(0.0, 200)
+    assert msg is not None and "eval accuracy is 0 on 200 prompts" in msg
