@@ -8,9 +8,16 @@ import numpy as np
 import pytest
 
 from replayrl.config import load_config
+from replayrl.models import ensure_warmstart, warmstart_key
 from replayrl.rewards.builtin import final_answer, final_answer_reward
 from replayrl.tasks import task_from_config
-from replayrl.tasks.reasoning import ReasoningTask, add_trace, chain_trace, sub_trace
+from replayrl.tasks.reasoning import (
+    ALPHABET,
+    ReasoningTask,
+    add_trace,
+    chain_trace,
+    sub_trace,
+)
 
 
 def test_traces_show_the_working_and_end_with_the_answer() -> None:
@@ -45,7 +52,6 @@ def test_correct_teacher_is_always_right_and_traces_vary_in_length(op: str) -> N
     assert max(lengths) - min(lengths) >= 10
     # the same row solved correctly in two styles: a short and a longer correct trace
     if op != "chain":
-        row = task.make_row(47, 586) if hasattr(task, "make_row") else rows[0]
         short, long = task.trace(rows[0]), task.trace(rows[0], explicit=True)
         assert task.is_correct(short, rows[0]) and task.is_correct(long, rows[0])
         assert len(long) >= len(short)
@@ -99,3 +105,68 @@ def test_bad_knobs_are_clear_errors_and_config_builds_the_task() -> None:
     lengths = [len(task.trace(r)) + 1 for r in rows]  # + EOS
     assert statistics.median(lengths) >= 30
     assert max(lengths) <= cfg.rollout.max_new_tokens
+
+
+def test_arithmetic_warmstart_key_is_unchanged_by_the_new_task_fields() -> None:
+    """Existing configs keep their cached warm starts: the key hashes the same fields."""
+    import hashlib
+    import json
+
+    cfg = load_config("configs/demo.yaml")
+    payload = json.dumps(
+        {
+            "tiny": cfg.model.tiny.model_dump(),
+            "warmstart": cfg.model.warmstart.model_dump(),
+            "task": {"name": "arithmetic", "digits": 2, "eval_size": 200, "seed": 0},
+            "format": 2,
+        },
+        sort_keys=True,
+    )
+    assert warmstart_key(cfg.model, cfg.task) == hashlib.sha256(payload.encode()).hexdigest()[:16]
+    # reasoning knobs change a reasoning task's key, not arithmetic's
+    other = cfg.task.model_copy(update={"op": "sub", "terms": 6})
+    assert warmstart_key(cfg.model, other) == warmstart_key(cfg.model, cfg.task)
+    r = load_config("configs/reasoning-add.yaml")
+    sub = r.task.model_copy(update={"op": "sub"})
+    assert warmstart_key(r.model, sub) != warmstart_key(r.model, r.task)
+
+
+def test_tiny_warm_start_refuses_arithmetic_digits_it_cannot_start() -> None:
+    cfg = load_config(None, ["task.digits=3"])
+    with pytest.raises(ValueError, match=r"task.digits=3.*task.name=reasoning"):
+        ensure_warmstart(cfg.model, cfg.task, log=lambda _: None)
+
+
+def test_reasoning_warm_start_trains_on_the_tasks_own_teacher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The generalised warm start: phase 1 on the task's correct traces, phase 2 on its
+    mistaken teacher at model.warmstart.teacher_carry_error; the tokenizer covers the task."""
+    from transformers import AutoTokenizer
+
+    calls: list[tuple[int, float]] = []
+    real = ReasoningTask.sft_pairs
+
+    def spy(self, n, rng, error_rate):
+        calls.append((n, error_rate))
+        return real(self, n, rng, error_rate)
+
+    monkeypatch.setattr(ReasoningTask, "sft_pairs", spy)
+    cfg = load_config(
+        "configs/reasoning-chain.yaml",
+        [
+            "model.tiny.num_layers=1",
+            "model.tiny.hidden_size=32",
+            "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64",
+            "model.warmstart.steps=3",
+            "model.warmstart.mistake_steps=2",
+            "model.warmstart.batch_size=4",
+        ],
+    )
+    path = ensure_warmstart(cfg.model, cfg.task, log=lambda _: None)
+    assert calls == [(4, 0.0)] * 3 + [(4, 0.5)] * 2
+    assert set(ALPHABET) <= set(AutoTokenizer.from_pretrained(path).get_vocab())
+    calls.clear()
+    assert ensure_warmstart(cfg.model, cfg.task, log=lambda _: None) == path  # cached
+    assert calls == []

@@ -311,6 +311,8 @@ class LoggingConfig(_Section):
     progress: bool = True
     # a completion containing any of these counts toward `reflection_rate` (paper 2's finding)
     reflection_words: list[str] = ["wait", "check", "verify", "let me"]
+    # warn after this many consecutive steps without reward variance (signal.py)
+    no_signal_patience: int = Field(5, ge=1)
 
 
 class CheckpointConfig(_Section):

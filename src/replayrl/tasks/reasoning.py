@@ -19,9 +19,10 @@ traces vary in style (an `explicit` style pads short operands with zeros and wri
 `-0` for no carry; a `compact` one does not), so correct answers come from shorter or longer
 traces.
 
-The SFT teacher (`sft_pairs`) makes a realistic, fixable mistake: it forgets each carry
-(add, chain) or borrow (sub) with probability `error_rate`, and carries on from the wrong
-column consistently, as a student would. The held-out split is a seeded set of problems that
+The SFT teacher (`sft_pairs`) makes realistic, fixable mistakes, each with probability
+`error_rate`: it forgets a carry (add, chain) or a borrow (sub), and it gets a fixed fifth of
+the single-digit facts wrong by one (`confused`: shaky table entries, each to be fixed on its
+own), then carries on consistently from its wrong column, as a student would. The held-out split is a seeded set of problems that
 training never samples.
 """
 
@@ -34,6 +35,19 @@ from replayrl.tasks.base import Row
 
 OPS = ("add", "sub", "chain")
 ALPHABET = "0123456789+-=,;r#"
+
+
+def confused(x: int, y: int) -> bool:
+    """The teacher's shaky facts: a fixed fifth of the digit pairs (x, y) it sometimes gets
+    wrong by one (like a student's few wrong table entries); the same for every seed."""
+    return (3 * x + 7 * y) % 5 == 2
+
+
+def _slip(value: int, x: int, y: int, error_rate: float, rng: np.random.Generator | None) -> int:
+    """A shaky fact is written one too high (one too low for 9s) with probability error_rate."""
+    if rng is None or not error_rate or not confused(x, y) or rng.random() >= error_rate:
+        return value
+    return value + 1 if value % 10 != 9 else value - 1
 
 
 def _number(rng: np.random.Generator, min_digits: int, max_digits: int) -> int:
@@ -65,7 +79,7 @@ def add_trace(
         terms = [t for t in terms if t]
         if carry or explicit:
             terms.append(str(carry))
-        s = xs[i] + ys[i] + carry
+        s = _slip(xs[i] + ys[i] + carry, xs[i], ys[i], error_rate, rng)
         result = str(s % 10) + result
         steps.append(f"{'+'.join(terms)}={s},r{result}")
         carry = s // 10
@@ -94,7 +108,7 @@ def sub_trace(
             terms.append(str(ys[i]))
         if borrow or explicit:
             terms.append(str(borrow))
-        d = top - ys[i] - borrow
+        d = _slip(top - ys[i] - borrow, xs[i], ys[i], error_rate, rng)
         result = str(d) + result
         steps.append(f"{'-'.join(terms)}={d},r{result}")
         borrow = int(need)
@@ -107,7 +121,7 @@ def _add_sloppy(a: int, b: int, error_rate: float, rng: np.random.Generator | No
     """a + b column by column, each carry forgotten with probability `error_rate`."""
     out, place, carry = 0, 1, 0
     while a or b or carry:
-        s = a % 10 + b % 10 + carry
+        s = _slip(a % 10 + b % 10 + carry, a % 10, b % 10, error_rate, rng)
         out += (s % 10) * place
         carry = s // 10
         if carry and rng is not None and error_rate and rng.random() < error_rate:
@@ -122,7 +136,8 @@ def _sub_sloppy(a: int, b: int, error_rate: float, rng: np.random.Generator | No
     while a or b:
         d = a % 10 - b % 10 - borrow
         borrow = int(d < 0)
-        out += (d + 10 * borrow) * place
+        d = _slip(d + 10 * borrow, a % 10, b % 10, error_rate, rng)
+        out += d * place
         if borrow and rng is not None and error_rate and rng.random() < error_rate:
             borrow = 0
         a, b, place = a // 10, b // 10, place * 10
