@@ -22,8 +22,8 @@ traces.
 The SFT teacher (`sft_pairs`) makes realistic, fixable mistakes, each with probability
 `error_rate`: it forgets a carry (add, chain) or a borrow (sub), and it gets a fixed fifth of
 the single-digit facts wrong by one (`confused`: shaky table entries, each to be fixed on its
-own), then carries on consistently from its wrong column, as a student would. The held-out split is a seeded set of problems that
-training never samples.
+own), then carries on consistently from its wrong column, as a student would. The held-out
+split is a seeded set of problems that training never samples.
 """
 
 from __future__ import annotations
