@@ -267,7 +267,7 @@ def test_reasoning_suite_quick_runs_every_task_with_per_task_and_median_rows(
     assert set(summary["tasks"]) == {"add", "sub", "chain"} and summary["paper_mu"] == 5.3
     for task, s in summary["tasks"].items():
         names = set(s["variants"])
-        assert {"grpo", "replay", "replay-posbias", "remix-grpo"} <= names
+        assert {"grpo", "replay", "replay-posbias", "replay-auto", "remix-grpo"} <= names
         assert ({"ppo", "remix-ppo"} <= names) == (task == "add")
         assert (folder / task / "summary.json").is_file()
         assert (folder / task / "accuracy_vs_rollouts_generated.png").stat().st_size > 1000
