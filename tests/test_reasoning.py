@@ -170,3 +170,18 @@ def test_reasoning_warm_start_trains_on_the_tasks_own_teacher(
     calls.clear()
     assert ensure_warmstart(cfg.model, cfg.task, log=lambda _: None) == path  # cached
     assert calls == []
+
+
+def test_chain_rows_are_arrow_friendly_and_traces_follow_the_prompt() -> None:
+    import re
+
+    task = ReasoningTask("chain", digits=1, terms=6, eval_size=20, seed=1)
+    rows = task.sample_train(400, np.random.default_rng(0))
+    assert all(isinstance(r["ops"], str) for r in rows)
+    assert any("-0" in r["prompt"] for r in rows)  # the case a signed-int encoding would lose
+    for r in rows:
+        trace = task.trace(r)
+        assert task.is_correct(trace, r)
+        # each step applies the prompt's own operations, in order (`-0` stays `-0`)
+        steps = [re.fullmatch(r"\d+([+-]\d+)=\d+", s).group(1) for s in trace.split(";")[:-1]]
+        assert steps == re.findall(r"[+-]\d+", r["prompt"])

@@ -28,6 +28,8 @@ split is a seeded set of problems that training never samples.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from replayrl.rewards.builtin import ANSWER_MARK, final_answer
@@ -222,7 +224,9 @@ class ReasoningTask:
                 value = value + n if op == "+" else value - n
                 ops.append((op, n))
             prompt = str(start) + "".join(f"{o}{n}" for o, n in ops) + "="
-            return {"prompt": prompt, "answer": str(value), "start": start, "ops": ops}
+            # the operations as text (`+7-19+64`): rows must fit in Arrow tables (TRL peer)
+            terms = "".join(f"{o}{n}" for o, n in ops)
+            return {"prompt": prompt, "answer": str(value), "start": start, "ops": terms}
         a, b = _number(rng, lo, hi), _number(rng, lo, hi)
         if self.op == "sub":
             a, b = max(a, b), min(a, b)
@@ -260,7 +264,8 @@ class ReasoningTask:
     ) -> str:
         """The worked solution of `row` (a teacher that forgets carries at `error_rate`)."""
         if self.op == "chain":
-            return chain_trace(row["start"], row["ops"], error_rate=error_rate, rng=rng)[0]
+            ops = [(o, int(n)) for o, n in re.findall(r"([+-])(\d+)", row["ops"])]
+            return chain_trace(row["start"], ops, error_rate=error_rate, rng=rng)[0]
         fn = sub_trace if self.op == "sub" else add_trace
         return fn(row["a"], row["b"], explicit=explicit, error_rate=error_rate, rng=rng)[0]
 
