@@ -254,7 +254,7 @@ def test_quick_bench_on_a_common_grid_saves_eval_every_and_gamma(tmp_path: Path)
 
 
 def test_reasoning_suite_quick_runs_every_task_with_per_task_and_median_rows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The real `reasoning` suite file under --quick: 3 tasks, ppo pair on `add` only."""
     out = tmp_path / "out"
@@ -287,6 +287,16 @@ def test_reasoning_suite_quick_runs_every_task_with_per_task_and_median_rows(
     table = (folder / "table.md").read_text()
     assert "| sub | replay-posbias |" in table and "**median over 3 tasks** | grpo" in table
     assert "mu=5.3" in table
+    # --no-run starts nothing: the same summary from the finished runs; seed 1 has none
+    first = (folder / "summary.json").read_text()
+    assert main([*args, "--no-run"]) == 0
+    assert (folder / "summary.json").read_text() == first
+    capsys.readouterr()
+    assert (
+        main(["bench", "reasoning", "--quick", "--seeds", "1", "--no-run", "--out", str(out)]) == 2
+    )
+    assert "no task has a finished baseline run" in capsys.readouterr().err
+    assert not (folder / "add" / "grpo-s1").exists()
 
 
 def test_modelled_compute_is_mu_times_generated_plus_trained() -> None:

@@ -211,11 +211,17 @@ def run_suite(
     log: Log = print,
     fresh: bool = False,
     only_tasks: list[str] | None = None,
+    no_run: bool = False,
 ) -> dict[str, Any]:
-    """Run a suite; with `tasks:` every variant on every task (see `run_multi_task`)."""
+    """Run a suite; with `tasks:` every variant on every task (see `run_multi_task`).
+    `no_run`: start nothing, summarise the finished runs (missing ones are listed)."""
     if suite.get("tasks"):
-        return run_multi_task(suite, seeds, out_root, quick, only, log, fresh, only_tasks)
-    return _run_task(suite, seeds, out_root / suite["name"], quick, only, log, fresh, None)
+        return run_multi_task(
+            suite, seeds, out_root, quick, only, log, fresh, only_tasks, no_run=no_run
+        )
+    return _run_task(
+        suite, seeds, out_root / suite["name"], quick, only, log, fresh, None, no_run=no_run
+    )
 
 
 def _run_task(
@@ -227,6 +233,7 @@ def _run_task(
     log: Log,
     fresh: bool,
     task: str | None,
+    no_run: bool = False,
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     variants = {k: suite["variants"][k] for k in variants_on(suite, task, only)}
@@ -249,6 +256,9 @@ def _run_task(
             run_name = f"{name}-s{seed}"
             cfg = configs[name, seed]
             summary = None if fresh else _finished_run(cfg, out / run_name)
+            if summary is None and no_run:
+                log(f"{task + '/' if task else ''}{run_name}: not finished, left out (--no-run)")
+                continue
             if summary is not None:
                 log(f"{run_name}: reusing the finished run with the same config")
             else:
@@ -262,6 +272,7 @@ def _run_task(
                 f"{summary['final_eval_accuracy']:.3f}, rollouts "
                 f"{summary['rollouts_generated']}, wall {summary['wall_seconds']:.0f}s"
             )
+    results = {k: v for k, v in results.items() if v}  # --no-run: variants with no run
     label = {**suite, "name": f"{suite['name']}/{task}"} if task else suite
     return summarise(label, results, seeds, out, quick)
 
@@ -275,6 +286,7 @@ def run_multi_task(
     log: Log = print,
     fresh: bool = False,
     only_tasks: list[str] | None = None,
+    no_run: bool = False,
 ) -> dict[str, Any]:
     """Every variant on every task of `suite["tasks"]` (one folder per task, each with its own
     summary against its own baseline target), then the median over tasks per variant."""
@@ -286,7 +298,16 @@ def run_multi_task(
         for name in variants_on(suite, t, only):
             for seed in seeds:
                 variant_config(suite, name, seed, out / t, quick, t)
-    per_task = {t: _run_task(suite, seeds, out / t, quick, only, log, fresh, t) for t in tasks}
+    per_task = {}
+    for t in tasks:
+        try:
+            per_task[t] = _run_task(suite, seeds, out / t, quick, only, log, fresh, t, no_run)
+        except ConfigError as exc:
+            if not no_run:
+                raise
+            log(f"task {t} left out of the summary: {exc}")  # its baseline has no finished run
+    if not per_task:
+        raise ConfigError("no task has a finished baseline run to summarise")
     return summarise_tasks(suite, per_task, seeds, out, quick)
 
 

@@ -128,6 +128,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         only=only,
         fresh=args.fresh,
         only_tasks=args.tasks,
+        no_run=args.no_run,
     )
     out = Path(args.out) / suite["name"]
     if "tasks" in summary:  # a multi-task suite: one set of plots per task
@@ -206,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/bench", help="root folder for the suite's runs")
     p.add_argument("--fresh", action="store_true", help="rerun finished runs (default: reuse)")
     p.add_argument("--tasks", nargs="+", help="multi-task suites: run only these tasks")
+    p.add_argument(
+        "--no-run",
+        action="store_true",
+        help="start no run: summarise the finished ones (missing runs are listed and left out)",
+    )
     p.add_argument("--n", type=int, default=1_000_000, help="bench buffer: rollouts stored")
     p.add_argument("--batch", type=int, default=256, help="bench buffer: sample size")
     p.add_argument("--repeats", type=int, default=200, help="bench buffer: timed repeats")
