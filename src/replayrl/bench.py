@@ -125,8 +125,16 @@ def stats(xs: list[float]) -> dict[str, float]:
 def _finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
     """The summary of a completed run of exactly this config in `run_dir`, if there is one."""
     summary, saved = run_dir / "summary.json", run_dir / "config.yaml"
+    if not (summary.is_file() and saved.is_file()):
+        return None
     # compared as configs (not text): a saved run stays reusable when new defaulted knobs appear
-    if summary.is_file() and saved.is_file() and load_config(saved) == cfg:
+    done = load_config(saved)
+    if cfg.needs_design:  # a run saves the N, B (and sampling) it resolved from `auto`
+        done = done.model_copy(deep=True)
+        done.buffer.capacity = cfg.buffer.capacity
+        done.buffer.with_replacement = cfg.buffer.with_replacement
+        done.train.batch_size = cfg.train.batch_size
+    if done == cfg:
         data = json.loads(summary.read_text())
         if data.get("steps") == cfg.train.steps:
             return data
