@@ -64,3 +64,34 @@ def test_start_accuracy_warning() -> None:
     assert start_accuracy_warning(0.05, 200) is None
     msg = start_accuracy_warning(0.0, 200)
     assert msg is not None and "eval accuracy is 0 on 200 prompts" in msg
+
+
+def test_a_run_without_reward_variance_says_so(tmp_path) -> None:
+    """End to end: a barely warm-started model never writes `#answer` on the reasoning task,
+    so every reward is 0: the start warning, per-step metrics and the K-step warning."""
+    import json
+
+    from replayrl.run import train
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "task.name=reasoning",
+        "task.digits=2",
+        "rewards=[{name: final_answer}]",
+        "train.steps=3",
+        "logging.no_signal_patience=2",
+        "logging.name=flat",
+    )
+    logs: list[str] = []
+    summary = train(cfg, log=logs.append)
+    assert summary["initial_eval_accuracy"] == 0.0
+    assert any("WARNING: the starting policy's eval accuracy is 0" in line for line in logs)
+    warned = [line for line in logs if "no learning signal for 2 consecutive steps" in line]
+    assert len(warned) == 1 and warned[0].startswith("WARNING at step 2")
+    rows = [json.loads(x) for x in (tmp_path / "flat" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "signal/frac_reward_zero_std" in r]
+    assert [r["signal/no_signal_steps"] for r in steps] == [1, 2, 3]
+    assert all(r["signal/frac_reward_zero_std"] == 1.0 for r in steps)
+    assert summary["no_signal_steps"] == 3
+    assert summary["evals"][-1]["rollouts_trained"] == 3 * 8

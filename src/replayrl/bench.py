@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 from replayrl.config import ConfigError, config_to_yaml, load_config
+from replayrl.io import atomic_write_text
 from replayrl.metrics import read_metrics
 
 COMMON = ["logging.progress=false", "logging.tensorboard=false", "logging.overwrite=true"]
@@ -196,7 +197,7 @@ def _run_one(cfg, peer: str | None, run_dir: Path, log: Log) -> dict[str, Any]:
         return run_trl_grpo(cfg, run_dir, log=log)
     if peer is not None:
         raise ConfigError(f"unknown peer {peer!r} (known: trl)")
-    from replayrl.runner import train
+    from replayrl.run import train
 
     return train(cfg, log=log)
 
@@ -514,8 +515,8 @@ def summarise_tasks(
         "median_over_tasks": over,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, default=str))
-    (out / "table.md").write_text(multi_task_table(summary))
+    atomic_write_text(out / "summary.json", json.dumps(_json_safe(summary), indent=2, default=str))
+    atomic_write_text(out / "table.md", multi_task_table(summary))
     return summary
 
 
