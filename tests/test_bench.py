@@ -270,7 +270,7 @@ def test_reasoning_suite_resolves_every_task_and_variant() -> None:
     assert variants_on(suite, "sub", ["grpo", "ppo"]) == ["grpo"]
 
 
-def _fake_run(cfg, peer, run_dir: Path, log) -> dict:
+def _stand_in_run(cfg, peer, run_dir: Path, log) -> dict:
     """A finished run without training: final accuracy set by the task and the method
     (replay +0.1, ppo -0.1), reached at the second eval."""
     from replayrl.config import config_to_yaml
@@ -311,7 +311,7 @@ def test_multi_task_suite_per_task_rows_median_over_tasks_and_no_run(
     per task against that task's baseline, the median over tasks per variant, --no-run."""
     import replayrl.bench as bench
 
-    monkeypatch.setattr(bench, "_run_one", _fake_run)
+    monkeypatch.setattr(bench, "_run_one", _stand_in_run)
     suite = load_suite("reasoning")
     only = ["grpo", "replay", "ppo", "remix-ppo"]
     logs: list[str] = []
