@@ -95,3 +95,41 @@ def test_a_run_without_reward_variance_says_so(tmp_path) -> None:
     assert all(r["signal/frac_reward_zero_std"] == 1.0 for r in steps)
     assert summary["no_signal_steps"] == 3
     assert summary["evals"][-1]["rollouts_trained"] == 3 * 8
+
+
+def test_the_monitor_state_survives_a_checkpoint() -> None:
+    """A resumed run continues the streak and total (Session checkpoints state_dict())."""
+    a = RewardSignalMonitor(patience=3)
+    for _ in range(2):
+        a.update([(0, 0.0), (0, 0.0)])
+    b = RewardSignalMonitor(patience=3)
+    b.load_state_dict(a.state_dict())
+    ra, rb = a.update([(0, 1.0), (0, 1.0)]), b.update([(0, 1.0), (0, 1.0)])
+    assert ra.metrics == rb.metrics and rb.metrics["signal/no_signal_steps"] == 3.0
+    assert ra.warning is not None and rb.warning == ra.warning
+
+
+def test_an_async_run_feeds_the_monitor_its_fresh_deliveries(tmp_path) -> None:
+    """async-local: the rollouts delivered since the last learner step are one step's."""
+    import json
+
+    from replayrl.run import train
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "task.name=reasoning",
+        "task.digits=2",
+        "rewards=[{name: final_answer}]",
+        "train.steps=3",
+        "train.threads=1",
+        "runtime=async-local",
+        "logging.name=flat-async",
+    )
+    summary = train(cfg, log=lambda _: None)
+    rows = [
+        json.loads(x) for x in (tmp_path / "flat-async" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in rows if "signal/no_signal_total" in r]
+    assert steps and all(r["signal/frac_reward_zero_std"] == 1.0 for r in steps)
+    assert summary["no_signal_steps"] == len(steps) == steps[-1]["signal/no_signal_total"]

@@ -107,6 +107,7 @@ class Session:
             "prompt_rng": self.parts.prompt_rng.bit_generator.state,
             "shuffle_rng": self.parts.shuffle_rng.bit_generator.state,
             "counters": self.counters.__dict__.copy(),
+            "reward_signal": self.reward_signal.state_dict(),
         }
 
     def _restore(self, ckpt: Path) -> None:
@@ -117,6 +118,8 @@ class Session:
         self.parts.prompt_rng.bit_generator.state = state["prompt_rng"]
         self.parts.shuffle_rng.bit_generator.state = state["shuffle_rng"]
         self.counters = Counters(**state["counters"])
+        if "reward_signal" in state:  # checkpoints from before the monitor start it afresh
+            self.reward_signal.load_state_dict(state["reward_signal"])
         set_rng_state(state["rng"])
         self.log(
             f"resumed from {ckpt} at step {self.counters.step}, version {self.learner.version}"

@@ -43,6 +43,14 @@ class RewardSignalMonitor:
         if self.patience < 1:
             raise ValueError(f"patience must be >= 1 (got {self.patience})")
 
+    def state_dict(self) -> dict[str, int | bool]:
+        """The counts a resumed run continues from (checkpointed with the run)."""
+        return {"streak": self.streak, "total": self.total, "warned": self.warned}
+
+    def load_state_dict(self, state: dict[str, int | bool]) -> None:
+        self.streak, self.total = int(state["streak"]), int(state["total"])
+        self.warned = bool(state["warned"])
+
     def update(self, rewards: Iterable[tuple[int, float]]) -> SignalReport:
         """One step's fresh rollouts as (group id, reward) pairs -> metrics and a warning."""
         groups: dict[int, list[float]] = defaultdict(list)
