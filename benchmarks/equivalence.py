@@ -103,6 +103,11 @@ def _summary_diffs(a_path: Path, b_path: Path, allow_added: bool = False) -> lis
     a, b = json.loads(a_path.read_text()), json.loads(b_path.read_text())
     for d in (a, b):  # each eval record carries the clocks at that eval
         d["evals"] = [{k: v for k, v in e.items() if _timeless(k)} for e in d.get("evals", [])]
+    if allow_added:  # keys only the second run's eval records have (a new per-eval count)
+        b["evals"] = [
+            {k: v for k, v in eb.items() if k in ea}
+            for ea, eb in zip(a["evals"], b["evals"], strict=False)
+        ] + b["evals"][len(a["evals"]) :]
     both = a.keys() if allow_added else a.keys() | b.keys()
     keys = [k for k in both if _timeless(k) and k not in ("run_dir", "accounting")]
     out = [

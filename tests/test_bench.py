@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.bench import first_reaching, load_suite, stats
+from replayrl.bench import first_reaching, load_suite, modelled_compute_to, stats
 from replayrl.cli import main
-from replayrl.config import ConfigError
+from replayrl.config import ConfigError, load_config
 from tiny import TINY_MODEL
 
 TINY = [
@@ -250,3 +250,165 @@ def test_quick_bench_on_a_common_grid_saves_eval_every_and_gamma(tmp_path: Path)
         # evaluated at 0, 8 and 16 rollouts (grpo at step 1 and 2; the others at step 2)
         grid = [e["rollouts_generated"] for e in run["evals"]]
         assert grid == ([0, 8, 16] if name == "grpo" else [0, 8])
+
+
+def test_reasoning_suite_resolves_every_task_and_variant() -> None:
+    """The shipped `reasoning` suite: each task's block sets the task and reward for every
+    variant (presets by name), and the ppo pair runs on `add` only. Config resolution only."""
+    from replayrl.bench import variant_config, variants_on
+
+    suite = load_suite("reasoning")
+    assert list(suite["tasks"]) == ["add", "sub", "chain"]
+    for task in suite["tasks"]:
+        names = variants_on(suite, task, None)
+        assert {"grpo", "replay", "replay-posbias", "replay-auto", "remix-grpo"} <= set(names)
+        assert ({"ppo", "remix-ppo"} <= set(names)) == (task == "add")
+        for name in names:
+            cfg = variant_config(suite, name, 0, Path("unused"), quick=True, task=task)
+            assert cfg.task.name == "reasoning" and cfg.task.op == task
+            assert [r.name for r in cfg.rewards] == ["final_answer"]
+    assert variants_on(suite, "sub", ["grpo", "ppo"]) == ["grpo"]
+
+
+def _stand_in_run(cfg, peer, run_dir: Path, log) -> dict:
+    """A finished run without training: final accuracy set by the task and the method
+    (replay +0.1, ppo -0.1), reached at the second eval."""
+    from replayrl.config import config_to_yaml
+
+    acc = {"add": 0.5, "sub": 0.3, "chain": 0.1}[cfg.task.op]
+    acc += 0.1 if cfg.buffer.kind == "replay" else 0.0
+    acc -= 0.1 if cfg.algorithm.advantage == "gae" else 0.0
+    evals = [
+        {"eval/accuracy": 0.0, "rollouts_generated": 0, "wall_seconds": 0.0},
+        {
+            "eval/accuracy": acc,
+            "rollouts_generated": 64,
+            "wall_seconds": 2.0,
+            "rollouts_trained": 128,
+        },
+    ]
+    summary = {
+        "run_dir": str(run_dir),
+        "steps": cfg.train.steps,
+        "final_eval_accuracy": acc,
+        "best_eval_accuracy": acc,
+        "rollouts_generated": 64,
+        "wall_seconds": 2.0,
+        "mu_median": 2.0,
+        "evals": evals,
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    (run_dir / "metrics.jsonl").write_text("")
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def test_multi_task_suite_per_task_rows_median_over_tasks_and_no_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_suite on the `reasoning` suite's tasks with stand-in runs: one folder and summary
+    per task against that task's baseline, the median over tasks per variant, --no-run."""
+    import replayrl.bench as bench
+
+    monkeypatch.setattr(bench, "_run_one", _stand_in_run)
+    suite = load_suite("reasoning")
+    only = ["grpo", "replay", "ppo", "remix-ppo"]
+    logs: list[str] = []
+    summary = bench.run_suite(suite, [0, 1], tmp_path, quick=True, only=only, log=logs.append)
+    folder = tmp_path / "reasoning"
+    assert set(summary["tasks"]) == {"add", "sub", "chain"} and summary["paper_mu"] == 5.3
+    for task, s in summary["tasks"].items():
+        assert (folder / task / "summary.json").is_file()
+        assert set(s["variants"]) == (
+            {"grpo", "replay", "ppo", "remix-ppo"} if task == "add" else {"grpo", "replay"}
+        )
+        assert s["variants"]["replay"]["reached_target"] == 2
+    base = {"add": 0.5, "sub": 0.3, "chain": 0.1}
+    over = summary["median_over_tasks"]
+    assert over["grpo"]["tasks"] == ["add", "sub", "chain"] and over["ppo"]["tasks"] == ["add"]
+    assert over["grpo"]["final_eval_accuracy"]["median"] == pytest.approx(0.3)
+    assert over["replay"]["final_eval_accuracy"]["median"] == pytest.approx(0.4)
+    assert over["replay"]["final_minus_baseline"]["median"] == pytest.approx(0.1)
+    assert over["replay"]["runs"] == 6 and over["remix-ppo"]["runs"] == 2
+    # remix-ppo is scored against ppo on add (0.4), which it matches at the same rollouts
+    assert summary["tasks"]["add"]["variants"]["remix-ppo"]["target_accuracy"] == pytest.approx(
+        base["add"] - 0.1
+    )
+    assert over["replay"]["rollouts_ratio"]["median"] == pytest.approx(1.0)
+    # modelled compute: mu x generated + trained = 2 x 64 + 128 for every run: ratio 1
+    assert over["replay"]["compute_ratio_measured_mu"]["median"] == pytest.approx(1.0)
+    table = (folder / "table.md").read_text()
+    assert "| sub | replay |" in table and "**median over 3 tasks** | grpo" in table
+    assert "**median over 1 tasks** | ppo" in table and "mu=5.3" in table
+    # --no-run starts nothing and gives the same summary; a seed without runs is an error
+    first = (folder / "summary.json").read_text()
+    monkeypatch.setattr(bench, "_run_one", None)  # any run attempt fails loudly
+    again = bench.run_suite(suite, [0, 1], tmp_path, quick=True, only=only, no_run=True)
+    assert (folder / "summary.json").read_text() == first and again["tasks"].keys() == {
+        "add",
+        "sub",
+        "chain",
+    }
+    with pytest.raises(ConfigError, match="no task has a finished baseline run"):
+        bench.run_suite(suite, [2], tmp_path, quick=True, only=only, no_run=True)
+    one = bench.run_suite(
+        suite, [0], tmp_path, quick=True, only=only, no_run=True, only_tasks=["sub"]
+    )
+    assert set(one["tasks"]) == {"sub"}
+
+
+def test_reasoning_suite_quick_end_to_end_on_one_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real `reasoning` suite through the CLI, kept small: --quick, task `add`, grpo and
+    replay, one seed (the multi-task logic is covered above without training)."""
+    out = tmp_path / "out"
+    args = [
+        "bench",
+        "reasoning",
+        "--quick",
+        "--seeds",
+        "0",
+        "--tasks",
+        "add",
+        "--only",
+        "replay",
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    folder = out / "reasoning"
+    summary = json.loads((folder / "summary.json").read_text(), parse_constant=_no_constants)
+    assert set(summary["tasks"]) == {"add"}
+    assert set(summary["tasks"]["add"]["variants"]) == {"grpo", "replay"}
+    assert (folder / "add" / "accuracy_vs_rollouts_generated.png").stat().st_size > 1000
+    cfg = load_config(folder / "add" / "replay-s0" / "config.yaml")
+    assert cfg.task.name == "reasoning" and cfg.task.op == "add" and cfg.buffer.kind == "replay"
+    assert cfg.rewards[0].name == "final_answer"
+    run = json.loads((folder / "add" / "replay-s0" / "summary.json").read_text())
+    assert all("rollouts_trained" in e for e in run["evals"]) and "no_signal_steps" in run
+    assert "**median over 1 tasks** | replay" in (folder / "table.md").read_text()
+    first = (folder / "summary.json").read_text()
+    capsys.readouterr()
+    assert main([*args, "--no-run"]) == 0
+    assert (folder / "summary.json").read_text() == first
+    assert "not finished" not in capsys.readouterr().out
+
+
+def test_modelled_compute_is_mu_times_generated_plus_trained() -> None:
+    run = {
+        "mu_median": 2.0,
+        "evals": [
+            {"eval/accuracy": 0.1, "rollouts_generated": 0, "tokens_trained": 0},
+            {"eval/accuracy": 0.5, "rollouts_generated": 100, "rollouts_trained": 300},
+        ],
+    }
+    assert modelled_compute_to(run, 0.5, None) == 2.0 * 100 + 300
+    assert modelled_compute_to(run, 0.5, 5.3) == pytest.approx(5.3 * 100 + 300)
+    assert math.isinf(modelled_compute_to(run, 0.9, 5.3))
+    # no rollouts_trained in the eval: trained tokens x the learner's rollouts per token
+    run["evals"][1] = {"eval/accuracy": 0.5, "rollouts_generated": 100, "tokens_trained": 1000}
+    run["accounting"] = {"roles": {"learner/0": {"rollouts": 50, "tokens": 250}}}
+    assert modelled_compute_to(run, 0.5, 1.0) == pytest.approx(100 + 200)
+    assert math.isnan(modelled_compute_to({"evals": run["evals"]}, 0.5, None))

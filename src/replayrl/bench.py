@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 from replayrl.config import ConfigError, config_to_yaml, load_config
+from replayrl.io import atomic_write_text
 from replayrl.metrics import read_metrics
 
 COMMON = ["logging.progress=false", "logging.tensorboard=false", "logging.overwrite=true"]
@@ -52,10 +53,24 @@ def load_suite(name_or_path: str) -> dict[str, Any]:
     for name, v in variants.items():
         if not isinstance(v, dict) or "config" not in v:
             raise ConfigError(f"{path}: variant {name!r} needs a `config` preset path")
+    tasks = suite.get("tasks")
+    if tasks is not None:
+        if not isinstance(tasks, dict) or not tasks:
+            raise ConfigError(f"{path}: `tasks` must map task names to {{overrides: [...]}}")
+        for tname, t in tasks.items():
+            if not isinstance(t, dict) or not isinstance(t.get("overrides", []), list):
+                raise ConfigError(f"{path}: task {tname!r} needs an `overrides` list")
+        for name, v in variants.items():
+            unknown = set(v.get("tasks", [])) - set(tasks)
+            if unknown:
+                raise ConfigError(f"{path}: variant {name!r} names unknown tasks {sorted(unknown)}")
     suite.setdefault("name", path.stem)
     suite["baseline"] = baseline
     suite["path"] = str(path)
     return suite
+
+
+PAPER_MU = 5.3  # paper 1's measured generation / training cost per rollout (arXiv 2604.08706)
 
 
 def first_reaching(summary: dict[str, Any], target: float) -> dict[str, float]:
@@ -68,6 +83,33 @@ def first_reaching(summary: dict[str, Any], target: float) -> dict[str, float]:
                 "wall_seconds": float(e["wall_seconds"]),
             }
     return {"rollouts": math.inf, "tokens": math.inf, "wall_seconds": math.inf}
+
+
+def trained_rollouts_at(summary: dict[str, Any], e: dict[str, Any]) -> float:
+    """Rollouts trained on (counting repeats and epochs) by the time of eval `e`: recorded in
+    the eval when the loop records it, else its trained tokens x the run's trained rollouts
+    per trained token (from the run's learner accounting)."""
+    if e.get("rollouts_trained") is not None:
+        return float(e["rollouts_trained"])
+    roles = (summary.get("accounting") or {}).get("roles") or {}
+    learners = [r for k, r in roles.items() if k.startswith("learner")]
+    n, tokens = sum(r["rollouts"] for r in learners), sum(r["tokens"] for r in learners)
+    if not tokens or e.get("tokens_trained") is None:
+        return math.nan
+    return float(e["tokens_trained"]) * n / tokens
+
+
+def modelled_compute_to(summary: dict[str, Any], target: float, mu: float | None) -> float:
+    """Paper 1's cost model at the first eval reaching `target`: mu x generated rollouts +
+    trained rollouts, in units of one trained rollout (inf: never reached; NaN: no mu).
+    `mu` None: the run's own measured mu."""
+    mu = summary.get("mu_median") if mu is None else mu
+    if mu is None or not math.isfinite(mu):
+        return math.nan
+    for e in summary.get("evals", []):
+        if e["eval/accuracy"] >= target - 1e-9:
+            return mu * float(e["rollouts_generated"]) + trained_rollouts_at(summary, e)
+    return math.inf
 
 
 def stats(xs: list[float]) -> dict[str, float]:
@@ -84,8 +126,16 @@ def stats(xs: list[float]) -> dict[str, float]:
 def _finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
     """The summary of a completed run of exactly this config in `run_dir`, if there is one."""
     summary, saved = run_dir / "summary.json", run_dir / "config.yaml"
+    if not (summary.is_file() and saved.is_file()):
+        return None
     # compared as configs (not text): a saved run stays reusable when new defaulted knobs appear
-    if summary.is_file() and saved.is_file() and load_config(saved) == cfg:
+    done = load_config(saved)
+    if cfg.needs_design:  # a run saves the N, B (and sampling) it resolved from `auto`
+        done = done.model_copy(deep=True)
+        done.buffer.capacity = cfg.buffer.capacity
+        done.buffer.with_replacement = cfg.buffer.with_replacement
+        done.train.batch_size = cfg.train.batch_size
+    if done == cfg:
         data = json.loads(summary.read_text())
         if data.get("steps") == cfg.train.steps:
             return data
@@ -104,12 +154,21 @@ def eval_every_rollouts(suite: dict[str, Any], quick: bool) -> int | None:
     return k
 
 
-def variant_config(suite: dict[str, Any], name: str, seed: int, out: Path, quick: bool = False):
-    """The resolved config of variant `name`, seed `seed`, with the suite's common eval grid."""
+def variant_config(
+    suite: dict[str, Any],
+    name: str,
+    seed: int,
+    out: Path,
+    quick: bool = False,
+    task: str | None = None,
+):
+    """The resolved config of variant `name`, seed `seed` (on suite task `task`, whose
+    overrides come after the suite's and before the variant's), with the common eval grid."""
     v = suite["variants"][name]
     overrides = [
         *COMMON,
         *suite.get("overrides", []),
+        *(suite["tasks"][task].get("overrides", []) if task is not None else []),
         *(suite.get("quick_overrides", []) if quick else []),
         *v.get("overrides", []),
         f"train.seed={seed}",
@@ -138,9 +197,18 @@ def _run_one(cfg, peer: str | None, run_dir: Path, log: Log) -> dict[str, Any]:
         return run_trl_grpo(cfg, run_dir, log=log)
     if peer is not None:
         raise ConfigError(f"unknown peer {peer!r} (known: trl)")
-    from replayrl.runner import train
+    from replayrl.run import train
 
     return train(cfg, log=log)
+
+
+def variants_on(suite: dict[str, Any], task: str | None, only: list[str] | None) -> list[str]:
+    """The variants run on `task` (a variant's `tasks:` list restricts it), in suite order."""
+    return [
+        k
+        for k, v in suite["variants"].items()
+        if (not only or k in only) and (task is None or task in v.get("tasks", [task]))
+    ]
 
 
 def run_suite(
@@ -151,13 +219,36 @@ def run_suite(
     only: list[str] | None = None,
     log: Log = print,
     fresh: bool = False,
+    only_tasks: list[str] | None = None,
+    no_run: bool = False,
 ) -> dict[str, Any]:
-    out = out_root / suite["name"]
+    """Run a suite; with `tasks:` every variant on every task (see `run_multi_task`).
+    `no_run`: start nothing, summarise the finished runs (missing ones are listed)."""
+    if suite.get("tasks"):
+        return run_multi_task(
+            suite, seeds, out_root, quick, only, log, fresh, only_tasks, no_run=no_run
+        )
+    return _run_task(
+        suite, seeds, out_root / suite["name"], quick, only, log, fresh, None, no_run=no_run
+    )
+
+
+def _run_task(
+    suite: dict[str, Any],
+    seeds: list[int],
+    out: Path,
+    quick: bool,
+    only: list[str] | None,
+    log: Log,
+    fresh: bool,
+    task: str | None,
+    no_run: bool = False,
+) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    variants = {k: v for k, v in suite["variants"].items() if not only or k in only}
+    variants = {k: suite["variants"][k] for k in variants_on(suite, task, only)}
     # resolve every config first: a bad grid fails before hours of runs, not halfway through
     configs = {
-        (name, seed): variant_config(suite, name, seed, out, quick)
+        (name, seed): variant_config(suite, name, seed, out, quick, task)
         for name in variants
         for seed in seeds
     }
@@ -174,6 +265,9 @@ def run_suite(
             run_name = f"{name}-s{seed}"
             cfg = configs[name, seed]
             summary = None if fresh else _finished_run(cfg, out / run_name)
+            if summary is None and no_run:
+                log(f"{task + '/' if task else ''}{run_name}: not finished, left out (--no-run)")
+                continue
             if summary is not None:
                 log(f"{run_name}: reusing the finished run with the same config")
             else:
@@ -183,10 +277,47 @@ def run_suite(
             summary["final_entropy"] = ent[-1] if ent else math.nan
             results[name].append(summary)
             log(
-                f"{run_name}: final acc {summary['final_eval_accuracy']:.3f}, rollouts "
+                f"{task + '/' if task else ''}{run_name}: final acc "
+                f"{summary['final_eval_accuracy']:.3f}, rollouts "
                 f"{summary['rollouts_generated']}, wall {summary['wall_seconds']:.0f}s"
             )
-    return summarise(suite, results, seeds, out, quick)
+    results = {k: v for k, v in results.items() if v}  # --no-run: variants with no run
+    label = {**suite, "name": f"{suite['name']}/{task}"} if task else suite
+    return summarise(label, results, seeds, out, quick)
+
+
+def run_multi_task(
+    suite: dict[str, Any],
+    seeds: list[int],
+    out_root: Path,
+    quick: bool = False,
+    only: list[str] | None = None,
+    log: Log = print,
+    fresh: bool = False,
+    only_tasks: list[str] | None = None,
+    no_run: bool = False,
+) -> dict[str, Any]:
+    """Every variant on every task of `suite["tasks"]` (one folder per task, each with its own
+    summary against its own baseline target), then the median over tasks per variant."""
+    out = out_root / suite["name"]
+    tasks = [t for t in suite["tasks"] if not only_tasks or t in only_tasks]
+    if not tasks:
+        raise ConfigError(f"none of the tasks {only_tasks} is in the suite")
+    for t in tasks:  # every config resolves before the first run starts
+        for name in variants_on(suite, t, only):
+            for seed in seeds:
+                variant_config(suite, name, seed, out / t, quick, t)
+    per_task = {}
+    for t in tasks:
+        try:
+            per_task[t] = _run_task(suite, seeds, out / t, quick, only, log, fresh, t, no_run)
+        except ConfigError as exc:
+            if not no_run:
+                raise
+            log(f"task {t} left out of the summary: {exc}")  # its baseline has no finished run
+    if not per_task:
+        raise ConfigError("no task has a finished baseline run to summarise")
+    return summarise_tasks(suite, per_task, seeds, out, quick)
 
 
 def summarise(
@@ -232,6 +363,13 @@ def summarise(
             ),
             "gamma": stats([_gamma(s) for s in runs]),
             "final_entropy": stats([s["final_entropy"] for s in runs]),
+            # modelled, not measured: paper 1's compute = mu x generated + trained rollouts
+            "modelled_compute_measured_mu": stats(
+                [modelled_compute_to(s, targets[baseline_of[name]], None) for s in runs]
+            ),
+            "modelled_compute_paper_mu": stats(
+                [modelled_compute_to(s, targets[baseline_of[name]], PAPER_MU) for s in runs]
+            ),
         }
         table[name] = row
     for row in table.values():
@@ -243,9 +381,18 @@ def summarise(
             "rollouts_to_target": stats([r["rollouts"] for r in b_reach]),
             "wall_seconds_to_target": stats([r["wall_seconds"] for r in b_reach]),
         }
+        t = row["target_accuracy"]
+        base_at["modelled_compute_measured_mu"] = stats(
+            [modelled_compute_to(s, t, None) for s in b_runs]
+        )
+        base_at["modelled_compute_paper_mu"] = stats(
+            [modelled_compute_to(s, t, PAPER_MU) for s in b_runs]
+        )
         for key, ratio in (
             ("rollouts_to_target", "rollouts_ratio"),
             ("wall_seconds_to_target", "wall_ratio"),
+            ("modelled_compute_measured_mu", "compute_ratio_measured_mu"),
+            ("modelled_compute_paper_mu", "compute_ratio_paper_mu"),
         ):
             num, den = row[key]["median"], base_at[key]["median"]
             row[ratio] = num / den if den and math.isfinite(den) else math.nan
@@ -310,5 +457,102 @@ def markdown_table(summary: dict[str, Any]) -> str:
             f"{r['wall_ratio']:.2f} | {_fmt(r['final_eval_accuracy'])} | "
             f"{_fmt(r['best_eval_accuracy'])} | {_fmt(r['generation_seconds'])} | "
             f"{_fmt(r['training_seconds'])} | {_fmt(r['mu'])} | {_fmt(r['final_entropy'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _finite_or_inf(x: Any) -> float:
+    """A ratio as a number: None / NaN (undefined) stays NaN, inf (never reached) stays inf."""
+    return math.nan if x is None else float(x)
+
+
+def summarise_tasks(
+    suite: dict[str, Any],
+    per_task: dict[str, dict[str, Any]],
+    seeds: list[int],
+    out: Path,
+    quick: bool,
+) -> dict[str, Any]:
+    """Per-task summaries plus, per variant, the median over tasks of its per-task medians
+    (ratios against its baseline on the same task; unreached counts as the largest value)."""
+    names = list(dict.fromkeys(n for s in per_task.values() for n in s["variants"]))
+    over: dict[str, Any] = {}
+    for name in names:
+        rows = {t: s["variants"][name] for t, s in per_task.items() if name in s["variants"]}
+        base_final = {
+            t: per_task[t]["variants"][r["baseline"]]["final_eval_accuracy"]["median"]
+            for t, r in rows.items()
+        }
+        over[name] = {
+            "tasks": list(rows),
+            "reached_target": sum(r["reached_target"] for r in rows.values()),
+            "runs": sum(r["final_eval_accuracy"]["n"] for r in rows.values()),
+            "final_eval_accuracy": stats(
+                [r["final_eval_accuracy"]["median"] for r in rows.values()]
+            ),
+            "final_minus_baseline": stats(
+                [r["final_eval_accuracy"]["median"] - base_final[t] for t, r in rows.items()]
+            ),
+            **{
+                key: stats([_finite_or_inf(r[key]) for r in rows.values()])
+                for key in (
+                    "rollouts_ratio",
+                    "wall_ratio",
+                    "compute_ratio_measured_mu",
+                    "compute_ratio_paper_mu",
+                )
+            },
+            "mu": stats([r["mu"]["median"] for r in rows.values()]),
+        }
+    summary = {
+        "suite": suite["name"],
+        "suite_file": suite["path"],
+        "baseline": suite["baseline"],
+        "seeds": seeds,
+        "quick": quick,
+        "paper_mu": PAPER_MU,
+        "tasks": per_task,
+        "median_over_tasks": over,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "summary.json", json.dumps(_json_safe(summary), indent=2, default=str))
+    atomic_write_text(out / "table.md", multi_task_table(summary))
+    return summary
+
+
+def _ratio(x: float) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return "never" if math.isinf(x) else f"{x:.2f}"
+
+
+def multi_task_table(summary: dict[str, Any]) -> str:
+    """Per-task rows (one block per task) and a median-over-tasks row per variant."""
+    lines = [
+        f"Suite `{summary['suite']}`, seeds {summary['seeds']}. Per task: each variant against "
+        "its baseline's median final accuracy on that task (rollouts, wall seconds and "
+        "modelled compute to reach it, as ratios to the baseline; lower is better). Modelled "
+        "compute (paper 1's cost model, not measured): mu x generated rollouts + trained "
+        f"rollouts, at each run's measured mu and at mu = {summary['paper_mu']}.",
+        "",
+        "| task | variant | reached | final acc | rollouts ratio | wall ratio | modelled ratio "
+        f"(measured mu) | modelled ratio (mu={summary['paper_mu']}) | mu |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task, s in summary["tasks"].items():
+        for name, r in s["variants"].items():
+            lines.append(
+                f"| {task} | {name} | {r['reached_target']}/{r['final_eval_accuracy']['n']} | "
+                f"{_fmt(r['final_eval_accuracy'])} | {_ratio(r['rollouts_ratio'])} | "
+                f"{_ratio(r['wall_ratio'])} | {_ratio(r['compute_ratio_measured_mu'])} | "
+                f"{_ratio(r['compute_ratio_paper_mu'])} | {_fmt(r['mu'])} |"
+            )
+    for name, r in summary["median_over_tasks"].items():
+        lines.append(
+            f"| **median over {len(r['tasks'])} tasks** | {name} | "
+            f"{r['reached_target']}/{r['runs']} | {_fmt(r['final_eval_accuracy'])} | "
+            f"{_ratio(r['rollouts_ratio']['median'])} | {_ratio(r['wall_ratio']['median'])} | "
+            f"{_ratio(r['compute_ratio_measured_mu']['median'])} | "
+            f"{_ratio(r['compute_ratio_paper_mu']['median'])} | {_fmt(r['mu'])} |"
         )
     return "\n".join(lines) + "\n"

@@ -129,9 +129,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.only:
         only = sorted(set(args.only) | {suite["baseline"]})
     summary = run_suite(
-        suite, args.seeds, Path(args.out), quick=args.quick, only=only, fresh=args.fresh
+        suite,
+        args.seeds,
+        Path(args.out),
+        quick=args.quick,
+        only=only,
+        fresh=args.fresh,
+        only_tasks=args.tasks,
+        no_run=args.no_run,
     )
     out = Path(args.out) / suite["name"]
+    if "tasks" in summary:  # a multi-task suite: one set of plots per task
+        plots = []
+        for task, s in summary["tasks"].items():
+            runs = [Path(r) for v in s["variants"].values() for r in v["runs"]]
+            plots += make_report(runs, out / task, target=s["target_accuracy"])
+        print((out / "table.md").read_text())
+        print(f"summary: {out / 'summary.json'}; plots per task under {out}/<task>/")
+        return 0
     runs = [Path(r) for v in summary["variants"].values() for r in v["runs"]]
     plots = make_report(runs, out, target=summary["target_accuracy"])
     print((out / "table.md").read_text())
@@ -207,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="KEY=VALUE",
         help="config overrides for every variant of the suite (after the suite's own)",
+    )
+    p.add_argument("--tasks", nargs="+", help="multi-task suites: run only these tasks")
+    p.add_argument(
+        "--no-run",
+        action="store_true",
+        help="start no run: summarise the finished ones (missing runs are listed and left out)",
     )
     p.add_argument("--n", type=int, default=1_000_000, help="bench buffer: rollouts stored")
     p.add_argument("--batch", type=int, default=256, help="bench buffer: sample size")

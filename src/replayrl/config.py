@@ -143,9 +143,15 @@ class ReasoningGymConfig(_Section):
 
 class TaskConfig(_Section):
     # arithmetic: the built-in generated task; dataset: rows from a local file (`path`);
+    # reasoning: built-in written-out arithmetic (long traces, final answer after `#`);
     # reasoning_gym: reasoning-gym's generated tasks (`reasoning_gym`)
-    name: Literal["arithmetic", "dataset", "reasoning_gym"] = "arithmetic"
+    name: Literal["arithmetic", "dataset", "reasoning", "reasoning_gym"] = "arithmetic"
     digits: int = Field(2, ge=1, le=9)  # arithmetic's difficulty knob: digits per operand
+    # reasoning (tasks/reasoning.py): the operation, operand lengths min_digits..digits, and
+    # the number of terms of a chain
+    op: Literal["add", "sub", "chain"] = "add"
+    min_digits: int = Field(1, ge=1, le=9)
+    terms: int = Field(4, ge=3, le=8)
     eval_size: int = Field(200, ge=1)
     seed: int = 0
     path: str | None = None  # dataset: JSONL, JSON, parquet or CSV file
@@ -342,6 +348,8 @@ class LoggingConfig(_Section):
     progress: bool = True
     # a completion containing any of these counts toward `reflection_rate` (paper 2's finding)
     reflection_words: list[str] = ["wait", "check", "verify", "let me"]
+    # warn after this many consecutive steps without reward variance (signal.py)
+    no_signal_patience: int = Field(5, ge=1)
 
 
 class CheckpointConfig(_Section):

@@ -74,6 +74,8 @@ class Counters:
                 "rollouts_generated": self.rollouts_generated,
                 "tokens_generated": self.tokens_generated,
                 "tokens_trained": self.tokens_trained,
+                # trained rollouts (repeats and epochs counted): bench.py's modelled compute
+                "rollouts_trained": self.rollouts_trained,
                 "flops": self.flops(n_params),
                 "wall_seconds": self.wall_seconds,
                 "generation_seconds": self.generation_seconds,

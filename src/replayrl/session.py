@@ -37,6 +37,7 @@ from replayrl.models import unwrap_model
 from replayrl.producer import Production
 from replayrl.rollout import Rollout
 from replayrl.run_state import Counters, accounting, summarize
+from replayrl.signal import RewardSignalMonitor, start_accuracy_warning
 
 Log = Callable[[str], None]
 
@@ -72,6 +73,8 @@ class Session:
         self.n_params, self.max_positions = p.n_params, p.max_positions
         self.source: BatchSource | None = p.source
         self.counters = Counters()
+        # no silent non-learning: steps whose groups all have equal rewards (signal.py)
+        self.reward_signal = RewardSignalMonitor(patience=cfg.logging.no_signal_patience)
         if ckpt is not None:
             self._restore(ckpt)
         self.metrics = MetricsLogger.from_config(  # JSONL, TensorBoard, W&B as configured
@@ -104,6 +107,7 @@ class Session:
             "prompt_rng": self.parts.prompt_rng.bit_generator.state,
             "shuffle_rng": self.parts.shuffle_rng.bit_generator.state,
             "counters": self.counters.__dict__.copy(),
+            "reward_signal": self.reward_signal.state_dict(),
         }
 
     def _restore(self, ckpt: Path) -> None:
@@ -114,6 +118,8 @@ class Session:
         self.parts.prompt_rng.bit_generator.state = state["prompt_rng"]
         self.parts.shuffle_rng.bit_generator.state = state["shuffle_rng"]
         self.counters = Counters(**state["counters"])
+        if "reward_signal" in state:  # checkpoints from before the monitor start it afresh
+            self.reward_signal.load_state_dict(state["reward_signal"])
         set_rng_state(state["rng"])
         self.log(
             f"resumed from {ckpt} at step {self.counters.step}, version {self.learner.version}"
@@ -142,6 +148,14 @@ class Session:
             "rollouts/dropped_reward_error": float(c.rollouts_dropped_reward_error),
             "rollouts/dropped_reward_timeout": float(c.rollouts_dropped_reward_timeout),
         }
+
+    def watch_signal(self, fresh: list[Rollout], stats: dict[str, float], step: int) -> None:
+        """Feed the no-signal monitor one step's FRESH rollouts (never replayed ones): its
+        metrics go into `stats`, its warning (after `no_signal_patience` such steps) to the log."""
+        report = self.reward_signal.update((r.group_id, r.reward) for r in fresh)
+        stats.update(report.metrics)
+        if report.warning:
+            self.log(f"WARNING at step {step}: {report.warning}")
 
     def account(self, p: Production) -> None:
         self.counters.account(p)
@@ -219,6 +233,9 @@ class Session:
                 f"initial eval accuracy {first['eval/accuracy']:.3f} "
                 f"on {len(self.eval_rows)} prompts"
             )
+            warning = start_accuracy_warning(first["eval/accuracy"], len(self.eval_rows))
+            if warning:
+                self.log(f"WARNING: {warning}")
 
     def end_step(self, stats: dict[str, float], progress: Progress) -> None:
         """Common step metrics, periodic eval and checkpoint, progress bar."""
@@ -284,7 +301,7 @@ class Session:
         return accounting(self.cfg, self.counters, self.buffers())
 
     def summary(self) -> dict[str, Any]:
-        return summarize(
+        summary = summarize(
             self.cfg,
             self.counters,
             self.buffers(),
@@ -294,6 +311,8 @@ class Session:
             num_parameters=self.n_params,
             model_path=self.model_path,
         )
+        summary["no_signal_steps"] = self.reward_signal.total
+        return summary
 
 
 class StopOnSigint:

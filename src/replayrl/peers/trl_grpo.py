@@ -52,7 +52,7 @@ from replayrl.metrics import MetricsLogger, Progress
 from replayrl.models import load_policy
 from replayrl.rewards import resolve_rewards, score
 from replayrl.run_folder import new_run_folder
-from replayrl.tasks import make_task
+from replayrl.tasks import task_from_config
 
 Log = Callable[[str], None]
 
@@ -419,8 +419,7 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
     with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
         model, tokenizer, model_path = load_policy(cfg.model, cfg.task, log=log)
     n_params = sum(p.numel() for p in model.parameters())
-    t = cfg.task
-    task = make_task(t.name, digits=t.digits, eval_size=t.eval_size, seed=t.seed)
+    task = task_from_config(cfg.task)  # every task kind and knob (reasoning: op, terms, ...)
     eval_rows = task.eval_rows()
     eval_rows = eval_rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else eval_rows
     rows = _train_rows(cfg, task)

@@ -232,6 +232,8 @@ class AsyncSession(Session):
         for k, vs in self.fresh_stats.items():
             stats[k] = sum(vs) / len(vs)
         c = self.counters
+        if self.fresh:  # the rollouts delivered since the last step (a step may have none)
+            self.watch_signal(self.fresh, stats, c.step)
         stats["rollouts/dropped_reward_error"] = float(c.rollouts_dropped_reward_error)
         stats["rollouts/dropped_reward_timeout"] = float(c.rollouts_dropped_reward_timeout)
         stats["async/learner_idle_s"] = self.learner_clock.idle_s

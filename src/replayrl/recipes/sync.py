@@ -45,6 +45,7 @@ def sync_step(s: Session, progress: Progress) -> None:
     fresh, stats = s.produce()  # generate, score, group advantages
     t_reward = stats.get("time/reward_s", 0.0)  # user code, not generation: not in mu
     t_gen = time.perf_counter() - t_start - t_reward
+    s.watch_signal(fresh, stats, c.step + 1)  # before ReMix / buffer sampling: fresh only
     batch, epochs = s.source.next_batch(fresh, s.learner.version)  # push, sample
     t_train = s.train_batch(batch, epochs, fresh, stats)  # update
     c.generation_seconds += t_gen

@@ -7,11 +7,19 @@ from typing import TYPE_CHECKING
 from replayrl.tasks.arithmetic import ArithmeticTask
 from replayrl.tasks.base import Task
 from replayrl.tasks.datasets import DatasetTask
+from replayrl.tasks.reasoning import ReasoningTask
 
 if TYPE_CHECKING:
     from replayrl.config import TaskConfig
 
-__all__ = ["ArithmeticTask", "DatasetTask", "Task", "make_task", "task_from_config"]
+__all__ = [
+    "ArithmeticTask",
+    "DatasetTask",
+    "ReasoningTask",
+    "Task",
+    "make_task",
+    "task_from_config",
+]
 
 
 def make_task(name: str, **kwargs: object) -> Task:
@@ -19,7 +27,15 @@ def make_task(name: str, **kwargs: object) -> Task:
         return ArithmeticTask(**kwargs)  # type: ignore[arg-type]
     if name == "dataset":
         return DatasetTask(kwargs.pop("path"), **kwargs)  # type: ignore[arg-type]
-    raise ValueError(f"task.name: unknown task {name!r} (known: arithmetic, dataset)")
+    if name == "reasoning":
+        return ReasoningTask(**kwargs)  # type: ignore[arg-type]
+    if name == "reasoning_gym":
+        from replayrl.tasks.reasoning_gym import ReasoningGymTask  # lazy: optional package
+
+        return ReasoningGymTask(kwargs.pop("datasets"), **kwargs)  # type: ignore[arg-type]
+    raise ValueError(
+        f"task.name: unknown task {name!r} (known: arithmetic, dataset, reasoning, reasoning_gym)"
+    )
 
 
 def task_from_config(t: TaskConfig) -> Task:
@@ -38,6 +54,15 @@ def task_from_config(t: TaskConfig) -> Task:
             eval_size=t.eval_size,
             seed=t.seed,
             system_prompt=t.system_prompt,
+        )
+    if t.name == "reasoning":
+        return ReasoningTask(
+            op=t.op,
+            digits=t.digits,
+            min_digits=t.min_digits,
+            terms=t.terms,
+            eval_size=t.eval_size,
+            seed=t.seed,
         )
     return DatasetTask(
         t.path,
