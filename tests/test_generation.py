@@ -274,3 +274,23 @@ def test_bfloat16_copy_follows_the_policy_weights(tiny_model, char_tokenizer):
     for x, y in zip(after, want, strict=True):
         # bf16 rounds the logits: the log-probs are close, not equal
         assert torch.allclose(x.logprobs[:1], y.logprobs[:1], atol=0.1)
+
+
+def test_config_selects_the_generation_implementation(tiny_model, char_tokenizer):
+    """rollout.generation_impl reaches the generator; `generate` draws with
+    torch.multinomial (transformers), so under one seed its samples differ from `fast`'s."""
+    from replayrl.config import load_config
+    from replayrl.generation import make_generator
+
+    impls = {}
+    for impl in ("fast", "generate"):
+        cfg = load_config(None, [f"rollout.generation_impl={impl}"])
+        gen = make_generator(cfg, tiny_model, char_tokenizer, "tiny")
+        assert isinstance(gen, HFGenerator) and gen.impl == impl
+        torch.manual_seed(0)
+        impls[impl] = [
+            s.completion_ids.tolist()
+            for s in gen.generate(PROMPTS, 4, SamplingParams(max_new_tokens=MAX_NEW))
+        ]
+    assert load_config(None, []).rollout.generation_impl == "fast"
+    assert impls["fast"] != impls["generate"]

@@ -121,3 +121,25 @@ def test_no_grad_entropy_unless_asked(tiny_model, batch):
     assert logps.requires_grad and not ent.requires_grad
     _, ent = token_logprobs(model, batch, 1.0, entropy_grad=True)
     assert ent.requires_grad
+
+
+def test_full_flag_is_the_full_logits_computation(tiny_model, batch):
+    """token_logprobs(full=True) (train.logprobs_impl=full) is token_logprobs_full exactly;
+    the chunked default agrees with it up to rounding."""
+    with torch.no_grad():
+        full, full_ent = token_logprobs(tiny_model, batch, 0.7, full=True)
+        ref, ref_ent = token_logprobs_full(tiny_model, batch, 0.7)
+        chunked, _ = token_logprobs(tiny_model, batch, 0.7)
+    m = batch["mask"].bool()
+    assert torch.equal(full, ref) and torch.equal(full_ent, ref_ent)
+    assert torch.allclose(chunked[m], ref[m], atol=1e-5)
+
+
+def test_learner_reads_logprobs_impl():
+    from replayrl.config import load_config
+    from replayrl.learner import Learner
+
+    tiny = torch.nn.Linear(2, 2)  # only the optimizer sees it at construction
+    for impl, full in (("chunked", False), ("full", True)):
+        learner = Learner(tiny, 0, load_config(None, [f"train.logprobs_impl={impl}"]))  # type: ignore[arg-type]
+        assert learner.full_logprobs is full
