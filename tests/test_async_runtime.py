@@ -111,11 +111,12 @@ def test_replay_buffer_draws_are_not_removals() -> None:
     assert rollout_ledger(6, 0, 0, [st])["balanced"]
 
 
-def _pacing(buffer_kind: str, stale_buffer: bool, pushed: int, sampled: int) -> SimpleNamespace:
-    """An AsyncSession's pacing state without processes: R = 8, B = 16, y = 2, bound 3."""
-    cfg = load_config(None, [*ASYNC, f"buffer.kind={buffer_kind}", "runtime=async-local"])
-    buf = make_buffer(buffer_kind, 32, max_staleness=3)
-    buf.push([_rollout(0 if stale_buffer else 5) for _ in range(16)])
+def _pacing(stale: int, fresh: int, sampled: int) -> SimpleNamespace:
+    """An AsyncSession's pacing state without processes: R = 8, B = 16, y = 2, bound 3; the
+    learner is at version 5, so rollouts of version 0 are stale and dropped when sampled."""
+    cfg = load_config(None, [*ASYNC, "runtime=async-local"])
+    buf = make_buffer("replay", 64, max_staleness=3)
+    buf.push([_rollout(0) for _ in range(stale)] + [_rollout(5) for _ in range(fresh)])
     s = SimpleNamespace(
         cfg=cfg,
         buffer=buf,
@@ -123,21 +124,30 @@ def _pacing(buffer_kind: str, stale_buffer: bool, pushed: int, sampled: int) -> 
         counters=SimpleNamespace(rollouts_sampled=sampled),
         newest_delivered=5,
         ratio=2.0,
-        _pushed=lambda: pushed,
     )
+    s._pushed = lambda: AsyncSession._pushed(s)
     s._has_usable_data = lambda B: AsyncSession._has_usable_data(s, B)
     return s
 
 
 def test_generators_never_hold_while_the_learner_lacks_usable_rollouts() -> None:
-    # 48 pushed, 64 sampled: the replay-ratio pace says "a batch ahead", but every rollout in
-    # the buffer is 5 versions old (bound 3) and is dropped: holding would deadlock the run
-    s = _pacing("replay", stale_buffer=True, pushed=48, sampled=64)
+    # 48 pushed, 64 sampled, every rollout 5 versions old (bound 3): holding the generators
+    # would deadlock the run (seen when a restarted generator fell behind)
+    s = _pacing(stale=48, fresh=0, sampled=64)
     assert not AsyncSession.ready(s, 16)
     assert not AsyncSession.hold(s, 16)
-    fresh = _pacing("replay", stale_buffer=False, pushed=48, sampled=64)
-    assert AsyncSession.hold(fresh, 16)  # fresh rollouts and ahead of pace: hold
-    assert AsyncSession.ready(fresh, 16)  # and the learner can use them
+    ahead = _pacing(stale=0, fresh=48, sampled=64)
+    assert AsyncSession.hold(ahead, 16)  # 48 usable >= (64 + 16) / y + R: a batch ahead
+    assert AsyncSession.ready(ahead, 16)  # 64 + 16 <= y * 48
+
+
+def test_stale_drops_do_not_count_towards_the_replay_ratio() -> None:
+    # 48 pushed but 32 dropped as stale: 16 usable rollouts allow y * 16 = 32 draws in all
+    s = _pacing(stale=32, fresh=16, sampled=16)
+    assert AsyncSession.ready(s, 16)  # 16 + 16 <= 32
+    s.counters.rollouts_sampled = 32
+    assert not AsyncSession.ready(s, 16)  # 32 + 16 > 32: wait for fresh rollouts
+    assert not AsyncSession.hold(s, 16)  # and let the generators make them
 
 
 def test_role_summary_mu_and_gamma() -> None:

@@ -147,7 +147,11 @@ class AsyncSession(Session):
 
     # -- pacing ------------------------------------------------------------------------------
     def _pushed(self) -> int:
-        return int(self.buffer.stats()["pushed"])
+        """Rollouts the learner could use: pushed minus those dropped as too stale. Counting
+        the dropped ones would let the learner reuse the few usable rollouts far more than
+        y times each while lagging generators deliver only stale ones."""
+        st = self.buffer.stats()
+        return int(st["pushed"] - st["dropped_stale"])
 
     def _has_usable_data(self, B: int) -> bool:
         """Does the buffer hold a batch the staleness bounds allow the learner to use?"""
