@@ -221,9 +221,15 @@ def run_suite(
     fresh: bool = False,
     only_tasks: list[str] | None = None,
     no_run: bool = False,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Run a suite; with `tasks:` every variant on every task (see `run_multi_task`).
-    `no_run`: start nothing, summarise the finished runs (missing ones are listed)."""
+    `no_run`: start nothing, summarise the finished runs (missing ones are listed).
+    `jobs` > 1: run that many runs at once, each in its own process (see `run_pending`), then
+    summarise the finished ones; a run that fails is reported and left out, not fatal."""
+    if jobs > 1 and not no_run:
+        run_pending(suite, seeds, out_root, quick, only, log, fresh, only_tasks, jobs)
+        fresh, no_run = False, True  # the summary reads what the runs left on disk
     if suite.get("tasks"):
         return run_multi_task(
             suite, seeds, out_root, quick, only, log, fresh, only_tasks, no_run=no_run
@@ -231,6 +237,104 @@ def run_suite(
     return _run_task(
         suite, seeds, out_root / suite["name"], quick, only, log, fresh, None, no_run=no_run
     )
+
+
+def planned_runs(
+    suite: dict[str, Any],
+    seeds: list[int],
+    out_root: Path,
+    quick: bool = False,
+    only: list[str] | None = None,
+    only_tasks: list[str] | None = None,
+) -> list[tuple[str, Any, str | None, Path]]:
+    """Every run of the suite as (label, resolved config, peer, run folder), in suite order;
+    every config is resolved here, so a bad grid fails before the first run starts."""
+    out = out_root / suite["name"]
+    tasks: list[str | None] = list(suite["tasks"]) if suite.get("tasks") else [None]
+    if only_tasks and suite.get("tasks"):
+        tasks = [t for t in tasks if t in only_tasks]
+    plan = []
+    for task in tasks:
+        folder = out / task if task is not None else out
+        for name in variants_on(suite, task, only):
+            for seed in seeds:
+                cfg = variant_config(suite, name, seed, folder, quick, task)
+                label = f"{task + '/' if task else ''}{name}-s{seed}"
+                peer = suite["variants"][name].get("peer")
+                plan.append((label, cfg, peer, folder / f"{name}-s{seed}"))
+    return plan
+
+
+def _run_in_child(cfg: Any, peer: str | None, run_dir: Path) -> dict[str, Any]:
+    return _run_one(cfg, peer, run_dir, log=lambda _: None)
+
+
+def run_pending(
+    suite: dict[str, Any],
+    seeds: list[int],
+    out_root: Path,
+    quick: bool,
+    only: list[str] | None,
+    log: Log,
+    fresh: bool,
+    only_tasks: list[str] | None,
+    jobs: int,
+) -> dict[str, str]:
+    """Run the suite's unfinished runs `jobs` at a time, each in a fresh (spawned) process.
+
+    Sync runs are deterministic for a seed, so a run gives the same rollouts and accuracies
+    whichever process runs it; only its wall time depends on what runs beside it. Returns
+    {label: "done" | "failed: ..."}; failed runs are logged and left for the summary to list.
+    """
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    plan = planned_runs(suite, seeds, out_root, quick, only, only_tasks)
+    pending = []
+    for label, cfg, peer, run_dir in plan:
+        if peer == "trl" and not _trl_installed():
+            log(f"skipping {label}: TRL is not installed (pip install 'replayrl[bench]')")
+        elif fresh or _finished_run(cfg, run_dir) is None:
+            pending.append((label, cfg, peer, run_dir))
+    threads = max((cfg.train.threads or 1) for _, cfg, _, _ in pending) if pending else 1
+    cores = os.cpu_count() or 1
+    if jobs * threads > cores:
+        log(f"note: {jobs} jobs x {threads} torch threads > {cores} cores: wall times will suffer")
+    log(f"{len(pending)} of {len(plan)} runs to do, {jobs} at a time")
+    status: dict[str, str] = {}
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = {
+            pool.submit(_run_in_child, cfg, peer, run_dir): label
+            for label, cfg, peer, run_dir in pending
+        }
+        try:
+            for fut in as_completed(futures):
+                label = futures[fut]
+                try:
+                    s = fut.result()
+                except Exception as exc:  # one failed run must not lose the others
+                    status[label] = f"failed: {exc!r}"
+                    log(f"{label}: FAILED ({exc!r}); left out of the summary")
+                    continue
+                status[label] = "done"
+                log(
+                    f"{label}: final acc {s['final_eval_accuracy']:.3f}, rollouts "
+                    f"{s['rollouts_generated']}, wall {s['wall_seconds']:.0f}s"
+                )
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return status
+
+
+def _trl_installed() -> bool:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _run_task(
@@ -254,12 +358,9 @@ def _run_task(
     }
     results: dict[str, list[dict[str, Any]]] = {}
     for name, v in variants.items():
-        if v.get("peer") == "trl":
-            try:
-                import trl  # noqa: F401
-            except ImportError:
-                log(f"skipping {name}: TRL is not installed (pip install 'replayrl[bench]')")
-                continue
+        if v.get("peer") == "trl" and not _trl_installed():
+            log(f"skipping {name}: TRL is not installed (pip install 'replayrl[bench]')")
+            continue
         results[name] = []
         for seed in seeds:
             run_name = f"{name}-s{seed}"

@@ -109,6 +109,16 @@ def _cmd_design(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "buffer":
         from replayrl.buffer.bench import print_table, run_buffer_bench
@@ -137,6 +147,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         fresh=args.fresh,
         only_tasks=args.tasks,
         no_run=args.no_run,
+        jobs=args.jobs,
     )
     out = Path(args.out) / suite["name"]
     if "tasks" in summary:  # a multi-task suite: one set of plots per task
@@ -228,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-run",
         action="store_true",
         help="start no run: summarise the finished ones (missing runs are listed and left out)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=1,
+        help="runs at once, each in its own process (use with train.threads=1 per run); "
+        "the summary is the same as one at a time, only wall times differ",
     )
     p.add_argument("--n", type=int, default=1_000_000, help="bench buffer: rollouts stored")
     p.add_argument("--batch", type=int, default=256, help="bench buffer: sample size")
