@@ -189,6 +189,30 @@ def test_gae_advantages_reach_the_loss_whitened(
     assert float(vals.std()) == pytest.approx(1.0, abs=1e-4)
 
 
+def test_gae_returns_carry_the_outcome_reward_from_the_last_token(
+    rollouts, tiny_model, char_tokenizer
+) -> None:
+    # a fresh critic's head is zero, so V = 0 everywhere and, with lam = 1, the return at
+    # token t of a completion of c tokens is gamma^(c - 1 - t) * reward: the outcome reward
+    # sits on the last completion token and is discounted backwards from there
+    critic = ValueModel(copy.deepcopy(tiny_model.model), tiny_model.config.hidden_size)
+    learner = _learner(
+        tiny_model,
+        char_tokenizer.pad_token_id,
+        "algorithm.advantage=gae",
+        "critic.gamma=0.5",
+        "critic.lam=1.0",
+        critic=critic,
+    )
+    fields = learner._gae_fields(rollouts)
+    assert any(r.reward for r in rollouts) and len(fields["returns"]) == len(rollouts)
+    for r, ret, v in zip(rollouts, fields["returns"], fields["old_values"], strict=True):
+        c = r.completion_ids.numel()
+        assert torch.equal(v, torch.zeros(c))
+        expected = r.reward * 0.5 ** torch.arange(c - 1, -1, -1, dtype=torch.float32)
+        assert torch.allclose(ret, expected, atol=1e-6)
+
+
 def test_reincarnation_sets_base_to_the_current_policy(
     rollouts, tiny_model, char_tokenizer
 ) -> None:
