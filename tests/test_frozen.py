@@ -84,7 +84,11 @@ def test_adapters_disabled_is_the_base_policy() -> None:
     assert float(base(x=torch.tensor(3.0))) == 6.0  # 2 * 3: adapter off
     assert model.on  # and back on afterwards
     assert base.state_dict() == ADAPTERS_DISABLED
-    assert isinstance(restore_frozen(model, None, ADAPTERS_DISABLED), AdaptersDisabled)
+    restored = restore_frozen(model, None, ADAPTERS_DISABLED)
+    assert isinstance(restored, AdaptersDisabled) and float(restored(x=torch.tensor(1.0))) == 2.0
+    # a reincarnated pi_base saved as adapter weights replaces the adapters-off one
+    reborn = restore_frozen(model, base, {"a": torch.tensor(0.5)})
+    assert isinstance(reborn, AdapterSnapshot) and float(reborn(x=torch.tensor(2.0))) == 5.0
 
 
 def test_restore_frozen_reuses_and_loads() -> None:
