@@ -5,6 +5,8 @@ Every expected value is computed by hand in the comment beside it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -118,3 +120,38 @@ def test_registry_add_get_remove_and_its_errors() -> None:
     reg.remove("a")
     reg.remove("never-there")  # removing an unknown name is not an error
     assert "a" not in reg and list(reg) == ["b"]
+
+
+def test_kl_convex_mixes_base_and_previous_policy_by_lambda() -> None:
+    from replayrl.algorithms.kl import kl_convex
+
+    # k1 = log pi - log pi_ref: base gives [1, 2], prev gives [3, 1]
+    lp = torch.tensor([[0.0, 0.0]])
+    base, prev = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-3.0, -1.0]])
+    # lambda 0.25: 0.25 * [1, 2] + 0.75 * [3, 1] = [2.5, 1.25]
+    out = kl_convex(lp, base, prev, 0.25, "k1")
+    assert out[0].tolist() == pytest.approx([2.5, 1.25])
+    assert kl_convex(lp, None, prev, 0.0, "k1").tolist() == [[3.0, 1.0]]  # pi_{k-1} only
+    assert kl_convex(lp, base, None, 1.0, "k1").tolist() == [[1.0, 2.0]]  # pi_base only
+    with pytest.raises(ValueError, match=r"^KL-Convex: lambda > 0 needs the base policy's"):
+        kl_convex(lp, None, prev, 0.5, "k1")
+    with pytest.raises(ValueError, match=r"^KL-Convex: lambda < 1 needs the previous policy's"):
+        kl_convex(lp, base, None, 0.5, "k1")
+
+
+def test_kl_term_is_beta_times_the_aggregated_convex_kl() -> None:
+    from replayrl.algorithms.objective import ObjectiveWeights, kl_term
+
+    lp = torch.tensor([[0.0, 0.0]])
+    base, prev = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-3.0, -1.0]])
+    mask = torch.ones(1, 2)
+    # w_base 0.1, w_prev 0.3: lambda 0.25 -> per token [2.5, 1.25], sum 3.75;
+    # token_mean with normaliser 3: 1.25; times (0.1 + 0.3): 0.5
+    w = ObjectiveWeights(kl_base=0.1, kl_prev=0.3, kl_estimator="k1")
+    assert kl_term(lp, base, prev, mask, w, 3.0).item() == pytest.approx(0.5)
+    # k3 instead of k1 (the estimator reaches kl_convex): k3(d) = e^-d - 1 + d
+    w3 = ObjectiveWeights(kl_base=0.1, kl_prev=0.3, kl_estimator="k3")
+    k3 = [math.exp(-d) - 1 + d for d in (1.0, 2.0, 3.0, 1.0)]
+    per_token = [0.25 * k3[0] + 0.75 * k3[2], 0.25 * k3[1] + 0.75 * k3[3]]
+    expected = 0.4 * sum(per_token) / 2
+    assert kl_term(lp, base, prev, mask, w3, None).item() == pytest.approx(expected, rel=1e-6)

@@ -594,3 +594,31 @@ def test_reincarnation_without_kl_keeps_no_frozen_copy(rollouts, tiny_model, cha
     learner = _learner(tiny_model, char_tokenizer.pad_token_id, "kl.beta=0.0")
     learner.reincarnate()
     assert learner.base_model is None  # no KL term: no pi_base copy held in memory
+
+
+def test_frozen_forwards_run_only_for_terms_that_weigh(rollouts, tiny_model, char_tokenizer):
+    # each frozen forward costs a full pass over the batch: only the weighted ones run
+    pad, n = char_tokenizer.pad_token_id, len(rollouts)
+    no_kl = _learner(tiny_model, pad, "kl.beta=0.0")
+    assert set(no_kl._frozen_fields(rollouts, [True] * n, step=1)) == {"stale"}
+    assert no_kl.base_model is None and no_kl.prev_model is None
+    base_only = _learner(tiny_model, pad, "kl.beta=0.1", "kl.target=reference")
+    assert set(base_only._frozen_fields(rollouts, [False] * n, step=1)) == {
+        "base_logprobs",
+        "stale",
+    }
+    assert base_only.prev_model is None
+    convex = _learner(
+        tiny_model,
+        pad,
+        "kl.beta=0.1",
+        "kl.target=convex",
+        "kl.schedule.start=0",
+        "kl.schedule.every=1",
+        "kl.schedule.decrement=0.3",
+        "algorithm.loss_type=mix_ppg",
+    )
+    fields = convex._frozen_fields(rollouts, [False] * (n - 1) + [True], step=1)
+    assert set(fields) == {"anchor_logprobs", "base_logprobs", "prev_logprobs", "stale"}
+    # mix_ppg's anchor only for stale data: fresh rollouts keep their behaviour log-probs
+    assert torch.equal(fields["anchor_logprobs"][0], rollouts[0].behaviour_logprobs)
