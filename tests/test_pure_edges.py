@@ -54,6 +54,11 @@ def test_value_loss_default_clip_lower_bound_and_normaliser() -> None:
     # token 1 moved +1 -> V_clip = 1.5: max(1, 0.25) = 1 -> loss 0.5 * (1 + 1) / 2 = 0.5
     loss, m = clipped_value_loss(values, old, returns, mask)
     assert loss.item() == pytest.approx(0.5)
+    # the default clip is 0.5: V moved 1 -> 3 with R = 3: unclipped 0, clipped V = 1.5 ->
+    # 0.5 * (1.5 - 3)^2 = 1.125 (a clip of 1.5 would give 0.5 * 0.25 = 0.125)
+    three = torch.tensor([[3.0]])
+    loss_default, _ = clipped_value_loss(three, torch.tensor([[1.0]]), three, torch.ones(1, 1))
+    assert loss_default.item() == pytest.approx(1.125)
     assert m["value_clip_frac"] == 0.0 and m["value_mse"] == pytest.approx(1.0)
     # returns 0: token 0 unclipped (0 - 0)^2 = 0, clipped (0.5)^2 = 0.25 -> 0.25 wins (the
     # lower bound -clip matters); token 1: max(4, 2.25) = 4 -> 0.5 * (0.25 + 4) = 2.125
