@@ -34,7 +34,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
-# mypy on the pure layer, the learner and the config ([tool.mypy] in pyproject.toml)
+# mypy on the pure layer, the learner, the config, the log-prob and sampling paths and the
+# warm start / policy / export modules ([tool.mypy] in pyproject.toml)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 

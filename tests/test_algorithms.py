@@ -305,3 +305,23 @@ def test_register_new_loss_then_lookup():
         assert POLICY_LOSSES.get(name).inputs == ("rewards",)
     finally:
         POLICY_LOSSES.remove(name)
+
+
+def test_ratio_metrics_hand_computed():
+    from replayrl.algorithms.losses import ratio_metrics
+
+    # log rho = [ln 2, 0, ln 0.5, ln 4], the last token masked out:
+    # rho = [2, 1, 0.5] on the mask -> mean 3.5 / 3, max 2
+    # k3 = rho - 1 - ln rho = [1 - ln 2, 0, -0.5 + ln 2] -> mean 0.5 / 3
+    log_ratio = torch.log(torch.tensor([[2.0, 1.0, 0.5, 4.0]]))
+    mask = torch.tensor([[1, 1, 1, 0]])
+    clipped = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    m = ratio_metrics(log_ratio, mask, clipped)
+    assert list(m) == ["clip_frac", "approx_kl", "ratio_mean", "ratio_max"]
+    assert m["clip_frac"] == pytest.approx(2 / 3)
+    assert m["approx_kl"] == pytest.approx(0.5 / 3, abs=1e-6)
+    assert m["ratio_mean"] == pytest.approx(3.5 / 3, abs=1e-6)
+    assert m["ratio_max"] == pytest.approx(2.0, abs=1e-6)
+    assert ratio_metrics(log_ratio, mask)["clip_frac"] == 0.0  # no clipping -> 0.0
+    empty = ratio_metrics(log_ratio, torch.zeros_like(mask))
+    assert empty["ratio_max"] == 1.0 and empty["ratio_mean"] == 0.0

@@ -167,7 +167,7 @@ def test_objects_in_the_api_train_like_files_and_names_in_the_cli(tmp_path: Path
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from replayrl.models import ensure_warmstart
+    from replayrl.warmstart import ensure_warmstart
 
     base = load_config("grpo", TINY)
     folder = ensure_warmstart(base.model, base.task, log=lambda _: None)

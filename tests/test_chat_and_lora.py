@@ -13,15 +13,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from replayrl.config import ConfigError, ModelConfig, TaskConfig, load_config
+from replayrl.export import export_merged
 from replayrl.generation import HFGenerator, SamplingParams
 from replayrl.learner import AdaptersDisabled, AdapterSnapshot, Learner
-from replayrl.models import (
-    apply_lora,
-    build_char_tokenizer,
-    build_tiny_model,
-    export_merged,
-    load_policy,
-)
+from replayrl.models import apply_lora, build_char_tokenizer, build_tiny_model
+from replayrl.policy import load_policy
 from replayrl.prompts import render_plain, render_prompt
 from replayrl.rollout import Rollout
 from replayrl.runner import resume, train

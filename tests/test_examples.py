@@ -54,7 +54,7 @@ def _run(script: str, *args: str, cwd: Path) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_model_dir() -> Path:
-    from replayrl.models import ensure_warmstart
+    from replayrl.warmstart import ensure_warmstart
 
     cfg = load_config("grpo", TINY_MODEL)
     return ensure_warmstart(cfg.model, cfg.task, log=lambda _: None)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from replayrl.config import load_config
-from replayrl.models import ensure_warmstart, warmstart_key
 from replayrl.rewards.builtin import final_answer, final_answer_reward
 from replayrl.tasks import task_from_config
 from replayrl.tasks.reasoning import (
@@ -18,6 +17,7 @@ from replayrl.tasks.reasoning import (
     chain_trace,
     sub_trace,
 )
+from replayrl.warmstart import ensure_warmstart, warmstart_key
 
 
 def test_traces_show_the_working_and_end_with_the_answer() -> None:

@@ -18,11 +18,12 @@ from replayrl.checkpoint import latest_checkpoint, load_state
 from replayrl.config import Config, ConfigError, load_config
 from replayrl.learner import Learner
 from replayrl.metrics import read_metrics
-from replayrl.models import build_tiny_model, ensure_warmstart
+from replayrl.models import build_tiny_model
 from replayrl.producer import MAX_EMPTY_STEPS
 from replayrl.run_folder import RunFailed
 from replayrl.runner import Trainer, resume, train
 from replayrl.tasks import ArithmeticTask
+from replayrl.warmstart import ensure_warmstart
 from tiny import TINY_MODEL
 
 R = 16  # rollouts per step: 4 prompts x 4 generations

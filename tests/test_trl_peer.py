@@ -119,7 +119,7 @@ def test_trl_gradient_equals_our_learners(tmp_path: Path, loss_agg: str) -> None
 
     from replayrl.learner import Learner, collate, token_logprobs
     from replayrl.metrics import MetricsLogger
-    from replayrl.models import load_policy
+    from replayrl.policy import load_policy
     from replayrl.rollout import Rollout
     from replayrl.tasks import make_task
 

@@ -189,6 +189,30 @@ def test_gae_advantages_reach_the_loss_whitened(
     assert float(vals.std()) == pytest.approx(1.0, abs=1e-4)
 
 
+def test_gae_returns_carry_the_outcome_reward_from_the_last_token(
+    rollouts, tiny_model, char_tokenizer
+) -> None:
+    # a fresh critic's head is zero, so V = 0 everywhere and, with lam = 1, the return at
+    # token t of a completion of c tokens is gamma^(c - 1 - t) * reward: the outcome reward
+    # sits on the last completion token and is discounted backwards from there
+    critic = ValueModel(copy.deepcopy(tiny_model.model), tiny_model.config.hidden_size)
+    learner = _learner(
+        tiny_model,
+        char_tokenizer.pad_token_id,
+        "algorithm.advantage=gae",
+        "critic.gamma=0.5",
+        "critic.lam=1.0",
+        critic=critic,
+    )
+    fields = learner._gae_fields(rollouts)
+    assert any(r.reward for r in rollouts) and len(fields["returns"]) == len(rollouts)
+    for r, ret, v in zip(rollouts, fields["returns"], fields["old_values"], strict=True):
+        c = r.completion_ids.numel()
+        assert torch.equal(v, torch.zeros(c))
+        expected = r.reward * 0.5 ** torch.arange(c - 1, -1, -1, dtype=torch.float32)
+        assert torch.allclose(ret, expected, atol=1e-6)
+
+
 def test_reincarnation_sets_base_to_the_current_policy(
     rollouts, tiny_model, char_tokenizer
 ) -> None:
@@ -510,3 +534,91 @@ def test_frozen_policies_live_exactly_while_weighted(rollouts, tiny_model, char_
     learner.train_step(rollouts, rng, step=4)
     assert learner.base_model is None  # lambda = 0 from t = 4 on: pi_base dropped
     assert torch.equal(_flat(learner.prev_model), before)
+
+
+def _critic_learner(tiny_model, pad_id: int, *extra: str, head_seed: int = 0) -> Learner:
+    critic = ValueModel(copy.deepcopy(tiny_model.model), tiny_model.config.hidden_size)
+    torch.manual_seed(head_seed)
+    torch.nn.init.normal_(critic.head.weight, std=0.5)  # non-trivial values
+    over = ("algorithm.advantage=gae", "train.lr=0.01", "critic.lr=0.01", *extra)
+    return _learner(tiny_model, pad_id, *over, critic=critic)
+
+
+def test_critic_state_round_trip_continues_identically(
+    rollouts, tiny_model, char_tokenizer
+) -> None:
+    pad = char_tokenizer.pad_token_id
+    a = _critic_learner(tiny_model, pad)
+    a.train_step(rollouts, np.random.default_rng(0), step=1)
+    a.train_step(rollouts, np.random.default_rng(1), step=2)
+    state = copy.deepcopy(a.state_dict())
+    assert {"critic", "critic_optimizer"} <= set(state)
+    b = _critic_learner(tiny_model, pad, head_seed=1)  # another critic head
+    assert b.critic is not None and a.critic is not None
+    assert not torch.equal(_flat(b.critic), _flat(a.critic))
+    b.model.load_state_dict(a.model.state_dict())
+    b.load_state_dict(state)
+    assert torch.equal(_flat(b.critic), _flat(a.critic))  # a resumed PPO run keeps its critic
+    ma = a.train_step(rollouts, np.random.default_rng(2), step=3)
+    mb = b.train_step(rollouts, np.random.default_rng(2), step=3)
+    assert torch.equal(_flat(a.critic), _flat(b.critic))  # and its optimizer state
+    assert ma["value_loss"] == mb["value_loss"]
+
+
+def test_critic_metrics_and_step_do_not_depend_on_micro_batching(
+    rollouts, tiny_model, char_tokenizer
+) -> None:
+    pad = char_tokenizer.pad_token_id
+    whole = _critic_learner(tiny_model, pad, "train.micro_batch_size=12")
+    parts = _critic_learner(tiny_model, pad, "train.micro_batch_size=5")
+    mw = whole.train_step(rollouts, np.random.default_rng(0), step=1)
+    mp = parts.train_step(rollouts, np.random.default_rng(0), step=1)
+    for k in ("value_loss", "value_mse", "value_clip_frac"):
+        assert mp[k] == pytest.approx(mw[k], rel=1e-5, abs=1e-7), k
+    assert mw["value_loss"] > 0 and mw["value_mse"] > 0
+    assert whole.critic is not None and parts.critic is not None
+    assert torch.allclose(_flat(whole.critic), _flat(parts.critic), atol=1e-6)
+
+
+def test_critic_gradients_reach_the_grad_hook(rollouts, tiny_model, char_tokenizer) -> None:
+    learner = _critic_learner(tiny_model, char_tokenizer.pad_token_id)
+    seen: list[list[torch.nn.Parameter]] = []
+    learner.grad_hook = seen.append  # data-parallel learners all-reduce through it
+    learner.train_step(rollouts, np.random.default_rng(0), step=1)
+    assert learner.critic is not None
+    critic_ids = [id(p) for p in learner.critic.parameters()]
+    assert any([id(p) for p in params] == critic_ids for params in seen)
+
+
+def test_reincarnation_without_kl_keeps_no_frozen_copy(rollouts, tiny_model, char_tokenizer):
+    learner = _learner(tiny_model, char_tokenizer.pad_token_id, "kl.beta=0.0")
+    learner.reincarnate()
+    assert learner.base_model is None  # no KL term: no pi_base copy held in memory
+
+
+def test_frozen_forwards_run_only_for_terms_that_weigh(rollouts, tiny_model, char_tokenizer):
+    # each frozen forward costs a full pass over the batch: only the weighted ones run
+    pad, n = char_tokenizer.pad_token_id, len(rollouts)
+    no_kl = _learner(tiny_model, pad, "kl.beta=0.0")
+    assert set(no_kl._frozen_fields(rollouts, [True] * n, step=1)) == {"stale"}
+    assert no_kl.base_model is None and no_kl.prev_model is None
+    base_only = _learner(tiny_model, pad, "kl.beta=0.1", "kl.target=reference")
+    assert set(base_only._frozen_fields(rollouts, [False] * n, step=1)) == {
+        "base_logprobs",
+        "stale",
+    }
+    assert base_only.prev_model is None
+    convex = _learner(
+        tiny_model,
+        pad,
+        "kl.beta=0.1",
+        "kl.target=convex",
+        "kl.schedule.start=0",
+        "kl.schedule.every=1",
+        "kl.schedule.decrement=0.3",
+        "algorithm.loss_type=mix_ppg",
+    )
+    fields = convex._frozen_fields(rollouts, [False] * (n - 1) + [True], step=1)
+    assert set(fields) == {"anchor_logprobs", "base_logprobs", "prev_logprobs", "stale"}
+    # mix_ppg's anchor only for stale data: fresh rollouts keep their behaviour log-probs
+    assert torch.equal(fields["anchor_logprobs"][0], rollouts[0].behaviour_logprobs)

@@ -299,7 +299,8 @@ class ReplayTrainer:
     # -- the model ---------------------------------------------------------------------------
     def _load_policy(self) -> None:
         """The starting policy, loaded once (and then handed to the loop)."""
-        from replayrl.models import load_policy, prepare_policy
+        from replayrl.models import prepare_policy
+        from replayrl.policy import load_policy
 
         cfg = self.config
         if self._model is not None:
@@ -325,7 +326,7 @@ class ReplayTrainer:
 
     def _load_trained(self) -> None:
         from replayrl.checkpoint import latest_checkpoint
-        from replayrl.models import load_policy
+        from replayrl.policy import load_policy
 
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:

@@ -55,14 +55,3 @@ def unpad(tokens: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
 def micro_batches(n: int, size: int) -> list[slice]:
     """Consecutive slices of at most `size` items covering range(n)."""
     return [slice(start, start + size) for start in range(0, n, size)]
-
-
-def pad_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-aligned (n, max_len) tensor of 1-D rows and its 0/1 mask."""
-    width = max(r.numel() for r in rows)
-    out = torch.zeros(len(rows), width)
-    mask = torch.zeros(len(rows), width)
-    for i, r in enumerate(rows):
-        out[i, : r.numel()] = r
-        mask[i, : r.numel()] = 1
-    return out, mask

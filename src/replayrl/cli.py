@@ -46,7 +46,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from replayrl.evaluation import evaluate
     from replayrl.generation import HFGenerator
-    from replayrl.models import load_policy, unwrap_model
+    from replayrl.models import unwrap_model
+    from replayrl.policy import load_policy
     from replayrl.prompts import PromptRenderer
     from replayrl.tasks import task_from_config
 
@@ -83,7 +84,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_merged(args: argparse.Namespace) -> int:
-    from replayrl.models import export_merged
+    from replayrl.export import export_merged
 
     print(export_merged(args.checkpoint, args.out, dtype=args.dtype))
     return 0

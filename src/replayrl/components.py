@@ -24,7 +24,8 @@ from replayrl.config import Config
 from replayrl.critic import ValueModel
 from replayrl.generation import Generator, make_generator
 from replayrl.learner import Learner
-from replayrl.models import load_policy, unwrap_model
+from replayrl.models import unwrap_model
+from replayrl.policy import load_policy
 from replayrl.producer import RolloutProducer
 from replayrl.prompts import PromptRenderer
 from replayrl.rewards import resolve_rewards

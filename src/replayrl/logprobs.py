@@ -77,10 +77,16 @@ def _split(model: object) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     return (backbone, head) if ok else None
 
 
+def _rows_of(head: torch.nn.Module, default: int) -> int:
+    """The output size (vocabulary) of an LM head's weight; `default` for a head without one."""
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else default
+
+
 @torch.no_grad()
 def _same_logits(core: torch.nn.Module, backbone: torch.nn.Module, head: torch.nn.Module) -> bool:
     """head(backbone(x)) reproduces the model's own logits on a short input."""
-    vocab = int(head.weight.shape[0]) if hasattr(head, "weight") else 2
+    vocab = _rows_of(head, default=2)
     device = next(core.parameters()).device
     ids = torch.arange(1, 9, device=device).remainder(vocab).unsqueeze(0)
     attn = torch.ones_like(ids)
@@ -140,7 +146,7 @@ def _token_logprobs_head(
     targets = ids[:, 1:][sel]
     want_entropy_grad = entropy_grad and torch.is_grad_enabled()
     logp_parts, ent_parts = [], []
-    rows = _chunk_rows(int(head.weight.shape[0]) if hasattr(head, "weight") else 1)
+    rows = _chunk_rows(_rows_of(head, default=1))
     for start in range(0, h.shape[0], rows):
         z = head(h[start : start + rows]).float() / temperature
         lse = torch.logsumexp(z, dim=-1)

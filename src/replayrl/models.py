@@ -1,16 +1,15 @@
-"""Load HF causal LMs; build the tiny demo model (local char tokenizer + few-layer Llama)
-and its cached, deterministic SFT warm start."""
+"""Load HF causal LMs (local folders, prepared models, LoRA adapters) and build the tiny demo
+model (local char tokenizer + few-layer Llama). Its SFT warm start is warmstart.py's; the
+merged export is export.py's: this module imports nothing above it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -22,7 +21,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from replayrl.config import ModelConfig, TaskConfig
+from replayrl.config import ModelConfig
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "</s>", "bos_token": "<s>"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,123 +71,6 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCa
     return LlamaForCausalLM(config)
 
 
-def _sft_phase(
-    model: LlamaForCausalLM,
-    tok: PreTrainedTokenizerBase,
-    task,
-    rng: np.random.Generator,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    carry_error: float,
-) -> float:
-    """Teacher-forced SFT on (prompt, completion+EOS) pairs; loss on completion tokens only."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1 - s / max(steps, 1))
-    )
-    model.train()
-    loss_val = float("nan")
-    for _ in range(steps):
-        pairs = task.sft_pairs(batch_size, rng, carry_error)
-        seqs, masks = [], []
-        for prompt, completion in pairs:
-            p = tok(prompt, add_special_tokens=False)["input_ids"]
-            c = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            seqs.append(p + c)
-            masks.append([0] * len(p) + [1] * len(c))
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        lmask = torch.zeros_like(ids, dtype=torch.float32)
-        for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
-            ids[i, : len(s)] = torch.tensor(s)
-            attn[i, : len(s)] = 1
-            lmask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        targets, tmask = ids[:, 1:], lmask[:, 1:]
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
-        ).view_as(targets)
-        loss = (nll * tmask).sum() / tmask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_val = loss.item()
-    model.eval()
-    return loss_val
-
-
-def _sft(
-    model: LlamaForCausalLM, tok: PreTrainedTokenizerBase, task_cfg: TaskConfig, cfg: ModelConfig
-) -> dict[str, float]:
-    """Phase 1 on correct answers, then phase 2 on the task's mistaken teacher
-    (`task.sft_pairs(n, rng, error_rate)` at `teacher_carry_error`)."""
-    from replayrl.tasks import task_from_config
-
-    ws = cfg.warmstart
-    task = task_from_config(task_cfg)
-    rng = np.random.default_rng(ws.seed)
-    torch.manual_seed(ws.seed)
-    out = {"sft_loss": _sft_phase(model, tok, task, rng, ws.steps, ws.batch_size, ws.lr, 0.0)}
-    if ws.mistake_steps:
-        out["sft_mistake_loss"] = _sft_phase(
-            model,
-            tok,
-            task,
-            rng,
-            ws.mistake_steps,
-            ws.batch_size,
-            ws.mistake_lr,
-            ws.teacher_carry_error,
-        )
-    return out
-
-
-# the TaskConfig fields each built-in task's warm start depends on (arithmetic's set is the
-# original one: existing configs keep their cached warm starts)
-_WARMSTART_TASK_FIELDS = {
-    "arithmetic": {"name", "digits", "eval_size", "seed"},
-    "reasoning": {"name", "op", "digits", "min_digits", "terms", "eval_size", "seed"},
-}
-# arithmetic digits the built-in warm start gives a usable start policy for (measured: 3
-# digits start at 0.0 eval accuracy with the default warm start, and nothing learns)
-TINY_ARITHMETIC_DIGITS = (1, 2)
-
-
-def _warmstart_task_fields(task_cfg: TaskConfig) -> set[str]:
-    return _WARMSTART_TASK_FIELDS.get(task_cfg.name, set(TaskConfig.model_fields))
-
-
-def check_tiny_task(task_cfg: TaskConfig) -> None:
-    """Refuse tasks the built-in tiny model's warm start cannot start usefully (clear error)."""
-    if task_cfg.name == "arithmetic" and task_cfg.digits not in TINY_ARITHMETIC_DIGITS:
-        raise ValueError(
-            f"task.digits={task_cfg.digits}: the built-in tiny model's warm start gives a usable "
-            f"start policy for arithmetic with task.digits in {list(TINY_ARITHMETIC_DIGITS)} only "
-            f"(at 3 digits it starts at 0.0 accuracy and no reward ever varies). For longer "
-            f"sums use the written-out task (task.name=reasoning task.op=add "
-            f"task.digits={task_cfg.digits}; see configs/reasoning-add.yaml), or set model.path "
-            f"to a causal LM folder"
-        )
-
-
-def warmstart_key(cfg: ModelConfig, task_cfg: TaskConfig) -> str:
-    payload = json.dumps(
-        {
-            "tiny": cfg.tiny.model_dump(),
-            "warmstart": cfg.warmstart.model_dump(),
-            # only what the task's warm start depends on: stable as TaskConfig grows
-            "task": task_cfg.model_dump(include=_warmstart_task_fields(task_cfg)),
-            "format": 2,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
 def atomic_save_pretrained(
     model: PreTrainedModel, tok: PreTrainedTokenizerBase, dest: Path
 ) -> None:
@@ -204,33 +86,6 @@ def atomic_save_pretrained(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def ensure_warmstart(cfg: ModelConfig, task_cfg: TaskConfig, log=print) -> Path:
-    """Path of the tiny model's SFT warm start for this config, building it once if missing."""
-    check_tiny_task(task_cfg)
-    dest = cache_dir() / "warmstart" / warmstart_key(cfg, task_cfg)
-    if (dest / "config.json").is_file():
-        return dest
-    from replayrl.tasks import task_from_config
-
-    task = task_from_config(task_cfg)
-    # any task with a tokenizer corpus and an SFT teacher (arithmetic, reasoning) has one
-    if not (callable(getattr(task, "corpus", None)) and callable(getattr(task, "sft_pairs", None))):
-        raise ValueError(
-            f"the built-in tiny model's warm start needs a task with corpus() and "
-            f"sft_pairs(n, rng, error_rate) (task.name=arithmetic or reasoning), not "
-            f"{task_cfg.name!r}: set model.path to a causal LM folder"
-        )
-    tok = build_char_tokenizer(task.corpus())
-    model = build_tiny_model(cfg, vocab_size=len(tok), seed=cfg.warmstart.seed)
-    if cfg.warmstart.enabled and cfg.warmstart.steps:
-        ws = cfg.warmstart
-        log(f"building the tiny model's SFT warm start ({ws.steps}+{ws.mistake_steps} steps)")
-        stats = _sft(model, tok, task_cfg, cfg)
-        log(f"warm start done ({', '.join(f'{k} {v:.3f}' for k, v in stats.items())}) -> {dest}")
-    atomic_save_pretrained(model, tok, dest)
-    return dest
 
 
 PREPARED_MODELS = ("smollm2-135m",)  # names `replayrl prepare` knows
@@ -294,7 +149,7 @@ def _import_peft():
     return peft
 
 
-def _from_pretrained(path: str, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_pretrained(path: str, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     hub_id = not Path(path).exists()
     try:
         tok = AutoTokenizer.from_pretrained(path)
@@ -340,12 +195,12 @@ def apply_lora(model: PreTrainedModel, cfg: ModelConfig, seed: int = 0) -> torch
         ) from exc
 
 
-def _attach_adapter(model: PreTrainedModel, adapter: Path, trainable: bool) -> torch.nn.Module:
+def attach_adapter(model: PreTrainedModel, adapter: Path, trainable: bool) -> torch.nn.Module:
     peft = _import_peft()
     return peft.PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
 
 
-def _adapter_base(adapter: Path) -> str:
+def adapter_base(adapter: Path) -> str:
     data = json.loads((adapter / "adapter_config.json").read_text())
     base = data.get("base_model_name_or_path")
     if not base:
@@ -353,26 +208,22 @@ def _adapter_base(adapter: Path) -> str:
     return str(base)
 
 
-def load_policy(
+def load_pretrained_policy(
+    path: str,
     cfg: ModelConfig,
-    task_cfg: TaskConfig,
-    log=print,
     adapter: str | Path | None = None,
     seed: int = 0,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
-    """The policy to train and its tokenizer: `model.path` if set, else the tiny warm start.
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, str]:
+    """Load the causal LM folder (or hub id) `path` and make it ready to train (prepare_policy).
 
-    With `model.lora.enabled` the model comes back wrapped in fresh LoRA adapters (drawn
-    from `seed`), or in the saved ones of `adapter` (resume). A `model.path` that is itself
-    an adapter folder loads its base model (named in adapter_config.json) with the adapter
-    on top. `model.gradient_checkpointing` switches it on for the policy.
+    An adapter folder loads its base model (named in adapter_config.json) with the adapter on
+    top; the returned path is the base model's then.
     """
-    path = resolve_model_path(cfg.path) if cfg.path else str(ensure_warmstart(cfg, task_cfg, log))
     if adapter is None and is_adapter_folder(path):
-        adapter, path = Path(path), resolve_model_path(_adapter_base(Path(path)))
-    model, tok = _from_pretrained(path, cfg.dtype)
-    model, tok = prepare_policy(model, tok, cfg, adapter=adapter, seed=seed)
-    return model, tok, path
+        adapter, path = Path(path), resolve_model_path(adapter_base(Path(path)))
+    model, tok = load_pretrained(path, cfg.dtype)
+    policy, tok = prepare_policy(model, tok, cfg, adapter=adapter, seed=seed)
+    return policy, tok, path
 
 
 def prepare_policy(
@@ -399,43 +250,7 @@ def prepare_policy(
         # no KV cache in training forwards (generate keeps it: HFGenerator's GenerationConfig)
         model.config.use_cache = False
     if adapter is not None:
-        model = _attach_adapter(model, Path(adapter), trainable=cfg.lora.enabled)
+        model = attach_adapter(model, Path(adapter), trainable=cfg.lora.enabled)
     elif cfg.lora.enabled and not is_peft_model(model):
         model = apply_lora(model, cfg, seed=seed)
     return model, tok
-
-
-def _resolve_checkpoint(src: Path) -> Path:
-    """A run folder (its latest checkpoint), a checkpoint folder, or a policy folder."""
-    from replayrl.checkpoint import latest_checkpoint
-
-    if (src / "checkpoints").is_dir():
-        ckpt = latest_checkpoint(src)
-        if ckpt is None:
-            raise FileNotFoundError(f"{src}: no complete checkpoint under checkpoints/")
-        src = ckpt
-    if (src / "policy").is_dir():
-        src = src / "policy"
-    return src
-
-
-def export_merged(src: str | Path, out: str | Path, dtype: str = "float32") -> Path:
-    """Write a plain model folder (LoRA merged into the weights) loadable with from_pretrained.
-
-    `src`: a run folder, a checkpoint folder or a policy folder (a LoRA adapter or a full
-    model, which is copied as it is).
-    """
-    policy = _resolve_checkpoint(Path(src).expanduser())
-    dest = Path(out).expanduser()
-    if is_adapter_folder(policy):
-        base = resolve_model_path(_adapter_base(policy))
-        model, tok = _from_pretrained(base, dtype)
-        model = _attach_adapter(model, policy, trainable=False).merge_and_unload()
-        if (policy / "tokenizer_config.json").is_file():  # the run's tokenizer (pad, side)
-            tok = AutoTokenizer.from_pretrained(policy)
-    elif (policy / "config.json").is_file():
-        model, tok = _from_pretrained(str(policy), dtype)
-    else:
-        raise FileNotFoundError(f"{policy}: neither a LoRA adapter nor a model folder")
-    atomic_save_pretrained(model, tok, dest)
-    return dest

@@ -29,6 +29,7 @@ def _matmul_error() -> float:
     ref_y = x.double() @ w.double().T
     ref_gx = gy.double() @ w.double()
     err_y = float((y.detach().double() - ref_y).abs().max() / ref_y.abs().max())
+    assert xr.grad is not None  # backward above filled it
     err_gx = float((xr.grad.double() - ref_gx).abs().max() / ref_gx.abs().max())
     return max(err_y, err_gx)
 

@@ -34,7 +34,8 @@ from replayrl import logprobs, precision
 from replayrl.config import ModelConfig, load_config
 from replayrl.generation import HFGenerator, Sample, SamplingParams
 from replayrl.learner import Learner, collate, token_logprobs, unpad
-from replayrl.models import apply_lora, load_policy
+from replayrl.models import apply_lora
+from replayrl.policy import load_policy
 from replayrl.rollout import Rollout
 
 QUESTIONS = [

@@ -104,6 +104,21 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * m).sum() / m.sum().clamp(min=1))
 
 
+def ratio_metrics(
+    log_ratio: torch.Tensor, mask: torch.Tensor, is_clipped: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Diagnostics of the ratio rho = exp(log_ratio) over the masked tokens: the share clipped
+    (`is_clipped`, 0/1 per token; 0.0 for a loss without clipping), approx_kl (k3 of
+    pi_old || pi: rho - 1 - log rho), the mean ratio and the largest (1.0 with no tokens)."""
+    ratio = torch.exp(log_ratio)
+    return {
+        "clip_frac": 0.0 if is_clipped is None else _masked_mean(is_clipped, mask),
+        "approx_kl": _masked_mean(ratio - 1 - log_ratio, mask),
+        "ratio_mean": _masked_mean(ratio, mask),
+        "ratio_max": float(ratio[mask.bool()].max()) if mask.any() else 1.0,
+    }
+
+
 @register_policy_loss("grpo_clip", knobs=("epsilon", "epsilon_high"))
 def grpo_clip_loss(
     logprobs: torch.Tensor,
@@ -126,13 +141,7 @@ def grpo_clip_loss(
     per_token = -torch.minimum(unclipped, clipped)
     loss = aggregate(per_token, mask, loss_agg, normaliser)
     with torch.no_grad():
-        is_clipped = (clipped < unclipped).to(logprobs.dtype)
-        metrics = {
-            "clip_frac": _masked_mean(is_clipped, mask),
-            "approx_kl": _masked_mean(ratio - 1 - log_ratio, mask),  # k3 of pi_old || pi
-            "ratio_mean": _masked_mean(ratio, mask),
-            "ratio_max": float(ratio[mask.bool()].max()) if mask.any() else 1.0,
-        }
+        metrics = ratio_metrics(log_ratio, mask, (clipped < unclipped).to(logprobs.dtype))
     return loss, metrics
 
 
@@ -154,13 +163,7 @@ def asymre_loss(
     per_token = -weight * logprobs
     loss = aggregate(per_token, mask, loss_agg, normaliser)
     with torch.no_grad():
-        log_ratio = logprobs - old_logprobs
-        metrics = {
-            "clip_frac": 0.0,
-            "approx_kl": _masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask),
-            "ratio_mean": _masked_mean(torch.exp(log_ratio), mask),
-            "ratio_max": float(torch.exp(log_ratio)[mask.bool()].max()) if mask.any() else 1.0,
-        }
+        metrics = ratio_metrics(logprobs - old_logprobs, mask)
     return loss, metrics
 
 
@@ -195,12 +198,7 @@ def mix_ppg_loss(
     per_token = -torch.minimum(unclipped, clipped)
     loss = aggregate(per_token, mask, loss_agg, normaliser)
     with torch.no_grad():
-        metrics = {
-            "clip_frac": _masked_mean((clipped < unclipped).to(logprobs.dtype), mask),
-            "approx_kl": _masked_mean(ratio - 1 - log_ratio, mask),
-            "ratio_mean": _masked_mean(ratio, mask),
-            "ratio_max": float(ratio[mask.bool()].max()) if mask.any() else 1.0,
-        }
+        metrics = ratio_metrics(log_ratio, mask, (clipped < unclipped).to(logprobs.dtype))
     return loss, metrics
 
 

@@ -163,7 +163,7 @@ class FollowerActor:
 
     def __init__(self, cfg_yaml: str, rank: int, world: int, policy_path: str | None) -> None:
         _quiet()
-        from replayrl.models import load_policy
+        from replayrl.policy import load_policy
 
         cfg = build_config(yaml.safe_load(cfg_yaml))
         if cfg.train.threads:

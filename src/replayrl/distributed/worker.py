@@ -20,7 +20,8 @@ from replayrl.components import build_producer
 from replayrl.config import Config
 from replayrl.distributed.weights import load_trainable
 from replayrl.io import atomic_write_with
-from replayrl.models import load_policy, unwrap_model
+from replayrl.models import unwrap_model
+from replayrl.policy import load_policy
 from replayrl.rollout import Rollout
 from replayrl.safe_state import dumps_single, loads_single
 

@@ -49,7 +49,7 @@ from replayrl.evaluation import evaluate
 from replayrl.generation import HFGenerator
 from replayrl.io import atomic_write_json, quiet_transformers
 from replayrl.metrics import MetricsLogger, Progress
-from replayrl.models import load_policy
+from replayrl.policy import load_policy
 from replayrl.rewards import resolve_rewards, score
 from replayrl.run_folder import new_run_folder
 from replayrl.tasks import task_from_config
