@@ -22,6 +22,7 @@ from replayrl.distributed.weights import SharedWeights, load_trainable, trainabl
 from replayrl.distributed.worker import Delivery
 from replayrl.recipes.asynchronous import AsyncSession
 from replayrl.rollout import Rollout
+from replayrl.run_state import Counters, summarize
 from replayrl.runner import train
 from tiny import TINY_RUN
 
@@ -158,6 +159,24 @@ def test_role_summary_mu_and_gamma() -> None:
     s = role_summary(roles, workers=3, trainers=1)
     assert s["mu"] == pytest.approx(5.0)
     assert s["gamma"] == pytest.approx((1 + 3) / (1 + 5.0))
+
+
+def test_summary_mu_is_the_step_median_and_accounting_mu_the_busy_time_ratio() -> None:
+    # steps with ratios 3, 8, 1 (15 s generating and 6 s training 30 rollouts in all)
+    c = Counters(
+        mu_per_step=[3.0, 8.0, 1.0],
+        generation_seconds=15.0,
+        training_seconds=6.0,
+        rollouts_generated=30,
+        rollouts_trained=30,
+        step=3,
+    )
+    cfg = load_config(None, TINY_RUN)
+    run = {"policy_version": 3, "run_dir": "r", "num_eval_prompts": 0, "num_parameters": 1}
+    s = summarize(cfg, c, [], model_path=None, **run)
+    assert s["mu_median"] == pytest.approx(3.0)  # median of the steps
+    assert s["accounting"]["mu"] == pytest.approx(2.5)  # (15 / 30) / (6 / 30): run totals
+    assert summarize(cfg, Counters(), [], model_path=None, **run)["mu_median"] is None
 
 
 def test_shared_weights_publish_then_pull() -> None:
