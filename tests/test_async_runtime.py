@@ -287,7 +287,9 @@ def _metrics(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # the run appends while tests poll: a last line without its newline may be mid-write
+    complete = path.read_text().split("\n")[:-1]
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 def _check_run(summary: dict, run: Path, steps: int, bound: int) -> None:
