@@ -22,6 +22,7 @@ from replayrl.distributed.weights import SharedWeights, load_trainable, trainabl
 from replayrl.distributed.worker import Delivery
 from replayrl.recipes.asynchronous import AsyncSession
 from replayrl.rollout import Rollout
+from replayrl.run_state import Counters, summarize
 from replayrl.runner import train
 from tiny import TINY_RUN
 
@@ -160,6 +161,24 @@ def test_role_summary_mu_and_gamma() -> None:
     assert s["gamma"] == pytest.approx((1 + 3) / (1 + 5.0))
 
 
+def test_summary_mu_is_the_step_median_and_accounting_mu_the_busy_time_ratio() -> None:
+    # steps with ratios 3, 8, 1 (15 s generating and 6 s training 30 rollouts in all)
+    c = Counters(
+        mu_per_step=[3.0, 8.0, 1.0],
+        generation_seconds=15.0,
+        training_seconds=6.0,
+        rollouts_generated=30,
+        rollouts_trained=30,
+        step=3,
+    )
+    cfg = load_config(None, TINY_RUN)
+    run = {"policy_version": 3, "run_dir": "r", "num_eval_prompts": 0, "num_parameters": 1}
+    s = summarize(cfg, c, [], model_path=None, **run)
+    assert s["mu_median"] == pytest.approx(3.0)  # median of the steps
+    assert s["accounting"]["mu"] == pytest.approx(2.5)  # (15 / 30) / (6 / 30): run totals
+    assert summarize(cfg, Counters(), [], model_path=None, **run)["mu_median"] is None
+
+
 def test_shared_weights_publish_then_pull() -> None:
     src, dst = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
     shared = SharedWeights(src)
@@ -190,6 +209,71 @@ def test_delivery_round_trips_through_a_spool_file(tmp_path: Path) -> None:
     assert back.rollouts[0].completion_text == "42" and back.generated == 8
 
 
+class _FakeRay:
+    """Just enough of `ray` for RayDriver: the learner actor's run "takes" 50 polls and a
+    Ctrl-C (SIGINT to this process) arrives at the first; it ends early once asked to stop."""
+
+    def __init__(self) -> None:
+        self.polls, self.stop_requested = 0, False
+
+    def is_initialized(self) -> bool:
+        return True  # joined, not started: RayDriver neither inits nor shuts down
+
+    def remote(self, **_: object):
+        return lambda cls: SimpleNamespace(options=lambda **_: SimpleNamespace(remote=self._actor))
+
+    def _actor(self, *_: object) -> SimpleNamespace:
+        return SimpleNamespace(
+            run=SimpleNamespace(remote=lambda: "run"),
+            request_stop=SimpleNamespace(remote=lambda: "stop"),
+        )
+
+    def _poll(self) -> bool:
+        self.polls += 1
+        if self.polls == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.stop_requested or self.polls >= 50
+
+    def wait(self, refs: list, timeout: float | None = None, **_: object) -> tuple[list, list]:
+        return (refs, []) if self._poll() else ([], refs)
+
+    def get(self, ref: str) -> dict | None:
+        if ref == "stop":
+            self.stop_requested = True
+            return None
+        while not self._poll():  # a blocking get waits for the whole run
+            pass
+        if self.stop_requested:
+            return {"interrupted": True, "step": 3, "ckpt": "step_000003"}
+        return {"accounting": {"ledger": rollout_ledger(0, 0, 0, []), **role_summary({}, 1, 1)}}
+
+
+@pytest.mark.parametrize(
+    "inherited", [signal.SIG_IGN, signal.default_int_handler], ids=["ignored", "default"]
+)
+def test_ray_driver_stops_on_ctrl_c_even_if_started_with_sigint_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inherited: object
+) -> None:
+    # a background job of a non-interactive shell (a CI script) starts with SIGINT ignored:
+    # the Ray driver then ignored Ctrl-C and ran to its last step, where sync and async-local
+    # runs (their own SIGINT handler) stopped with a checkpoint
+    from replayrl.distributed import ray_runtime
+
+    fake = _FakeRay()
+    monkeypatch.setattr(ray_runtime, "_ray", lambda: fake)
+    cfg = load_config(None, [*ASYNC, *RAY])
+    logs: list[str] = []
+    previous = signal.signal(signal.SIGINT, inherited)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(KeyboardInterrupt):  # what the CLI turns into "interrupted", 130
+            ray_runtime.RayDriver(cfg, tmp_path, log=logs.append).run()
+        assert signal.getsignal(signal.SIGINT) is inherited  # put back as found
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert fake.stop_requested and fake.polls < 50  # stopped early, through request_stop
+    assert any("interrupted at step 3" in line for line in logs), logs
+
+
 def test_sync_runs_report_a_balanced_ledger(tmp_path: Path) -> None:
     cfg = load_config(None, [*TINY_RUN, f"logging.run_dir={tmp_path}", "train.steps=2"])
     acc = train(cfg, log=quiet)["accounting"]
@@ -203,7 +287,9 @@ def _metrics(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # the run appends while tests poll: a last line without its newline may be mid-write
+    complete = path.read_text().split("\n")[:-1]
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 def _check_run(summary: dict, run: Path, steps: int, bound: int) -> None:
@@ -295,7 +381,7 @@ def _ctrl_c_then_resume(tmp_path: Path, runtime: list[str], kill_first: bool = F
         step = max((m.get("step", 0) for m in _metrics(run)), default=0)
         _wait_for_step(run, proc, step + 2)
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=120)
+        code = proc.wait(timeout=300)  # deadlines, not pacing: generous for a loaded machine
     finally:
         proc.kill()
     assert code != 0 and "interrupted at step" in log.read_text(), log.read_text()[-2000:]
@@ -315,7 +401,7 @@ def _ctrl_c_then_resume(tmp_path: Path, runtime: list[str], kill_first: bool = F
         capture_output=True,
         text=True,
         env=os.environ,
-        timeout=300,
+        timeout=600,  # a resumed Ray run took 233 s on a loaded 2-core machine
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     summary = json.loads((run / "summary.json").read_text())
@@ -330,9 +416,6 @@ RAY = ["runtime=ray", "ray.num_cpus=2", "ray.generator_num_cpus=0.5", "ray.learn
 
 
 @pytest.mark.ray
-# Not strict: it failed in the last fresh-clone run of 2026-11-30 after passing in the full
-# suite the same day; the cause is not yet found (see the session's closing note).
-@pytest.mark.xfail(strict=False, reason="intermittent under load: cause under investigation")
 def test_ray_survives_a_killed_generator_then_ctrl_c_resumes(tmp_path: Path) -> None:
     summary = _ctrl_c_then_resume(tmp_path, RAY, kill_first=True)
     assert summary["runtime"] == "ray"

@@ -15,6 +15,7 @@ from replayrl.design import (
     DesignReport,
     buffer_design,
     closed_form_power_law,
+    cost_ratio,
     design,
     estimate_mu,
     format_report,
@@ -301,27 +302,44 @@ def test_gamma_hand_values():
         gamma(-1.0, 4, 4)
 
 
+def test_cost_ratio_is_seconds_per_generated_over_seconds_per_trained_sample():
+    # 10 s for 100 generated (0.1 s each) vs 4 s for 200 trained (0.02 s each): mu = 5
+    assert cost_ratio(10.0, 100, 4.0, 200) == pytest.approx(5.0)
+    # the same seconds with twice the training passes (epochs = 2) halve the training cost
+    assert cost_ratio(10.0, 100, 4.0, 400) == pytest.approx(10.0)
+    assert cost_ratio(0.0, 8, 1.0, 8) == 0.0  # free generation is a measurement (mu = 0)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (1.0, 0, 1.0, 8),  # nothing generated
+        (1.0, 8, 1.0, 0),  # nothing trained
+        (1.0, 8, 0.0, 8),  # no training time: the ratio is undefined
+        (-1.0, 8, 1.0, 8),  # a negative duration is a clock error, not a cost
+        (math.nan, 8, 1.0, 8),
+        (1.0, 8, math.inf, 8),
+    ],
+)
+def test_cost_ratio_is_none_when_the_span_measured_nothing(args):
+    assert cost_ratio(*args) is None
+
+
 def test_estimate_mu_is_median_of_per_step_ratios():
-    # ratios gen/train = 5, 6, 6, 7 -> median 6
-    assert estimate_mu([1, 1, 2, 1], [5, 6, 12, 7]) == pytest.approx(6.0)
-    # ratios 3, 8, 1 -> median 3 (ratio of medians would be 4/1 = 4)
-    assert estimate_mu([1, 1, 4], [3, 8, 4]) == pytest.approx(3.0)
+    # per-step ratios 5, 6, 6, 7 -> median 6
+    assert estimate_mu([5.0, 6.0, 7.0, 6.0]) == pytest.approx(6.0)
+    # steps (gen 3 s, train 1 s), (8, 1), (4, 4) -> ratios 3, 8, 1: median 3, where the ratio
+    # of totals would be 15 / 6 = 2.5
+    steps = [cost_ratio(3.0, 1, 1.0, 1), cost_ratio(8.0, 1, 1.0, 1), cost_ratio(4.0, 1, 4.0, 1)]
+    assert estimate_mu(steps) == pytest.approx(3.0)
+    assert cost_ratio(15.0, 3, 6.0, 3) == pytest.approx(2.5)
+    assert estimate_mu([1.0, 3.0]) == pytest.approx(2.0)  # even count: mean of the middle two
 
 
-def test_estimate_mu_skips_bad_steps():
-    # usable steps: (1,4) -> 4, (2,10) -> 5, (1,8) -> 8; median 5
-    train = [1.0, 0.0, 1.0, math.nan, 2.0, 1.0, math.inf]
-    gen = [4.0, 5.0, -1.0, 3.0, 10.0, 8.0, 1.0]
-    assert estimate_mu(train, gen) == pytest.approx(5.0)
-
-
-def test_estimate_mu_errors():
-    with pytest.raises(ValueError, match="cannot estimate mu"):
-        estimate_mu([0.0, math.nan], [1.0, 1.0])
-    with pytest.raises(ValueError, match="cannot estimate mu"):
-        estimate_mu([], [])
-    with pytest.raises(ValueError, match="same length"):
-        estimate_mu([1.0, 2.0], [1.0])
+def test_estimate_mu_skips_bad_steps_and_is_none_without_any():
+    assert estimate_mu([4.0, math.nan, 5.0, -1.0, 8.0, math.inf]) == pytest.approx(5.0)
+    assert estimate_mu([math.nan, -2.0]) is None
+    assert estimate_mu([]) is None
 
 
 # ----------------------------------------------------------------- design / report

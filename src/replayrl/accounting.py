@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayrl.design import gamma
+from replayrl.design import cost_ratio, gamma
 
 BUFFER_KEYS = ("size", "evicted", "consumed", "dropped_stale", "pushed")
 
@@ -89,12 +89,18 @@ class RoleClock:
 
 
 def role_summary(roles: dict[str, dict[str, float]], workers: int, trainers: int) -> dict:
-    """Measured mu (generation vs training seconds per sample) and paper 1's gamma."""
+    """Measured mu (generation vs training seconds per sample) and paper 1's gamma.
+
+    mu here is `cost_ratio` over the whole run's busy time (all generators' busy seconds per
+    rollout over all learners' busy seconds per trained rollout), not the summary's median of
+    per-step values: in the async runtimes generators and learners run concurrently on their
+    own batches, so there is no step pairing one generation with one update to take a ratio of.
+    Sync runs report both (this from their cumulative generation/training seconds)."""
     gen = [r for k, r in roles.items() if k.startswith("generator")]
     learn = [r for k, r in roles.items() if k.startswith("learner")]
     gen_busy, gen_n = sum(r["busy_s"] for r in gen), sum(r["rollouts"] for r in gen)
     tr_busy, tr_n = sum(r["busy_s"] for r in learn), sum(r["rollouts"] for r in learn)
-    mu = (gen_busy / gen_n) / (tr_busy / tr_n) if gen_n and tr_n and tr_busy else None
+    mu = cost_ratio(gen_busy, gen_n, tr_busy, tr_n)
     return {
         "roles": roles,
         "mu": mu,

@@ -44,6 +44,7 @@ __all__ = [
     "DesignReport",
     "buffer_design",
     "closed_form_power_law",
+    "cost_ratio",
     "design",
     "estimate_mu",
     "format_report",
@@ -305,27 +306,38 @@ def gamma(mu: float, workers: int, trainers: int) -> float:
     return (1.0 + workers / trainers) / (1.0 + mu)
 
 
-def estimate_mu(
-    train_seconds_per_sample: Sequence[float], gen_seconds_per_sample: Sequence[float]
-) -> float:
-    """mu = median over steps of (inference time per sample) / (trainer time per sample) (§1).
+def cost_ratio(
+    gen_seconds: float, generated: float, train_seconds: float, trained: float
+) -> float | None:
+    """mu over one span of work: generation seconds per generated sample divided by training
+    seconds per trained sample (arXiv 2604.08706, the compute model behind gamma = (1 + W/T) /
+    (1 + mu): mu is the cost of generating a rollout relative to the cost of training on it).
 
-    The two sequences are aligned per step; the per-step ratio gen/train is formed first and
-    the median taken over steps.  Steps where either entry is non-finite or <= 0 are skipped.
+    The span is one step for the per-step values `estimate_mu` takes the median of, or a whole
+    run's busy time for the async accounting (`accounting.role_summary`). `trained` counts a
+    rollout once per update pass (epochs). None when the span measured nothing: no samples on
+    either side, no (or non-finite) training time, or a negative generation time.
     """
-    train = np.asarray(train_seconds_per_sample, dtype=float).ravel()
-    gen = np.asarray(gen_seconds_per_sample, dtype=float).ravel()
-    if train.shape != gen.shape:
-        raise ValueError(
-            f"train_seconds_per_sample and gen_seconds_per_sample must have the same length, "
-            f"got {train.size} and {gen.size}"
-        )
-    ok = np.isfinite(train) & np.isfinite(gen) & (train > 0) & (gen > 0)
-    if not np.any(ok):
-        raise ValueError(
-            "no step has finite, positive train and generation times; cannot estimate mu"
-        )
-    return float(np.median(gen[ok] / train[ok]))
+    if not (generated > 0 and trained > 0):
+        return None
+    if not (math.isfinite(gen_seconds) and gen_seconds >= 0.0):
+        return None
+    if not (math.isfinite(train_seconds) and train_seconds > 0.0):
+        return None
+    return (gen_seconds / generated) / (train_seconds / trained)
+
+
+def estimate_mu(step_mus: Sequence[float]) -> float | None:
+    """mu = the median over steps of the per-step `cost_ratio` (arXiv 2604.08706 estimates
+    mu as inference time per sample vs trainer time per sample, median over a run).
+
+    The median of per-step ratios, not the ratio of totals: a few slow steps (first-step
+    compilation, a stalled reward call) do not move it. Non-finite or negative entries are
+    skipped; None when no step is usable (the summary's "not measured").
+    """
+    vals = [float(m) for m in step_mus]
+    ok = [m for m in vals if math.isfinite(m) and m >= 0.0]
+    return float(np.median(ok)) if ok else None
 
 
 # --------------------------------------------------------------------------- report

@@ -3,12 +3,12 @@ end-of-run summary and accounting computed from them."""
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from replayrl.accounting import RoleClock, ledger_stats, role_summary, rollout_ledger
 from replayrl.config import Config
+from replayrl.design import estimate_mu
 
 
 @dataclass
@@ -117,7 +117,6 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
     """The run's summary.json; `run` adds policy_version, run_dir, num_eval_prompts,
     num_parameters, model_path (in that order in the file)."""
     accs = [e["eval/accuracy"] for e in c.evals]
-    mu = statistics.median(c.mu_per_step) if c.mu_per_step else None
     return {
         "initial_eval_accuracy": accs[0] if accs else None,
         "final_eval_accuracy": accs[-1] if accs else None,
@@ -136,7 +135,7 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
         "eval_seconds": c.eval_seconds,
         "reward_seconds": c.reward_seconds,
         "rollouts_dropped_reward_timeout": c.rollouts_dropped_reward_timeout,
-        "mu_median": mu,
+        "mu_median": estimate_mu(c.mu_per_step),
         "design": c.design,
         "reincarnation_step": c.reincarnation_step,
         "num_eval_prompts": run["num_eval_prompts"],

@@ -30,8 +30,10 @@ from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.io import quiet_transformers
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
 from replayrl.run_folder import RunFailed
+from replayrl.session import StopOnSigint
 
 Log = Callable[[str], None]
+_POLL_S = 0.2  # how often the driver checks for Ctrl-C while the learner actor runs
 
 
 def _ray():
@@ -461,13 +463,7 @@ class RayDriver:
                 .options(max_concurrency=2)
                 .remote(config_to_yaml(self.cfg), str(self.run_dir.resolve()), self.resume)
             )
-            ref = actor.run.remote()
-            try:
-                result = ray.get(ref)
-            except KeyboardInterrupt:
-                self.log("\nstopping the Ray run after this step (checkpointing)")
-                ray.get(actor.request_stop.remote())
-                result = ray.get(ref)
+            result = self._wait(ray, actor, actor.run.remote())
             if result.get("interrupted"):
                 self.log(  # here, not only in the actor: its last lines can be cut at shutdown
                     f"interrupted at step {result['step']}: checkpoint written to "
@@ -480,3 +476,20 @@ class RayDriver:
         finally:
             if started:
                 ray.shutdown()
+
+    def _wait(self, ray: Any, actor: Any, ref: Any) -> dict[str, Any]:
+        """The learner actor's result; the first Ctrl-C asks it to stop after its step.
+
+        StopOnSigint installs its own SIGINT handler, as the sync and async-local loops do:
+        relying on Python's default KeyboardInterrupt inside `ray.get` ignored Ctrl-C when the
+        process started with SIGINT ignored (any background job of a non-interactive shell,
+        e.g. a CI script), and the run went on to its last step.
+        """
+        sent = False
+        with StopOnSigint() as stop:
+            while not ray.wait([ref], timeout=_POLL_S)[0]:
+                if stop.requested and not sent:
+                    self.log("stopping the Ray run after this step (checkpointing)")
+                    ray.get(actor.request_stop.remote())
+                    sent = True
+            return ray.get(ref)  # a second Ctrl-C (KeyboardInterrupt) aborts

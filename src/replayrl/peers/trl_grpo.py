@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -45,6 +44,7 @@ import torch
 from transformers import TrainerCallback
 
 from replayrl.config import Config, config_to_yaml, load_config
+from replayrl.design import cost_ratio, estimate_mu
 from replayrl.evaluation import evaluate
 from replayrl.generation import HFGenerator
 from replayrl.io import atomic_write_json, quiet_transformers
@@ -350,8 +350,11 @@ class _Recorder(TrainerCallback):
         self.wall_seconds += t_step
         self.generation_seconds += t_gen
         self.training_seconds += t_train
-        if t_gen > 0 and t_train > 0:
-            self.mu_per_step.append(t_gen / t_train)  # each rollout trained once
+        # each rollout is trained once (equal counts); a step without generation (TRL reuses
+        # one generation for several steps) measures nothing
+        mu = cost_ratio(t_gen, 1, t_train, 1) if t_gen > 0 else None
+        if mu is not None:
+            self.mu_per_step.append(mu)
         self.step = state.global_step
         stats: dict[str, Any] = {
             "rollouts_generated": float(self.rollouts_generated),
@@ -462,7 +465,7 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
         "training_seconds": recorder.training_seconds,
         "eval_seconds": recorder.eval_seconds,
         "total_seconds": total_seconds,
-        "mu_median": statistics.median(recorder.mu_per_step) if recorder.mu_per_step else None,
+        "mu_median": estimate_mu(recorder.mu_per_step),
         "num_eval_prompts": len(eval_rows),
         "run_dir": str(run_dir),
         "num_parameters": n_params,

@@ -24,6 +24,7 @@ from replayrl.accounting import RoleClock
 from replayrl.buffer import Buffer
 from replayrl.components import build_buffer
 from replayrl.config import Config
+from replayrl.design import cost_ratio
 from replayrl.distributed.worker import Delivery
 from replayrl.io import atomic_write_json
 from replayrl.metrics import Progress
@@ -228,8 +229,10 @@ class AsyncSession(Session):
         gen = [k for k in self.clocks if k.startswith("generator")]
         g_busy = sum(self.clocks[k].busy_s for k in gen)
         g_n = sum(self.clocks[k].rollouts for k in gen)
-        if g_n and t_train > 0:  # running mu: generation vs training seconds per sample
-            c.mu_per_step.append((g_busy / g_n) / (t_train / (len(batch) * epochs)))
+        # running mu: the generators' seconds per rollout so far vs this step's training
+        mu = cost_ratio(g_busy, g_n, t_train, len(batch) * epochs)
+        if mu is not None:
+            c.mu_per_step.append(mu)
 
     def step_stats(self) -> dict[str, float]:
         stats = dict(self._stats)

@@ -8,11 +8,11 @@ the loss change, never this loop.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
 from replayrl.config import Config
+from replayrl.design import cost_ratio, estimate_mu
 from replayrl.metrics import Progress
 from replayrl.rollout import Rollout
 from replayrl.session import Session, StopOnSigint
@@ -49,8 +49,9 @@ def sync_step(s: Session, progress: Progress) -> None:
     batch, epochs = s.source.next_batch(fresh, s.learner.version)  # push, sample
     t_train = s.train_batch(batch, epochs, fresh, stats)  # update
     c.generation_seconds += t_gen
-    if batch and fresh:  # mu: generation vs training seconds per sample
-        c.mu_per_step.append((t_gen / len(fresh)) / (t_train / (len(batch) * epochs)))
+    mu = cost_ratio(t_gen, len(fresh), t_train, len(batch) * epochs)
+    if mu is not None:  # a step that generated or trained nothing measures nothing
+        c.mu_per_step.append(mu)
     stats["time/generation_s"] = t_gen
     c.wall_seconds += time.perf_counter() - t_start
     s.end_step(stats, progress)
@@ -77,11 +78,13 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
         t1 = time.perf_counter()
         s.learner.measure_backward(rollouts)
         t_train = time.perf_counter() - t1
-        mus.append((t_gen / len(rollouts)) / (t_train / len(rollouts)))
+        mu = cost_ratio(t_gen, len(rollouts), t_train, len(rollouts))
+        if mu is not None:
+            mus.append(mu)
         s.counters.generation_seconds += t_gen
-    if not mus:
+    mu = estimate_mu(mus)
+    if mu is None:
         raise ValueError("auto design: every warm-up rollout was dropped; cannot measure mu")
-    mu = statistics.median(mus)
     d = cfg.design
     rep = design(mu, d.alpha, d.rho, rollouts_per_step=R)
     new = resolve_design(cfg, rep.N, rep.B)
