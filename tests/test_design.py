@@ -1,4 +1,4 @@
-"""Tests for replayrl.design (papers.md section 1, "Theory (synchronous model)")."""
+"""Tests for replayrl.design (arXiv 2604.08706, "Theory (synchronous model)")."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ rhos = st.floats(0.05, 1.0)
 
 
 def paper_closed_form(mu: float, alpha: float, rho: float) -> tuple[float, float]:
-    """The formula exactly as restated in papers.md (rho > 0 only)."""
+    """The formula exactly as arXiv 2604.08706 states it (rho > 0 only)."""
     y = (-alpha + math.sqrt(alpha**2 + mu * rho * (1 - 2 * alpha))) / rho
     return y**2 / (mu - rho * y**2), y
 

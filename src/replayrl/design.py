@@ -1,4 +1,4 @@
-"""Replay-buffer design from the synchronous cost model (papers.md, section 1, "Theory").
+"""Replay-buffer design from the synchronous cost model (arXiv 2604.08706, its theory of the synchronous model).
 
 Model: every step generates ``R`` rollouts into a FIFO buffer of capacity ``N`` and trains on
 ``B`` samples drawn from it.  ``mu`` is generation cost / training cost per sample, ``x = N/R``
@@ -16,7 +16,7 @@ d log g / dx = 0 gives ``2 alpha x s (1/sqrt(mu) + s) = 1`` with ``s = sqrt(rho 
 Writing ``s = sqrt(mu)/y`` (i.e. ``y = y*(x)``, hence ``x = y^2 / (mu - rho y^2)``) turns this
 into the quadratic ``rho y^2 + 2 alpha y - mu (1 - 2 alpha) = 0``, whose positive root is the
 paper's ``y* = (-alpha + sqrt(alpha^2 + mu rho (1 - 2 alpha))) / rho``.  So the restated
-formula in papers.md is correct (g -> inf at both ends for 0 < alpha < 1/2 and there is one
+formula of arXiv 2604.08706 is correct (g -> inf at both ends for 0 < alpha < 1/2 and there is one
 stationary point, so it is the global minimum).  We evaluate it in the algebraically
 equivalent, cancellation-free forms
 
@@ -98,7 +98,7 @@ def _check_tau(tau: float) -> float:
 
 
 def power_law_variance(alpha: float, tau: float = 1.0) -> VarianceFn:
-    """Power-law variance of papers.md §1, sigma(x) = (x/tau)^alpha, as sigma^2(x)."""
+    """Power-law variance of arXiv 2604.08706, theory, sigma(x) = (x/tau)^alpha, as sigma^2(x)."""
     alpha = _check_alpha(alpha)
     tau = _check_tau(tau)
 
@@ -111,7 +111,7 @@ def power_law_variance(alpha: float, tau: float = 1.0) -> VarianceFn:
 def objective(
     x: ArrayLike, y: ArrayLike, mu: float, rho: float, sigma2: ArrayLike | VarianceFn
 ) -> ArrayLike:
-    """Design objective J(x, y) = sigma^2(x) * (1 + y/mu) * (1/y + 1/x + rho) (papers.md §1)."""
+    """Design objective J(x, y) = sigma^2(x) * (1 + y/mu) * (1/y + 1/x + rho) (arXiv 2604.08706, theory)."""
     mu = _check_mu(mu)
     rho = _check_rho(rho)
     x_arr = np.asarray(x, dtype=float)
@@ -124,7 +124,7 @@ def objective(
 
 
 def optimal_y(x: ArrayLike, mu: float, rho: float) -> ArrayLike:
-    """Optimal replay ratio for a given horizon, y*(x) = sqrt(mu / (rho + 1/x)) (papers.md §1)."""
+    """Optimal replay ratio for a given horizon, y*(x) = sqrt(mu / (rho + 1/x)) (arXiv 2604.08706, theory)."""
     mu = _check_mu(mu)
     rho = _check_rho(rho)
     x_arr = np.asarray(x, dtype=float)
@@ -139,7 +139,7 @@ def optimal_y(x: ArrayLike, mu: float, rho: float) -> ArrayLike:
 
 
 def reduced_objective(x: ArrayLike, mu: float, rho: float, sigma2: VarianceFn) -> ArrayLike:
-    """J minimised over y: g(x) = sigma^2(x) * (1/sqrt(mu) + sqrt(rho + 1/x))^2 (papers.md §1)."""
+    """J minimised over y: g(x) = sigma^2(x) * (1/sqrt(mu) + sqrt(rho + 1/x))^2 (arXiv 2604.08706, theory)."""
     mu = _check_mu(mu)
     rho = _check_rho(rho)
     x_arr = np.asarray(x, dtype=float)
@@ -179,7 +179,7 @@ def interpolated_variance(
     sigma2s: Sequence[float] | np.ndarray,
     extrapolate: bool = True,
 ) -> VarianceFn:
-    """Log-log interpolant of a measured sigma^2(x) curve, for use in the x* argmin (papers.md §1).
+    """Log-log interpolant of a measured sigma^2(x) curve, for use in the x* argmin (arXiv 2604.08706, theory).
 
     Outside ``[xs[0], xs[-1]]`` the end segments are extended as power laws when
     ``extrapolate`` is true; otherwise the end values are held constant.
@@ -295,7 +295,7 @@ def buffer_design(x_star: float, y_star: float, rollouts_per_step: int) -> tuple
 
 
 def gamma(mu: float, workers: int, trainers: int) -> float:
-    """Compute per baseline update, gamma = (1 + W/T) / (1 + mu) (papers.md §1)."""
+    """Compute per baseline update, gamma = (1 + W/T) / (1 + mu) (arXiv 2604.08706, theory)."""
     mu = float(mu)
     if not math.isfinite(mu) or mu < 0:
         raise ValueError(f"mu must be finite and >= 0, got {mu!r}")
@@ -404,10 +404,10 @@ def design(
 
 
 def format_report(report: DesignReport) -> str:
-    """Human-readable explanation of a DesignReport (x = N/R, y = B/R; papers.md §1)."""
+    """Human-readable explanation of a DesignReport (x = N/R, y = B/R; arXiv 2604.08706, theory)."""
     r = report
     lines = [
-        "Replay-buffer design (synchronous model, papers.md section 1)",
+        "Replay-buffer design (synchronous model, arXiv 2604.08706, synchronous model)",
         f"  mu    = {r.mu:.4g}  generation cost / training cost per sample",
         f"  alpha = {r.alpha:.4g}  variance exponent, sigma(x) = (x/{r.tau:g})^alpha",
         f"  rho   = {r.rho:.4g}  correlation between buffer items",

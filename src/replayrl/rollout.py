@@ -1,6 +1,6 @@
 """The Rollout record: one prompt + one sampled completion, travelling the whole loop.
 
-Everything the learner needs is fixed when the completion is generated (papers.md, paper 1:
+Everything the learner needs is fixed when the completion is generated (arXiv 2604.08706:
 behaviour log-probs and the group-normalised advantage are never recomputed for GRPO).
 """
 

@@ -12,7 +12,7 @@ from replayrl.algorithms.registry import Registry
 def group_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: bool = True, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO: A_i = (r_i - mean(r_group)) / std(r_group) (papers.md, paper 1); Dr.GRPO without /std.
+    """GRPO: A_i = (r_i - mean(r_group)) / std(r_group) (arXiv 2604.08706); Dr.GRPO without /std.
 
     std is the unbiased sample std (TRL's convention); a single-member group has A = 0.
     Returns (advantages, group mean reward per item).

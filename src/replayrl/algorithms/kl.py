@@ -1,4 +1,4 @@
-"""KL estimators and ReMix's KL-Convex constraint (papers.md, paper 2)."""
+"""KL estimators and ReMix's KL-Convex constraint (arXiv 2507.06892)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rollout stores for RL post-training with experience replay (papers.md, paper 1).
+"""Rollout stores for RL post-training with experience replay (arXiv 2604.08706).
 
 * :class:`ReplayBuffer` ("replay"): FIFO of capacity N, sampled uniformly, sampled rollouts
   stay stored. With positive bias (delta) it is a fresh window of N - k plus a reserve of the

@@ -1,4 +1,4 @@
-"""On-policy baseline of paper 1 (papers.md s.1): LIFO, freshest first, removed once used."""
+"""On-policy baseline of paper 1 (arXiv 2604.08706): LIFO, freshest first, removed once used."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FIFO replay buffer (papers.md, paper 1): push evicts the oldest, sample does not remove.
+"""FIFO replay buffer (arXiv 2604.08706): push evicts the oldest, sample does not remove.
 
 With positive bias (``delta``) the buffer is two FIFOs, a fresh window of ``N - k`` and a
 correct reserve of ``k = floor(delta*N)`` that catches correct rollouts leaving the window:

@@ -1,6 +1,6 @@
 """Samplers: how a replay buffer of capacity N splits its storage, and how it draws.
 
-Paper 1 (papers.md, section 1) samples *uniformly* from a candidate set; the two samplers
+Paper 1 (arXiv 2604.08706) samples *uniformly* from a candidate set; the two samplers
 differ only in what the buffer keeps:
 
 * :data:`uniform`: one FIFO of the freshest N rollouts; all of them are candidates.
@@ -62,7 +62,7 @@ class _Uniform:
 
 
 uniform: Sampler = _Uniform()
-"""Paper 1 (papers.md s.1): ``sample(B)`` draws uniformly from all N stored rollouts."""
+"""Paper 1 (arXiv 2604.08706): ``sample(B)`` draws uniformly from all N stored rollouts."""
 
 
 def num_reserved(delta: float, capacity: int) -> int:
@@ -107,7 +107,7 @@ class PositiveBias:
 
 
 def positive_bias(delta: float) -> PositiveBias:
-    """Paper 1 (papers.md s.1) positive-bias sampler with parameter delta in [0, 1)."""
+    """Paper 1 (arXiv 2604.08706) positive-bias sampler with parameter delta in [0, 1)."""
     return PositiveBias(float(delta))
 
 
