@@ -1,4 +1,4 @@
-"""Replay-buffer design from the synchronous cost model (arXiv 2604.08706, its theory of the synchronous model).
+"""Replay-buffer design from the synchronous cost model of arXiv 2604.08706 (its theory).
 
 Model: every step generates ``R`` rollouts into a FIFO buffer of capacity ``N`` and trains on
 ``B`` samples drawn from it.  ``mu`` is generation cost / training cost per sample, ``x = N/R``
@@ -111,7 +111,7 @@ def power_law_variance(alpha: float, tau: float = 1.0) -> VarianceFn:
 def objective(
     x: ArrayLike, y: ArrayLike, mu: float, rho: float, sigma2: ArrayLike | VarianceFn
 ) -> ArrayLike:
-    """Design objective J(x, y) = sigma^2(x) * (1 + y/mu) * (1/y + 1/x + rho) (arXiv 2604.08706, theory)."""
+    """Design objective J(x, y) = sigma^2(x) * (1 + y/mu) * (1/y + 1/x + rho) (arXiv 2604.08706)."""
     mu = _check_mu(mu)
     rho = _check_rho(rho)
     x_arr = np.asarray(x, dtype=float)
@@ -124,7 +124,7 @@ def objective(
 
 
 def optimal_y(x: ArrayLike, mu: float, rho: float) -> ArrayLike:
-    """Optimal replay ratio for a given horizon, y*(x) = sqrt(mu / (rho + 1/x)) (arXiv 2604.08706, theory)."""
+    """Optimal replay ratio for a horizon, y*(x) = sqrt(mu / (rho + 1/x)) (arXiv 2604.08706)."""
     mu = _check_mu(mu)
     rho = _check_rho(rho)
     x_arr = np.asarray(x, dtype=float)
@@ -139,7 +139,7 @@ def optimal_y(x: ArrayLike, mu: float, rho: float) -> ArrayLike:
 
 
 def reduced_objective(x: ArrayLike, mu: float, rho: float, sigma2: VarianceFn) -> ArrayLike:
-    """J minimised over y: g(x) = sigma^2(x) * (1/sqrt(mu) + sqrt(rho + 1/x))^2 (arXiv 2604.08706, theory)."""
+    """J minimised over y, g(x) = sigma^2(x) * (1/sqrt(mu) + sqrt(rho + 1/x))^2 (2604.08706)."""
     mu = _check_mu(mu)
     rho = _check_rho(rho)
     x_arr = np.asarray(x, dtype=float)
@@ -179,7 +179,7 @@ def interpolated_variance(
     sigma2s: Sequence[float] | np.ndarray,
     extrapolate: bool = True,
 ) -> VarianceFn:
-    """Log-log interpolant of a measured sigma^2(x) curve, for use in the x* argmin (arXiv 2604.08706, theory).
+    """Log-log interpolant of a measured sigma^2(x) curve for the x* argmin (arXiv 2604.08706).
 
     Outside ``[xs[0], xs[-1]]`` the end segments are extended as power laws when
     ``extrapolate`` is true; otherwise the end values are held constant.
@@ -295,7 +295,7 @@ def buffer_design(x_star: float, y_star: float, rollouts_per_step: int) -> tuple
 
 
 def gamma(mu: float, workers: int, trainers: int) -> float:
-    """Compute per baseline update, gamma = (1 + W/T) / (1 + mu) (arXiv 2604.08706, theory)."""
+    """Compute per baseline update, gamma = (1 + W/T) / (1 + mu) (arXiv 2604.08706)."""
     mu = float(mu)
     if not math.isfinite(mu) or mu < 0:
         raise ValueError(f"mu must be finite and >= 0, got {mu!r}")

@@ -1,4 +1,4 @@
-"""T shards of one buffer kind (arXiv 2604.08706: each trainer may keep its own shard of size N/T)."""
+"""T shards of one buffer kind (arXiv 2604.08706: each trainer may keep a shard of size N/T)."""
 
 from __future__ import annotations
 
