@@ -139,7 +139,7 @@ def optimal_y(x: ArrayLike, mu: float, rho: float) -> ArrayLike:
 
 
 def reduced_objective(x: ArrayLike, mu: float, rho: float, sigma2: VarianceFn) -> ArrayLike:
-    """J minimised over y, g(x) = sigma^2(x) * (1/sqrt(mu) + sqrt(rho + 1/x))^2 (2604.08706)."""
+    """J min over y: g(x) = sigma^2(x) * (1/sqrt(mu) + sqrt(rho + 1/x))^2 (arXiv 2604.08706)."""
     mu = _check_mu(mu)
     rho = _check_rho(rho)
     x_arr = np.asarray(x, dtype=float)
