@@ -191,10 +191,12 @@ class RolloutConfig(_Section):
     reward_timeout_s: float | None = Field(60.0, gt=0)
     # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`)
     backend: Literal["hf", "vllm"] = "hf"
-    # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling; ~2x);
+    # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling, an
+    # in-place KV cache for Llama-architecture models; ~2-3x); fast_hf = the same loop over
+    # transformers' own forward and cache (what fast does for other architectures);
     # generate = transformers generate + torch.multinomial, the implementation before 0.2
     # (other random draws: select it to reproduce runs and BENCHMARKS.md's default suite)
-    generation_impl: Literal["fast", "generate"] = "fast"
+    generation_impl: Literal["fast", "fast_hf", "generate"] = "fast"
 
 
 class VLLMConfig(_Section):
