@@ -130,6 +130,11 @@ class PrecisionConfig(_Section):
     # learner recomputes log pi_old of fresh rollouts in its own precision (ratio exactly 1
     # before the first update); auto = when generation or learner precision is reduced
     recompute_behaviour_logprobs: Literal["auto", "always", "never"] = "auto"
+    # truncated importance sampling (Yao et al. 2025; algorithms/correction.py): each token's
+    # loss weighted by min(pi_learner_old / pi_sampler, C) with this C (the paper uses 2), to
+    # correct for tokens drawn by a reduced-precision sampler; needs the learner's own log
+    # pi_old (recompute_behaviour_logprobs active); null = off
+    truncated_is_cap: float | None = Field(None, gt=0)
 
 
 class ReasoningGymConfig(_Section):
