@@ -34,10 +34,11 @@ def to_rollout(s: Sample, reward: float = 0.0, advantage: float = 0.0) -> Rollou
     )
 
 
-@pytest.fixture(scope="module", params=["fast", "generate"])
+@pytest.fixture(scope="module", params=["fast", "fast_hf", "generate"])
 def generator(request, tiny_model, char_tokenizer) -> HFGenerator:
     # batch_size 5 < 12 jobs: batches straddle prompts, so padding differs per batch;
-    # every test runs on both implementations (our decode loop and transformers' generate)
+    # every test runs on every implementation (our decode loop on the lean Llama decoder and
+    # on transformers' forward, and transformers' generate)
     return HFGenerator(
         tiny_model, char_tokenizer, batch_size=5, policy_version=7, impl=request.param
     )

@@ -93,3 +93,51 @@ def test_one_lora_step_of_the_preset(prepared: Path, tmp_path: Path) -> None:
     assert summary["steps"] == 1 and summary["rollouts_generated"] == 2
     policy = Path(summary["run_dir"]) / "checkpoints" / "step_000001" / "policy"
     assert (policy / "adapter_config.json").is_file()
+
+
+@needs_smollm2
+def test_lean_decoder_matches_transformers_on_smollm2(prepared: Path) -> None:
+    """fp32 SmolLM2: the fast path's lean Llama decoder (in-place KV cache) gives transformers'
+    greedy tokens, and sampled log-probs within 1e-4 of a full forward."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from replayrl.generation import HFGenerator, SamplingParams
+    from replayrl.generation.decoders import llama_core
+    from replayrl.learner import collate, token_logprobs
+    from replayrl.rollout import Rollout
+
+    model = AutoModelForCausalLM.from_pretrained(prepared).eval()
+    tok = AutoTokenizer.from_pretrained(prepared)
+    assert llama_core(model) is model
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in ("What is 2+3?", "Name a colour.", "Write one sentence about the sea.")
+    ]
+    greedy = SamplingParams(max_new_tokens=24, greedy=True)
+    fast = HFGenerator(model, tok, batch_size=8, impl="fast")
+    a = fast.generate(prompts, 1, greedy)
+    b = HFGenerator(model, tok, batch_size=8, impl="generate").generate(prompts, 1, greedy)
+    assert [s.completion_ids.tolist() for s in a] == [s.completion_ids.tolist() for s in b]
+    torch.manual_seed(0)
+    sampled = fast.generate(prompts, 2, SamplingParams(temperature=1.0, max_new_tokens=24))
+    rollouts = [
+        Rollout(
+            prompt_ids=s.prompt_ids,
+            completion_ids=s.completion_ids,
+            behaviour_logprobs=s.logprobs,
+            reward=0.0,
+            advantage=0.0,
+            correct=False,
+            group_id=s.prompt_index,
+            policy_version=0,
+            step=0,
+        )
+        for s in sampled
+    ]
+    batch = collate(rollouts, tok.pad_token_id)
+    with torch.no_grad():
+        logps, _ = token_logprobs(model, batch, 1.0)
+    mask = batch["mask"].bool()
+    assert float((logps - batch["old_logprobs"])[mask].abs().max()) < 1e-4

@@ -130,6 +130,11 @@ class PrecisionConfig(_Section):
     # learner recomputes log pi_old of fresh rollouts in its own precision (ratio exactly 1
     # before the first update); auto = when generation or learner precision is reduced
     recompute_behaviour_logprobs: Literal["auto", "always", "never"] = "auto"
+    # truncated importance sampling (Yao et al. 2025; algorithms/correction.py): each token's
+    # loss weighted by min(pi_learner_old / pi_sampler, C) with this C (the paper uses 2), to
+    # correct for tokens drawn by a reduced-precision sampler; needs the learner's own log
+    # pi_old (recompute_behaviour_logprobs active); null = off
+    truncated_is_cap: float | None = Field(None, gt=0)
 
 
 class ReasoningGymConfig(_Section):
@@ -191,10 +196,12 @@ class RolloutConfig(_Section):
     reward_timeout_s: float | None = Field(60.0, gt=0)
     # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`)
     backend: Literal["hf", "vllm"] = "hf"
-    # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling; ~2x);
+    # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling, an
+    # in-place KV cache for Llama-architecture models; ~2-3x); fast_hf = the same loop over
+    # transformers' own forward and cache (what fast does for other architectures);
     # generate = transformers generate + torch.multinomial, the implementation before 0.2
     # (other random draws: select it to reproduce runs and BENCHMARKS.md's default suite)
-    generation_impl: Literal["fast", "generate"] = "fast"
+    generation_impl: Literal["fast", "fast_hf", "generate"] = "fast"
 
 
 class VLLMConfig(_Section):

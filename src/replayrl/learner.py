@@ -21,6 +21,7 @@ from replayrl import logprobs, precision
 from replayrl.algorithms import ADVANTAGES, POLICY_LOSSES, batch_normaliser, importance_ess
 from replayrl.algorithms.advantages import gae, whiten
 from replayrl.algorithms.aggregation import Reducer
+from replayrl.algorithms.correction import apply_token_weights, truncated_is_weights, weight_stats
 from replayrl.algorithms.kl import kl_convex_lambda
 from replayrl.algorithms.losses import clip_stats
 from replayrl.algorithms.objective import ObjectiveWeights, critic_objective, policy_objective
@@ -109,6 +110,20 @@ class Learner:
         self.recompute_behaviour = p.recompute_behaviour_logprobs == "always" or (
             p.recompute_behaviour_logprobs == "auto" and reduced
         )
+        # truncated IS weighs tokens by pi_learner_old / pi_sampler: both must exist, and the
+        # loss must be one that scales with the advantage (correction.apply_token_weights)
+        self.tis_cap = p.truncated_is_cap
+        if self.tis_cap is not None and not self.recompute_behaviour:
+            raise ValueError(
+                "precision.truncated_is_cap needs the learner's own log pi_old: set "
+                "precision.recompute_behaviour_logprobs=always (auto does it only with a "
+                "reduced generation or learner precision)"
+            )
+        if self.tis_cap is not None and "rewards" in POLICY_LOSSES.get(self.loss_type).inputs:
+            raise ValueError(
+                f"precision.truncated_is_cap scales advantages; algorithm.loss_type="
+                f"{self.loss_type} does not use them"
+            )
         # only what trains (with LoRA: the adapters; the base weights are frozen)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -236,6 +251,17 @@ class Learner:
             torch.full((r.completion_ids.numel(),), float(s))
             for r, s in zip(batch, stale, strict=True)
         ]
+        if self.tis_cap is not None:
+            # learner log pi_old (refreshed) vs the sampler's; a rollout never refreshed
+            # (stale at its first use) has only the sampler's: weight 1
+            fields["tis_weights"] = [
+                truncated_is_weights(
+                    r.behaviour_logprobs,
+                    r.extras.get("sampler_logprobs", r.behaviour_logprobs),
+                    self.tis_cap,
+                )
+                for r in batch
+            ]
         return fields
 
     # -- the step ----------------------------------------------------------------------------
@@ -284,6 +310,9 @@ class Learner:
         out = {k: _nanmean(v) for k, v in sums.items()}
         out.update(kl_lambda=self.kl_lambda(step), kl_coef_base=w_base, kl_coef_prev=w_prev)
         out.update(refreshed)
+        if self.tis_cap is not None and fields["tis_weights"]:
+            w_all = torch.cat(fields["tis_weights"])
+            out.update(weight_stats(w_all, torch.ones_like(w_all), self.tis_cap))
         return out
 
     def normaliser(self, minibatch: Sequence[Rollout]) -> float:
@@ -336,6 +365,8 @@ class Learner:
             full=self.full_logprobs,
         )
         adv = b["token_advantages"] if not self.advantage.at_generation else b["advantages"]
+        if "tis_weights" in b:  # truncated IS: w * loss_t == loss_t with w * A_t
+            adv = apply_token_weights(adv, b["tis_weights"])
         a = self.cfg.algorithm
         knobs = {"epsilon": a.epsilon, "epsilon_high": a.epsilon_high, "delta_v": a.asymre_delta_v}
         inputs = {k: b.get(k) for k in ("anchor_logprobs", "base_logprobs", "prev_logprobs")}

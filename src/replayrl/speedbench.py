@@ -8,7 +8,8 @@ Everything is measured in one process, side by side, as medians over repeats:
   embeddings and elementwise work ignored: the bound is optimistic);
 - generation: N prompts x S completions of up to T new tokens, `old` = transformers
   `generate` with output_logits (the project's path before this module), `new` = our decode
-  loop (generation/hf.py), in fp32 and from a bf16 copy;
+  loop (generation/hf.py; the lean Llama decoder where the model is a Llama), `fast_hf` =
+  the same loop on transformers' forward and dynamic cache, in fp32 and from a bf16 copy;
 - learner: one GRPO-clip training step (Learner.train_step: log-probs, loss, backward,
   optimizer) over B sequences of L tokens, full fine-tuning and LoRA, `old` = full-vocab
   logits, default fp32 matmuls, one micro-batch; `new` = completion-only chunked log-probs,
@@ -191,6 +192,7 @@ class Path_:
     old: bool
     gen_dtype: torch.dtype | None = None  # None: the weights' (fp32)
     autocast: torch.dtype | None = None
+    impl: str = "fast"  # HFGenerator impl of a new path (the old one uses `generate`)
 
     def setup(self) -> None:
         if self.old:
@@ -202,6 +204,10 @@ class Path_:
 OLD = Path_("old fp32", old=True)
 NEW32 = Path_("new fp32", old=False)
 NEW16 = Path_("new bf16", old=False, gen_dtype=torch.bfloat16, autocast=torch.bfloat16)
+# generation only: the fast loop on transformers' forward and dynamic cache (the fast path
+# before the lean Llama decoder), so that decoder's own gain is measured side by side
+HF32 = Path_("fast_hf fp32", old=False, impl="fast_hf")
+HF16 = Path_("fast_hf bf16", old=False, gen_dtype=torch.bfloat16, impl="fast_hf")
 
 
 def _learner(model, pad_id: int, micro: int, extra: list[str] | None = None) -> Learner:
@@ -262,7 +268,7 @@ def bench_generation(
         for p in paths:
             p.setup()
             gen = HFGenerator(
-                model, tok, 256, impl="generate" if p.old else "fast", dtype=p.gen_dtype
+                model, tok, 256, impl="generate" if p.old else p.impl, dtype=p.gen_dtype
             )
             gen.generate(texts[:2], 1, SamplingParams(max_new_tokens=4))  # warm-up
             gens.append(gen)
@@ -478,8 +484,9 @@ def run_speed_bench(
     rows: list[Row] = []
     mismatch: list[dict[str, object]] = []
     if "generation" in sections:
+        gen_paths = [OLD, HF32, NEW32, HF16, NEW16]
         gen_rows, kept = bench_generation(
-            model, tok, paths, prompts, list(samples), max_new, repeats
+            model, tok, gen_paths, prompts, list(samples), max_new, repeats
         )
         rows += gen_rows
         log(format_table(rows))

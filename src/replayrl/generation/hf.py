@@ -4,12 +4,14 @@ The stored log-prob of a token is log softmax(logits / temperature), the distrib
 learner recomputes; top-p only truncates the candidate set (as in vLLM/verl's returned
 log-probs), so with top_p < 1 the stored value is that of the untruncated tempered policy.
 
-Two implementations behind one interface:
-- `fast` (default): our own decode loop over the model's forward with a KV cache. Each
+Three implementations behind one interface:
+- `fast` (default): our own decode loop (generation/decoders.py) with a KV cache. Each
   prompt is prefilled once and its cache shared by its completions; tokens are drawn by
   inverse-CDF sampling (generation/sampling.py) and only the sampled token's log-prob is
   kept (no per-step full-vocabulary logits stored); rows that finished are dropped from the
-  batch once enough of them have.
+  batch once enough of them have. Llama-architecture models run on `LlamaDecoder` (KV cache
+  preallocated and written in place, lean layer loop); other models, and `fast_hf`, go
+  through the model's own forward and transformers' cache (`HFDecoder`).
 - `generate`: transformers' `generate` with `output_logits=True` (the reference; slower).
 `dtype` (e.g. bfloat16) generates with a copy of the policy in that dtype, refreshed from
 the policy's weights at every `generate` call, so the policy's master weights stay fp32.
@@ -18,33 +20,20 @@ the policy's weights at every `generate` call, so the policy's master weights st
 from __future__ import annotations
 
 import copy
-import inspect
 from typing import Literal
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from replayrl.generation.base import Sample, SamplingParams
+from replayrl.generation.decoders import make_decoder
 from replayrl.generation.sampling import sample_next
 
-GenerationImpl = Literal["fast", "generate"]
+GenerationImpl = Literal["fast", "fast_hf", "generate"]
 # drop finished rows from the decode batch (one copy of the KV cache) once this share of the
 # batch has finished: decode steps cost about the same at any small batch (weight reads), so
 # compacting on every finish would spend more on cache copies than it saves
 _COMPACT_FRACTION = 0.25
-
-
-def _cache_of(out) -> object:
-    """The KV cache a forward returned (`cache` in transformers >= 5.2x, `past_key_values`
-    before)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """`cache` where forward takes it (it replaced `past_key_values` in transformers 5.2x;
-    passing the new name to an older forward would be swallowed by its **kwargs)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -64,8 +53,8 @@ class HFGenerator:
         impl: GenerationImpl = "fast",
         dtype: torch.dtype | None = None,
     ) -> None:
-        if impl not in ("fast", "generate"):
-            raise ValueError(f"HFGenerator impl={impl!r}: use 'fast' or 'generate'")
+        if impl not in ("fast", "fast_hf", "generate"):
+            raise ValueError(f"HFGenerator impl={impl!r}: use 'fast', 'fast_hf' or 'generate'")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -155,24 +144,17 @@ class HFGenerator:
             attention[row, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp_(min=0)
+        steps = params.max_new_tokens
+        decoder = make_decoder(model, steps, lean=self.impl == "fast")
         # one prefill per distinct prompt; only the last position's logits are computed
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = _cache_of(out)
-        cache_kw = _cache_kwarg(model)
+        logits = decoder.prefill(input_ids, attention, positions)
         counts = torch.tensor([n for _, _, n in groups], device=device)
         rows_of = torch.repeat_interleave(torch.arange(len(groups), device=device), counts)
         if rows_of.numel() != len(groups):
-            cache.batch_select_indices(rows_of)  # each prompt's cache, once per completion
-        logits = out.logits[:, -1][rows_of]
-        attention = attention[rows_of]
+            decoder.select(rows_of)  # each prompt's cache, once per completion
+            logits = logits[rows_of]
         next_pos = positions[rows_of, -1] + 1
-        n_rows, steps = rows_of.numel(), params.max_new_tokens
+        n_rows = rows_of.numel()
         tokens = torch.full((n_rows, steps), pad, dtype=torch.long, device=device)
         logps = torch.zeros((n_rows, steps), dtype=torch.float32, device=device)
         live = torch.arange(n_rows, device=device)  # output row of each batch row
@@ -189,23 +171,9 @@ class HFGenerator:
                 break
             if int(done.sum()) >= max(1, int(_COMPACT_FRACTION * done.numel())):
                 keep = (~done).nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
-                live, nxt, attention, next_pos = (
-                    live[keep],
-                    nxt[keep],
-                    attention[keep],
-                    next_pos[keep],
-                )
-                done = done[keep]
-            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], 1)
-            out = model(
-                input_ids=nxt.unsqueeze(1),
-                attention_mask=attention,
-                position_ids=next_pos.unsqueeze(1),
-                use_cache=True,
-                **{cache_kw: cache},
-            )
-            logits = out.logits[:, -1]
+                decoder.select(keep)
+                live, nxt, next_pos, done = live[keep], nxt[keep], next_pos[keep], done[keep]
+            logits = decoder.step(nxt, next_pos)
             next_pos = next_pos + 1
         prompts = [(i, ids) for i, ids, n in groups for _ in range(n)]
         return self._samples(prompts, tokens.cpu(), logps.cpu())
