@@ -12,21 +12,13 @@ from replayrl.findings import (
     finished_runs,
     gain,
     median_curve,
-    read_metrics,
+    moving_average,
     rollouts_to_target,
     seed_of,
     series,
     volatility,
     window_mean,
 )
-
-
-def test_read_metrics_skips_and_counts_bad_lines(tmp_path: Path) -> None:
-    p = tmp_path / "metrics.jsonl"
-    p.write_text('{"step": 0}\n\n[1, 2]\n{"step": 1, "x": 2}\n{"step": 2, "x"\n')
-    rows, bad = read_metrics(p)
-    assert rows == [{"step": 0}, {"step": 1, "x": 2}]
-    assert bad == 2  # the list and the truncated last line; the blank line is not bad
 
 
 def test_series_keeps_finite_numbers_only() -> None:
@@ -102,3 +94,12 @@ def test_finished_runs_needs_summary(tmp_path: Path) -> None:
     (tmp_path / "plot.png").write_text("")
     runs = finished_runs(tmp_path)
     assert runs == {"grpo": {0: tmp_path / "grpo-s0"}, "replay": {0: tmp_path / "replay-s0"}}
+
+
+def test_moving_average_trailing() -> None:
+    # [1], [1, 3], [1, 3, 5], [3, 5, 7]
+    assert moving_average([1.0, 3.0, 5.0, 7.0], 3) == pytest.approx([1.0, 2.0, 3.0, 5.0])
+    assert moving_average([2.0, 4.0], 1) == [2.0, 4.0]
+    assert moving_average([], 3) == []
+    with pytest.raises(ValueError):
+        moving_average([1.0], 0)

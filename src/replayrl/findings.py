@@ -1,7 +1,8 @@
 """Measuring the papers' findings on finished runs (issue 13, item 5): pure helpers.
 
-Everything here reads a run's per-step metrics (the rows of its `metrics.jsonl`) and returns
-numbers; `benchmarks/findings.py` draws the figures and writes the report from them.
+Everything here reads a run's per-step metrics (the rows of its `metrics.jsonl`, read with
+`replayrl.metrics.read_metrics`) and returns numbers; `benchmarks/findings.py` draws the
+figures and writes the report from them.
 
 - whipping effect and policy reincarnation (arXiv 2507.06892, Sec. "whipping effect"):
   completion length per step, `window_mean` before and after the reincarnation step T;
@@ -14,7 +15,6 @@ numbers; `benchmarks/findings.py` draws the figures and writes the report from t
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -22,26 +22,6 @@ from pathlib import Path
 from typing import Any
 
 Curve = tuple[list[float], list[float]]  # (x, y), x increasing
-
-
-def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The JSON object rows of a metrics.jsonl file and how many lines were skipped (blank,
-    unparsable, or not an object: a run killed mid-write leaves a partial last line)."""
-    rows: list[dict[str, Any]] = []
-    bad = 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            bad += 1
-    return rows, bad
 
 
 def _number(v: Any) -> float | None:
@@ -132,4 +112,16 @@ def finished_runs(task_dir: Path) -> dict[str, dict[int, Path]]:
         if parsed is None or not (d / "summary.json").is_file():
             continue
         out.setdefault(parsed[0], {})[parsed[1]] = d
+    return out
+
+
+def moving_average(values: Sequence[float], width: int) -> list[float]:
+    """Trailing mean over up to `width` values (fewer at the start), same length as `values`:
+    smooths the noisy per-step curves of the figures without shifting them forward."""
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    out = []
+    for i in range(len(values)):
+        window = values[max(0, i - width + 1) : i + 1]
+        out.append(statistics.fmean(window))
     return out
