@@ -103,3 +103,84 @@ def test_moving_average_trailing() -> None:
     assert moving_average([], 3) == []
     with pytest.raises(ValueError):
         moving_average([1.0], 0)
+
+
+def _fake_run(d: Path, steps: int, per_step: int, length, entropy: float, **summary) -> None:
+    """A finished run folder: per-step rows with `length(step)` and a constant entropy, an
+    eval row every 4 steps (accuracy rising by 0.01 a step), and a summary.json."""
+    d.mkdir(parents=True)
+    rows = [{"step": 0, "eval/accuracy": 0.2}]
+    for s in range(1, steps + 1):
+        rows.append(
+            {
+                "step": s,
+                "completion_length": length(s),
+                "train/entropy": entropy,
+                "rollouts_generated": s * per_step,
+            }
+        )
+        if s % 4 == 0:
+            rows.append({"step": s, "eval/accuracy": 0.2 + 0.01 * s})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "summary.json").write_text(json.dumps({"steps": steps, **summary}))
+
+
+def _script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "findings.py"
+    spec = importlib.util.spec_from_file_location("findings_script", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_findings_script_tables(tmp_path: Path) -> None:
+    script = _script()
+    root = tmp_path / "runs"
+    _fake_run(root / "add" / "grpo-s0", 80, 128, lambda s: 40.0, 0.02, final_eval_accuracy=0.9)
+    _fake_run(root / "add" / "replay-s0", 120, 64, lambda s: 38.0, 0.03)
+    _fake_run(
+        root / "add" / "remix-grpo-s0",
+        120,
+        64,
+        lambda s: 36.0 if s <= 50 else 44.0,
+        0.02,
+        reincarnation_step=50,
+    )
+    (root / "add" / "replay-s1").mkdir()  # unfinished: no summary.json, left out
+    out = tmp_path / "out"
+    assert script.main([str(root), str(out), "--tasks", "add"]) == 0
+    md = (out / "findings.md").read_text()
+    assert "- add: grpo [0], remix-grpo [0], replay [0]" in md
+    # lengths: 38 vs GRPO's 40 in both windows
+    assert "| add | replay | [0] | 38.0 (-2.0) | 38.0 (-2.0) |" in md
+    # remix over steps 1-80: 50 steps of 36 and 30 of 44 -> 39.0; rollouts 2,561-7,680 are
+    # steps 41-120: 10 of 36 and 70 of 44 -> 43.0
+    assert "| add | remix-grpo | [0] | 39.0 (-1.0) | 43.0 (+3.0) |" in md
+    assert "| add | remix-grpo | [0] | 36.0 | 44.0 | 44.0 | +8.0 |" in md
+    assert "| add | grpo | [0] | 40.0 | 40.0 | 40.0 | +0.0 |" in md
+    assert "shorter than GRPO at equal data: 1 of 2" in md
+    assert "| add | replay | [0] | 0.0300 (x1.50) | 0.0300 (x1.50) |" in md
+    assert "higher entropy than GRPO at equal data: 1 of 1" in md
+    assert "Not evaluated (run with `--passk`)" in md
+    assert "Fewer than two capacities finished" in md
+    assert (out / "length_vs_step.png").stat().st_size > 0
+    assert (out / "entropy_vs_step.png").stat().st_size > 0
+
+
+def test_findings_script_buffer_table(tmp_path: Path) -> None:
+    script = _script()
+    root, buf = tmp_path / "runs", tmp_path / "buffers"
+    _fake_run(root / "add" / "grpo-s0", 80, 128, lambda s: 40.0, 0.02, final_eval_accuracy=0.9)
+    _fake_run(root / "add" / "replay-s0", 120, 64, lambda s: 38.0, 0.03)
+    _fake_run(buf / "add" / "replay-cap512-s0", 120, 64, lambda s: 38.0, 0.03)
+    out = tmp_path / "out"
+    assert script.main([str(root), str(out), "--tasks", "add", "--buffers", str(buf)]) == 0
+    md = (out / "findings.md").read_text()
+    # accuracy 0.2 + 0.01 s, evaluated every 4 steps of 64 rollouts: 0.9 first at step 72
+    # (4,608 rollouts), 0.95 at step 76 (4,864); every change between evals is 0.04
+    for n, x in ((256, 4), (512, 8)):
+        assert f"| {n} | {x} | 4608 | 4864 | 1.400 | 1.400 | 0.040 | 0.040 |" in md
+    assert (out / "buffer_capacity.png").stat().st_size > 0
