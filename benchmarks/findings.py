@@ -423,11 +423,12 @@ def passk_section(runs: Runs, cache: dict[str, Any], out: Path) -> list[str]:
         "",
         "Greedy pass@1 and pass@8 (8 samples at temperature 1, unbiased estimator) on the "
         "held-out split (200 prompts), warm start and each run's final checkpoint; median over "
-        "seeds. Gains over the warm start, and the difference to GRPO's final policy.",
+        "seeds. Gains over the warm start, the difference to GRPO's final policy, and the mean "
+        "greedy completion length (tokens).",
         "",
         "| task | policy | seeds | pass@1 | pass@8 | pass@1 gain | pass@8 gain | "
-        "pass@1 - GRPO | pass@8 - GRPO |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "pass@1 - GRPO | pass@8 - GRPO | greedy length |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     k = f"pass@{PASS_K}"
     for task in dict.fromkeys(r["task"] for r in rows):
@@ -439,7 +440,7 @@ def passk_section(runs: Runs, cache: dict[str, Any], out: Path) -> list[str]:
             lines.append(
                 f"| {task} | {v} | {r['seeds']} | {fmt(r['pass@1'])} | {fmt(r[k])} | "
                 f"{fmt(gain(w['pass@1'], r['pass@1']))} | {fmt(gain(w[k], r[k]))} | "
-                f"{fmt(d1)} | {fmt(dk)} |"
+                f"{fmt(d1)} | {fmt(dk)} | {fmt(r['greedy_length'], 1)} |"
             )
     return [*lines, ""]
 

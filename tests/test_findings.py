@@ -184,3 +184,30 @@ def test_findings_script_buffer_table(tmp_path: Path) -> None:
     for n, x in ((256, 4), (512, 8)):
         assert f"| {n} | {x} | 4608 | 4864 | 1.400 | 1.400 | 0.040 | 0.040 |" in md
     assert (out / "buffer_capacity.png").stat().st_size > 0
+
+
+def test_findings_script_passk_table_from_cache(tmp_path: Path) -> None:
+    script = _script()
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        _fake_run(root / "add" / f"grpo-s{seed}", 80, 128, lambda s: 40.0, 0.02)
+    _fake_run(root / "add" / "replay-s0", 120, 64, lambda s: 38.0, 0.03)
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def entry(p1: float, p8: float) -> dict:
+        return {"model": "m", "pass@1": p1, "pass@8": p8, "greedy_length": 40.0}
+
+    cache = {
+        "add/warm-start": entry(0.25, 0.5),
+        "add/grpo-s0": entry(0.8, 0.9),
+        "add/grpo-s1": entry(0.6, 0.8),  # median over the two seeds: 0.7, 0.85
+        "add/replay-s0": entry(0.65, 0.95),
+    }
+    (out / "passk.json").write_text(json.dumps(cache))
+    assert script.main([str(root), str(out), "--tasks", "add"]) == 0
+    md = (out / "findings.md").read_text()
+    assert "| add | warm start | [] | 0.250 | 0.500 | 0.000 | 0.000 | n/a | n/a | 40.0 |" in md
+    assert "| add | grpo | [0, 1] | 0.700 | 0.850 | 0.450 | 0.350 | n/a | n/a | 40.0 |" in md
+    assert "| add | replay | [0] | 0.650 | 0.950 | 0.400 | 0.450 | -0.050 | 0.100 | 40.0 |" in md
+    assert (out / "passk.png").stat().st_size > 0
