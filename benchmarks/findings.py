@@ -144,16 +144,18 @@ def plot_per_step(runs: Runs, key: str, variants: list[str], ylabel: str, path: 
     plt.close(fig)
 
 
-def plot_buffers(buf: dict[int, dict[str, Any]], target: float | None, path: Path) -> None:
+def plot_buffers(
+    buf: list[tuple[int, str, dict[str, Any]]], target: float | None, path: Path
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for cap in sorted(buf):
-        xs, ys = eval_curve(buf[cap])
-        ax.plot(xs, ys, marker=".", label=f"N = {cap}")
+    for _, label, run in buf:
+        xs, ys = eval_curve(run)
+        ax.plot(xs, ys, marker=".", lw=1, label=f"N = {label}")
     if target is not None:
         ax.axhline(target, color="gray", ls=":", label=f"GRPO final {target:.3f}")
     ax.set_xlabel("generated rollouts")
@@ -447,19 +449,24 @@ def passk_section(runs: Runs, cache: dict[str, Any], out: Path) -> list[str]:
 
 def buffer_section(runs: Runs, buf_root: Path | None, out: Path) -> list[str]:
     lines = ["## Buffer capacity: slower but steadier? (arXiv 2604.08706)", ""]
+    # (N, label, run): the suite's own replay-s0 run (N = 256, possibly older code: see
+    # its config.yaml) and the runs of benchmarks/buffer_sizes.py (current code)
+    buf: list[tuple[int, str, dict[str, Any]]] = []
     suite_replay = runs.get("add", {}).get("replay", {}).get(0)
-    buf: dict[int, dict[str, Any]] = {}
     if suite_replay is not None:
-        buf[256] = suite_replay
+        buf.append((256, "256 (suite run)", suite_replay))
     if buf_root is not None and (buf_root / "add").is_dir():
         for v, seeds in finished_runs(buf_root / "add").items():
             if v.startswith("replay-cap") and 0 in seeds:
                 d = seeds[0]
-                buf[int(v.removeprefix("replay-cap"))] = {
+                run = {
                     "dir": d,
                     "rows": read_metrics(d / "metrics.jsonl"),
                     "summary": json.loads((d / "summary.json").read_text()),
                 }
+                cap = int(v.removeprefix("replay-cap"))
+                buf.append((cap, str(cap), run))
+    buf.sort(key=lambda b: (b[0], b[1]))
     if len(buf) < 2:
         return [*lines, "Fewer than two capacities finished: not measured.", ""]
     grpo = runs.get("add", {}).get("grpo", {})
@@ -468,8 +475,11 @@ def buffer_section(runs: Runs, buf_root: Path | None, out: Path) -> list[str]:
     lines += [
         f"![buffers]({out.name})",
         "",
-        "Task add, `replay` preset (R = 64 rollouts a step, B = 128, 120 steps), seed 0; N = 256 "
-        "is the suite's own replay-s0 run, the others only change `buffer.capacity`. Target: "
+        "Task add, `replay` preset (R = 64 rollouts a step, B = 128, 120 steps), seed 0. "
+        "'256 (suite run)' is the suite's own replay-s0 run; the others, from "
+        "`benchmarks/buffer_sizes.py`, only change `buffer.capacity` (a plain 256 among them is "
+        "the same config rerun with the current code, whose generation draws other random "
+        "numbers: the two 256 rows show how much one seed's noise moves these numbers). Target: "
         f"GRPO's median final accuracy on add ({fmt(target)}, seeds {sorted(grpo)}) and 0.95. "
         "Volatility: mean |change| of eval accuracy between consecutive evaluations (every 256 "
         "rollouts), over the whole run and after 2,560 rollouts (where GRPO has plateaued).",
@@ -478,13 +488,13 @@ def buffer_section(runs: Runs, buf_root: Path | None, out: Path) -> list[str]:
         "volatility, all | volatility, after 2,560 |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for cap in sorted(buf):
-        xs, ys = eval_curve(buf[cap])
+    for cap, label, run in buf:
+        xs, ys = eval_curve(run)
         late = [y for x, y in zip(xs, ys, strict=True) if x > 2560]
         to_t = rollouts_to_target((xs, ys), target) if target is not None else None
         to_95 = rollouts_to_target((xs, ys), 0.95)
         lines.append(
-            f"| {cap} | {cap / 64:g} | {fmt(to_t, 0)} | {fmt(to_95, 0)} | {fmt(ys[-1])} | "
+            f"| {label} | {cap / 64:g} | {fmt(to_t, 0)} | {fmt(to_95, 0)} | {fmt(ys[-1])} | "
             f"{fmt(max(ys))} | {fmt(volatility(ys))} | {fmt(volatility(late))} |"
         )
     return [*lines, ""]
