@@ -89,6 +89,14 @@ def med(vals: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def spread(vals: list[float | None], digits: int) -> str:
+    """`min-max` over seeds, or `one seed`."""
+    vals = [v for v in vals if v is not None]
+    if len(vals) < 2:
+        return "one seed"
+    return f"{min(vals):.{digits}f}-{max(vals):.{digits}f}"
+
+
 def curve(run: dict[str, Any], key: str, x: str = "step") -> Curve:
     return series(run["rows"], key, x)
 
@@ -301,10 +309,11 @@ def whipping_section(runs: Runs, out: Path) -> list[str]:
         "rollouts at temperature 1), median over seeds. Columns: mean over steps 1-80 (the "
         "steps every variant has; GRPO generates 128 rollouts a step, the others 64) and over "
         "generated rollouts 2,561-7,680 (the same data budget for all); the difference to GRPO "
-        "in brackets.",
+        "in brackets; the last column is the range over seeds of the second.",
         "",
-        "| task | variant | seeds | length, steps 1-80 | length, rollouts 2,561-7,680 |",
-        "|---|---|---|---|---|",
+        "| task | variant | seeds | length, steps 1-80 | length, rollouts 2,561-7,680 | "
+        "range over seeds |",
+        "|---|---|---|---|---|---|",
     ]
     shorter = total = 0
     for task, variants in runs.items():
@@ -314,12 +323,11 @@ def whipping_section(runs: Runs, out: Path) -> list[str]:
             if not seeds:
                 continue
             a = med([window_mean(curve(r, "completion_length"), 0, 80) for r in seeds.values()])
-            b = med(
-                [
-                    window_mean(curve(r, "completion_length", "rollouts_generated"), 2560, 7680)
-                    for r in seeds.values()
-                ]
-            )
+            per_seed = [
+                window_mean(curve(r, "completion_length", "rollouts_generated"), 2560, 7680)
+                for r in seeds.values()
+            ]
+            b = med(per_seed)
             if v == "grpo":
                 base = {"a": a, "b": b}
                 cells = [fmt(a, 1), fmt(b, 1)]
@@ -330,7 +338,10 @@ def whipping_section(runs: Runs, out: Path) -> list[str]:
                 if db is not None:
                     total += 1
                     shorter += db < 0
-            lines.append(f"| {task} | {v} | {sorted(seeds)} | {cells[0]} | {cells[1]} |")
+            lines.append(
+                f"| {task} | {v} | {sorted(seeds)} | {cells[0]} | {cells[1]} | "
+                f"{spread(per_seed, 1)} |"
+            )
     lines += [
         "",
         f"Off-policy variants shorter than GRPO at equal data: {shorter} of {total} "
@@ -374,10 +385,11 @@ def entropy_section(runs: Runs, out: Path) -> list[str]:
         "`train/entropy`: the current policy's mean token entropy on the step's training batch "
         "(for replay that batch mixes fresh and stored rollouts), median over seeds. Columns: "
         "mean over steps 41-80 and over generated rollouts 2,561-7,680; ratio to GRPO in "
-        "brackets.",
+        "brackets; the last column is the range over seeds of the second.",
         "",
-        "| task | variant | seeds | entropy, steps 41-80 | entropy, rollouts 2,561-7,680 |",
-        "|---|---|---|---|---|",
+        "| task | variant | seeds | entropy, steps 41-80 | entropy, rollouts 2,561-7,680 | "
+        "range over seeds |",
+        "|---|---|---|---|---|---|",
     ]
     higher = total = 0
     for task, variants in runs.items():
@@ -387,12 +399,11 @@ def entropy_section(runs: Runs, out: Path) -> list[str]:
             if not seeds:
                 continue
             a = med([window_mean(curve(r, "train/entropy"), 40, 80) for r in seeds.values()])
-            b = med(
-                [
-                    window_mean(curve(r, "train/entropy", "rollouts_generated"), 2560, 7680)
-                    for r in seeds.values()
-                ]
-            )
+            per_seed = [
+                window_mean(curve(r, "train/entropy", "rollouts_generated"), 2560, 7680)
+                for r in seeds.values()
+            ]
+            b = med(per_seed)
             if v == "grpo":
                 base = {"a": a, "b": b}
                 cells = [fmt(a, 4), fmt(b, 4)]
@@ -404,7 +415,10 @@ def entropy_section(runs: Runs, out: Path) -> list[str]:
                 if b is not None and base.get("b"):
                     total += 1
                     higher += b > base["b"]
-            lines.append(f"| {task} | {v} | {sorted(seeds)} | {cells[0]} | {cells[1]} |")
+            lines.append(
+                f"| {task} | {v} | {sorted(seeds)} | {cells[0]} | {cells[1]} | "
+                f"{spread(per_seed, 4)} |"
+            )
     lines += [
         "",
         f"Replay variants with higher entropy than GRPO at equal data: {higher} of {total} "

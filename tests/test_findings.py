@@ -155,14 +155,14 @@ def test_findings_script_tables(tmp_path: Path) -> None:
     md = (out / "findings.md").read_text()
     assert "- add: grpo [0], remix-grpo [0], replay [0]" in md
     # lengths: 38 vs GRPO's 40 in both windows
-    assert "| add | replay | [0] | 38.0 (-2.0) | 38.0 (-2.0) |" in md
+    assert "| add | replay | [0] | 38.0 (-2.0) | 38.0 (-2.0) | one seed |" in md
     # remix over steps 1-80: 50 steps of 36 and 30 of 44 -> 39.0; rollouts 2,561-7,680 are
     # steps 41-120: 10 of 36 and 70 of 44 -> 43.0
-    assert "| add | remix-grpo | [0] | 39.0 (-1.0) | 43.0 (+3.0) |" in md
+    assert "| add | remix-grpo | [0] | 39.0 (-1.0) | 43.0 (+3.0) | one seed |" in md
     assert "| add | remix-grpo | [0] | 36.0 | 44.0 | 44.0 | +8.0 |" in md
     assert "| add | grpo | [0] | 40.0 | 40.0 | 40.0 | +0.0 |" in md
     assert "shorter than GRPO at equal data: 1 of 2" in md
-    assert "| add | replay | [0] | 0.0300 (x1.50) | 0.0300 (x1.50) |" in md
+    assert "| add | replay | [0] | 0.0300 (x1.50) | 0.0300 (x1.50) | one seed |" in md
     assert "higher entropy than GRPO at equal data: 1 of 1" in md
     assert "Not evaluated (run with `--passk`)" in md
     assert "Fewer than two capacities finished" in md
@@ -189,8 +189,8 @@ def test_findings_script_buffer_table(tmp_path: Path) -> None:
 def test_findings_script_passk_table_from_cache(tmp_path: Path) -> None:
     script = _script()
     root = tmp_path / "runs"
-    for seed in (0, 1):
-        _fake_run(root / "add" / f"grpo-s{seed}", 80, 128, lambda s: 40.0, 0.02)
+    for seed in (0, 1):  # lengths 40 and 42: median 41, range 40-42
+        _fake_run(root / "add" / f"grpo-s{seed}", 80, 128, lambda s, k=seed: 40.0 + 2 * k, 0.02)
     _fake_run(root / "add" / "replay-s0", 120, 64, lambda s: 38.0, 0.03)
     out = tmp_path / "out"
     out.mkdir()
@@ -207,6 +207,8 @@ def test_findings_script_passk_table_from_cache(tmp_path: Path) -> None:
     (out / "passk.json").write_text(json.dumps(cache))
     assert script.main([str(root), str(out), "--tasks", "add"]) == 0
     md = (out / "findings.md").read_text()
+    assert "| add | grpo | [0, 1] | 41.0 | 41.0 | 40.0-42.0 |" in md
+    assert "| add | replay | [0] | 38.0 (-3.0) | 38.0 (-3.0) | one seed |" in md
     assert "| add | warm start | [] | 0.250 | 0.500 | 0.000 | 0.000 | n/a | n/a | 40.0 |" in md
     assert "| add | grpo | [0, 1] | 0.700 | 0.850 | 0.450 | 0.350 | n/a | n/a | 40.0 |" in md
     assert "| add | replay | [0] | 0.650 | 0.950 | 0.400 | 0.450 | -0.050 | 0.100 | 40.0 |" in md
