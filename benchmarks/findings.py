@@ -45,6 +45,7 @@ TASKS = ["add", "sub", "chain"]
 OFF_POLICY = ["replay", "replay-posbias", "remix-grpo"]
 WITH_REPLAY = ["replay", "replay-posbias", "replay-auto"]
 PASS_K = 8
+OFF_CLIP = "train/off_policy/clip_frac"
 SMOOTH = 5  # steps in the moving average of the per-step figures (the tables use raw values)
 COLORS = {
     "grpo": "black",
@@ -309,11 +310,13 @@ def whipping_section(runs: Runs, out: Path) -> list[str]:
         "rollouts at temperature 1), median over seeds. Columns: mean over steps 1-80 (the "
         "steps every variant has; GRPO generates 128 rollouts a step, the others 64) and over "
         "generated rollouts 2,561-7,680 (the same data budget for all); the difference to GRPO "
-        "in brackets; the last column is the range over seeds of the second.",
+        "in brackets; then the range over seeds of the second, and how off-policy the updates "
+        "are: the mean over steps of the clipped fraction of off-policy tokens "
+        "(`train/off_policy/clip_frac`; n/a: no off-policy tokens).",
         "",
         "| task | variant | seeds | length, steps 1-80 | length, rollouts 2,561-7,680 | "
-        "range over seeds |",
-        "|---|---|---|---|---|---|",
+        "range over seeds | off-policy clip frac |",
+        "|---|---|---|---|---|---|---|",
     ]
     shorter = total = 0
     for task, variants in runs.items():
@@ -338,9 +341,10 @@ def whipping_section(runs: Runs, out: Path) -> list[str]:
                 if db is not None:
                     total += 1
                     shorter += db < 0
+            clip = med([window_mean(curve(r, OFF_CLIP), 0, float("inf")) for r in seeds.values()])
             lines.append(
                 f"| {task} | {v} | {sorted(seeds)} | {cells[0]} | {cells[1]} | "
-                f"{spread(per_seed, 1)} |"
+                f"{spread(per_seed, 1)} | {fmt(clip)} |"
             )
     lines += [
         "",

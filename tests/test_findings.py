@@ -105,8 +105,11 @@ def test_moving_average_trailing() -> None:
         moving_average([1.0], 0)
 
 
-def _fake_run(d: Path, steps: int, per_step: int, length, entropy: float, **summary) -> None:
-    """A finished run folder: per-step rows with `length(step)` and a constant entropy, an
+def _fake_run(
+    d: Path, steps: int, per_step: int, length, entropy: float, clip=None, **summary
+) -> None:
+    """A finished run folder: per-step rows with `length(step)`, a constant entropy and
+    off-policy clip fraction (`clip`; None as runs without off-policy tokens log it), an
     eval row every 4 steps (accuracy rising by 0.01 a step), and a summary.json."""
     d.mkdir(parents=True)
     rows = [{"step": 0, "eval/accuracy": 0.2}]
@@ -117,6 +120,7 @@ def _fake_run(d: Path, steps: int, per_step: int, length, entropy: float, **summ
                 "completion_length": length(s),
                 "train/entropy": entropy,
                 "rollouts_generated": s * per_step,
+                "train/off_policy/clip_frac": clip,
             }
         )
         if s % 4 == 0:
@@ -140,7 +144,7 @@ def test_findings_script_tables(tmp_path: Path) -> None:
     script = _script()
     root = tmp_path / "runs"
     _fake_run(root / "add" / "grpo-s0", 80, 128, lambda s: 40.0, 0.02, final_eval_accuracy=0.9)
-    _fake_run(root / "add" / "replay-s0", 120, 64, lambda s: 38.0, 0.03)
+    _fake_run(root / "add" / "replay-s0", 120, 64, lambda s: 38.0, 0.03, clip=0.1)
     _fake_run(
         root / "add" / "remix-grpo-s0",
         120,
@@ -155,10 +159,10 @@ def test_findings_script_tables(tmp_path: Path) -> None:
     md = (out / "findings.md").read_text()
     assert "- add: grpo [0], remix-grpo [0], replay [0]" in md
     # lengths: 38 vs GRPO's 40 in both windows
-    assert "| add | replay | [0] | 38.0 (-2.0) | 38.0 (-2.0) | one seed |" in md
+    assert "| add | replay | [0] | 38.0 (-2.0) | 38.0 (-2.0) | one seed | 0.100 |" in md
     # remix over steps 1-80: 50 steps of 36 and 30 of 44 -> 39.0; rollouts 2,561-7,680 are
     # steps 41-120: 10 of 36 and 70 of 44 -> 43.0
-    assert "| add | remix-grpo | [0] | 39.0 (-1.0) | 43.0 (+3.0) | one seed |" in md
+    assert "| add | remix-grpo | [0] | 39.0 (-1.0) | 43.0 (+3.0) | one seed | n/a |" in md
     assert "| add | remix-grpo | [0] | 36.0 | 44.0 | 44.0 | +8.0 |" in md
     assert "| add | grpo | [0] | 40.0 | 40.0 | 40.0 | +0.0 |" in md
     assert "shorter than GRPO at equal data: 1 of 2" in md
@@ -207,8 +211,8 @@ def test_findings_script_passk_table_from_cache(tmp_path: Path) -> None:
     (out / "passk.json").write_text(json.dumps(cache))
     assert script.main([str(root), str(out), "--tasks", "add"]) == 0
     md = (out / "findings.md").read_text()
-    assert "| add | grpo | [0, 1] | 41.0 | 41.0 | 40.0-42.0 |" in md
-    assert "| add | replay | [0] | 38.0 (-3.0) | 38.0 (-3.0) | one seed |" in md
+    assert "| add | grpo | [0, 1] | 41.0 | 41.0 | 40.0-42.0 | n/a |" in md
+    assert "| add | replay | [0] | 38.0 (-3.0) | 38.0 (-3.0) | one seed | n/a |" in md
     assert "| add | warm start | [] | 0.250 | 0.500 | 0.000 | 0.000 | n/a | n/a | 40.0 |" in md
     assert "| add | grpo | [0, 1] | 0.700 | 0.850 | 0.450 | 0.350 | n/a | n/a | 40.0 |" in md
     assert "| add | replay | [0] | 0.650 | 0.950 | 0.400 | 0.450 | -0.050 | 0.100 | 40.0 |" in md
