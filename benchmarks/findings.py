@@ -154,7 +154,7 @@ def plot_per_step(runs: Runs, key: str, variants: list[str], ylabel: str, path: 
 
 
 def plot_buffers(
-    buf: list[tuple[int, str, dict[str, Any]]], target: float | None, path: Path
+    buf: list[tuple[int, str, int, dict[str, Any]]], target: float | None, path: Path
 ) -> None:
     import matplotlib
 
@@ -162,14 +162,17 @@ def plot_buffers(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for _, label, run in buf:
+    colors: dict[str, str] = {}
+    for _, label, seed, run in buf:
         xs, ys = eval_curve(run)
-        ax.plot(xs, ys, marker=".", lw=1, label=f"N = {label}")
+        color = colors.setdefault(label, f"C{len(colors)}")
+        ls = ["-", "--", ":"][seed % 3]
+        ax.plot(xs, ys, marker=".", lw=1, ls=ls, color=color, label=f"N = {label}, s{seed}")
     if target is not None:
         ax.axhline(target, color="gray", ls=":", label=f"GRPO final {target:.3f}")
     ax.set_xlabel("generated rollouts")
     ax.set_ylabel("eval accuracy (greedy, 200 prompts)")
-    ax.set_title("add, replay (B = 128, R = 64), seed 0: buffer capacity N")
+    ax.set_title("add, replay (B = 128, R = 64): buffer capacity N")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -467,25 +470,25 @@ def passk_section(runs: Runs, cache: dict[str, Any], out: Path) -> list[str]:
 
 def buffer_section(runs: Runs, buf_root: Path | None, out: Path) -> list[str]:
     lines = ["## Buffer capacity: slower but steadier? (arXiv 2604.08706)", ""]
-    # (N, label, run): the suite's own replay-s0 run (N = 256, possibly older code: see
-    # its config.yaml) and the runs of benchmarks/buffer_sizes.py (current code)
-    buf: list[tuple[int, str, dict[str, Any]]] = []
-    suite_replay = runs.get("add", {}).get("replay", {}).get(0)
-    if suite_replay is not None:
-        buf.append((256, "256 (suite run)", suite_replay))
+    # (N, label, seed, run): the suite's own replay runs (N = 256; seed 0 possibly older
+    # code: see its config.yaml) and the runs of benchmarks/buffer_sizes.py (current code)
+    buf: list[tuple[int, str, int, dict[str, Any]]] = []
+    for seed, run in runs.get("add", {}).get("replay", {}).items():
+        buf.append((256, "256 (suite run)", seed, run))
     if buf_root is not None and (buf_root / "add").is_dir():
         for v, seeds in finished_runs(buf_root / "add").items():
-            if v.startswith("replay-cap") and 0 in seeds:
-                d = seeds[0]
+            if not v.startswith("replay-cap"):
+                continue
+            cap = int(v.removeprefix("replay-cap"))
+            for seed, d in seeds.items():
                 run = {
                     "dir": d,
                     "rows": read_metrics(d / "metrics.jsonl"),
                     "summary": json.loads((d / "summary.json").read_text()),
                 }
-                cap = int(v.removeprefix("replay-cap"))
-                buf.append((cap, str(cap), run))
-    buf.sort(key=lambda b: (b[0], b[1]))
-    if len(buf) < 2:
+                buf.append((cap, str(cap), seed, run))
+    buf.sort(key=lambda e: (e[0], e[1], e[2]))
+    if len({e[0] for e in buf}) < 2:
         return [*lines, "Fewer than two capacities finished: not measured.", ""]
     grpo = runs.get("add", {}).get("grpo", {})
     target = med([r["summary"].get("final_eval_accuracy") for r in grpo.values()])
@@ -493,27 +496,27 @@ def buffer_section(runs: Runs, buf_root: Path | None, out: Path) -> list[str]:
     lines += [
         f"![buffers]({out.name})",
         "",
-        "Task add, `replay` preset (R = 64 rollouts a step, B = 128, 120 steps), seed 0. "
-        "'256 (suite run)' is the suite's own replay-s0 run; the others, from "
+        "Task add, `replay` preset (R = 64 rollouts a step, B = 128, 120 steps), one row per "
+        "run. '256 (suite run)' is the suite's own replay run; the others, from "
         "`benchmarks/buffer_sizes.py`, only change `buffer.capacity` (a plain 256 among them is "
         "the same config rerun with the current code, whose generation draws other random "
-        "numbers: the two 256 rows show how much one seed's noise moves these numbers). Target: "
+        "numbers: the 256 rows of one seed show how much that alone moves these numbers). Target: "
         f"GRPO's median final accuracy on add ({fmt(target)}, seeds {sorted(grpo)}) and 0.95. "
         "Volatility: mean |change| of eval accuracy between consecutive evaluations (every 256 "
         "rollouts), over the whole run and after 2,560 rollouts (where GRPO has plateaued).",
         "",
-        "| N | x = N/R | rollouts to GRPO final | rollouts to 0.95 | final | best | "
+        "| N | seed | x = N/R | rollouts to GRPO final | rollouts to 0.95 | final | best | "
         "volatility, all | volatility, after 2,560 |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for cap, label, run in buf:
+    for cap, label, seed, run in buf:
         xs, ys = eval_curve(run)
         late = [y for x, y in zip(xs, ys, strict=True) if x > 2560]
         to_t = rollouts_to_target((xs, ys), target) if target is not None else None
         to_95 = rollouts_to_target((xs, ys), 0.95)
         lines.append(
-            f"| {label} | {cap / 64:g} | {fmt(to_t, 0)} | {fmt(to_95, 0)} | {fmt(ys[-1])} | "
-            f"{fmt(max(ys))} | {fmt(volatility(ys))} | {fmt(volatility(late))} |"
+            f"| {label} | {seed} | {cap / 64:g} | {fmt(to_t, 0)} | {fmt(to_95, 0)} | "
+            f"{fmt(ys[-1])} | {fmt(max(ys))} | {fmt(volatility(ys))} | {fmt(volatility(late))} |"
         )
     return [*lines, ""]
 

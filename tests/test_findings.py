@@ -186,7 +186,7 @@ def test_findings_script_buffer_table(tmp_path: Path) -> None:
     # accuracy 0.2 + 0.01 s, evaluated every 4 steps of 64 rollouts: 0.9 first at step 72
     # (4,608 rollouts), 0.95 at step 76 (4,864); every change between evals is 0.04
     for n, x in (("256 (suite run)", 4), ("512", 8)):
-        assert f"| {n} | {x} | 4608 | 4864 | 1.400 | 1.400 | 0.040 | 0.040 |" in md
+        assert f"| {n} | 0 | {x} | 4608 | 4864 | 1.400 | 1.400 | 0.040 | 0.040 |" in md
     assert (out / "buffer_capacity.png").stat().st_size > 0
 
 
