@@ -454,6 +454,7 @@ def passk_section(runs: Runs, cache: dict[str, Any], out: Path) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     k = f"pass@{PASS_K}"
+    more = total = 0
     for task in dict.fromkeys(r["task"] for r in rows):
         trs = {r["variant"]: r for r in rows if r["task"] == task}
         w, g = trs["warm start"], trs.get("grpo")
@@ -465,7 +466,16 @@ def passk_section(runs: Runs, cache: dict[str, Any], out: Path) -> list[str]:
                 f"{fmt(gain(w['pass@1'], r['pass@1']))} | {fmt(gain(w[k], r[k]))} | "
                 f"{fmt(d1)} | {fmt(dk)} | {fmt(r['greedy_length'], 1)} |"
             )
-    return [*lines, ""]
+            if d1 is not None and dk is not None:
+                total += 1
+                more += dk > d1
+    return [
+        *lines,
+        "",
+        f"Reuse variants whose pass@8 edge over GRPO is larger than their pass@1 edge: {more} "
+        f"of {total} (task, variant) pairs.",
+        "",
+    ]
 
 
 def buffer_section(runs: Runs, buf_root: Path | None, out: Path) -> list[str]:
@@ -549,7 +559,8 @@ def main(argv: list[str]) -> int:
         "```bash",
         "# the suite's runs: replayrl bench reasoning --seeds 0 1 2",
         "# the buffer-capacity runs (one at a time, one torch thread each):",
-        "PYTHONPATH=src python benchmarks/buffer_sizes.py runs/buffers add 0 128 512 1024",
+        "PYTHONPATH=src python benchmarks/buffer_sizes.py runs/buffers add 0 128 512 256 1024",
+        "PYTHONPATH=src python benchmarks/buffer_sizes.py runs/buffers add 1 256 128 512",
         "# this report (--passk evaluates the policies not yet in passk.json):",
         f"PYTHONPATH=src python benchmarks/findings.py {args.runs_root} {args.out} "
         f"--buffers {args.buffers} --passk",

@@ -216,4 +216,5 @@ def test_findings_script_passk_table_from_cache(tmp_path: Path) -> None:
     assert "| add | warm start | [] | 0.250 | 0.500 | 0.000 | 0.000 | n/a | n/a | 40.0 |" in md
     assert "| add | grpo | [0, 1] | 0.700 | 0.850 | 0.450 | 0.350 | n/a | n/a | 40.0 |" in md
     assert "| add | replay | [0] | 0.650 | 0.950 | 0.400 | 0.450 | -0.050 | 0.100 | 40.0 |" in md
+    assert "larger than their pass@1 edge: 1 of 1 (task, variant) pairs" in md
     assert (out / "passk.png").stat().st_size > 0
