@@ -247,32 +247,36 @@ def final_policy(run: dict[str, Any]) -> Path | None:
     return p if steps is not None and (p / "config.json").is_file() else None
 
 
-def passk_jobs(runs: Runs) -> list[tuple[str, Path, str]]:
-    """(cache key, config.yaml, model folder) for each task's warm start and final policies."""
+def passk_jobs(runs: Runs) -> list[tuple[str, Path, str, str]]:
+    """(cache key, config.yaml, model folder, model id) for each task's warm start and final
+    policies. The id, kept in the cache to notice a rerun, names the checkpoint without this
+    machine's paths: `<run>/<step>@<wall seconds>` or `warmstart/<config hash>`."""
     jobs = []
     for task, variants in runs.items():
         first, warm = len(jobs), None
         for v in sorted(variants):
             for seed, run in sorted(variants[v].items()):
                 if warm is None and run["summary"].get("model_path"):
-                    warm = (run["dir"] / "config.yaml", run["summary"]["model_path"])
+                    warm = (run["dir"] / "config.yaml", Path(run["summary"]["model_path"]))
                 pol = final_policy(run)
                 if pol is not None:
-                    jobs.append(
-                        (f"{task}/{v}-s{seed}", run["dir"] / "config.yaml", str(pol.resolve()))
-                    )
+                    wall = round(float(run["summary"].get("wall_seconds", 0.0)), 1)
+                    ident = f"{run['dir'].name}/{pol.parent.name}@{wall}"
+                    cfg = run["dir"] / "config.yaml"
+                    jobs.append((f"{task}/{v}-s{seed}", cfg, str(pol), ident))
         if warm is not None:
-            jobs.insert(first, (f"{task}/warm-start", warm[0], str(Path(warm[1]).resolve())))
+            ident = f"warmstart/{warm[1].name}"
+            jobs.insert(first, (f"{task}/warm-start", warm[0], str(warm[1]), ident))
     return jobs
 
 
 def run_passk(runs: Runs, cache_path: Path) -> dict[str, Any]:
     cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
-    for key, cfg, model in passk_jobs(runs):
-        if key in cache and cache[key].get("model") == model:
+    for key, cfg, model, ident in passk_jobs(runs):
+        if key in cache and cache[key].get("model") == ident:
             continue
         print("pass@k:", key, flush=True)
-        cache[key] = {"model": model, **evaluate_model(cfg, model)}
+        cache[key] = {"model": ident, **evaluate_model(cfg, model)}
         atomic_write_json(cache_path, cache)  # after each model: a stopped run keeps its work
     return cache
 

@@ -218,3 +218,28 @@ def test_findings_script_passk_table_from_cache(tmp_path: Path) -> None:
     assert "| add | replay | [0] | 0.650 | 0.950 | 0.400 | 0.450 | -0.050 | 0.100 | 40.0 |" in md
     assert "larger than their pass@1 edge: 1 of 1 (task, variant) pairs" in md
     assert (out / "passk.png").stat().st_size > 0
+
+
+def test_passk_jobs_warm_start_first_and_ids_without_paths(tmp_path: Path) -> None:
+    script = _script()
+    root = tmp_path / "runs"
+    for task in ("add", "sub"):
+        _fake_run(
+            root / task / "grpo-s0",
+            80,
+            128,
+            lambda s: 40.0,
+            0.02,
+            model_path=str(tmp_path / "cache" / f"warm-{task}"),
+            wall_seconds=12.34,
+        )
+    pol = root / "add" / "grpo-s0" / "checkpoints" / "step_000080" / "policy"
+    pol.mkdir(parents=True)
+    (pol / "config.json").write_text("{}")  # sub's run has no checkpoint: no job for it
+    jobs = script.passk_jobs(script.load_runs(root, ["add", "sub"]))
+    assert [(k, ident) for k, _, _, ident in jobs] == [
+        ("add/warm-start", "warmstart/warm-add"),
+        ("add/grpo-s0", "grpo-s0/step_000080@12.3"),
+        ("sub/warm-start", "warmstart/warm-sub"),
+    ]
+    assert jobs[1][2] == str(pol)
