@@ -564,7 +564,7 @@ def main(argv: list[str]) -> int:
         "# the suite's runs: replayrl bench reasoning --seeds 0 1 2",
         "# the buffer-capacity runs (one at a time, one torch thread each):",
         "PYTHONPATH=src python benchmarks/buffer_sizes.py runs/buffers add 0 128 512 256 1024",
-        "PYTHONPATH=src python benchmarks/buffer_sizes.py runs/buffers add 1 256 128 512",
+        "PYTHONPATH=src python benchmarks/buffer_sizes.py runs/buffers add 1 256 128 512 1024",
         "# this report (--passk evaluates the policies not yet in passk.json):",
         f"PYTHONPATH=src python benchmarks/findings.py {args.runs_root} {args.out} "
         f"--buffers {args.buffers} --passk",
