@@ -1,0 +1,51 @@
+"""The reasoning suite's `replay` variant at other buffer capacities (issue 13, item 5 d).
+
+    PYTHONPATH=src python benchmarks/buffer_sizes.py OUT TASK SEED CAPACITY [CAPACITY ...]
+
+Each run is resolved exactly as `replayrl bench reasoning` resolves the suite's `replay` run
+(`bench.variant_config`: the suite's and the task's overrides, the common eval grid, the seed)
+plus `buffer.capacity=CAPACITY`, and written to OUT/TASK/replay-capN-sSEED/. Runs go one
+after another; a finished run of exactly this config is skipped. Compare them with the suite's
+own replay run (`benchmarks/findings.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+from replayrl.bench import _finished_run, _run_one, load_suite, variant_config
+
+
+def capacity_variant(suite: dict, capacity: int) -> tuple[dict, str]:
+    """A copy of `suite` with a `replay-capN` variant: the `replay` variant plus the capacity."""
+    suite = copy.deepcopy(suite)
+    base = suite["variants"]["replay"]
+    name = f"replay-cap{capacity}"
+    suite["variants"][name] = {
+        **base,
+        "overrides": [*base.get("overrides", []), f"buffer.capacity={capacity}"],
+    }
+    return suite, name
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out, task, seed, caps = Path(argv[0]), argv[1], int(argv[2]), [int(c) for c in argv[3:]]
+    for cap in caps:
+        suite, name = capacity_variant(load_suite("reasoning"), cap)
+        cfg = variant_config(suite, name, seed, out / task, False, task)
+        run_dir = out / task / f"{name}-s{seed}"
+        if _finished_run(cfg, run_dir) is not None:
+            print(name, seed, "already done", flush=True)
+            continue
+        s = _run_one(cfg, None, run_dir, log=lambda m: None)
+        print(name, seed, "final", s["final_eval_accuracy"], "wall", round(s["wall_seconds"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
