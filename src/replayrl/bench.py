@@ -319,14 +319,18 @@ def run_pending(
                     log(f"{label}: FAILED ({exc!r}); left out of the summary")
                     continue
                 status[label] = "done"
-                log(
-                    f"{label}: final acc {s['final_eval_accuracy']:.3f}, rollouts "
-                    f"{s['rollouts_generated']}, wall {s['wall_seconds']:.0f}s"
-                )
+                log(_result_line(label, s))
         except KeyboardInterrupt:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
     return status
+
+
+def _result_line(label: str, summary: dict[str, Any]) -> str:
+    return (
+        f"{label}: final acc {summary['final_eval_accuracy']:.3f}, rollouts "
+        f"{summary['rollouts_generated']}, wall {summary['wall_seconds']:.0f}s"
+    )
 
 
 def _trl_installed() -> bool:
@@ -377,11 +381,7 @@ def _run_task(
             ent = [m["train/entropy"] for m in rows if m.get("train/entropy") is not None]
             summary["final_entropy"] = ent[-1] if ent else math.nan
             results[name].append(summary)
-            log(
-                f"{task + '/' if task else ''}{run_name}: final acc "
-                f"{summary['final_eval_accuracy']:.3f}, rollouts "
-                f"{summary['rollouts_generated']}, wall {summary['wall_seconds']:.0f}s"
-            )
+            log(_result_line(f"{task + '/' if task else ''}{run_name}", summary))
     results = {k: v for k, v in results.items() if v}  # --no-run: variants with no run
     label = {**suite, "name": f"{suite['name']}/{task}"} if task else suite
     return summarise(label, results, seeds, out, quick)
@@ -404,10 +404,7 @@ def run_multi_task(
     tasks = [t for t in suite["tasks"] if not only_tasks or t in only_tasks]
     if not tasks:
         raise ConfigError(f"none of the tasks {only_tasks} is in the suite")
-    for t in tasks:  # every config resolves before the first run starts
-        for name in variants_on(suite, t, only):
-            for seed in seeds:
-                variant_config(suite, name, seed, out / t, quick, t)
+    planned_runs(suite, seeds, out_root, quick, only, tasks)  # every config resolves first
     per_task = {}
     for t in tasks:
         try:
