@@ -15,7 +15,7 @@ import copy
 import sys
 from pathlib import Path
 
-from replayrl.bench import _finished_run, _run_one, load_suite, variant_config
+from replayrl.bench import finished_run, load_suite, run_one, variant_config
 
 
 def capacity_variant(suite: dict, capacity: int) -> tuple[dict, str]:
@@ -39,10 +39,10 @@ def main(argv: list[str]) -> int:
         suite, name = capacity_variant(load_suite("reasoning"), cap)
         cfg = variant_config(suite, name, seed, out / task, False, task)
         run_dir = out / task / f"{name}-s{seed}"
-        if _finished_run(cfg, run_dir) is not None:
+        if finished_run(cfg, run_dir) is not None:
             print(name, seed, "already done", flush=True)
             continue
-        s = _run_one(cfg, None, run_dir, log=lambda m: None)
+        s = run_one(cfg, None, run_dir, log=lambda m: None)
         print(name, seed, "final", s["final_eval_accuracy"], "wall", round(s["wall_seconds"]))
     return 0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from replayrl.bench import _run_one, load_suite, variant_config
+from replayrl.bench import load_suite, run_one, variant_config
 
 
 def main(argv: list[str]) -> int:
@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     suite["variants"][name] = {**base, "overrides": [*base.get("overrides", []), *extra]}
     out = Path("runs/probe") / suite["name"] / task
     cfg = variant_config(suite, name, int(seed), out, False, task)
-    s = _run_one(cfg, base.get("peer"), out / f"{name}-s{seed}", log=lambda _: None)
+    s = run_one(cfg, base.get("peer"), out / f"{name}-s{seed}", log=lambda _: None)
     print(
         f"{task} {name} s{seed}: final {s['final_eval_accuracy']}, rollouts "
         f"{s['rollouts_generated']}"

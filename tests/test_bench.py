@@ -343,7 +343,7 @@ def test_multi_task_suite_per_task_rows_median_over_tasks_and_no_run(
     per task against that task's baseline, the median over tasks per variant, --no-run."""
     import replayrl.bench as bench
 
-    monkeypatch.setattr(bench, "_run_one", _stand_in_run)
+    monkeypatch.setattr(bench, "run_one", _stand_in_run)
     suite = load_suite("reasoning")
     only = ["grpo", "replay", "ppo", "remix-ppo"]
     logs: list[str] = []
@@ -375,7 +375,7 @@ def test_multi_task_suite_per_task_rows_median_over_tasks_and_no_run(
     assert "**median over 1 tasks** | ppo" in table and "mu=5.3" in table
     # --no-run starts nothing and gives the same summary; a seed without runs is an error
     first = (folder / "summary.json").read_text()
-    monkeypatch.setattr(bench, "_run_one", None)  # any run attempt fails loudly
+    monkeypatch.setattr(bench, "run_one", None)  # any run attempt fails loudly
     again = bench.run_suite(suite, [0, 1], tmp_path, quick=True, only=only, no_run=True)
     assert (folder / "summary.json").read_text() == first and again["tasks"].keys() == {
         "add",

@@ -123,7 +123,7 @@ def stats(xs: list[float]) -> dict[str, float]:
     return {"median": float(med), "q25": float(q25), "q75": float(q75), "n": int(a.size)}
 
 
-def _finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
+def finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
     """The summary of a completed run of exactly this config in `run_dir`, if there is one."""
     summary, saved = run_dir / "summary.json", run_dir / "config.yaml"
     if not (summary.is_file() and saved.is_file()):
@@ -188,7 +188,7 @@ def variant_config(
     return load_config(v["config"], [*overrides, f"eval.every={k // r}"])
 
 
-def _run_one(cfg, peer: str | None, run_dir: Path, log: Log) -> dict[str, Any]:
+def run_one(cfg, peer: str | None, run_dir: Path, log: Log) -> dict[str, Any]:
     if peer == "trl":
         from replayrl.peers.trl_grpo import run_trl_grpo
 
@@ -266,7 +266,7 @@ def planned_runs(
 
 
 def _run_in_child(cfg: Any, peer: str | None, run_dir: Path) -> dict[str, Any]:
-    return _run_one(cfg, peer, run_dir, log=lambda _: None)
+    return run_one(cfg, peer, run_dir, log=lambda _: None)
 
 
 def run_pending(
@@ -295,7 +295,7 @@ def run_pending(
     for label, cfg, peer, run_dir in plan:
         if peer == "trl" and not _trl_installed():
             log(f"skipping {label}: TRL is not installed (pip install 'replayrl[bench]')")
-        elif fresh or _finished_run(cfg, run_dir) is None:
+        elif fresh or finished_run(cfg, run_dir) is None:
             pending.append((label, cfg, peer, run_dir))
     threads = max((cfg.train.threads or 1) for _, cfg, _, _ in pending) if pending else 1
     cores = os.cpu_count() or 1
@@ -369,14 +369,14 @@ def _run_task(
         for seed in seeds:
             run_name = f"{name}-s{seed}"
             cfg = configs[name, seed]
-            summary = None if fresh else _finished_run(cfg, out / run_name)
+            summary = None if fresh else finished_run(cfg, out / run_name)
             if summary is None and no_run:
                 log(f"{task + '/' if task else ''}{run_name}: not finished, left out (--no-run)")
                 continue
             if summary is not None:
                 log(f"{run_name}: reusing the finished run with the same config")
             else:
-                summary = _run_one(cfg, v.get("peer"), out / run_name, log=lambda _: None)
+                summary = run_one(cfg, v.get("peer"), out / run_name, log=lambda _: None)
             rows = read_metrics(out / run_name / "metrics.jsonl")
             ent = [m["train/entropy"] for m in rows if m.get("train/entropy") is not None]
             summary["final_entropy"] = ent[-1] if ent else math.nan
