@@ -25,7 +25,7 @@ from replayrl.algorithms.correction import apply_token_weights, truncated_is_wei
 from replayrl.algorithms.kl import kl_convex_lambda
 from replayrl.algorithms.losses import clip_stats
 from replayrl.algorithms.objective import ObjectiveWeights, critic_objective, policy_objective
-from replayrl.batching import TokenFields, collate, micro_batches, unpad
+from replayrl.batching import TokenFields, collate, micro_batches, shared_prompt_order, unpad
 from replayrl.config import Config
 from replayrl.critic import ValueModel
 from replayrl.frozen import (
@@ -81,6 +81,8 @@ class _Accum:
     ratios: list[torch.Tensor] = field(default_factory=list)
     centres: list[torch.Tensor] = field(default_factory=list)
     stale: list[torch.Tensor] = field(default_factory=list)
+    # detached log-probs of the current micro-batch (the fused log pi_old of fresh rollouts)
+    current: torch.Tensor | None = None
 
 
 class Learner:
@@ -110,6 +112,12 @@ class Learner:
         self.recompute_behaviour = p.recompute_behaviour_logprobs == "always" or (
             p.recompute_behaviour_logprobs == "auto" and reduced
         )
+        # on-policy fresh rollouts take log pi_old from the first update's own forward
+        # (detached: the same weights, so the same values) instead of a separate no-grad pass
+        # (`_fusable` says when); False: always the separate pass (benchmarks, tests)
+        self.fuse_behaviour_recompute = True
+        self._fuse: set[int] = set()  # ids of rollouts whose log pi_old the next update sets
+        self._fused_stats: dict[str, float] = {}
         # truncated IS weighs tokens by pi_learner_old / pi_sampler: both must exist, and the
         # loss must be one that scales with the advantage (correction.apply_token_weights)
         self.tis_cap = p.truncated_is_cap
@@ -183,10 +191,13 @@ class Learner:
 
     # -- frozen per-token quantities ---------------------------------------------------------
     def _per_rollout(self, model: object, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
+        # micro-batches of rollouts sharing prompts (the lean forward runs each prompt once)
+        order = shared_prompt_order(rollouts)
+        ordered = [rollouts[i] for i in order]
+        out: list[torch.Tensor] = [torch.empty(0)] * len(rollouts)
         with torch.no_grad():
-            for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-                b = collate(rollouts[sl], self.pad_id)
+            for sl in micro_batches(len(ordered), self.cfg.train.micro_batch_size):
+                b = collate(ordered[sl], self.pad_id)
                 logps, _ = token_logprobs(
                     model,  # type: ignore[arg-type]
                     b,
@@ -194,7 +205,8 @@ class Learner:
                     autocast=self.autocast,
                     full=self.full_logprobs,
                 )
-                out.extend(unpad(logps, b["mask"]))
+                for i, lp in zip(order[sl], unpad(logps, b["mask"]), strict=True):
+                    out[i] = lp
         return out
 
     def _gae_fields(self, rollouts: Sequence[Rollout]) -> TokenFields:
@@ -284,11 +296,25 @@ class Learner:
         epochs = epochs or cfg.train.epochs
         stale_flags = list(stale) if stale is not None else [False] * len(batch)
         refreshed: dict[str, float] = {}
+        self._fuse = set()
         if self.recompute_behaviour and not policy_frozen:
             # reduced precision: fresh rollouts get log pi_old from the learner itself
-            refreshed = logprobs.refresh_behaviour_logprobs(
-                batch, self.version, lambda rs: self._per_rollout(self.model, rs)
-            )
+            fresh = logprobs.fresh_rollouts(batch, self.version)
+            if fresh and self._fusable(len(batch), epochs):
+                self._fuse = {id(r) for r in fresh}
+                stale_n = sum(
+                    1
+                    for r in batch
+                    if r.policy_version != self.version and "sampler_logprobs" not in r.extras
+                )
+                refreshed = {
+                    "behaviour_refreshed": float(len(fresh)),
+                    "behaviour_not_refreshed": float(stale_n),
+                }
+            else:
+                refreshed = logprobs.refresh_behaviour_logprobs(
+                    batch, self.version, lambda rs: self._per_rollout(self.model, rs)
+                )
         fields = self._frozen_fields(batch, stale_flags, step)
         w_base, w_prev = self.kl_weights(step)
         weights = ObjectiveWeights(
@@ -296,6 +322,7 @@ class Learner:
         )
         mini = cfg.train.mini_batch_size or len(batch)
         sums: dict[str, list[float]] = defaultdict(list)
+        self._fused_stats: dict[str, float] = {}
         self.model.train()
         for _ in range(epochs):
             order = rng.permutation(len(batch))
@@ -310,10 +337,21 @@ class Learner:
         out = {k: _nanmean(v) for k, v in sums.items()}
         out.update(kl_lambda=self.kl_lambda(step), kl_coef_base=w_base, kl_coef_prev=w_prev)
         out.update(refreshed)
+        out.update(self._fused_stats)
         if self.tis_cap is not None and fields["tis_weights"]:
             w_all = torch.cat(fields["tis_weights"])
             out.update(weight_stats(w_all, torch.ones_like(w_all), self.tis_cap))
         return out
+
+    def _fusable(self, n: int, epochs: int) -> bool:
+        """The first update's forward can give fresh rollouts their log pi_old: it covers the
+        whole batch before any weight changes (one mini-batch), nothing needs log pi_old
+        before that forward (truncated IS weights do), and the forward is deterministic (no
+        active dropout, which a separate pass would draw differently anyway)."""
+        mini = self.cfg.train.mini_batch_size or n
+        if not self.fuse_behaviour_recompute or mini < n or self.tis_cap is not None:
+            return False
+        return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
 
     def normaliser(self, minibatch: Sequence[Rollout]) -> float:
         """The loss denominator of this mini-batch, over all data-parallel ranks."""
@@ -340,12 +378,33 @@ class Learner:
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
         acc = _Accum()
+        # micro-batches of rollouts sharing prompts: only the gradient's summation order moves
+        order = shared_prompt_order(minibatch)
+        minibatch = [minibatch[i] for i in order]
+        fields = {k: [v[i] for i in order] for k, v in fields.items()}
+        fused: list[tuple[Rollout, torch.Tensor]] = []
         for sl in micro_batches(len(minibatch), self.cfg.train.micro_batch_size):
-            b = collate(minibatch[sl], self.pad_id, {k: v[sl] for k, v in fields.items()})
+            rows = minibatch[sl]
+            extra = {k: v[sl] for k, v in fields.items()}
+            if self._fuse:
+                extra["fuse"] = [
+                    torch.full_like(r.behaviour_logprobs, float(id(r) in self._fuse)) for r in rows
+                ]
+            b = collate(rows, self.pad_id, extra)
             if not policy_frozen:
                 self._policy_backward(b, weights, normaliser, acc)
+                if "fuse" in b and acc.current is not None:
+                    for r, lp in zip(rows, unpad(acc.current, b["mask"]), strict=True):
+                        if id(r) in self._fuse:
+                            fused.append((r, lp))
             if self.critic is not None:
                 self._critic_backward(b, normaliser, acc)
+        if fused:
+            # the refreshed log pi_old, as a separate pass would have stored it
+            self._fused_stats = logprobs.apply_refreshed(
+                [r for r, _ in fused], [lp for _, lp in fused]
+            )
+            self._fuse = set()
         out = self._critic_step(acc, tokens) if self.critic is not None else {}
         if policy_frozen:
             return out
@@ -364,6 +423,15 @@ class Learner:
             autocast=self.autocast,
             full=self.full_logprobs,
         )
+        if "fuse" in b:
+            # fused refresh: log pi_old = log pi_theta (detached) on fresh rollouts' tokens,
+            # so their ratio is exactly 1 and the gradient that of the on-policy objective
+            current = logps.detach()
+            acc.current = current
+            f = b["fuse"].bool()
+            b["old_logprobs"] = torch.where(f, current, b["old_logprobs"])
+            if "anchor_logprobs" in b:  # fresh data: c = pi_k / pi_beh = 1
+                b["anchor_logprobs"] = torch.where(f, current, b["anchor_logprobs"])
         adv = b["token_advantages"] if not self.advantage.at_generation else b["advantages"]
         if "tis_weights" in b:  # truncated IS: w * loss_t == loss_t with w * A_t
             adv = apply_token_weights(adv, b["tis_weights"])

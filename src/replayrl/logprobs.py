@@ -21,13 +21,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from replayrl import precision
+from replayrl import lean_forward, precision
 from replayrl.models import unwrap_model
 
 # rows of the flattened completion positions per head chunk: ~128 MB of fp32 logits
 _CHUNK_ELEMENTS = 1 << 25
 _CHECKED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+_LEAN_CHECKED: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 _reference = False
+_lean = True
 
 
 @contextlib.contextmanager
@@ -39,6 +41,18 @@ def reference_impl(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         _reference = saved
+
+
+@contextlib.contextmanager
+def lean_impl(enabled: bool = True) -> Iterator[None]:
+    """Use (or, with False, skip) the lean Llama training forward (lean_forward.py) inside
+    this block: for benchmarks and tests; on by default."""
+    global _lean
+    saved, _lean = _lean, enabled
+    try:
+        yield
+    finally:
+        _lean = saved
 
 
 def token_logprobs_full(
@@ -103,6 +117,52 @@ def _same_logits(core: torch.nn.Module, backbone: torch.nn.Module, head: torch.n
     return mine.shape == full.shape and torch.allclose(mine, full, rtol=1e-4, atol=1e-4)
 
 
+def _lean_core(model: object) -> torch.nn.Module | None:
+    """The Llama inside `model` when the lean forward applies and reproduces transformers'
+    forward on a short input (checked once per model), else None."""
+    core = lean_forward.lean_core(model)
+    if core is None or _split(model) is None:  # _split: logits are head(final states)
+        return None
+    ok = _LEAN_CHECKED.get(core)
+    if ok is None:
+        ok = _LEAN_CHECKED[core] = _lean_matches(core)
+    return core if ok else None
+
+
+@torch.no_grad()
+def _lean_matches(core: torch.nn.Module) -> bool:
+    """lean_forward.completion_states equals the backbone's own states at the completion
+    positions of a small batch (two rows sharing a prompt, one not), in fp32."""
+    vocab = _rows_of(core.lm_head, default=2)  # type: ignore[union-attr]
+    device = next(core.parameters()).device
+    ids = torch.tensor(
+        [[3, 5, 7, 9, 11, 2, 4, 0], [3, 5, 7, 9, 8, 6, 0, 0], [4, 6, 8, 10, 12, 14, 16, 18]],
+        device=device,
+    ).remainder(vocab)
+    attn = torch.tensor([[1] * 7 + [0], [1] * 6 + [0] * 2, [1] * 8], device=device)
+    mask = torch.zeros((3, 7), device=device)
+    mask[0, 3:6] = 1  # prompt 3, 5, 7, 9 then 3 completion tokens
+    mask[1, 3:5] = 1  # the same prompt, 2 completion tokens
+    mask[2, 1:7] = 1  # prompt of 2 tokens, 6 completion tokens
+    batch = {"input_ids": ids, "attention_mask": attn, "mask": mask}
+    was_training = core.training
+    core.eval()
+    try:
+        with torch.autocast(device_type=device.type, enabled=False):
+            mine = lean_forward.completion_states(core, batch).float()
+            hidden = core.model(input_ids=ids, attention_mask=attn).last_hidden_state  # type: ignore[union-attr]
+            ref = hidden[:, :-1][mask.bool()].float()
+    except (TypeError, AttributeError, ValueError, RuntimeError):
+        return False
+    finally:
+        core.train(was_training)
+    if mine.shape != ref.shape:
+        return False
+    # a structural check (a wrong mask or rotary moves states by O(1)); fp32 rounding moves
+    # SmolLM2's states (up to ~50) by ~1e-3 through a different prompt batching
+    return float((mine - ref).abs().max()) <= 1e-4 * max(1.0, float(ref.abs().max()))
+
+
 def _chunk_rows(vocab: int) -> int:
     return max(16, _CHUNK_ELEMENTS // max(vocab, 1))
 
@@ -125,30 +185,46 @@ def token_logprobs(
     weights untouched); the log-softmax is always fp32.
     """
     with precision.autocast(autocast, batch["input_ids"].device):
-        parts = None if _reference or full else _split(model)
+        if _reference or full:
+            return token_logprobs_full(model, batch, temperature, entropy_grad)
+        sel = (batch["mask"] if "mask" in batch else batch["attention_mask"][:, 1:]).bool()
+        core = _lean_core(model) if _lean and "mask" in batch and bool(sel.any()) else None
+        if core is not None:
+            # prompts run once per distinct prompt; frozen weights cast once (lean_forward)
+            h = lean_forward.completion_states(core, batch)
+            head = core.lm_head  # type: ignore[union-attr]
+            return _head_logprobs(h, head, batch, sel, temperature, entropy_grad, lean=True)
+        parts = _split(model)
         if parts is None:
             return token_logprobs_full(model, batch, temperature, entropy_grad)
-        return _token_logprobs_head(parts, batch, temperature, entropy_grad)
+        backbone, head = parts
+        ids, attn = batch["input_ids"], batch["attention_mask"]
+        hidden = backbone(input_ids=ids, attention_mask=attn).last_hidden_state
+        # (N, hidden): the states that predict completion tokens
+        return _head_logprobs(hidden[:, :-1][sel], head, batch, sel, temperature, entropy_grad)
 
 
-def _token_logprobs_head(
-    parts: tuple[torch.nn.Module, torch.nn.Module],
+def _head_logprobs(
+    h: torch.Tensor,
+    head: torch.nn.Module,
     batch: dict[str, torch.Tensor],
+    sel: torch.Tensor,
     temperature: float,
     entropy_grad: bool,
+    lean: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    backbone, head = parts
+    """Log-probs and entropies of the completion tokens from their predicting states `h`,
+    the head applied in chunks (fp32 log-softmax), scattered back to `sel`'s layout."""
     ids = batch["input_ids"]
-    mask = batch["mask"] if "mask" in batch else batch["attention_mask"][:, 1:]
-    sel = mask.bool()
-    hidden = backbone(input_ids=ids, attention_mask=batch["attention_mask"]).last_hidden_state
-    h = hidden[:, :-1][sel]  # (N, hidden): the states that predict completion tokens
     targets = ids[:, 1:][sel]
+    dtype = lean_forward.autocast_dtype(ids.device) if lean else None
     want_entropy_grad = entropy_grad and torch.is_grad_enabled()
     logp_parts, ent_parts = [], []
     rows = _chunk_rows(_rows_of(head, default=1))
     for start in range(0, h.shape[0], rows):
-        z = head(h[start : start + rows]).float() / temperature
+        part = h[start : start + rows]
+        z = (lean_forward.linear(head, part, dtype) if lean else head(part)).float()
+        z = z / temperature
         lse = torch.logsumexp(z, dim=-1)
         logp_parts.append(z.gather(-1, targets[start : start + rows, None]).squeeze(-1) - lse)
         with torch.set_grad_enabled(want_entropy_grad):
@@ -156,7 +232,7 @@ def _token_logprobs_head(
             # H = -sum p log p = lse - sum p z
             ent_parts.append(ll - (torch.softmax(zz, dim=-1) * zz).sum(-1))
     shape = sel.shape
-    flat_lp = torch.cat(logp_parts) if logp_parts else hidden.new_zeros(0, dtype=torch.float32)
+    flat_lp = torch.cat(logp_parts) if logp_parts else h.new_zeros(0, dtype=torch.float32)
     flat_ent = torch.cat(ent_parts) if ent_parts else flat_lp.detach()
     zeros = torch.zeros(shape, dtype=torch.float32, device=ids.device)
     return zeros.masked_scatter(sel, flat_lp), zeros.masked_scatter(sel, flat_ent)
@@ -184,16 +260,29 @@ def refresh_behaviour_logprobs(
     Returns mean / max |diff| over refreshed tokens, the share of tokens with
     exp(diff) outside [1 - band, 1 + band], and counts.
     """
-    fresh = [
-        r for r in rollouts if r.policy_version == version and "sampler_logprobs" not in r.extras
-    ]
+    fresh = fresh_rollouts(rollouts, version)
     stale = sum(
         1 for r in rollouts if r.policy_version != version and "sampler_logprobs" not in r.extras
     )
     out = {"behaviour_refreshed": float(len(fresh)), "behaviour_not_refreshed": float(stale)}
     if not fresh:
         return out
-    new = recompute(fresh)
+    out.update(apply_refreshed(fresh, recompute(fresh), band))
+    return out
+
+
+def fresh_rollouts(rollouts: Sequence, version: int) -> list:
+    """The rollouts whose log pi_old the learner may recompute: generated by its current
+    weights (`version`) and not refreshed before."""
+    return [
+        r for r in rollouts if r.policy_version == version and "sampler_logprobs" not in r.extras
+    ]
+
+
+def apply_refreshed(fresh: Sequence, new: Sequence[torch.Tensor], band: float = 0.2) -> dict:
+    """Store the learner's log pi_old `new` in `fresh` (the sampler's values move to
+    `extras["sampler_logprobs"]`); return their mean / max |diff| and the share of tokens
+    with exp(diff) outside [1 - band, 1 + band]."""
     diffs = []
     for r, lp in zip(fresh, new, strict=True):
         lp = lp.detach().to(torch.float32).cpu()
@@ -205,11 +294,12 @@ def refresh_behaviour_logprobs(
         diffs.append(lp - r.behaviour_logprobs)
         r.extras["sampler_logprobs"] = r.behaviour_logprobs
         r.behaviour_logprobs = lp
+    if not diffs:
+        return {}
     d = torch.cat(diffs).abs()
     outside = (d.exp() > 1 + band) | ((-d).exp() < 1 - band)
-    out.update(
-        behaviour_mismatch_mean=float(d.mean()) if d.numel() else 0.0,
-        behaviour_mismatch_max=float(d.max()) if d.numel() else 0.0,
-        behaviour_ratio_outside=float(outside.float().mean()) if d.numel() else 0.0,
-    )
-    return out
+    return {
+        "behaviour_mismatch_mean": float(d.mean()) if d.numel() else 0.0,
+        "behaviour_mismatch_max": float(d.max()) if d.numel() else 0.0,
+        "behaviour_ratio_outside": float(outside.float().mean()) if d.numel() else 0.0,
+    }

@@ -1,0 +1,186 @@
+"""The lean Llama training forward (lean_forward.py) against transformers' forward: the same
+completion log-probs, entropies and gradients (full fine-tuning and LoRA), prompts shared by
+several rows, bf16 autocast, adapters switched off, and the fallback when it does not match."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from replayrl import lean_forward
+from replayrl import logprobs as lp_mod
+from replayrl.batching import collate, shared_prompt_order
+from replayrl.logprobs import lean_impl, reference_impl, token_logprobs
+from replayrl.rollout import Rollout
+
+VOCAB = 40
+
+
+def _llama(tie: bool = False) -> LlamaForCausalLM:
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.3,
+        tie_word_embeddings=tie,
+        pad_token_id=0,
+    )
+    torch.manual_seed(3)
+    return LlamaForCausalLM(cfg)
+
+
+def _rollout(prompt: list[int], completion: list[int], group: int) -> Rollout:
+    return Rollout(
+        prompt_ids=torch.tensor(prompt),
+        completion_ids=torch.tensor(completion),
+        behaviour_logprobs=torch.zeros(len(completion)),
+        reward=0.0,
+        advantage=1.0,
+        correct=False,
+        group_id=group,
+        policy_version=0,
+        step=0,
+    )
+
+
+def _rollouts() -> list[Rollout]:
+    """Two prompts shared by 3 and 2 rows, one prompt alone; completions of 1 to 9 tokens."""
+    g = torch.Generator().manual_seed(0)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, VOCAB, (n,), generator=g).tolist()
+
+    p1, p2, p3 = ids(6), ids(11), ids(2)
+    return [
+        _rollout(p1, ids(5), 0),
+        _rollout(p2, ids(9), 1),
+        _rollout(p1, ids(1), 0),
+        _rollout(p3, ids(7), 2),
+        _rollout(p2, ids(3), 1),
+        _rollout(p1, ids(8), 0),
+    ]
+
+
+def _run(model, batch, lean: bool, temperature: float = 0.7, autocast=None):
+    model.zero_grad(set_to_none=True)
+    with lean_impl(lean):
+        logps, ent = token_logprobs(model, batch, temperature, entropy_grad=True, autocast=autocast)
+    loss = -(logps * batch["mask"]).sum() - 0.1 * (ent * batch["mask"]).sum()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logps.detach(), ent.detach(), grads
+
+
+def _compare(model, batch, atol: float = 1e-5, autocast=None) -> None:
+    assert lp_mod._lean_core(model) is not None  # the lean path is taken
+    lp_lean, ent_lean, g_lean = _run(model, batch, True, autocast=autocast)
+    with reference_impl():  # transformers' forward, full-vocabulary logits
+        lp_ref, ent_ref, g_ref = _run(model, batch, False, autocast=autocast)
+    m = batch["mask"].bool()
+    assert float((lp_lean - lp_ref)[m].abs().max()) < atol
+    assert float((ent_lean - ent_ref)[m].abs().max()) < atol
+    assert bool((lp_lean[~m] == 0).all())
+    assert g_lean.keys() == g_ref.keys() and len(g_lean) > 0
+    for name, g in g_ref.items():
+        scale = max(1.0, float(g.abs().max()))
+        assert float((g_lean[name] - g).abs().max()) < atol * 10 * scale, name
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_full_finetuning_same_logprobs_and_gradients(tie):
+    model = _llama(tie).train()
+    _compare(model, collate(_rollouts(), 0))
+
+
+def test_rows_ordered_by_shared_prompt_and_all_completions_of_one_token():
+    model = _llama().train()
+    rs = _rollouts()
+    ordered = [rs[i] for i in shared_prompt_order(rs)]
+    _compare(model, collate(ordered, 0))
+    single = [_rollout([5, 6, 7], [9], 0), _rollout([5, 6, 7], [4], 0), _rollout([8], [3], 1)]
+    _compare(model, collate(single, 0))  # no completion inputs at all: prompts only
+
+
+def test_lora_same_logprobs_and_gradients_and_adapters_off():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        _llama(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    with torch.no_grad():  # a trained adapter (B = 0 at init would change nothing)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    model.train()
+    batch = collate(_rollouts(), 0)
+    _compare(model, batch)
+    # adapters switched off (the KL reference): the lean path must drop them too
+    with model.disable_adapter(), torch.no_grad():
+        off, _ = token_logprobs(model, batch, 1.0)
+        with reference_impl():
+            ref, _ = token_logprobs(model, batch, 1.0)
+        with_adapters_ref, _ = token_logprobs(model.get_base_model(), batch, 1.0)
+    m = batch["mask"].bool()
+    assert float((off - ref)[m].abs().max()) < 1e-5
+    assert float((off - with_adapters_ref)[m].abs().max()) < 1e-5
+
+
+def test_bf16_autocast_agrees_with_transformers_autocast_and_cache_follows_weights():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        _llama(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    model.train()
+    batch = collate(_rollouts(), 0)
+    m = batch["mask"].bool()
+    with lean_impl(True), torch.no_grad():
+        a, _ = token_logprobs(model, batch, 1.0, autocast=torch.bfloat16)
+    with reference_impl(), torch.no_grad():
+        b, _ = token_logprobs(model, batch, 1.0, autocast=torch.bfloat16)
+        fp32, _ = token_logprobs(model, batch, 1.0)
+    # both are bf16 computations of the same thing: they differ by bf16 rounding noise,
+    # about as much as transformers' bf16 differs from fp32
+    noise = float((b - fp32)[m].abs().mean())
+    assert 0 < float((a - b)[m].abs().mean()) < 2 * noise
+    assert float((a - fp32)[m].abs().mean()) < 2 * noise
+    # a frozen base weight changed in place: the cached bf16 copy must not be reused
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "base_layer" in name and "v_proj" in name:
+                p.mul_(3.0)
+    with lean_impl(True), torch.no_grad():
+        a2, _ = token_logprobs(model, batch, 1.0, autocast=torch.bfloat16)
+    with reference_impl(), torch.no_grad():
+        b2, _ = token_logprobs(model, batch, 1.0, autocast=torch.bfloat16)
+    assert float((a2 - a)[m].abs().mean()) > 10 * noise
+    assert float((a2 - b2)[m].abs().mean()) < 2 * noise
+
+
+def test_a_lean_forward_that_disagrees_is_not_used(monkeypatch):
+    """The per-model check catches a forward that does not reproduce transformers' (here:
+    rotary embeddings left out), and the log-probs come from transformers' forward."""
+    model = _llama().eval()
+    monkeypatch.setattr(lean_forward, "apply_rotary_pos_emb", lambda q, k, cos, sin: (q, k))
+    assert lp_mod._lean_core(model) is None
+    batch = collate(_rollouts(), 0)
+    with torch.no_grad():
+        got, _ = token_logprobs(model, batch, 1.0)
+        with reference_impl():
+            want, _ = token_logprobs(model, batch, 1.0)
+    m = batch["mask"].bool()
+    assert float((got - want)[m].abs().max()) < 1e-5
+
+
+def test_shared_prompt_order_groups_prompts():
+    rs = _rollouts()
+    order = shared_prompt_order(rs)
+    assert sorted(order) == list(range(len(rs)))
+    prompts = [tuple(rs[i].prompt_ids.tolist()) for i in order]
+    # each prompt's rows are consecutive, longest prompt first
+    runs = [p for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1]]
+    assert len(runs) == len(set(prompts)) == 3
+    assert [len(p) for p in runs] == [11, 6, 2]

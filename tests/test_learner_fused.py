@@ -1,0 +1,115 @@
+"""The learner's fused log pi_old (fresh rollouts take it from the first update's own forward)
+gives the same step as the separate no-grad pass: same loss, gradients, refreshed
+log-probs and mismatch metrics; regrouping micro-batches by prompt leaves the step as it is."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from replayrl.config import load_config
+from replayrl.generation import HFGenerator, SamplingParams
+from replayrl.learner import Learner
+from replayrl.rollout import Rollout
+
+
+@pytest.fixture(scope="module")
+def rollouts(tiny_model, char_tokenizer) -> list[Rollout]:
+    model = copy.deepcopy(tiny_model)
+    gen = HFGenerator(model, char_tokenizer, 16, dtype=torch.bfloat16)  # a bf16 sampler
+    torch.manual_seed(5)
+    samples = gen.generate(["1+2=", "12+34=", "7+80="], 4, SamplingParams(max_new_tokens=6))
+    return [
+        Rollout(
+            prompt_ids=s.prompt_ids,
+            completion_ids=s.completion_ids,
+            behaviour_logprobs=s.logprobs,
+            reward=float(i % 2),
+            advantage=1.0 if i % 3 else -1.0,
+            correct=False,
+            group_id=s.prompt_index,
+            policy_version=0,
+            step=0,
+        )
+        for i, s in enumerate(samples)
+    ]
+
+
+def _step(model, pad: int, batch: list[Rollout], fuse: bool, *overrides: str):
+    cfg = load_config(
+        None,
+        [
+            "precision.recompute_behaviour_logprobs=always",
+            "rollout.prompts_per_step=3",
+            "rollout.num_generations=4",
+            "train.lr=1e-3",
+            "train.micro_batch_size=5",
+            *overrides,
+        ],
+    )
+    learner = Learner(copy.deepcopy(model), pad, cfg)
+    learner.fuse_behaviour_recompute = fuse
+    calls = []
+    inner = learner._per_rollout
+    learner._per_rollout = lambda m, rs: calls.append(len(rs)) or inner(m, rs)  # type: ignore[method-assign]
+    batch = [copy.deepcopy(r) for r in batch]
+    metrics = learner.train_step(batch, np.random.default_rng(0))
+    return learner, batch, metrics, calls
+
+
+def _first_moments(learner: Learner) -> list[torch.Tensor]:
+    """AdamW's first moments: (1 - beta1) x the gradient after one step, per parameter."""
+    state = learner.optimizer.state
+    return [state[p]["exp_avg"].clone() for p in learner.model.parameters() if p in state]
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_fused_equals_separate_pass(tiny_model, char_tokenizer, rollouts, epochs):
+    pad = char_tokenizer.pad_token_id
+    runs = {}
+    for fuse in (True, False):
+        runs[fuse] = _step(tiny_model, pad, rollouts, fuse, f"train.epochs={epochs}")
+    (lf, bf, mf, cf), (ls, bs, ms, cs) = runs[True], runs[False]
+    assert cf == [] and cs == [len(rollouts)]  # the fused step ran no separate pass
+    assert mf["behaviour_refreshed"] == ms["behaviour_refreshed"] == len(rollouts)
+    for k in ("loss", "policy_loss", "grad_norm", "behaviour_mismatch_mean"):
+        assert mf[k] == pytest.approx(ms[k], rel=1e-5, abs=1e-6), k
+    assert mf["behaviour_mismatch_max"] > 1e-3  # bf16 sampler vs fp32 learner: refreshed
+    assert mf["ratio_max"] == pytest.approx(1.0, abs=1e-5) or epochs > 1
+    for a, b in zip(bf, bs, strict=True):  # the stored log pi_old and the sampler's
+        assert torch.allclose(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-5)
+        assert torch.equal(a.extras["sampler_logprobs"], b.extras["sampler_logprobs"])
+    moments_f, moments_s = _first_moments(lf), _first_moments(ls)
+    assert len(moments_f) == len(moments_s) > 0
+    for a, b in zip(moments_f, moments_s, strict=True):
+        assert torch.allclose(a, b, atol=1e-7, rtol=1e-4)
+    for a, b in zip(lf.model.parameters(), ls.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_several_mini_batches_use_the_separate_pass(tiny_model, char_tokenizer, rollouts):
+    """After the first mini-batch's update the weights differ from the ones that generated
+    the rollouts: log pi_old must come from the pass before any update."""
+    pad = char_tokenizer.pad_token_id
+    _, bf, mf, cf = _step(tiny_model, pad, rollouts, True, "train.mini_batch_size=6")
+    _, bs, ms, cs = _step(tiny_model, pad, rollouts, False, "train.mini_batch_size=6")
+    assert cf == cs == [len(rollouts)]
+    assert mf["loss"] == pytest.approx(ms["loss"], rel=1e-6)
+    for a, b in zip(bf, bs, strict=True):
+        assert torch.equal(a.behaviour_logprobs, b.behaviour_logprobs)
+
+
+def test_micro_batch_regrouping_keeps_the_step(tiny_model, char_tokenizer, rollouts):
+    """Micro-batches of 1, 5 and all rollouts (each regrouped by prompt) give one update."""
+    pad = char_tokenizer.pad_token_id
+    runs = [
+        _step(tiny_model, pad, rollouts, True, f"train.micro_batch_size={m}") for m in (1, 5, 64)
+    ]
+    ref = _first_moments(runs[-1][0])
+    for learner, _, metrics, _ in runs[:-1]:
+        assert metrics["loss"] == pytest.approx(runs[-1][2]["loss"], rel=1e-5)
+        for a, b in zip(_first_moments(learner), ref, strict=True):
+            assert torch.allclose(a, b, atol=1e-7, rtol=1e-4)
