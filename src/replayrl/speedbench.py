@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from replayrl import logprobs, precision
+from replayrl.batching import shared_prompt_order
 from replayrl.config import ModelConfig, load_config
 from replayrl.generation import HFGenerator, Sample, SamplingParams
 from replayrl.learner import Learner, collate, token_logprobs, unpad
@@ -193,6 +194,10 @@ class Path_:
     gen_dtype: torch.dtype | None = None  # None: the weights' (fp32)
     autocast: torch.dtype | None = None
     impl: str = "fast"  # HFGenerator impl of a new path (the old one uses `generate`)
+    # learner: the lean Llama training forward (lean_forward.py) and log pi_old of fresh
+    # rollouts from the first update's forward; False: transformers' forward and a separate
+    # no-grad pass (the new path before them)
+    lean: bool = True
 
     def setup(self) -> None:
         if self.old:
@@ -204,13 +209,25 @@ class Path_:
 OLD = Path_("old fp32", old=True)
 NEW32 = Path_("new fp32", old=False)
 NEW16 = Path_("new bf16", old=False, gen_dtype=torch.bfloat16, autocast=torch.bfloat16)
+# the bf16 learner before the lean training forward (BENCHMARKS.md run 4's `new bf16`)
+PREV16 = Path_(
+    "prev bf16", old=False, gen_dtype=torch.bfloat16, autocast=torch.bfloat16, lean=False
+)
 # generation only: the fast loop on transformers' forward and dynamic cache (the fast path
 # before the lean Llama decoder), so that decoder's own gain is measured side by side
 HF32 = Path_("fast_hf fp32", old=False, impl="fast_hf")
 HF16 = Path_("fast_hf bf16", old=False, gen_dtype=torch.bfloat16, impl="fast_hf")
 
 
-def _learner(model, pad_id: int, micro: int, extra: list[str] | None = None) -> Learner:
+def _learner(
+    model, pad_id: int, micro: int, extra: list[str] | None = None, path: Path_ | None = None
+) -> Learner:
+    """A learner as a run would build it; with `path` in a reduced precision, one that
+    recomputes log pi_old of fresh rollouts itself (precision.recompute_behaviour: auto)."""
+    if path is not None and path.autocast is not None:
+        extra = [*(extra or []), "precision.learner_autocast=bfloat16"]
+    if path is not None and path.gen_dtype is not None:
+        extra = [*(extra or []), "precision.generation=bfloat16"]
     cfg = load_config(
         None,
         [
@@ -220,25 +237,38 @@ def _learner(model, pad_id: int, micro: int, extra: list[str] | None = None) -> 
             *(extra or []),
         ],
     )
-    return Learner(model, pad_id, cfg)
+    learner = Learner(model, pad_id, cfg)
+    learner.fuse_behaviour_recompute = path is None or path.lean
+    return learner
 
 
-def _train(path: Path_, learner: Learner, rollouts: list[Rollout]) -> None:
+def _train(path: Path_, learner: Learner, rollouts: list[Rollout]) -> dict[str, float]:
     rng = np.random.default_rng(0)
     device = next(learner.model.parameters()).device
-    with logprobs.reference_impl(path.old), precision.autocast(path.autocast, device):
-        learner.train_step(rollouts, rng)
+    with (
+        logprobs.reference_impl(path.old),
+        logprobs.lean_impl(path.lean and not path.old),
+        precision.autocast(path.autocast, device),
+    ):
+        return learner.train_step(rollouts, rng)
 
 
-def _recompute(model, rollouts: list[Rollout], path: Path_, pad_id: int) -> list[torch.Tensor]:
-    """The learner's log pi_old of `rollouts` in `path`'s learner precision (no grad)."""
-    out: list[torch.Tensor] = []
+def lean_mismatch(model, rollouts: list[Rollout], pad_id: int) -> dict[str, float]:
+    """fp32 log-probs of the lean training forward against transformers' forward on the same
+    rollouts (grouped by prompt, as the learner batches them), no autocast."""
+    diffs = []
+    precision.enable_fast_fp32_matmul()
+    ordered = [rollouts[i] for i in shared_prompt_order(rollouts)]
     with torch.no_grad():
-        for start in range(0, len(rollouts), 8):
-            b = collate(rollouts[start : start + 8], pad_id)
-            lp, _ = token_logprobs(model, b, 1.0, autocast=path.autocast)
-            out.extend(unpad(lp, b["mask"]))
-    return out
+        for start in range(0, len(ordered), 8):
+            b = collate(ordered[start : start + 8], pad_id)
+            with logprobs.lean_impl(True):
+                lean, _ = token_logprobs(model, b, 1.0)
+            with logprobs.lean_impl(False):
+                ref, _ = token_logprobs(model, b, 1.0)
+            diffs.append((lean - ref)[b["mask"].bool()].abs())
+    d = torch.cat(diffs)
+    return {"tokens": int(d.numel()), "mean_abs": float(d.mean()), "max_abs": float(d.max())}
 
 
 def _interleaved(
@@ -348,6 +378,7 @@ def bench_learner(
         if lora:
             policy = apply_lora(policy, ModelConfig.model_validate({"lora": {"enabled": True}}))
         learner = _learner(policy, pad_id, micro=64 if p.old else 8)
+        learner.fuse_behaviour_recompute = p.lean
         _train(p, learner, rollouts[:2])  # warm-up
         learners.append(learner)
     runs = [
@@ -369,11 +400,12 @@ def bench_grpo_step(
     group: int,
     max_new: int,
     repeats: int,
-) -> list[Row]:
-    """Generate prompts x group completions, then one LoRA train step on them."""
+) -> tuple[list[Row], dict[str, float]]:
+    """Generate prompts x group completions, then one LoRA train step on them; also the lean
+    forward's fp32 log-prob difference from transformers' forward on those rollouts."""
     texts = _prompts(tok, prompts)
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new)
-    runs, stats = [], []
+    runs, stats, learners = [], [], []
     for p in paths:
         p.setup()
         policy = apply_lora(
@@ -383,21 +415,20 @@ def bench_grpo_step(
         gen = HFGenerator(core, tok, 256, impl="generate" if p.old else "fast", dtype=p.gen_dtype)
         # micro-batch 8 on both paths, as configs/smollm2-gsm.yaml: the old path's full-vocab
         # logits over 64 rollouts in one micro-batch took 22 GB and were OOM-killed here
-        learner = _learner(policy, pad_id, micro=8)
-        st: dict[str, list[float]] = {"gen": [], "train": [], "tokens": []}
+        learner = _learner(policy, pad_id, micro=8, path=p)
+        st: dict[str, list] = {"gen": [], "train": [], "tokens": [], "rollouts": []}
         stats.append(st)
+        learners.append(learner)
 
         def step(p=p, gen=gen, learner=learner, st=st):
             t0 = time.perf_counter()
             samples = gen.generate(texts, group, params)
             t1 = time.perf_counter()
             rollouts = _to_rollouts(samples, len(st["gen"]))
-            if p.gen_dtype is not None or p.autocast is not None:
-                # reduced precision: the learner's own log pi_old for the fresh rollouts
-                logprobs.refresh_behaviour_logprobs(
-                    rollouts, learner.version, lambda rs: _recompute(learner.model, rs, p, pad_id)
-                )
+            # reduced precision: the learner recomputes log pi_old of the fresh rollouts (a
+            # separate pass, or on the lean path the first update's own forward)
             _train(p, learner, rollouts)
+            st["rollouts"] = rollouts
             gen.policy_version = learner.version
             st["gen"].append(t1 - t0)
             st["train"].append(time.perf_counter() - t1)
@@ -413,7 +444,11 @@ def bench_grpo_step(
             "new tokens"
         )
         rows.append(Row("grpo step", f"{p.name}, LoRA {prompts}x{group}", 1, seconds, None, extra))
-    return rows
+    lean: dict[str, float] = {}
+    if NEW32 in paths:  # the lean forward's fp32 log-probs on real rollouts, 4 prompts
+        i = paths.index(NEW32)
+        lean = lean_mismatch(learners[i].model, stats[i]["rollouts"][: 4 * group], pad_id)
+    return rows, lean
 
 
 def _with_bounds(rows: list[Row], bounds: dict[str, float], model, lora_n: int) -> None:
@@ -477,12 +512,13 @@ def run_speed_bench(
     model, tok, path = load_policy(cfg.model, cfg.task, log=log)
     model.eval()
     pad_id = tok.pad_token_id
-    paths = [OLD, NEW32, NEW16]
+    paths = [OLD, NEW32, PREV16, NEW16]
     log(f"bench speed: {path}, {threads} threads, medians of {repeats}")
     bounds = measure_bounds(repeats)
     log("bounds: " + ", ".join(f"{k} {v:,.1f}" for k, v in bounds.items()))
     rows: list[Row] = []
     mismatch: list[dict[str, object]] = []
+    lean: dict[str, float] = {}
     if "generation" in sections:
         gen_paths = [OLD, HF32, NEW32, HF16, NEW16]
         gen_rows, kept = bench_generation(
@@ -496,7 +532,10 @@ def run_speed_bench(
             rows += bench_learner(model, pad_id, paths, seqs, seq_len, lora, repeats)
             log(format_table(rows))
     if "grpo" in sections:
-        rows += bench_grpo_step(model, tok, pad_id, paths, prompts, group, max_new, grpo_repeats)
+        grpo_rows, lean = bench_grpo_step(
+            model, tok, pad_id, paths, prompts, group, max_new, grpo_repeats
+        )
+        rows += grpo_rows
     lora_policy = apply_lora(
         copy.deepcopy(model), ModelConfig.model_validate({"lora": {"enabled": True}})
     )
@@ -510,6 +549,7 @@ def run_speed_bench(
         "bounds": bounds,
         "rows": [{**r.__dict__, "tok_s": r.tok_s, "pct_of_bound": r.pct} for r in rows],
         "mismatch": mismatch,
+        "lean_vs_transformers_fp32": lean,
         "table": format_table(rows),
     }
     if out is not None:
@@ -548,6 +588,10 @@ def main(args) -> int:
         out=Path(args.json) if args.json else None,
     )
     print(result["table"])
+    if result["lean_vs_transformers_fp32"]:
+        print(
+            f"lean vs transformers forward, fp32 log-probs: {result['lean_vs_transformers_fp32']}"
+        )
     if result["mismatch"]:
         print()
         print(format_mismatch(result["mismatch"]))  # type: ignore[arg-type]
