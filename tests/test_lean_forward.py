@@ -92,12 +92,16 @@ def _compare(model, batch, atol: float = 1e-5, autocast=None) -> None:
 
 
 @pytest.mark.parametrize("tie", [False, True])
-def test_full_finetuning_same_logprobs_and_gradients(tie):
+@pytest.mark.parametrize("share_min", [0.0, 2.0])  # shared prompts run once / rows whole
+def test_full_finetuning_same_logprobs_and_gradients(tie, share_min, monkeypatch):
+    monkeypatch.setattr(lean_forward, "_SHARE_MIN", share_min)
     model = _llama(tie).train()
     _compare(model, collate(_rollouts(), 0))
 
 
-def test_rows_ordered_by_shared_prompt_and_all_completions_of_one_token():
+@pytest.mark.parametrize("share_min", [0.0, 2.0])
+def test_rows_ordered_by_shared_prompt_and_all_completions_of_one_token(share_min, monkeypatch):
+    monkeypatch.setattr(lean_forward, "_SHARE_MIN", share_min)
     model = _llama().train()
     rs = _rollouts()
     ordered = [rs[i] for i in shared_prompt_order(rs)]
@@ -106,7 +110,9 @@ def test_rows_ordered_by_shared_prompt_and_all_completions_of_one_token():
     _compare(model, collate(single, 0))  # no completion inputs at all: prompts only
 
 
-def test_lora_same_logprobs_and_gradients_and_adapters_off():
+@pytest.mark.parametrize("share_min", [0.0, 2.0])
+def test_lora_same_logprobs_and_gradients_and_adapters_off(share_min, monkeypatch):
+    monkeypatch.setattr(lean_forward, "_SHARE_MIN", share_min)
     peft = pytest.importorskip("peft")
     model = peft.get_peft_model(
         _llama(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])

@@ -143,3 +143,28 @@ def test_learner_reads_logprobs_impl():
     for impl, full in (("chunked", False), ("full", True)):
         learner = Learner(tiny, 0, load_config(None, [f"train.logprobs_impl={impl}"]))  # type: ignore[arg-type]
         assert learner.full_logprobs is full
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_one_pass_log_softmax_matches_full_logits(tiny_model, batch, temperature, monkeypatch):
+    """Without an entropy gradient the head's log-softmax is _TargetLogProb (one exp pass,
+    its own backward): same log-probs, entropies and gradients as full logits."""
+    model = copy.deepcopy(tiny_model)
+    monkeypatch.setattr(lp_mod, "_CHUNK_ELEMENTS", 7 * len(model.lm_head.weight))
+    mask = batch["mask"]
+    results = []
+    for fast in (True, False):
+        model.zero_grad(set_to_none=True)
+        with reference_impl(not fast):
+            logps, ent = token_logprobs(model, batch, temperature)
+        assert not ent.requires_grad
+        weights = torch.linspace(-1.0, 2.0, mask.numel()).view_as(mask)  # uneven dL/dlogp
+        (logps * mask * weights).sum().backward()
+        results.append((logps.detach(), ent, _grads(model)))
+    (lp_fast, ent_fast, g_fast), (lp_full, ent_full, g_full) = results
+    m = mask.bool()
+    assert torch.allclose(lp_fast[m], lp_full[m], atol=1e-5)
+    assert torch.allclose(ent_fast[m], ent_full[m], atol=1e-5)
+    assert len(g_fast) == len(g_full) > 0
+    for a, b in zip(g_fast, g_full, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)

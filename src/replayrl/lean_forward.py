@@ -109,10 +109,17 @@ def lean_core(model: object) -> torch.nn.Module | None:
     return core
 
 
-class _Layout:
-    """Where each row's prompt and completion inputs go (from a `collate` batch)."""
+# run shared prompts once only when that saves at least this share of the tokens: two
+# passes of smaller matmuls cost more than one pass when little is shared
+_SHARE_MIN = 0.2
 
-    def __init__(self, batch: dict[str, torch.Tensor]) -> None:
+
+class _Layout:
+    """Where each row's inputs go (from a `collate` batch): with enough shared prompts, the
+    distinct prompts (left-padded) and then each row's completion inputs; otherwise each row
+    whole in one left-padded pass (`shared` False, no completion pass)."""
+
+    def __init__(self, batch: dict[str, torch.Tensor], share: bool | None = None) -> None:
         ids = batch["input_ids"]
         sel = batch["mask"].bool()
         device = ids.device
@@ -122,19 +129,28 @@ class _Layout:
             raise ValueError("lean forward: a row without completion tokens")
         # mask[i, p - 1] is the first completion target: p = prompt length
         first = sel.float().argmax(1)
-        self.prompt_len = (first + 1).tolist()
-        self.completion_len = lengths.tolist()
+        plen = (first + 1).tolist()
+        clen = lengths.tolist()
         # rows with the same prompt share one prompt pass
         index: dict[tuple[int, ...], int] = {}
         group = []
         prompts: list[torch.Tensor] = []
         for i in range(n):
-            p = ids[i, : self.prompt_len[i]]
+            p = ids[i, : plen[i]]
             key = tuple(p.tolist())
             if key not in index:
                 index[key] = len(prompts)
                 prompts.append(p)
             group.append(index[key])
+        total = sum(plen) + sum(clen) - n
+        saved = sum(plen) - sum(p.numel() for p in prompts)
+        self.shared = saved >= _SHARE_MIN * total if share is None else share
+        if not self.shared:  # each row's inputs: prompt + completion tokens 0 .. c - 2
+            prompts = [ids[i, : plen[i] + clen[i] - 1] for i in range(n)]
+            group = list(range(n))
+            clen_in = [1] * n  # no completion pass
+        else:
+            clen_in = clen
         self.group = torch.tensor(group, device=device)
         width = max(p.numel() for p in prompts)
         u = len(prompts)
@@ -145,15 +161,20 @@ class _Layout:
             self.prompt_valid[j, width - p.numel() :] = True
         self.prompt_pos = (self.prompt_valid.long().cumsum(1) - 1).clamp_(min=0)
         # completion inputs: tokens 0 .. c - 2 (the last one predicts nothing used)
-        cw = max(self.completion_len) - 1
+        cw = max(clen_in) - 1
         self.comp_ids = torch.zeros((n, cw), dtype=ids.dtype, device=device)
         for i in range(n):
-            p, c = self.prompt_len[i], self.completion_len[i]
+            p, c = plen[i], clen_in[i]
             self.comp_ids[i, : c - 1] = ids[i, p : p + c - 1]
-        starts = torch.tensor(self.prompt_len, device=device)
+        starts = torch.tensor(plen, device=device)
         self.comp_pos = starts[:, None] + torch.arange(cw, device=device)
-        # output rows: [the prompt's last state, completion states 0 .. c - 2] per row
-        self.out_sel = torch.arange(cw + 1, device=device)[None, :] < lengths[:, None]
+        if self.shared:
+            # output rows: [the prompt's last state, completion states 0 .. c - 2] per row
+            self.out_sel = torch.arange(cw + 1, device=device)[None, :] < lengths[:, None]
+        else:
+            # output rows: each row's last c states (it ends at the last column)
+            cmax = max(clen)
+            self.out_sel = torch.arange(cmax, device=device)[None, :] >= cmax - lengths[:, None]
 
 
 def _attention(attn, x, cos, sin, keys_extra, mask, heads, kv_heads, head_dim):
@@ -177,15 +198,18 @@ def _attention(attn, x, cos, sin, keys_extra, mask, heads, kv_heads, head_dim):
     return linear(attn.o_proj, o, dtype), k, v
 
 
-def completion_states(core: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def completion_states(
+    core: torch.nn.Module, batch: dict[str, torch.Tensor], share: bool | None = None
+) -> torch.Tensor:
     """Final-normed hidden states that predict each completion token of `batch` (a `collate`
     batch: right-padded prompt + completion rows, `mask` on completion targets), shape
-    (completion tokens, hidden), in the order of `batch["mask"].bool()`."""
+    (completion tokens, hidden), in the order of `batch["mask"].bool()`. `share`: run shared
+    prompts once (None: when that saves enough tokens)."""
     inner = core.model  # type: ignore[union-attr]
     cfg = core.config  # type: ignore[union-attr]
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    lay = _Layout(batch)
+    lay = _Layout(batch, share)
     device = lay.prompt_ids.device
     dtype = autocast_dtype(device)
     u, wp = lay.prompt_ids.shape
@@ -226,6 +250,8 @@ def completion_states(core: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
             hc = hc + o
             hc = hc + _mlp(layer.mlp, norm_cast(layer.post_attention_layernorm, hc), dtype)
         hp = hp + _mlp(layer.mlp, norm_cast(layer.post_attention_layernorm, hp), dtype)
+    if not lay.shared:
+        return inner.norm(hp[:, -lay.out_sel.shape[1] :])[lay.out_sel]
     last = inner.norm(hp[:, -1])[lay.group][:, None]
     states = last if hc is None else torch.cat([last, inner.norm(hc)], 1)
     return states[lay.out_sel]
