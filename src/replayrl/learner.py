@@ -4,6 +4,9 @@ One `train_step` per sampled batch: frozen quantities first (no grad: log pi_k f
 clip centre, the base / previous policies for KL, critic values for GAE), then `epochs`
 passes of shuffled mini-batches, each one optimizer step accumulated over micro-batches.
 What the loss is lives in `algorithms.objective`; this module batches, calls it and steps.
+Micro-batches group rollouts of the same prompt (the lean forward runs a shared prompt
+once); with reduced precision, fresh rollouts take log pi_old from the first update's own
+forward when one mini-batch covers the batch (`_fusable`), else from a separate no-grad pass.
 """
 
 from __future__ import annotations

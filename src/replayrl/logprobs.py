@@ -7,6 +7,11 @@ only at the completion positions of `batch["mask"]`, in chunks, and the log-soft
 in fp32 per chunk. Same values and gradients as the full computation (tests/test_logprobs.py);
 measured 1.2-1.5x faster learner steps on SmolLM2-135M (BENCHMARKS.md).
 
+Llama-architecture policies take the lean training forward (lean_forward.py: shared
+prompts run once, frozen weights cast once under autocast) where it reproduces
+transformers' forward (checked once per model); the head's log-softmax runs in one exp pass
+with its own backward when no entropy gradient is asked for.
+
 The head-only path needs logits = output_embeddings(last_hidden_state): checked once per
 model on a short input (a model with logit soft-capping or scaling fails the check and
 takes the full path), and anything that is not a module (a frozen-policy wrapper) takes the
