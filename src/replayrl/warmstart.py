@@ -5,9 +5,10 @@ imports nothing from here."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -28,6 +29,28 @@ from replayrl.models import (
 from replayrl.prompts import PromptRenderer
 from replayrl.tasks import task_from_config
 from replayrl.tasks.base import Row
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock (parallel first runs may each build, atomically)
+    fcntl = None  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def build_lock(dest: Path) -> Iterator[None]:
+    """Hold an exclusive lock for building `dest`, so that processes starting together (a
+    suite's parallel runs, async workers) build a cached warm start once: the others wait,
+    then find it built."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    with open(dest.parent / f".{dest.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class SFTTeacher(Protocol):
@@ -173,6 +196,15 @@ def ensure_warmstart(
     dest = cache_dir() / "warmstart" / warmstart_key(cfg, task_cfg)
     if (dest / "config.json").is_file():
         return dest
+    with build_lock(dest):
+        if not (dest / "config.json").is_file():  # another process may have built it
+            _build_tiny_warmstart(cfg, task_cfg, dest, log)
+    return dest
+
+
+def _build_tiny_warmstart(
+    cfg: ModelConfig, task_cfg: TaskConfig, dest: Path, log: Callable[[str], object]
+) -> None:
     task = task_from_config(task_cfg)
     # any task with a tokenizer corpus and an SFT teacher (arithmetic, reasoning) has one
     if not (callable(getattr(task, "corpus", None)) and callable(getattr(task, "sft_pairs", None))):
@@ -190,7 +222,6 @@ def ensure_warmstart(
         stats = sft_warmstart(model, tok, teacher, ws)
         log(f"warm start done ({', '.join(f'{k} {v:.3f}' for k, v in stats.items())}) -> {dest}")
     atomic_save_pretrained(model, tok, dest)
-    return dest
 
 
 class AnswerTeacher(Protocol):
@@ -265,6 +296,15 @@ def ensure_sft_warmup(
     dest = cache_dir() / "sft" / sft_warmup_key(path, cfg, task_cfg)
     if (dest / "config.json").is_file():
         return dest
+    with build_lock(dest):
+        if not (dest / "config.json").is_file():  # another process may have built it
+            _build_sft_warmup(path, cfg, task_cfg, dest, log)
+    return dest
+
+
+def _build_sft_warmup(
+    path: str, cfg: ModelConfig, task_cfg: TaskConfig, dest: Path, log: Callable[[str], object]
+) -> None:
     task = task_from_config(task_cfg)
     if not callable(getattr(task, "sft_completion", None)):
         raise ValueError(
@@ -301,4 +341,3 @@ def ensure_sft_warmup(
         model = model.merge_and_unload()  # a plain model folder again
     log(f"supervised warm-up done (last loss {loss:.3f}) -> {dest}")
     atomic_save_pretrained(model, tok, dest)
-    return dest
