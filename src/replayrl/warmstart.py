@@ -317,15 +317,16 @@ def _build_sft_warmup(
     model, tok = load_pretrained(path, "float32")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    trained: torch.nn.Module = model
     if sft.lora_r:
         lora = LoraConfig(
             enabled=True, r=sft.lora_r, alpha=2 * sft.lora_r, target_modules=["all-linear"]
         )
-        model = apply_lora(model, cfg.model_copy(update={"lora": lora}), seed=sft.seed)
+        trained = apply_lora(model, cfg.model_copy(update={"lora": lora}), seed=sft.seed)
     render = PromptRenderer(tok, task_cfg.chat_template, task_cfg.system_prompt)
     teacher = RenderedPairs(cast(AnswerTeacher, task), render)
     loss = _sft_phase(
-        model,
+        cast(PreTrainedModel, trained),
         tok,
         teacher,
         np.random.default_rng(sft.seed),
@@ -338,6 +339,6 @@ def _build_sft_warmup(
         log=log,
     )
     if sft.lora_r:
-        model = model.merge_and_unload()  # a plain model folder again
+        model = cast(Any, trained).merge_and_unload()  # a plain model folder again
     log(f"supervised warm-up done (last loss {loss:.3f}) -> {dest}")
     atomic_save_pretrained(model, tok, dest)
