@@ -55,6 +55,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.model:
         cfg.model.path = args.model
     cfg.model.lora.enabled = False  # evaluate as it is (an adapter folder loads with its base)
+    if cfg.train.threads:  # as a run would (a supervised warm-up may be built here)
+        import torch
+
+        torch.set_num_threads(cfg.train.threads)
     model, tok, path = load_policy(cfg.model, cfg.task)
     task = task_from_config(cfg.task)
     rows = task.eval_rows()[: cfg.eval.num_prompts] if cfg.eval.num_prompts else task.eval_rows()

@@ -179,7 +179,10 @@ def apply_lora(model: PreTrainedModel, cfg: ModelConfig, seed: int = 0) -> torch
         r=lc.r,
         lora_alpha=lc.alpha,
         lora_dropout=lc.dropout,
-        target_modules=list(lc.target_modules),
+        # ["all-linear"]: peft's own shorthand for every linear layer but the output head
+        target_modules="all-linear"
+        if lc.target_modules == ["all-linear"]
+        else list(lc.target_modules),
         bias="none",
         task_type="CAUSAL_LM",
     )

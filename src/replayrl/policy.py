@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from replayrl.config import ModelConfig, TaskConfig
 from replayrl.models import load_pretrained_policy, resolve_model_path
-from replayrl.warmstart import ensure_warmstart
+from replayrl.warmstart import ensure_sft_warmup, ensure_warmstart
 
 
 def load_policy(
@@ -21,12 +21,18 @@ def load_policy(
     adapter: str | Path | None = None,
     seed: int = 0,
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, str]:
-    """The policy to train and its tokenizer: `model.path` if set, else the tiny warm start.
+    """The policy to train and its tokenizer: `model.path` if set (after its supervised
+    warm-up when `model.sft.steps` > 0), else the tiny warm start.
 
     With `model.lora.enabled` the model comes back wrapped in fresh LoRA adapters (drawn
     from `seed`), or in the saved ones of `adapter` (resume). A `model.path` that is itself
     an adapter folder loads its base model (named in adapter_config.json) with the adapter
     on top. `model.gradient_checkpointing` switches it on for the policy.
     """
-    path = resolve_model_path(cfg.path) if cfg.path else str(ensure_warmstart(cfg, task_cfg, log))
+    if not cfg.path:
+        path = str(ensure_warmstart(cfg, task_cfg, log))
+    else:
+        path = resolve_model_path(cfg.path)
+        if cfg.sft.steps:  # the supervised warm-up of model.path (cached)
+            path = str(ensure_sft_warmup(path, cfg, task_cfg, log))
     return load_pretrained_policy(path, cfg, adapter=adapter, seed=seed)

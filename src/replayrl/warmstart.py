@@ -1,27 +1,56 @@
-"""The tiny demo model's SFT warm start: built once per (model, warm start, task) config and
-cached, deterministic. It sits above `tasks` (its teacher) and `models` (the tiny model);
-models.py imports nothing from here."""
+"""SFT warm starts, built once per config and cached, deterministic: the tiny demo model's
+(from scratch, on the task's teacher) and a pretrained model's short supervised warm-up on the
+task's answers (`model.sft`). It sits above `tasks` (the teachers) and `models`; models.py
+imports nothing from here."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from replayrl.config import ModelConfig, TaskConfig, WarmStartConfig
+from replayrl.config import LoraConfig, ModelConfig, TaskConfig, WarmStartConfig
 from replayrl.models import (
+    apply_lora,
     atomic_save_pretrained,
     build_char_tokenizer,
     build_tiny_model,
     cache_dir,
+    is_adapter_folder,
+    load_pretrained,
 )
+from replayrl.prompts import PromptRenderer
 from replayrl.tasks import task_from_config
+from replayrl.tasks.base import Row
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock (parallel first runs may each build, atomically)
+    fcntl = None  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def build_lock(dest: Path) -> Iterator[None]:
+    """Hold an exclusive lock for building `dest`, so that processes starting together (a
+    suite's parallel runs, async workers) build a cached warm start once: the others wait,
+    then find it built."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    with open(dest.parent / f".{dest.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class SFTTeacher(Protocol):
@@ -44,15 +73,20 @@ def _sft_phase(
     batch_size: int,
     lr: float,
     carry_error: float,
+    warmup_steps: int = 50,
+    autocast: torch.dtype | None = None,
+    log: Callable[[str], object] | None = None,
 ) -> float:
-    """Teacher-forced SFT on (prompt, completion+EOS) pairs; loss on completion tokens only."""
+    """Teacher-forced SFT on (prompt, completion+EOS) pairs; loss on completion tokens only.
+    The learning rate warms up linearly over `warmup_steps`, then decays linearly to 0;
+    `autocast` runs forward and backward in that dtype (fp32 master weights)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1 - s / max(steps, 1))
+        opt, lambda s: min(1.0, (s + 1) / warmup_steps) * max(0.0, 1 - s / max(steps, 1))
     )
     model.train()
     loss_val = float("nan")
-    for _ in range(steps):
+    for step in range(steps):
         pairs = task.sft_pairs(batch_size, rng, carry_error)
         seqs, masks = [], []
         for prompt, completion in pairs:
@@ -68,10 +102,11 @@ def _sft_phase(
             ids[i, : len(s)] = torch.tensor(s)
             attn[i, : len(s)] = 1
             lmask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
         targets, tmask = ids[:, 1:], lmask[:, 1:]
         nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
+            logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
         ).view_as(targets)
         loss = (nll * tmask).sum() / tmask.sum()
         opt.zero_grad(set_to_none=True)
@@ -80,6 +115,8 @@ def _sft_phase(
         opt.step()
         sched.step()
         loss_val = loss.item()
+        if log is not None and (step + 1) % 10 == 0:
+            log(f"  warm-up step {step + 1}/{steps}: loss {loss_val:.3f}")
     model.eval()
     return loss_val
 
@@ -159,6 +196,15 @@ def ensure_warmstart(
     dest = cache_dir() / "warmstart" / warmstart_key(cfg, task_cfg)
     if (dest / "config.json").is_file():
         return dest
+    with build_lock(dest):
+        if not (dest / "config.json").is_file():  # another process may have built it
+            _build_tiny_warmstart(cfg, task_cfg, dest, log)
+    return dest
+
+
+def _build_tiny_warmstart(
+    cfg: ModelConfig, task_cfg: TaskConfig, dest: Path, log: Callable[[str], object]
+) -> None:
     task = task_from_config(task_cfg)
     # any task with a tokenizer corpus and an SFT teacher (arithmetic, reasoning) has one
     if not (callable(getattr(task, "corpus", None)) and callable(getattr(task, "sft_pairs", None))):
@@ -176,4 +222,123 @@ def ensure_warmstart(
         stats = sft_warmstart(model, tok, teacher, ws)
         log(f"warm start done ({', '.join(f'{k} {v:.3f}' for k, v in stats.items())}) -> {dest}")
     atomic_save_pretrained(model, tok, dest)
+
+
+class AnswerTeacher(Protocol):
+    """What a task needs for a pretrained model's warm-up (`model.sft`): training rows and the
+    teacher's reply to one (wrong at `error_rate`)."""
+
+    def sample_train(self, n: int, rng: np.random.Generator, /) -> list[Row]: ...
+
+    def sft_completion(self, row: Row, rng: np.random.Generator, error_rate: float, /) -> str: ...
+
+
+class RenderedPairs:
+    """(prompt, completion) pairs from a task's training rows, each prompt rendered exactly as
+    the run will render it (chat template, system prompt), so the warm-up teaches the format
+    the policy is then sampled in."""
+
+    def __init__(self, task: AnswerTeacher, render: Callable[[Any], str]) -> None:
+        self.task = task
+        self.render = render
+
+    def corpus(self) -> list[str]:
+        return []
+
+    def sft_pairs(
+        self, n: int, rng: np.random.Generator, error_rate: float
+    ) -> list[tuple[str, str]]:
+        rows = self.task.sample_train(n, rng)
+        return [
+            (self.render(r["prompt"]), self.task.sft_completion(r, rng, error_rate)) for r in rows
+        ]
+
+
+def _source_fingerprint(path: str) -> dict[str, object]:
+    """What identifies the pretrained model: its path, config and weight files' sizes/mtimes
+    (a hub id: the id only)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return {"path": path}
+    files = sorted(
+        (f.name, f.stat().st_size, int(f.stat().st_mtime))
+        for f in folder.iterdir()
+        if f.is_file() and f.suffix in {".json", ".safetensors", ".bin"}
+    )
+    return {"path": str(folder.resolve()), "files": files}
+
+
+def sft_warmup_key(path: str, cfg: ModelConfig, task_cfg: TaskConfig) -> str:
+    payload = json.dumps(
+        {
+            "source": _source_fingerprint(path),
+            "sft": cfg.sft.model_dump(),
+            "task": task_cfg.model_dump(),  # rows, rendering and split all matter
+            "format": 1,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def ensure_sft_warmup(
+    path: str, cfg: ModelConfig, task_cfg: TaskConfig, log: Callable[[str], object] = print
+) -> Path:
+    """The folder of `path` after `model.sft.steps` of supervised warm-up on the task's
+    answers (LoRA merged into the weights, or full fine-tuning; fp32 master weights, saved in
+    fp32), building it once if missing."""
+    if is_adapter_folder(path):
+        raise ValueError(
+            f"model.sft: {path} is a LoRA adapter folder; the supervised warm-up fine-tunes a "
+            f"full model: set model.path to the base model"
+        )
+    dest = cache_dir() / "sft" / sft_warmup_key(path, cfg, task_cfg)
+    if (dest / "config.json").is_file():
+        return dest
+    with build_lock(dest):
+        if not (dest / "config.json").is_file():  # another process may have built it
+            _build_sft_warmup(path, cfg, task_cfg, dest, log)
     return dest
+
+
+def _build_sft_warmup(
+    path: str, cfg: ModelConfig, task_cfg: TaskConfig, dest: Path, log: Callable[[str], object]
+) -> None:
+    task = task_from_config(task_cfg)
+    if not callable(getattr(task, "sft_completion", None)):
+        raise ValueError(
+            f"model.sft: task {task_cfg.name!r} has no teacher replies for a supervised "
+            f"warm-up (task.name=reasoning_gym has); set model.sft.steps=0"
+        )
+    sft = cfg.sft
+    log(f"building the supervised warm-up of {path} ({sft.steps} steps of {sft.batch_size})")
+    torch.manual_seed(sft.seed)
+    model, tok = load_pretrained(path, "float32")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    trained: torch.nn.Module = model
+    if sft.lora_r:
+        lora = LoraConfig(
+            enabled=True, r=sft.lora_r, alpha=2 * sft.lora_r, target_modules=["all-linear"]
+        )
+        trained = apply_lora(model, cfg.model_copy(update={"lora": lora}), seed=sft.seed)
+    render = PromptRenderer(tok, task_cfg.chat_template, task_cfg.system_prompt)
+    teacher = RenderedPairs(cast(AnswerTeacher, task), render)
+    loss = _sft_phase(
+        cast(PreTrainedModel, trained),
+        tok,
+        teacher,
+        np.random.default_rng(sft.seed),
+        sft.steps,
+        sft.batch_size,
+        sft.lr,
+        sft.teacher_error,
+        warmup_steps=max(1, sft.steps // 10),
+        autocast=torch.bfloat16 if sft.autocast == "bfloat16" else None,
+        log=log,
+    )
+    if sft.lora_r:
+        model = cast(Any, trained).merge_and_unload()  # a plain model folder again
+    log(f"supervised warm-up done (last loss {loss:.3f}) -> {dest}")
+    atomic_save_pretrained(model, tok, dest)

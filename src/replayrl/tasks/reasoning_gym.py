@@ -131,5 +131,25 @@ class ReasoningGymTask:
     def is_correct(self, completion: str, row: Row) -> bool:
         return self.score(completion, row) >= 1.0
 
+    def sft_completion(self, row: Row, rng: np.random.Generator, error_rate: float) -> str:
+        """The teacher's reply for a supervised warm-up: the answer in reasoning-gym's tags, or
+        with probability `error_rate` a near miss (an integer off by 1 or 10, as a slip of a
+        carry; otherwise another training item's answer of the same dataset)."""
+        answer = row["answer"]
+        if error_rate > 0 and rng.random() < error_rate:
+            answer = self._near_miss(answer, row["rg_dataset"], rng)
+        return f"<answer>{answer}</answer>"
+
+    def _near_miss(self, answer: str, dataset: str, rng: np.random.Generator) -> str:
+        try:
+            value = int(answer)
+        except ValueError:
+            for _ in range(20):
+                other = str(self._train[dataset][int(rng.integers(0, self.size))]["answer"])
+                if other != answer:
+                    return other
+            return answer  # a dataset whose answers are all the same: nothing else to say
+        return str(value + int(rng.choice([-10, -1, 1, 10])))
+
     def corpus(self) -> list[str]:
         return [r["rg_entry"]["question"] + " " + r["answer"] for r in self._eval]
