@@ -325,7 +325,7 @@ class Learner:
         )
         mini = cfg.train.mini_batch_size or len(batch)
         sums: dict[str, list[float]] = defaultdict(list)
-        self._fused_stats: dict[str, float] = {}
+        self._fused_stats = {}
         self.model.train()
         for _ in range(epochs):
             order = rng.permutation(len(batch))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 import torch
 
@@ -138,7 +139,7 @@ def _lean_core(model: object) -> torch.nn.Module | None:
 def _lean_matches(core: torch.nn.Module) -> bool:
     """lean_forward.completion_states equals the backbone's own states at the completion
     positions of a small batch (two rows sharing a prompt, one not), in fp32."""
-    vocab = _rows_of(core.lm_head, default=2)  # type: ignore[union-attr]
+    vocab = _rows_of(cast(torch.nn.Module, core.lm_head), default=2)
     device = next(core.parameters()).device
     ids = torch.tensor(
         [[3, 5, 7, 9, 11, 2, 4, 0], [3, 5, 7, 9, 8, 6, 0, 0], [4, 6, 8, 10, 12, 14, 16, 18]],
@@ -154,7 +155,8 @@ def _lean_matches(core: torch.nn.Module) -> bool:
     core.eval()
     try:
         with torch.autocast(device_type=device.type, enabled=False):
-            hidden = core.model(input_ids=ids, attention_mask=attn).last_hidden_state  # type: ignore[union-attr]
+            backbone = cast(torch.nn.Module, core.model)
+            hidden = backbone(input_ids=ids, attention_mask=attn).last_hidden_state
             ref = hidden[:, :-1][mask.bool()].float()
             # both layouts: shared prompts run once, and every row whole
             mine = [lean_forward.completion_states(core, batch, s).float() for s in (True, False)]
@@ -197,7 +199,7 @@ def token_logprobs(
         if core is not None:
             # prompts run once per distinct prompt; frozen weights cast once (lean_forward)
             h = lean_forward.completion_states(core, batch)
-            head = core.lm_head  # type: ignore[union-attr]
+            head = cast(torch.nn.Module, core.lm_head)
             return _head_logprobs(h, head, batch, sel, temperature, entropy_grad, lean=True)
         parts = _split(model)
         if parts is None:
@@ -218,7 +220,7 @@ class _TargetLogProb(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor, targets: torch.Tensor):  # type: ignore[override]
+    def forward(ctx, z: torch.Tensor, targets: torch.Tensor):
         m = z.amax(-1, keepdim=True)
         p = torch.sub(z, m).exp_()
         total = p.sum(-1, keepdim=True)
@@ -232,7 +234,7 @@ class _TargetLogProb(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g_logp: torch.Tensor, g_ent: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, g_logp: torch.Tensor, g_ent: torch.Tensor):
         p, targets = ctx.saved_tensors
         grad = p.mul_(-g_logp[:, None])  # p is not needed again (once differentiable)
         grad.scatter_add_(-1, targets[:, None], g_logp[:, None])
