@@ -577,7 +577,9 @@ def test_critic_metrics_and_step_do_not_depend_on_micro_batching(
         assert mp[k] == pytest.approx(mw[k], rel=1e-5, abs=1e-7), k
     assert mw["value_loss"] > 0 and mw["value_mse"] > 0
     assert whole.critic is not None and parts.critic is not None
-    assert torch.allclose(_flat(whole.critic), _flat(parts.critic), atol=1e-6)
+    # micro-batches grouped by prompt (batching.shared_prompt_order) change the order in which
+    # gradients are summed: equal up to float rounding
+    assert torch.allclose(_flat(whole.critic), _flat(parts.critic), atol=1e-5)
 
 
 def test_critic_gradients_reach_the_grad_hook(rollouts, tiny_model, char_tokenizer) -> None:
