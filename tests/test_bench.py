@@ -336,6 +336,25 @@ def _stand_in_run(cfg, peer, run_dir: Path, log) -> dict:
     return summary
 
 
+def test_finished_runs_are_reused_whichever_way_their_folder_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative --out and the same folder given absolutely (or a moved results folder)
+    reuse the finished runs instead of rerunning them over themselves."""
+    suite = _suite(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ["bench", str(suite), "--quick", "--seeds", "0", "--only", "grpo"]
+    assert main([*args, "--out", "out"]) == 0
+    metrics = (tmp_path / "out" / "tiny" / "grpo-s0" / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.count("reusing the finished run") == 1
+    assert (tmp_path / "out" / "tiny" / "grpo-s0" / "metrics.jsonl").read_text() == metrics
+    (tmp_path / "out").rename(tmp_path / "moved")
+    assert main([*args, "--out", "moved", "--no-run"]) == 0
+    assert "not finished" not in capsys.readouterr().out
+
+
 def test_multi_task_suite_per_task_rows_median_over_tasks_and_no_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

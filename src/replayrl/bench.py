@@ -130,8 +130,10 @@ def finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
         return None
     # compared as configs (not text): a saved run stays reusable when new defaulted knobs appear
     done = load_config(saved)
+    # where the run was written is not what it ran: the same folder named another way (a
+    # relative vs an absolute --out, a moved results folder) must not rerun it over itself
+    done.logging.run_dir, done.logging.name = cfg.logging.run_dir, cfg.logging.name
     if cfg.needs_design:  # a run saves the N, B (and sampling) it resolved from `auto`
-        done = done.model_copy(deep=True)
         done.buffer.capacity = cfg.buffer.capacity
         done.buffer.with_replacement = cfg.buffer.with_replacement
         done.train.batch_size = cfg.train.batch_size
@@ -375,6 +377,7 @@ def _run_task(
                 continue
             if summary is not None:
                 log(f"{run_name}: reusing the finished run with the same config")
+                summary["run_dir"] = str(out / run_name)  # where it is now, if it was moved
             else:
                 summary = run_one(cfg, v.get("peer"), out / run_name, log=lambda _: None)
             rows = read_metrics(out / run_name / "metrics.jsonl")
