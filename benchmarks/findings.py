@@ -216,7 +216,8 @@ def evaluate_model(config_yaml: Path, model_dir: str, seed: int = 0) -> dict[str
     from replayrl.config import load_config
     from replayrl.evaluation import evaluate
     from replayrl.generation import HFGenerator
-    from replayrl.models import load_policy, unwrap_model
+    from replayrl.models import unwrap_model
+    from replayrl.policy import load_policy
     from replayrl.prompts import PromptRenderer
     from replayrl.tasks import task_from_config
 

@@ -243,3 +243,30 @@ def test_passk_jobs_warm_start_first_and_ids_without_paths(tmp_path: Path) -> No
         ("sub/warm-start", "warmstart/warm-sub"),
     ]
     assert jobs[1][2] == str(pol)
+
+
+def test_findings_script_evaluates_a_saved_policy(
+    tmp_path: Path, tiny_model, char_tokenizer
+) -> None:
+    """`--passk` loads a run's saved policy the way `replayrl eval` does and scores it: the
+    script's imports and calls must follow the library (a moved function broke it once)."""
+    from replayrl.checkpoint import save_checkpoint
+    from replayrl.config import config_to_yaml, load_config
+
+    script = _script()
+    ckpt = save_checkpoint(tmp_path, 1, tiny_model, char_tokenizer, {}, keep_last=1)
+    cfg = load_config(
+        None,
+        [
+            "eval.num_prompts=6",
+            "eval.batch_size=6",
+            "task.eval_size=6",
+            "rollout.max_new_tokens=4",
+            "model.tiny.num_layers=1",
+        ],
+    )
+    (tmp_path / "config.yaml").write_text(config_to_yaml(cfg))
+    res = script.evaluate_model(tmp_path / "config.yaml", str(ckpt / "policy"))
+    assert res["num_prompts"] == 6
+    assert 0.0 <= res["pass@1"] <= 1.0 and 0.0 <= res[f"pass@{script.PASS_K}"] <= 1.0
+    assert 0 <= res["greedy_length"] <= 4 + 1  # at most max_new_tokens (+ EOS)
