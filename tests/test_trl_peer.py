@@ -178,3 +178,69 @@ def test_trl_gradient_equals_our_learners(tmp_path: Path, loss_agg: str) -> None
     got = torch.cat([p.grad.flatten() for _, p in ours.named_parameters()])
     assert ref.norm() > 0  # the batch carries signal (rewards differ within a group)
     assert torch.allclose(got, ref, rtol=1e-4, atol=1e-6), float((got - ref).norm() / ref.norm())
+
+
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [True, False])
+@pytest.mark.parametrize("system_prompt", [None, "Be brief."])
+def test_trl_gets_the_prompt_text_our_runner_generates_from(
+    char_tokenizer, template: bool, system_prompt: str | None
+) -> None:
+    """What TRL makes of each training prompt (chat template over messages with the
+    generation prompt; plain text as is) is exactly our renderer's text, for plain and
+    conversational rows, with and without a system prompt and a template."""
+    import copy
+
+    from replayrl.peers.trl_grpo import trl_prompts
+    from replayrl.prompts import PromptRenderer
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = TEMPLATE if template else None
+    render = PromptRenderer(tok, True, system_prompt)
+    rows = [
+        {"prompt": "12+5=", "answer": "17"},
+        {"prompt": [{"role": "user", "content": "3+4="}], "answer": "7"},
+        {"prompt": [{"role": "system", "content": "own"}, {"role": "user", "content": "1+1="}]},
+    ]
+    for row, sent in zip(rows, trl_prompts(rows, render), strict=True):
+        assert {k: v for k, v in sent.items() if k != "prompt"} == {
+            k: v for k, v in row.items() if k != "prompt"
+        }
+        if isinstance(sent["prompt"], str):  # TRL passes plain text through
+            assert not template
+            trl_text = sent["prompt"]
+        else:  # TRL applies the template to messages, adding the generation prompt
+            assert template
+            trl_text = tok.apply_chat_template(
+                sent["prompt"], tokenize=False, add_generation_prompt=True
+            )
+        assert trl_text == render(row["prompt"])
+    assert rows[0]["prompt"] == "12+5="  # the caller's rows are left as they were
+
+
+def test_recorder_evaluates_conversational_prompts_through_the_template(
+    tmp_path: Path, tiny_model, char_tokenizer
+) -> None:
+    """Evaluation of a task whose prompts are messages (reasoning-gym's) renders them as
+    our runner does (it crashed in the tokenizer before)."""
+    import copy
+
+    from replayrl.metrics import MetricsLogger
+    from replayrl.tasks import make_task
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = TEMPLATE
+    cfg = _tiny_cfg("eval.num_prompts=3", "task.system_prompt=Add.")
+    task = make_task("arithmetic")
+    rows = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} for r in task.eval_rows()]
+    metrics = MetricsLogger(tmp_path, tensorboard=False)
+    recorder = _Recorder(cfg, task, rows[:3], tok, metrics, 1, lambda _: None)
+    res = recorder.evaluate(tiny_model)
+    metrics.close()
+    assert 0.0 <= res["eval/accuracy"] <= 1.0
+    assert recorder.evals[-1]["eval/accuracy"] == res["eval/accuracy"]

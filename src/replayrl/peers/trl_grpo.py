@@ -2,7 +2,8 @@
 
 Same warm start (`load_policy`), same task rows (the prompts our runner would draw, in the
 same order), same reward functions and scoring (`replayrl.rewards.score`), same evaluation
-(`replayrl.evaluation.evaluate` with an `HFGenerator` over the trainer's live model), and
+(`replayrl.evaluation.evaluate` with an `HFGenerator` over the trainer's live model, prompts
+rendered by our `PromptRenderer`), and
 TRL settings chosen so that one optimizer step consumes exactly one generation batch of
 `prompts_per_step x num_generations` rollouts, each used once:
 
@@ -27,6 +28,11 @@ TRL settings chosen so that one optimizer step consumes exactly one generation b
 start (before generation) to its end (after the optimizer step), excluding evaluation,
 metrics logging and set-up. Anything that could not be matched exactly is listed in
 `summary["unmatched_settings"]`.
+
+Prompts: TRL renders a conversational prompt with the tokenizer's chat template (generation
+prompt added) and passes plain text through, so each training row's prompt is handed over as
+our renderer's input would become the same text: messages with `task.system_prompt` first
+when a chat template is used, else the already rendered plain text.
 """
 
 from __future__ import annotations
@@ -50,7 +56,9 @@ from replayrl.generation import HFGenerator
 from replayrl.io import atomic_write_json, quiet_transformers
 from replayrl.metrics import MetricsLogger, Progress
 from replayrl.policy import load_policy
+from replayrl.prompts import PromptRenderer, render_plain, to_messages
 from replayrl.rewards import resolve_rewards, score
+from replayrl.rewards.math import completion_text
 from replayrl.run_folder import new_run_folder
 from replayrl.tasks import task_from_config
 
@@ -232,6 +240,7 @@ class _Recorder(TrainerCallback):
         self.task = task
         self.eval_rows = eval_rows
         self.tokenizer = tokenizer
+        self.render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
         self.metrics = metrics
         self.n_params = n_params
         self.log = log
@@ -270,7 +279,8 @@ class _Recorder(TrainerCallback):
                 self.tokens_generated += sum(len(ids) for ids in completion_ids)
             if log_metric is not None:
                 pairs = zip(completions, rows, strict=True)
-                correct = [self.task.is_correct(c, row) for c, row in pairs]
+                # TRL hands conversational prompts' completions over as messages
+                correct = [self.task.is_correct(completion_text(c), row) for c, row in pairs]
                 log_metric("train/accuracy", sum(correct) / max(len(correct), 1))
                 for name, value in result.means().items():
                     log_metric(f"reward/{name}", value)
@@ -310,6 +320,7 @@ class _Recorder(TrainerCallback):
             self.cfg.rollout.max_new_tokens,
             pass_k=e.pass_k,
             temperature=e.temperature,
+            render=self.render,
         )
         self.eval_seconds += time.perf_counter() - t0
         self.evals.append(
@@ -425,9 +436,9 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
     task = task_from_config(cfg.task)  # every task kind and knob (reasoning: op, terms, ...)
     eval_rows = task.eval_rows()
     eval_rows = eval_rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else eval_rows
-    rows = _train_rows(cfg, task)
     metrics = MetricsLogger.from_config(run_dir, cfg)
     recorder = _Recorder(cfg, task, eval_rows, tokenizer, metrics, n_params, log)
+    rows = trl_prompts(_train_rows(cfg, task), recorder.render)
     t_start = time.perf_counter()
     try:
         if cfg.train.steps == 0:  # HF reads max_steps=0 as "use num_train_epochs"
@@ -484,6 +495,21 @@ def _train_rows(cfg: Config, task) -> list[dict[str, Any]]:
     """The prompts our runner draws: sample_train(P, rng) per step == sample_train(steps * P)."""
     n = max(cfg.train.steps, 1) * cfg.rollout.prompts_per_step
     return task.sample_train(n, np.random.default_rng(cfg.train.seed))
+
+
+def trl_prompts(rows: list[dict[str, Any]], render: PromptRenderer) -> list[dict[str, Any]]:
+    """`rows` with each prompt in the form TRL turns into the text our runner generates from:
+    messages (system prompt first) when the chat template is used, TRL applying it as
+    `render` does; otherwise our plain rendering as a string, which TRL passes through."""
+    out = []
+    for row in rows:
+        prompt = row["prompt"]
+        if render.uses_template:
+            prompt = to_messages(prompt, render.system_prompt)
+        else:
+            prompt = render_plain(prompt, render.system_prompt)
+        out.append({**row, "prompt": prompt})
+    return out
 
 
 def _make_trainer(
