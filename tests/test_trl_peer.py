@@ -15,6 +15,7 @@ from tiny import TINY_RUN
 pytest.importorskip("trl")
 
 from replayrl.peers.trl_grpo import (  # noqa: E402
+    ROW_COLUMN,
     _make_trainer,
     _Recorder,
     _train_rows,
@@ -207,10 +208,11 @@ def test_trl_gets_the_prompt_text_our_runner_generates_from(
         {"prompt": [{"role": "user", "content": "3+4="}], "answer": "7"},
         {"prompt": [{"role": "system", "content": "own"}, {"role": "user", "content": "1+1="}]},
     ]
-    for row, sent in zip(rows, trl_prompts(rows, render), strict=True):
-        assert {k: v for k, v in sent.items() if k != "prompt"} == {
+    for i, (row, sent) in enumerate(zip(rows, trl_prompts(rows, render), strict=True)):
+        assert {k: v for k, v in sent.items() if k not in ("prompt", ROW_COLUMN)} == {
             k: v for k, v in row.items() if k != "prompt"
         }
+        assert sent[ROW_COLUMN] == i
         if isinstance(sent["prompt"], str):  # TRL passes plain text through
             assert not template
             trl_text = sent["prompt"]
@@ -244,3 +246,58 @@ def test_recorder_evaluates_conversational_prompts_through_the_template(
     metrics.close()
     assert 0.0 <= res["eval/accuracy"] <= 1.0
     assert recorder.evals[-1]["eval/accuracy"] == res["eval/accuracy"]
+
+
+@pytest.mark.parametrize("conversational", [False, True])
+def test_rewards_get_the_rows_prompt_and_completion_as_our_runner_gives_them(
+    tmp_path: Path, char_tokenizer, conversational: bool
+) -> None:
+    """TRL sees rewritten prompts (messages with the system prompt, or rendered text) and
+    may hand completions over as messages; the reward functions must still receive the row's
+    own prompt and the completion as our runner gives it (text, or one assistant message
+    for a conversational prompt), and train accuracy must score the completion text."""
+    import copy
+
+    from replayrl.metrics import MetricsLogger
+    from replayrl.peers.trl_grpo import trl_prompts
+    from replayrl.rewards import WeightedReward
+    from replayrl.tasks import make_task
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = TEMPLATE
+    cfg = _tiny_cfg("task.system_prompt=Add.")
+    task = make_task("arithmetic")
+    rows = task.eval_rows()[:2]
+    if conversational:
+        rows = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows]
+    metrics = MetricsLogger(tmp_path, tensorboard=False)
+    recorder = _Recorder(cfg, task, rows, tok, metrics, 1, lambda _: None)
+    seen: dict = {}
+
+    def spy(prompts, completions, **kw):
+        seen["prompts"], seen["completions"], seen["answer"] = prompts, completions, kw["answer"]
+        return [1.0] * len(completions)
+
+    recorder.rewards = [WeightedReward(name="spy", fn=spy, weight=1.0)]
+    recorder.train_rows = rows
+    sent = trl_prompts(rows, recorder.render)
+    texts = [rows[0]["answer"], "9"]  # the first completion is right, the second wrong
+    # TRL's side: its prompts, completions as assistant messages (its prompts are messages)
+    trl_completions = [[{"role": "assistant", "content": t}] for t in texts]
+    columns = [k for k in sent[0] if k != "prompt"]
+    kw = {c: [s[c] for s in sent] for c in columns}
+    logged: dict = {}
+    fn = recorder.reward_function(columns)
+    fn(
+        [s["prompt"] for s in sent],
+        trl_completions,
+        log_metric=lambda k, v: logged.__setitem__(k, v),
+        **kw,
+    )
+    metrics.close()
+    assert seen["prompts"] == [r["prompt"] for r in rows]
+    expect = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+    assert seen["completions"] == expect
+    assert seen["answer"] == [r["answer"] for r in rows]
+    right = [task.is_correct(t, r) for t, r in zip(texts, rows, strict=True)]
+    assert logged["train/accuracy"] == sum(right) / 2 and right[0]

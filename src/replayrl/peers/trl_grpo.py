@@ -32,7 +32,12 @@ metrics logging and set-up. Anything that could not be matched exactly is listed
 Prompts: TRL renders a conversational prompt with the tokenizer's chat template (generation
 prompt added) and passes plain text through, so each training row's prompt is handed over as
 our renderer's input would become the same text: messages with `task.system_prompt` first
-when a chat template is used, else the already rendered plain text.
+when a chat template is used, else the already rendered plain text. Reward functions still
+get what our runner gives them: the row's own prompt and the completion as text (or as one
+assistant message for a conversational prompt), found through a row-index column.
+Not matched: TRL tokenizes a plain-text prompt with the tokenizer's special tokens (a BOS,
+where the tokenizer adds one; our generator adds none), and with a tokenizer that defines a
+response schema TRL parses conversational completions before the rewards see them.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from replayrl.generation import HFGenerator
 from replayrl.io import atomic_write_json, quiet_transformers
 from replayrl.metrics import MetricsLogger, Progress
 from replayrl.policy import load_policy
+from replayrl.producer import completion_for_reward
 from replayrl.prompts import PromptRenderer, render_plain, to_messages
 from replayrl.rewards import resolve_rewards, score
 from replayrl.rewards.math import completion_text
@@ -241,6 +247,8 @@ class _Recorder(TrainerCallback):
         self.eval_rows = eval_rows
         self.tokenizer = tokenizer
         self.render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
+        # the training rows as the task gave them (`trl_prompts` rewrites the prompts TRL sees)
+        self.train_rows: list[dict[str, Any]] | None = None
         self.metrics = metrics
         self.n_params = n_params
         self.log = log
@@ -268,8 +276,19 @@ class _Recorder(TrainerCallback):
         """One TRL reward function running our weighted, error-isolating `score`."""
 
         def replayrl_reward(prompts, completions, completion_ids=None, log_metric=None, **kw):
-            rows = [{"prompt": p, **{c: kw[c][i] for c in columns}} for i, p in enumerate(prompts)]
-            result = score(self.rewards, list(prompts), list(completions), rows)
+            # TRL hands conversational prompts' completions over as messages
+            texts = [completion_text(c) for c in completions]
+            if ROW_COLUMN in kw and self.train_rows is not None:
+                rows = [self.train_rows[int(i)] for i in kw[ROW_COLUMN]]
+            else:  # rows given to TRL as they are
+                rows = [
+                    {"prompt": p, **{c: kw[c][i] for c in columns if c != ROW_COLUMN}}
+                    for i, p in enumerate(prompts)
+                ]
+            # what our runner's rewards receive: the row's prompt, the completion in its form
+            pairs = zip(texts, rows, strict=True)
+            completions = [completion_for_reward(t, r["prompt"]) for t, r in pairs]
+            result = score(self.rewards, [r["prompt"] for r in rows], completions, rows)
             if result.first_error and self.first_reward_error is None:
                 self.first_reward_error = result.first_error
                 self.log(f"warning: {result.first_error} (those rollouts get no advantage)")
@@ -278,9 +297,7 @@ class _Recorder(TrainerCallback):
             if completion_ids is not None:
                 self.tokens_generated += sum(len(ids) for ids in completion_ids)
             if log_metric is not None:
-                pairs = zip(completions, rows, strict=True)
-                # TRL hands conversational prompts' completions over as messages
-                correct = [self.task.is_correct(completion_text(c), row) for c, row in pairs]
+                correct = [self.task.is_correct(t, r) for t, r in zip(texts, rows, strict=True)]
                 log_metric("train/accuracy", sum(correct) / max(len(correct), 1))
                 for name, value in result.means().items():
                     log_metric(f"reward/{name}", value)
@@ -438,7 +455,8 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
     eval_rows = eval_rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else eval_rows
     metrics = MetricsLogger.from_config(run_dir, cfg)
     recorder = _Recorder(cfg, task, eval_rows, tokenizer, metrics, n_params, log)
-    rows = trl_prompts(_train_rows(cfg, task), recorder.render)
+    recorder.train_rows = _train_rows(cfg, task)
+    rows = trl_prompts(recorder.train_rows, recorder.render)
     t_start = time.perf_counter()
     try:
         if cfg.train.steps == 0:  # HF reads max_steps=0 as "use num_train_epochs"
@@ -497,18 +515,23 @@ def _train_rows(cfg: Config, task) -> list[dict[str, Any]]:
     return task.sample_train(n, np.random.default_rng(cfg.train.seed))
 
 
+# the column of TRL's dataset holding each row's index in the peer's training rows
+ROW_COLUMN = "replayrl_row"
+
+
 def trl_prompts(rows: list[dict[str, Any]], render: PromptRenderer) -> list[dict[str, Any]]:
     """`rows` with each prompt in the form TRL turns into the text our runner generates from:
     messages (system prompt first) when the chat template is used, TRL applying it as
-    `render` does; otherwise our plain rendering as a string, which TRL passes through."""
+    `render` does; otherwise our plain rendering as a string, which TRL passes through. Each
+    row also gets its index (`ROW_COLUMN`) so that rewards can see the original row."""
     out = []
-    for row in rows:
+    for i, row in enumerate(rows):
         prompt = row["prompt"]
         if render.uses_template:
             prompt = to_messages(prompt, render.system_prompt)
         else:
             prompt = render_plain(prompt, render.system_prompt)
-        out.append({**row, "prompt": prompt})
+        out.append({**row, "prompt": prompt, ROW_COLUMN: i})
     return out
 
 
