@@ -28,7 +28,7 @@ test: $(STAMP)
 
 # TRL's GRPOTrainer on the same model, task and reward (see BENCHMARKS.md)
 trl-peer: $(STAMP)
-	$(PY) -m replayrl.peers.trl_grpo --config grpo train.threads=1
+	$(PY) -m replayrl.bench.peers.trl_grpo --config grpo train.threads=1
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples

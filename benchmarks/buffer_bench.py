@@ -1,6 +1,6 @@
 """Replay-buffer micro-benchmark (same as `replayrl bench buffer`)."""
 
-from replayrl.buffer.bench import main
+from replayrl.bench.buffer import main
 
 if __name__ == "__main__":
     main()

@@ -15,7 +15,7 @@ import copy
 import sys
 from pathlib import Path
 
-from replayrl.bench import finished_run, load_suite, run_one, variant_config
+from replayrl.bench.suite import finished_run, load_suite, run_one, variant_config
 
 
 def capacity_variant(suite: dict, capacity: int) -> tuple[dict, str]:

@@ -20,9 +20,9 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from replayrl.config import load_config
-from replayrl.tasks import task_from_config
-from replayrl.warmstart import ensure_warmstart
+from replayrl.config.schema import load_config
+from replayrl.rollout.tasks import task_from_config
+from replayrl.run.warmstart import ensure_warmstart
 
 STEP = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
 

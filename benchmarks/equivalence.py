@@ -62,8 +62,8 @@ def _timeless(key: str) -> bool:
 
 
 def record(out: Path, names: list[str], extra_overrides: list[str] | None = None) -> None:
-    from replayrl.config import load_config
-    from replayrl.runner import train
+    from replayrl.config.schema import load_config
+    from replayrl.run.entry import train
 
     out.mkdir(parents=True, exist_ok=True)
     for name in names:

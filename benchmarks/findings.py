@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from replayrl.findings import (
+from replayrl.bench.findings import (
     Curve,
     at_x,
     finished_runs,
@@ -38,8 +38,8 @@ from replayrl.findings import (
     volatility,
     window_mean,
 )
-from replayrl.io import atomic_write_json, atomic_write_text
-from replayrl.metrics import read_metrics
+from replayrl.run.metrics import read_metrics
+from replayrl.storage.io import atomic_write_json, atomic_write_text
 
 TASKS = ["add", "sub", "chain"]
 OFF_POLICY = ["replay", "replay-posbias", "remix-grpo"]
@@ -213,13 +213,13 @@ def evaluate_model(config_yaml: Path, model_dir: str, seed: int = 0) -> dict[str
     computes them (same loading and `evaluate`), with one torch thread and a seeded sampler."""
     import torch
 
-    from replayrl.config import load_config
-    from replayrl.evaluation import evaluate
-    from replayrl.generation import HFGenerator
-    from replayrl.models import unwrap_model
-    from replayrl.policy import load_policy
-    from replayrl.prompts import PromptRenderer
-    from replayrl.tasks import task_from_config
+    from replayrl.config.schema import load_config
+    from replayrl.models.loading import unwrap_model
+    from replayrl.rollout.evaluation import evaluate
+    from replayrl.rollout.generation import HFGenerator
+    from replayrl.rollout.prompts import PromptRenderer
+    from replayrl.rollout.tasks import task_from_config
+    from replayrl.run.policy import load_policy
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)

@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from replayrl.bench import first_reaching, stats
+from replayrl.bench.suite import first_reaching, stats
 
 
 def main(argv: list[str]) -> int:

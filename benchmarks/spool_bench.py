@@ -5,7 +5,7 @@
 Formats, timed side by side (interleaved, medians over repeats):
 - pickle: torch.save + torch.load(weights_only=False) (the old spool format; runs code)
 - weights_only: torch.save + torch.load(weights_only=True) (restricted unpickler)
-- safe: safetensors with the JSON structure in its header (replayrl.safe_state, current)
+- safe: safetensors with the JSON structure in its header (replayrl.storage.safe_state, current)
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from replayrl.data.rollout import Rollout
 from replayrl.distributed.worker import Delivery
-from replayrl.rollout import Rollout
-from replayrl.safe_state import dumps_single, loads_single
+from replayrl.storage.safe_state import dumps_single, loads_single
 
 
 def delivery(n: int, prompt: int, completion: int) -> Delivery:

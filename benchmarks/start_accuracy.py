@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from replayrl.generation import SamplingParams
-from replayrl.generation.hf import HFGenerator
-from replayrl.models import resolve_model_path
-from replayrl.prompts import PromptRenderer
-from replayrl.rewards.reasoning_gym import extract_tagged_answer
-from replayrl.tasks.reasoning_gym import ReasoningGymTask
+from replayrl.models.loading import resolve_model_path
+from replayrl.rollout.generation import SamplingParams
+from replayrl.rollout.generation.hf import HFGenerator
+from replayrl.rollout.prompts import PromptRenderer
+from replayrl.rollout.rewards.reasoning_gym import extract_tagged_answer
+from replayrl.rollout.tasks.reasoning_gym import ReasoningGymTask
 
 # easy configurations of small-number / short-string datasets
 CANDIDATES: dict[str, dict] = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from replayrl.bench import load_suite, run_one, variant_config
+from replayrl.bench.suite import load_suite, run_one, variant_config
 
 
 def main(argv: list[str]) -> int:

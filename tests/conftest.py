@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from replayrl.config import ModelConfig
-from replayrl.models import build_char_tokenizer, build_tiny_model
-from replayrl.tasks import ArithmeticTask
+from replayrl.config.schema import ModelConfig
+from replayrl.models.loading import build_char_tokenizer, build_tiny_model
+from replayrl.rollout.tasks import ArithmeticTask
 
 # The smallest model the code accepts that still has every part of a Llama block.
 TINY = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64}

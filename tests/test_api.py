@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import replayrl
-from replayrl.api import ReplayConfig, ReplayTrainer
-from replayrl.callbacks import ReplayCallback
-from replayrl.cli import main
-from replayrl.config import ConfigError, load_config
-from replayrl.metrics import read_metrics
-from replayrl.rewards import correctness_reward
-from replayrl.tasks import ArithmeticTask
+from replayrl.api.trainer import ReplayConfig, ReplayTrainer
+from replayrl.cli.main import main
+from replayrl.config.schema import ConfigError, load_config
+from replayrl.rollout.rewards import correctness_reward
+from replayrl.rollout.tasks import ArithmeticTask
+from replayrl.run.callbacks import ReplayCallback
+from replayrl.run.metrics import read_metrics
 from tiny import TINY_RUN
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -167,7 +167,7 @@ def test_objects_in_the_api_train_like_files_and_names_in_the_cli(tmp_path: Path
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from replayrl.warmstart import ensure_warmstart
+    from replayrl.run.warmstart import ensure_warmstart
 
     base = load_config("grpo", TINY)
     folder = ensure_warmstart(base.model, base.task, log=lambda _: None)

@@ -14,19 +14,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from replayrl.accounting import ledger_stats, role_summary, rollout_ledger
-from replayrl.buffer import make_buffer
-from replayrl.checkpoint import load_state
-from replayrl.config import ConfigError, load_config
+from replayrl.config.schema import ConfigError, load_config
+from replayrl.data.buffer import make_buffer
+from replayrl.data.rollout import Rollout
 from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
 from replayrl.distributed.worker import Delivery
 from replayrl.recipes.asynchronous import AsyncSession
-from replayrl.rollout import Rollout
-from replayrl.run_state import Counters, summarize
-from replayrl.runner import train
+from replayrl.run.accounting import ledger_stats, role_summary, rollout_ledger
+from replayrl.run.entry import train
+from replayrl.run.state import Counters, summarize
+from replayrl.storage.checkpoint import load_state
 from tiny import TINY_RUN
 
-CLI = [sys.executable, "-m", "replayrl.cli"]
+CLI = [sys.executable, "-m", "replayrl.cli.main"]
 # replay at y = B/R = 2 with a staleness bound: the learner paces itself on deliveries
 ASYNC = [
     *TINY_RUN,

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from replayrl.batch_source import BufferSource, RemixSource
-from replayrl.config import RemixConfig
-from replayrl.run_state import Counters
+from replayrl.config.schema import RemixConfig
+from replayrl.data.batch_source import BufferSource, RemixSource
+from replayrl.run.state import Counters
 
 
 class RecordingBuffer:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.bench import first_reaching, load_suite, modelled_compute_to, stats
-from replayrl.cli import main
-from replayrl.config import ConfigError, load_config
+from replayrl.bench.suite import first_reaching, load_suite, modelled_compute_to, stats
+from replayrl.cli.main import main
+from replayrl.config.schema import ConfigError, load_config
 from tiny import TINY_MODEL
 
 TINY = [
@@ -186,7 +186,7 @@ def _fake_run(accs: list[float], per_eval: int, final: float | None = None) -> d
 
 
 def test_ratio_compares_with_the_baseline_at_the_variants_own_target(tmp_path: Path) -> None:
-    from replayrl.bench import summarise
+    from replayrl.bench.suite import summarise
 
     suite = {
         "name": "t",
@@ -208,7 +208,7 @@ def test_ratio_compares_with_the_baseline_at_the_variants_own_target(tmp_path: P
 
 
 def _grid_suite(tmp_path: Path, k: int | None, quick_k: int | None = None) -> dict:
-    from replayrl.bench import load_suite
+    from replayrl.bench.suite import load_suite
 
     path = _suite(tmp_path)
     data = json.loads(path.read_text())
@@ -224,7 +224,7 @@ def _grid_suite(tmp_path: Path, k: int | None, quick_k: int | None = None) -> di
 
 
 def test_eval_every_rollouts_puts_every_variant_on_the_same_grid(tmp_path: Path) -> None:
-    from replayrl.bench import variant_config
+    from replayrl.bench.suite import variant_config
 
     suite = _grid_suite(tmp_path, 16)
     out = tmp_path / "out"
@@ -247,7 +247,7 @@ def test_eval_every_rollouts_puts_every_variant_on_the_same_grid(tmp_path: Path)
 
 
 def test_eval_every_rollouts_not_a_multiple_of_r_is_an_error(tmp_path: Path) -> None:
-    from replayrl.bench import run_suite, variant_config
+    from replayrl.bench.suite import run_suite, variant_config
 
     suite = _grid_suite(tmp_path, 12)  # a multiple of 4 (replay) but not of 8 (grpo)
     with pytest.raises(ConfigError, match=r"'grpo'.*eval_every_rollouts=12.*R=8"):
@@ -262,7 +262,7 @@ def test_eval_every_rollouts_not_a_multiple_of_r_is_an_error(tmp_path: Path) -> 
 
 
 def test_quick_bench_on_a_common_grid_saves_eval_every_and_gamma(tmp_path: Path) -> None:
-    from replayrl.config import load_config
+    from replayrl.config.schema import load_config
 
     suite = _grid_suite(tmp_path, 8)  # quick: 2 steps; grpo every step, replay every 2
     out = tmp_path / "out"
@@ -287,7 +287,7 @@ def test_quick_bench_on_a_common_grid_saves_eval_every_and_gamma(tmp_path: Path)
 def test_reasoning_suite_resolves_every_task_and_variant() -> None:
     """The shipped `reasoning` suite: each task's block sets the task and reward for every
     variant (presets by name), and the ppo pair runs on `add` only. Config resolution only."""
-    from replayrl.bench import variant_config, variants_on
+    from replayrl.bench.suite import variant_config, variants_on
 
     suite = load_suite("reasoning")
     assert list(suite["tasks"]) == ["add", "sub", "chain"]
@@ -305,7 +305,7 @@ def test_reasoning_suite_resolves_every_task_and_variant() -> None:
 def _stand_in_run(cfg, peer, run_dir: Path, log) -> dict:
     """A finished run without training: final accuracy set by the task and the method
     (replay +0.1, ppo -0.1), reached at the second eval."""
-    from replayrl.config import config_to_yaml
+    from replayrl.config.schema import config_to_yaml
 
     acc = {"add": 0.5, "sub": 0.3, "chain": 0.1}[cfg.task.op]
     acc += 0.1 if cfg.buffer.kind == "replay" else 0.0
@@ -360,7 +360,7 @@ def test_multi_task_suite_per_task_rows_median_over_tasks_and_no_run(
 ) -> None:
     """run_suite on the `reasoning` suite's tasks with stand-in runs: one folder and summary
     per task against that task's baseline, the median over tasks per variant, --no-run."""
-    import replayrl.bench as bench
+    import replayrl.bench.suite as bench
 
     monkeypatch.setattr(bench, "run_one", _stand_in_run)
     suite = load_suite("reasoning")

@@ -1,4 +1,4 @@
-"""Tests for replayrl.buffer: model-based property tests plus worked examples."""
+"""Tests for replayrl.data.buffer: model-based property tests plus worked examples."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replayrl.buffer import (
+from replayrl.data.buffer import (
     Buffer,
     OnPolicyQueue,
     ReplayBuffer,
@@ -26,8 +26,8 @@ from replayrl.buffer import (
     rollout_to_dict,
     uniform,
 )
-from replayrl.buffer.samplers import num_reserved
-from replayrl.rollout import Rollout
+from replayrl.data.buffer.samplers import num_reserved
+from replayrl.data.rollout import Rollout
 
 PROPS = settings(
     max_examples=40,

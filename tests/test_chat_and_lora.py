@@ -12,16 +12,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from replayrl.config import ConfigError, ModelConfig, TaskConfig, load_config
-from replayrl.export import export_merged
-from replayrl.generation import HFGenerator, SamplingParams
-from replayrl.learner import AdaptersDisabled, AdapterSnapshot, Learner
-from replayrl.models import apply_lora, build_char_tokenizer, build_tiny_model
-from replayrl.policy import load_policy
-from replayrl.prompts import render_plain, render_prompt
-from replayrl.rollout import Rollout
-from replayrl.runner import resume, train
-from replayrl.tasks import ArithmeticTask
+from replayrl.config.schema import ConfigError, ModelConfig, TaskConfig, load_config
+from replayrl.data.rollout import Rollout
+from replayrl.learner.learner import AdaptersDisabled, AdapterSnapshot, Learner
+from replayrl.models.export import export_merged
+from replayrl.models.loading import apply_lora, build_char_tokenizer, build_tiny_model
+from replayrl.rollout.generation import HFGenerator, SamplingParams
+from replayrl.rollout.prompts import render_plain, render_prompt
+from replayrl.rollout.tasks import ArithmeticTask
+from replayrl.run.entry import resume, train
+from replayrl.run.policy import load_policy
 from tiny import TINY_MODEL, tiny_config
 
 needs_peft = pytest.mark.skipif(
@@ -336,7 +336,7 @@ def test_lora_checkpoint_holds_the_adapter_and_resume_matches(lora_runs) -> None
 
 @needs_peft
 def test_export_merged_loads_with_from_pretrained(lora_runs, tmp_path: Path) -> None:
-    from replayrl.cli import main
+    from replayrl.cli.main import main
 
     root, _, _ = lora_runs
     out = tmp_path / "merged"

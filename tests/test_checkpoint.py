@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from replayrl.checkpoint import (
+from replayrl.storage.checkpoint import (
     latest_checkpoint,
     load_state,
     rng_state,
@@ -56,7 +56,13 @@ def test_safe_state_round_trips_plain_state_without_pickle():
 
     import pytest
 
-    from replayrl.safe_state import StateFormatError, dumps, dumps_single, loads, loads_single
+    from replayrl.storage.safe_state import (
+        StateFormatError,
+        dumps,
+        dumps_single,
+        loads,
+        loads_single,
+    )
 
     x = torch.arange(6.0)
     state = {

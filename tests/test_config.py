@@ -1,4 +1,5 @@
-"""Tests for replayrl.config (defaults, YAML, dotted overrides, errors) and `replayrl config`."""
+"""Tests for replayrl.config.schema (defaults, YAML, dotted overrides, errors) and
+`replayrl config`."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from replayrl.cli import main
-from replayrl.config import (
+from replayrl.cli.main import main
+from replayrl.config.schema import (
     Config,
     ConfigError,
     build_config,

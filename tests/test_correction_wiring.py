@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from replayrl.config import load_config
-from replayrl.generation import HFGenerator, SamplingParams
-from replayrl.learner import Learner
-from replayrl.rollout import Rollout
+from replayrl.config.schema import load_config
+from replayrl.data.rollout import Rollout
+from replayrl.learner.learner import Learner
+from replayrl.rollout.generation import HFGenerator, SamplingParams
 
 BASE = [
     "rollout.prompts_per_step=2",

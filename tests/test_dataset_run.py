@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.config import ConfigError, load_config
-from replayrl.metrics import read_metrics
-from replayrl.runner import train
+from replayrl.config.schema import ConfigError, load_config
+from replayrl.run.entry import train
+from replayrl.run.metrics import read_metrics
 
 
 def test_dataset_task_with_local_model_and_file_reward(

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replayrl.tasks.base import Task
-from replayrl.tasks.datasets import DatasetTask, gsm8k_answer, load_rows
+from replayrl.rollout.tasks.base import Task
+from replayrl.rollout.tasks.datasets import DatasetTask, gsm8k_answer, load_rows
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

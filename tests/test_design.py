@@ -1,4 +1,4 @@
-"""Tests for replayrl.design (arXiv 2604.08706, "Theory (synchronous model)")."""
+"""Tests for replayrl.data.design (arXiv 2604.08706, "Theory (synchronous model)")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replayrl.design import (
+from replayrl.data.design import (
     DesignReport,
     buffer_design,
     closed_form_power_law,

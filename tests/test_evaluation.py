@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from replayrl.evaluation import evaluate, pass_at_k
-from replayrl.generation import Sample, SamplingParams
-from replayrl.metrics import MetricsLogger, read_metrics
-from replayrl.tasks import ArithmeticTask
+from replayrl.rollout.evaluation import evaluate, pass_at_k
+from replayrl.rollout.generation import Sample, SamplingParams
+from replayrl.rollout.tasks import ArithmeticTask
+from replayrl.run.metrics import MetricsLogger, read_metrics
 
 
 class ScriptedGenerator:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from replayrl.config import load_config
-from replayrl.metrics import read_metrics
+from replayrl.config.schema import load_config
+from replayrl.run.metrics import read_metrics
 from tiny import TINY_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def _run(script: str, *args: str, cwd: Path) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_model_dir() -> Path:
-    from replayrl.warmstart import ensure_warmstart
+    from replayrl.run.warmstart import ensure_warmstart
 
     cfg = load_config("grpo", TINY_MODEL)
     return ensure_warmstart(cfg.model, cfg.task, log=lambda _: None)

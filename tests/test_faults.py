@@ -9,7 +9,7 @@ Catalogue (each test names its case ids):
   F9 disk full while checkpointing           F10 refused override on resume
   F11 overwrite=true + bad model.path        F12 overwrite=true + bad dataset
   F13 hanging reward function                F14 reward returning text / NaN / wrong length
-  F15 slow reward function that raises       F16 over-long prompts (test_runner.py)
+  F15 slow reward function that raises       F16 over-long prompts (test_run.py)
   F17 exhausted worker restarts (run_guard)  F18 damaged spool file
   F19 start interrupted while replacing a run
   B1 train.steps=true  B2 NaN/inf floats  B3 empty model folder  B4 non-UTF-8 dataset row
@@ -33,15 +33,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replayrl.checkpoint import latest_checkpoint, load_state
-from replayrl.cli import main
-from replayrl.config import Config, ConfigError, load_config
+from replayrl.cli.main import main
+from replayrl.config.schema import Config, ConfigError, load_config
 from replayrl.distributed.worker import Delivery
-from replayrl.metrics import read_metrics
-from replayrl.rewards import WeightedReward, score
-from replayrl.run_folder import RunFailed, new_run_folder, run_guard
-from replayrl.runner import train
-from replayrl.tasks import task_from_config
+from replayrl.errors import RunFailed
+from replayrl.rollout.rewards import WeightedReward, score
+from replayrl.rollout.tasks import task_from_config
+from replayrl.run.entry import train
+from replayrl.run.folder import new_run_folder, run_guard
+from replayrl.run.metrics import read_metrics
+from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from tiny import TINY_RUN
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -222,7 +223,7 @@ def test_interrupted_start_puts_the_old_run_back(tmp_path: Path):  # F19
 
 
 def test_disk_full_while_checkpointing(base_run: Path, tmp_path: Path, capsys, monkeypatch):  # F9
-    import replayrl.checkpoint as ck
+    import replayrl.storage.checkpoint as ck
 
     run = copy_run(base_run, tmp_path)
     real = ck.save_state
@@ -250,7 +251,7 @@ def test_file_size_limit_mid_run(base_run: Path, tmp_path: Path):  # F8
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     proc = subprocess.run(
-        [sys.executable, "-m", "replayrl.cli", "train", "--resume", str(run), "train.steps=5"],
+        [sys.executable, "-m", "replayrl.cli.main", "train", "--resume", str(run), "train.steps=5"],
         env=env(),
         capture_output=True,
         text=True,
@@ -270,7 +271,7 @@ def test_file_size_limit_mid_run(base_run: Path, tmp_path: Path):  # F8
 def _start(run_root: Path, name: str) -> subprocess.Popen:
     argv = args(run_root, name, "train.steps=400", "checkpoint.every=1")
     return subprocess.Popen(
-        [sys.executable, "-m", "replayrl.cli", "train", *argv],
+        [sys.executable, "-m", "replayrl.cli.main", "train", *argv],
         env=env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

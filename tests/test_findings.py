@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.findings import (
+from replayrl.bench.findings import (
     at_x,
     finished_runs,
     gain,
@@ -250,8 +250,8 @@ def test_findings_script_evaluates_a_saved_policy(
 ) -> None:
     """`--passk` loads a run's saved policy the way `replayrl eval` does and scores it: the
     script's imports and calls must follow the library (a moved function broke it once)."""
-    from replayrl.checkpoint import save_checkpoint
-    from replayrl.config import config_to_yaml, load_config
+    from replayrl.config.schema import config_to_yaml, load_config
+    from replayrl.storage.checkpoint import save_checkpoint
 
     script = _script()
     ckpt = save_checkpoint(tmp_path, 1, tiny_model, char_tokenizer, {}, keep_last=1)

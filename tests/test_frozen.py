@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from replayrl.critic import ValueModel
-from replayrl.frozen import (
+from replayrl.learner.critic import ValueModel
+from replayrl.learner.frozen import (
     ADAPTERS_DISABLED,
     AdaptersDisabled,
     AdapterSnapshot,

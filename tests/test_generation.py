@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from replayrl.generation import HFGenerator, Sample, SamplingParams
-from replayrl.learner import collate, token_logprobs
-from replayrl.rollout import Rollout
+from replayrl.data.rollout import Rollout
+from replayrl.learner.learner import collate, token_logprobs
+from replayrl.rollout.generation import HFGenerator, Sample, SamplingParams
 
 # Mixed prompt lengths (4, 10 and 2 characters) so every generation batch is left-padded
 # differently from the right-padded learner batches.
@@ -280,8 +280,8 @@ def test_bfloat16_copy_follows_the_policy_weights(tiny_model, char_tokenizer):
 def test_config_selects_the_generation_implementation(tiny_model, char_tokenizer):
     """rollout.generation_impl reaches the generator; `generate` draws with
     torch.multinomial (transformers), so under one seed its samples differ from `fast`'s."""
-    from replayrl.config import load_config
-    from replayrl.generation import make_generator
+    from replayrl.config.schema import load_config
+    from replayrl.rollout.generation import make_generator
 
     impls = {}
     for impl in ("fast", "generate"):

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from replayrl.generation import HFGenerator, SamplingParams
-from replayrl.generation.decoders import HFDecoder, LlamaDecoder, llama_core, make_decoder
-from replayrl.learner import collate, token_logprobs
-from replayrl.rollout import Rollout
+from replayrl.data.rollout import Rollout
+from replayrl.learner.learner import collate, token_logprobs
+from replayrl.rollout.generation import HFGenerator, SamplingParams
+from replayrl.rollout.generation.decoders import HFDecoder, LlamaDecoder, llama_core, make_decoder
 
 # prompts of 2 to 12 characters: every batch is left-padded, some rows heavily
 PROMPTS = ["1+2=", "123+45678=", "9=", "77-3=", "400+12345678="]

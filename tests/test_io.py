@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.io import atomic_write_json, atomic_write_text, atomic_write_with
+from replayrl.storage.io import atomic_write_json, atomic_write_text, atomic_write_with
 
 
 def test_atomic_writes_replace_the_file(tmp_path: Path) -> None:

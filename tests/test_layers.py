@@ -1,6 +1,14 @@
-"""Import direction: arrows point down the data flow (cli -> run/recipes -> learner/generation/
-buffer -> algorithms/models), no cycles, no private imports. Read from the source with `ast`,
-function-level (lazy) imports included: a lazy import is still an arrow."""
+"""Import direction by package: arrows point down the data flow, never up or around.
+
+    api, cli, bench                      users' entry points and benchmark tooling
+      -> run, recipes, distributed       one training run: session, loops, runtimes
+        -> rollout, data, learner        produce rollouts, keep them, learn from them
+          -> algorithms, models, config  pure losses/advantages/samplers, model loading, schema
+            -> storage, errors           files that outlive a process; shared exceptions
+
+A module may import its own layer or any layer below, never one above. No cycles, no private
+imports. Read from the source with `ast`, function-level (lazy) imports included: a lazy import
+is still an arrow. README's "Layout" section draws the same picture."""
 
 from __future__ import annotations
 
@@ -12,38 +20,13 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 PKG = SRC / "replayrl"
 
-# the loop and everything above it; nothing in the lower layers may import these
-UPPER = (
-    "replayrl.api",
-    "replayrl.cli",
-    "replayrl.components",
-    "replayrl.distributed",
-    "replayrl.recipes",
-    "replayrl.run",
-    "replayrl.runner",
-    "replayrl.session",
-)
-# modules above the model/algorithm layer that models.py once reached into (the warm start's
-# task, the export's checkpoint) and the modules that now hold those jobs
-ABOVE_MODELS = (
-    "replayrl.tasks",
-    "replayrl.checkpoint",
-    "replayrl.warmstart",
-    "replayrl.export",
-    "replayrl.policy",
-)
-LOWER = (
-    "replayrl.algorithms",
-    "replayrl.models",
-    "replayrl.learner",
-    "replayrl.batching",
-    "replayrl.critic",
-    "replayrl.frozen",
-    "replayrl.logprobs",
-    "replayrl.precision",
-    "replayrl.generation",
-    "replayrl.buffer",
-    "replayrl.batch_source",
+# top to bottom; every subpackage (and top-level module) of replayrl sits in exactly one layer
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("api", "cli", "bench"),
+    ("run", "recipes", "distributed"),
+    ("rollout", "data", "learner"),
+    ("algorithms", "models", "config"),
+    ("storage", "errors"),
 )
 
 
@@ -61,7 +44,7 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 
 def imports_of(source: str) -> list[tuple[str, str]]:
     """(module, imported name) for every replayrl import anywhere in `source`; `from replayrl
-    import logprobs` counts as an import of the module replayrl.logprobs."""
+    import logprobs` counts as an import of the module replayrl.learner.logprobs."""
     out = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -116,24 +99,78 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_checks_see_lazy_imports_and_cycles() -> None:
     # the checks below would pass vacuously if the parsing or the cycle search saw nothing
-    src = "def f():\n    from replayrl.tasks import task_from_config\n"
-    assert imports_of(src) == [("replayrl.tasks", "task_from_config")]
-    assert imports_of("from replayrl import precision") == [("replayrl.precision", "")]
+    src = "def f():\n    from replayrl.rollout.tasks import task_from_config\n"
+    assert imports_of(src) == [("replayrl.rollout.tasks", "task_from_config")]
+    assert imports_of("from replayrl.models import precision") == [
+        ("replayrl.models.precision", "")
+    ]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
-    assert {"replayrl.models", "replayrl.learner", "replayrl.cli"} <= set(MODULES)
+    assert {"replayrl.models.loading", "replayrl.learner.learner", "replayrl.cli.main"} <= set(
+        MODULES
+    )
 
 
 def test_no_import_cycles() -> None:
     assert cycles(graph()) == []
 
 
-def test_models_imports_only_the_config() -> None:
-    """models.py is at the bottom: the warm start (which needs a task) is warmstart.py's, the
-    merged export (which reads checkpoints) is export.py's."""
-    imported = {mod for mod, _ in imports_of(MODULES["replayrl.models"].read_text())}
-    assert not {m for m in imported if _under(m, ABOVE_MODELS + UPPER)}
-    assert imported <= {"replayrl.config"}
+def _layer(module: str) -> int:
+    part = module.split(".")[1] if module.count(".") else ""
+    for depth, packages in enumerate(LAYERS):
+        if part in packages:
+            return depth
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS")
+
+
+def test_every_package_has_a_layer() -> None:
+    # the top-level files are the package's own entry (__init__, __main__) and nothing else
+    loose = {
+        m
+        for m in MODULES
+        if m.count(".") == 1
+        and m.split(".")[1] not in {p for layer in LAYERS for p in layer} | {"__main__"}
+    }
+    assert loose == set()
+    for module in MODULES:
+        if module not in ("replayrl", "replayrl.__main__"):
+            _layer(module)
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    assert _layer("replayrl.learner.learner") > _layer("replayrl.run.session")
+    assert _layer("replayrl.storage.io") > _layer("replayrl.models.loading")
+    assert upward_imports("replayrl.learner.x", "from replayrl.run.session import S") == {
+        "replayrl.run.session"
+    }
+    assert upward_imports("replayrl.run.x", "from replayrl.learner.learner import L") == set()
+
+
+def upward_imports(module: str, source: str) -> set[str]:
+    depth = _layer(module)
+    return {m for m, _ in imports_of(source) if m != "replayrl" and _layer(m) < depth}
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if m not in ("replayrl", "replayrl.__main__"))
+)
+def test_no_module_imports_a_layer_above_its_own(module: str) -> None:
+    upward = upward_imports(module, MODULES[module].read_text())
+    assert not upward, f"{module} imports {upward} (upward)"
+
+
+def test_models_loading_imports_only_the_config() -> None:
+    """models/loading.py is at the bottom: the warm start (which needs a task) is run/warmstart's,
+    the merged export reads checkpoints through storage."""
+    imported = {mod for mod, _ in imports_of(MODULES["replayrl.models.loading"].read_text())}
+    assert imported <= {"replayrl.config.schema"}
+
+
+def test_storage_imports_nothing_above_it() -> None:
+    for name, path in MODULES.items():
+        if name.startswith("replayrl.storage"):
+            imported = {m for m, _ in imports_of(path.read_text())}
+            assert {m for m in imported if not m.startswith("replayrl.storage")} == set()
 
 
 def test_algorithms_import_only_algorithms() -> None:
@@ -142,12 +179,6 @@ def test_algorithms_import_only_algorithms() -> None:
             imported = {m for m, _ in imports_of(path.read_text())}
             outside = {m for m in imported if not _under(m, ("replayrl.algorithms",))}
             assert not outside, f"{name} imports {outside}"
-
-
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if _under(m, LOWER)))
-def test_lower_layers_never_import_the_loop(module: str) -> None:
-    upward = {m for m, _ in imports_of(MODULES[module].read_text()) if _under(m, UPPER)}
-    assert not upward, f"{module} imports {upward} (upward)"
 
 
 def test_no_private_imports_between_modules() -> None:

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from replayrl import lean_forward
-from replayrl import logprobs as lp_mod
-from replayrl.batching import collate, shared_prompt_order
-from replayrl.logprobs import lean_impl, reference_impl, token_logprobs
-from replayrl.rollout import Rollout
+from replayrl.data.rollout import Rollout
+from replayrl.learner import lean_forward
+from replayrl.learner import logprobs as lp_mod
+from replayrl.learner.batching import collate, shared_prompt_order
+from replayrl.learner.logprobs import lean_impl, reference_impl, token_logprobs
 
 VOCAB = 40
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from replayrl.config import load_config
-from replayrl.generation import HFGenerator, SamplingParams
-from replayrl.learner import Learner, collate, token_logprobs
-from replayrl.rollout import Rollout
+from replayrl.config.schema import load_config
+from replayrl.data.rollout import Rollout
+from replayrl.learner.learner import Learner, collate, token_logprobs
+from replayrl.rollout.generation import HFGenerator, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ import importlib.util
 import pytest
 import torch
 
-from replayrl import logprobs as lp_mod
-from replayrl.config import ModelConfig
-from replayrl.learner import AdaptersDisabled, collate
-from replayrl.logprobs import reference_impl, token_logprobs, token_logprobs_full
-from replayrl.models import apply_lora
-from replayrl.rollout import Rollout
+from replayrl.config.schema import ModelConfig
+from replayrl.data.rollout import Rollout
+from replayrl.learner import logprobs as lp_mod
+from replayrl.learner.learner import AdaptersDisabled, collate
+from replayrl.learner.logprobs import reference_impl, token_logprobs, token_logprobs_full
+from replayrl.models.loading import apply_lora
 
 
 def _rollout(prompt: list[int], completion: list[int]) -> Rollout:
@@ -136,8 +136,8 @@ def test_full_flag_is_the_full_logits_computation(tiny_model, batch):
 
 
 def test_learner_reads_logprobs_impl():
-    from replayrl.config import load_config
-    from replayrl.learner import Learner
+    from replayrl.config.schema import load_config
+    from replayrl.learner.learner import Learner
 
     tiny = torch.nn.Linear(2, 2)  # only the optimizer sees it at construction
     for impl, full in (("chunked", False), ("full", True)):

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replayrl.rewards.loading import RewardLoadError, load_reward_function
-from replayrl.rewards.math import (
+from replayrl.rollout.rewards.loading import RewardLoadError, load_reward_function
+from replayrl.rollout.rewards.math import (
     _math_verify_match,
     answer_tag_format_reward,
     answers_match,
@@ -21,7 +21,7 @@ from replayrl.rewards.math import (
     last_boxed,
     math_reward,
 )
-from replayrl.rewards.scoring import WeightedReward, score
+from replayrl.rollout.rewards.scoring import WeightedReward, score
 
 # --- extraction -------------------------------------------------------------------------
 
@@ -246,7 +246,7 @@ def test_load_reward_function_relative_to_base_dir(tmp_path) -> None:
 
 
 def test_load_reward_function_from_module() -> None:
-    assert load_reward_function("replayrl.rewards.math:math_reward") is math_reward
+    assert load_reward_function("replayrl.rollout.rewards.math:math_reward") is math_reward
 
 
 def test_load_reward_function_errors(tmp_path) -> None:

@@ -8,12 +8,12 @@ import copy
 import pytest
 import torch
 
-from replayrl import precision
-from replayrl.config import load_config
-from replayrl.generation import HFGenerator, SamplingParams
-from replayrl.learner import collate, token_logprobs, unpad
-from replayrl.logprobs import refresh_behaviour_logprobs
-from replayrl.rollout import Rollout
+from replayrl.config.schema import load_config
+from replayrl.data.rollout import Rollout
+from replayrl.learner.learner import collate, token_logprobs, unpad
+from replayrl.learner.logprobs import refresh_behaviour_logprobs
+from replayrl.models import precision
+from replayrl.rollout.generation import HFGenerator, SamplingParams
 
 
 def _rollout(version: int, logps: list[float]) -> Rollout:
@@ -112,7 +112,7 @@ def test_learner_autocast_step_refreshes_fresh_behaviour_logprobs(tiny_model, ch
     rollouts in bf16 itself, so its first on-policy update sees ratios of 1."""
     import numpy as np
 
-    from replayrl.learner import Learner
+    from replayrl.learner.learner import Learner
 
     model = copy.deepcopy(tiny_model)
     with torch.no_grad():

@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.catalog import listing, preset_names, resolve_preset, resolve_suite, suite_names
-from replayrl.config import ConfigError, load_config
+from replayrl.config.catalog import (
+    listing,
+    preset_names,
+    resolve_preset,
+    resolve_suite,
+    suite_names,
+)
+from replayrl.config.schema import ConfigError, load_config
 
 CONFIGS = [resolve_preset(name) for name in preset_names()]
 
@@ -53,7 +59,7 @@ def test_presets_and_suites_resolve_by_name_from_any_folder(tmp_path: Path) -> N
 
 
 def test_every_shipped_suite_names_shipped_presets() -> None:
-    from replayrl.bench import load_suite, variant_config
+    from replayrl.bench.suite import load_suite, variant_config
 
     assert {"default", "async"} <= set(suite_names())
     for name in suite_names():

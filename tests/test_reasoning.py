@@ -7,17 +7,17 @@ import statistics
 import numpy as np
 import pytest
 
-from replayrl.config import load_config
-from replayrl.rewards.builtin import final_answer, final_answer_reward
-from replayrl.tasks import task_from_config
-from replayrl.tasks.reasoning import (
+from replayrl.config.schema import load_config
+from replayrl.rollout.rewards.builtin import final_answer, final_answer_reward
+from replayrl.rollout.tasks import task_from_config
+from replayrl.rollout.tasks.reasoning import (
     ALPHABET,
     ReasoningTask,
     add_trace,
     chain_trace,
     sub_trace,
 )
-from replayrl.warmstart import ensure_warmstart, warmstart_key
+from replayrl.run.warmstart import ensure_warmstart, warmstart_key
 
 
 def test_traces_show_the_working_and_end_with_the_answer() -> None:

@@ -7,10 +7,10 @@ import importlib.util
 import numpy as np
 import pytest
 
-from replayrl.config import ConfigError, load_config
-from replayrl.rewards import resolve_rewards, score
-from replayrl.rewards.reasoning_gym import extract_tagged_answer
-from replayrl.tasks import task_from_config
+from replayrl.config.schema import ConfigError, load_config
+from replayrl.rollout.rewards import resolve_rewards, score
+from replayrl.rollout.rewards.reasoning_gym import extract_tagged_answer
+from replayrl.rollout.tasks import task_from_config
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("reasoning_gym") is None, reason="reasoning-gym not installed"
@@ -99,7 +99,7 @@ def test_reward_runs_under_the_reward_timeout(monkeypatch):
     that hangs past rollout.reward_timeout_s drops that call's rollouts as "timeout"."""
     import threading
 
-    from replayrl.rewards import reasoning_gym as rg_reward
+    from replayrl.rollout.rewards import reasoning_gym as rg_reward
 
     task = _task()
     rows = task.eval_rows()[:2]

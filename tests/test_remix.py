@@ -11,11 +11,11 @@ import torch
 from replayrl.algorithms.advantages import gae
 from replayrl.algorithms.kl import kl_convex, kl_convex_lambda, kl_estimate
 from replayrl.algorithms.losses import clipped_value_loss, get_policy_loss
-from replayrl.checkpoint import load_state
-from replayrl.config import load_config
-from replayrl.learner import Learner
-from replayrl.metrics import read_metrics
-from replayrl.runner import train
+from replayrl.config.schema import load_config
+from replayrl.learner.learner import Learner
+from replayrl.run.entry import train
+from replayrl.run.metrics import read_metrics
+from replayrl.storage.checkpoint import load_state
 from tiny import tiny_config
 
 LOG = math.log

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.checkpoint import load_state
-from replayrl.cli import main
-from replayrl.config import load_config
-from replayrl.metrics import read_metrics
-from replayrl.runner import resume, train
+from replayrl.cli.main import main
+from replayrl.config.schema import load_config
+from replayrl.run.entry import resume, train
+from replayrl.run.metrics import read_metrics
+from replayrl.storage.checkpoint import load_state
 from tiny import tiny_config
 
 REPLAY = ["buffer.kind=replay", "buffer.capacity=16", "train.batch_size=12"]

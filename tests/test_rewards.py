@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from replayrl.rewards import (
+from replayrl.rollout.rewards import (
     BUILTIN_REWARDS,
     WeightedReward,
     correctness_reward,

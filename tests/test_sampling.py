@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from replayrl.generation.sampling import sample_next, top_p_keep
+from replayrl.rollout.generation.sampling import sample_next, top_p_keep
 
 N = 40_000
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from replayrl import warmstart
-from replayrl.config import load_config
-from replayrl.models import atomic_save_pretrained, build_char_tokenizer, build_tiny_model
-from replayrl.policy import load_policy
-from replayrl.prompts import PromptRenderer
-from replayrl.tasks import task_from_config
+from replayrl.config.schema import load_config
+from replayrl.models.loading import atomic_save_pretrained, build_char_tokenizer, build_tiny_model
+from replayrl.rollout.prompts import PromptRenderer
+from replayrl.rollout.tasks import task_from_config
+from replayrl.run import warmstart
+from replayrl.run.policy import load_policy
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("reasoning_gym") is None, reason="reasoning-gym not installed"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from replayrl.signal import RewardSignalMonitor, start_accuracy_warning
+from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
 
 
 def _step(groups: list[list[float]]) -> list[tuple[int, float]]:
@@ -71,7 +71,7 @@ def test_a_run_without_reward_variance_says_so(tmp_path) -> None:
     so every reward is 0: the start warning, per-step metrics and the K-step warning."""
     import json
 
-    from replayrl.run import train
+    from replayrl.run.entry import train
     from tiny import tiny_config
 
     cfg = tiny_config(
@@ -113,7 +113,7 @@ def test_an_async_run_feeds_the_monitor_its_fresh_deliveries(tmp_path) -> None:
     """async-local: the rollouts delivered since the last learner step are one step's."""
     import json
 
-    from replayrl.run import train
+    from replayrl.run.entry import train
     from tiny import tiny_config
 
     cfg = tiny_config(

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from replayrl import prepare as prep
-from replayrl.catalog import resolve_preset
-from replayrl.config import load_config
-from replayrl.models import prepared_model_dir
+from replayrl.config.catalog import resolve_preset
+from replayrl.config.schema import load_config
+from replayrl.models import prepare as prep
+from replayrl.models.loading import prepared_model_dir
 
 needs_smollm2 = pytest.mark.skipif(
     not prep.smollm2_available(),
@@ -68,7 +68,7 @@ def test_prepared_folder_loads_and_generates(prepared: Path) -> None:
 
 @needs_smollm2
 def test_one_lora_step_of_the_preset(prepared: Path, tmp_path: Path) -> None:
-    from replayrl.runner import train
+    from replayrl.run.entry import train
 
     root = Path(__file__).resolve().parents[1]
     reward = resolve_preset("smollm2-gsm").parent / "rewards" / "answer_format.py"
@@ -101,10 +101,10 @@ def test_lean_decoder_matches_transformers_on_smollm2(prepared: Path) -> None:
     greedy tokens, and sampled log-probs within 1e-4 of a full forward."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from replayrl.generation import HFGenerator, SamplingParams
-    from replayrl.generation.decoders import llama_core
-    from replayrl.learner import collate, token_logprobs
-    from replayrl.rollout import Rollout
+    from replayrl.data.rollout import Rollout
+    from replayrl.learner.learner import collate, token_logprobs
+    from replayrl.rollout.generation import HFGenerator, SamplingParams
+    from replayrl.rollout.generation.decoders import llama_core
 
     model = AutoModelForCausalLM.from_pretrained(prepared).eval()
     tok = AutoTokenizer.from_pretrained(prepared)

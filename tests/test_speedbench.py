@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replayrl.speedbench import Row, decode_bound, format_table, matmul_params
+from replayrl.bench.speed import Row, decode_bound, format_table, matmul_params
 
 
 def test_decode_bound_is_memory_or_compute_limited():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replayrl.tasks import ArithmeticTask, make_task
-from replayrl.tasks.arithmetic import add_with_carry_errors
+from replayrl.rollout.tasks import ArithmeticTask, make_task
+from replayrl.rollout.tasks.arithmetic import add_with_carry_errors
 
 
 def _pairs(rows):

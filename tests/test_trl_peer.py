@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.config import load_config
-from replayrl.metrics import read_metrics
+from replayrl.config.schema import load_config
+from replayrl.run.metrics import read_metrics
 from tiny import TINY_RUN
 
 pytest.importorskip("trl")
 
-from replayrl.peers.trl_grpo import (  # noqa: E402
+from replayrl.bench.peers.trl_grpo import (  # noqa: E402
     ROW_COLUMN,
     _make_trainer,
     _Recorder,
@@ -118,11 +118,11 @@ def test_trl_gradient_equals_our_learners(tmp_path: Path, loss_agg: str) -> None
     import torch
     from transformers import TrainerCallback
 
-    from replayrl.learner import Learner, collate, token_logprobs
-    from replayrl.metrics import MetricsLogger
-    from replayrl.policy import load_policy
-    from replayrl.rollout import Rollout
-    from replayrl.tasks import make_task
+    from replayrl.data.rollout import Rollout
+    from replayrl.learner.learner import Learner, collate, token_logprobs
+    from replayrl.rollout.tasks import make_task
+    from replayrl.run.metrics import MetricsLogger
+    from replayrl.run.policy import load_policy
 
     cfg = _tiny_cfg(
         "rewards=[{name: correctness}, {name: digits_format, weight: 0.5}]",
@@ -197,8 +197,8 @@ def test_trl_gets_the_prompt_text_our_runner_generates_from(
     conversational rows, with and without a system prompt and a template."""
     import copy
 
-    from replayrl.peers.trl_grpo import trl_prompts
-    from replayrl.prompts import PromptRenderer
+    from replayrl.bench.peers.trl_grpo import trl_prompts
+    from replayrl.rollout.prompts import PromptRenderer
 
     tok = copy.deepcopy(char_tokenizer)
     tok.chat_template = TEMPLATE if template else None
@@ -232,8 +232,8 @@ def test_recorder_evaluates_conversational_prompts_through_the_template(
     our runner does (it crashed in the tokenizer before)."""
     import copy
 
-    from replayrl.metrics import MetricsLogger
-    from replayrl.tasks import make_task
+    from replayrl.rollout.tasks import make_task
+    from replayrl.run.metrics import MetricsLogger
 
     tok = copy.deepcopy(char_tokenizer)
     tok.chat_template = TEMPLATE
@@ -258,10 +258,10 @@ def test_rewards_get_the_rows_prompt_and_completion_as_our_runner_gives_them(
     for a conversational prompt), and train accuracy must score the completion text."""
     import copy
 
-    from replayrl.metrics import MetricsLogger
-    from replayrl.peers.trl_grpo import trl_prompts
-    from replayrl.rewards import WeightedReward
-    from replayrl.tasks import make_task
+    from replayrl.bench.peers.trl_grpo import trl_prompts
+    from replayrl.rollout.rewards import WeightedReward
+    from replayrl.rollout.tasks import make_task
+    from replayrl.run.metrics import MetricsLogger
 
     tok = copy.deepcopy(char_tokenizer)
     tok.chat_template = TEMPLATE

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from replayrl.config import VLLMConfig, load_config
-from replayrl.generation import HFGenerator, SamplingParams, make_generator
-from replayrl.generation.vllm import VLLMGenerator
+from replayrl.config.schema import VLLMConfig, load_config
+from replayrl.rollout.generation import HFGenerator, SamplingParams, make_generator
+from replayrl.rollout.generation.vllm import VLLMGenerator
 
 ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # char tokenizer ids: "</s>"=1, "+"=5, "0"=6, "1"=7, "2"=8, "3"=9, "9"=15, "="=16
@@ -324,7 +324,8 @@ def test_make_generator_vllm_refuses_lora(monkeypatch, tiny_model, char_tokenize
 
 def test_package_import_does_not_load_the_vllm_backend():
     code = (
-        "import sys, replayrl.generation; "
-        "assert 'replayrl.generation.vllm' not in sys.modules; assert 'vllm' not in sys.modules"
+        "import sys, replayrl.rollout.generation; "
+        "assert 'replayrl.rollout.generation.vllm' not in sys.modules; "
+        "assert 'vllm' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

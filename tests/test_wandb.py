@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from replayrl.api import ReplayConfig, ReplayTrainer
-from replayrl.metrics import WANDB_ID_FILE, numeric, read_metrics
+from replayrl.api.trainer import ReplayConfig, ReplayTrainer
+from replayrl.run.metrics import WANDB_ID_FILE, numeric, read_metrics
 from tiny import TINY_RUN
 
 TINY = [*TINY_RUN, "train.threads=1", "eval.every=1"]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import replayrl.learner as learner_module
+import replayrl.learner.learner as learner_module
 from replayrl.algorithms import (
     AGGREGATIONS,
     POLICY_LOSSES,
@@ -27,16 +27,16 @@ from replayrl.algorithms import (
     get_policy_loss,
     register_policy_loss,
 )
-from replayrl.batching import collate
-from replayrl.config import ConfigError, load_config
-from replayrl.critic import ValueModel
-from replayrl.generation import HFGenerator, SamplingParams
-from replayrl.learner import Learner, token_logprobs
-from replayrl.metrics import Progress, read_metrics
+from replayrl.config.schema import ConfigError, load_config
+from replayrl.data.rollout import Rollout
+from replayrl.learner.batching import collate
+from replayrl.learner.critic import ValueModel
+from replayrl.learner.learner import Learner, token_logprobs
 from replayrl.recipes.sync import resolve_design, sync_step
-from replayrl.rollout import Rollout
-from replayrl.runner import train
-from replayrl.session import Session
+from replayrl.rollout.generation import HFGenerator, SamplingParams
+from replayrl.run.entry import train
+from replayrl.run.metrics import Progress, read_metrics
+from replayrl.run.session import Session
 from tiny import tiny_config
 
 

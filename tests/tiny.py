@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replayrl.config import Config, load_config
+from replayrl.config.schema import Config, load_config
 
 TINY_MODEL = [
     "model.tiny.num_layers=1",

@@ -34,18 +34,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from replayrl.api import ReplayConfig, ReplayTrainer
-    from replayrl.callbacks import ReplayCallback
-    from replayrl.catalog import preset_names
-    from replayrl.config import Config, load_config
+    from replayrl.api.trainer import ReplayConfig, ReplayTrainer
+    from replayrl.config.catalog import preset_names
+    from replayrl.config.schema import Config, load_config
+    from replayrl.run.callbacks import ReplayCallback
 
 _LAZY = {
-    "ReplayConfig": "replayrl.api_config",
-    "ReplayTrainer": "replayrl.api",
-    "ReplayCallback": "replayrl.callbacks",
-    "preset_names": "replayrl.catalog",
-    "Config": "replayrl.config",
-    "load_config": "replayrl.config",
+    "ReplayConfig": "replayrl.api.config",
+    "ReplayTrainer": "replayrl.api.trainer",
+    "ReplayCallback": "replayrl.run.callbacks",
+    "preset_names": "replayrl.config.catalog",
+    "Config": "replayrl.config.schema",
+    "load_config": "replayrl.config.schema",
 }
 
 

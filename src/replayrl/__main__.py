@@ -1,5 +1,5 @@
 import sys
 
-from replayrl.cli import main
+from replayrl.cli.main import main
 
 sys.exit(main())

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 import yaml
 
-from replayrl.config import Config, build_config, config_to_yaml
+from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.weights import SharedWeights
 from replayrl.distributed.worker import Delivery, GeneratorWorker
-from replayrl.io import quiet_transformers
-from replayrl.run_folder import RunFailed
+from replayrl.errors import RunFailed
+from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
 _POLL_S = 0.02

@@ -20,17 +20,17 @@ import numpy as np
 import torch
 import yaml
 
-from replayrl.accounting import RoleClock, format_accounting
-from replayrl.checkpoint import latest_checkpoint
-from replayrl.components import buffer_kwargs, build_learner
-from replayrl.config import Config, build_config, config_to_yaml
+from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.ddp import data_parallel, free_port, init_group, weights_digest
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
-from replayrl.io import quiet_transformers
+from replayrl.errors import RunFailed
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
-from replayrl.run_folder import RunFailed
-from replayrl.session import StopOnSigint
+from replayrl.run.accounting import RoleClock, format_accounting
+from replayrl.run.components import buffer_kwargs, build_learner
+from replayrl.run.session import StopOnSigint
+from replayrl.storage.checkpoint import latest_checkpoint
+from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
 _POLL_S = 0.2  # how often the driver checks for Ctrl-C while the learner actor runs
@@ -79,7 +79,7 @@ class BufferActor:
     """The replay buffer / on-policy queue, held by its own actor."""
 
     def __init__(self, kind: str, capacity: int | None, kwargs: dict[str, Any]) -> None:
-        from replayrl.buffer import make_buffer
+        from replayrl.data.buffer import make_buffer
 
         self.buffer = make_buffer(kind, capacity, **kwargs)
 
@@ -165,7 +165,7 @@ class FollowerActor:
 
     def __init__(self, cfg_yaml: str, rank: int, world: int, policy_path: str | None) -> None:
         _quiet()
-        from replayrl.policy import load_policy
+        from replayrl.run.policy import load_policy
 
         cfg = build_config(yaml.safe_load(cfg_yaml))
         if cfg.train.threads:

@@ -15,15 +15,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from replayrl.buffer.base import rollout_from_dict, rollout_to_dict
-from replayrl.components import build_producer
-from replayrl.config import Config
+from replayrl.config.schema import Config
+from replayrl.data.buffer.base import rollout_from_dict, rollout_to_dict
+from replayrl.data.rollout import Rollout
 from replayrl.distributed.weights import load_trainable
-from replayrl.io import atomic_write_with
-from replayrl.models import unwrap_model
-from replayrl.policy import load_policy
-from replayrl.rollout import Rollout
-from replayrl.safe_state import dumps_single, loads_single
+from replayrl.models.loading import unwrap_model
+from replayrl.run.components import build_producer
+from replayrl.run.policy import load_policy
+from replayrl.storage.io import atomic_write_with
+from replayrl.storage.safe_state import dumps_single, loads_single
 
 Log = Callable[[str], None]
 

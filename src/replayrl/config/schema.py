@@ -1,0 +1,594 @@
+"""Typed run configuration: YAML presets + dotted `key=value` overrides, validated by pydantic.
+
+Knob names follow TRL/verl where they exist (num_generations, epsilon, epsilon_high, beta,
+loss_type, kl_estimator) so users coming from those tools recognise them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message names the key and the value."""
+
+
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type admits a bool (bool itself, Any, or a union/Literal with one)."""
+    if annotation is bool or annotation is Any:
+        return True
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        return any(isinstance(a, bool) for a in args)
+    return any(_takes_bool(a) for a in args)
+
+
+def _wants_number(annotation: Any) -> bool:
+    if annotation in (int, float):
+        return True
+    return any(_wants_number(a) for a in get_args(annotation))
+
+
+class _Section(BaseModel):
+    # numbers accepted where text is expected: `logging.name=2024` is a name, not an error;
+    # NaN and inf are never a meaningful setting (allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        coerce_numbers_to_str=True,
+        allow_inf_nan=False,
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true as 1 for an int field: `train.steps=true` would train 1 step
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            annotation = cls.model_fields[info.field_name].annotation
+            if _wants_number(annotation) and not _takes_bool(annotation):
+                raise ValueError(f"expected a number, not the boolean {str(value).lower()}")
+        return value
+
+
+class TinyModelConfig(_Section):
+    """The built-in tiny Llama used when `model.path` is not set."""
+
+    num_layers: int = Field(2, ge=1)
+    hidden_size: int = Field(128, ge=8)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(512, ge=8)
+
+
+class WarmStartConfig(_Section):
+    """Short deterministic SFT so RL starts from a policy that is sometimes right."""
+
+    enabled: bool = True
+    steps: int = Field(600, ge=0)  # phase 1: SFT on correct answers
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    # Phase 2: SFT on a teacher that forgets each carry with probability
+    # `teacher_carry_error`: a systematic, fixable mistake (like a base model's), so the
+    # policy is sometimes right and RL has something real to correct.
+    mistake_steps: int = Field(150, ge=0)
+    mistake_lr: float = Field(1e-3, gt=0)
+    teacher_carry_error: float = Field(0.8, ge=0, le=1)
+    seed: int = 1234
+
+
+class LoraConfig(_Section):
+    """LoRA adapters via `peft` (the `lora` extra): only the adapters are trained, and the KL
+    reference is the base model with the adapters disabled (no second copy)."""
+
+    enabled: bool = False
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)  # scaling = alpha / r
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "v_proj"]
+
+    @model_validator(mode="after")
+    def _needs_targets(self) -> LoraConfig:
+        if self.enabled and not self.target_modules:
+            raise ValueError("model.lora.target_modules must name at least one module")
+        return self
+
+
+class SFTWarmupConfig(_Section):
+    """A short supervised warm-up of a pretrained model (`model.path`) on the task's own
+    answers before RL (full fine-tuning, fp32), built once per config and cached like the tiny
+    model's warm start. For a model that can do the task but not in the reward's format (an
+    instruct model that never writes reasoning-gym's `<answer>` tags): SFT first, then RL, as
+    the papers' runs start from SFT models. Off (0 steps) by default."""
+
+    steps: int = Field(0, ge=0)
+    batch_size: int = Field(8, ge=1)
+    lr: float = Field(2e-5, gt=0)
+    # the teacher's answer is replaced by a near miss with this probability (the task's
+    # `sft_completion`), so the start policy is sometimes right and has mistakes RL can fix
+    teacher_error: float = Field(0.0, ge=0, le=1)
+    # forward/backward under CPU autocast (fp32 master weights); bf16 is ~2x faster on CPUs
+    # with AVX-512 BF16 and the warm-up is a starting point, not a measured result
+    autocast: Literal["none", "bfloat16"] = "bfloat16"
+    # > 0: train LoRA adapters of this rank on every linear layer, then merge them into the
+    # weights (much faster on CPU: no full-size optimizer state); 0: full fine-tuning
+    lora_r: int = Field(16, ge=0)
+    seed: int = 1234
+
+
+class ModelConfig(_Section):
+    # a local HF folder, a model prepared by `replayrl prepare` (e.g. smollm2-135m), or a hub
+    # id (needs a network); None = the built-in tiny model
+    path: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
+    lora: LoraConfig = LoraConfig()
+    tiny: TinyModelConfig = TinyModelConfig()
+    warmstart: WarmStartConfig = WarmStartConfig()  # the built-in tiny model's
+    sft: SFTWarmupConfig = SFTWarmupConfig()  # a pretrained model's (model.path)
+
+
+class PrecisionConfig(_Section):
+    """Numeric precision of generation and learning (BENCHMARKS.md: speed and log-prob
+    mismatch per setting). Master weights stay in `model.dtype`."""
+
+    # dtype the generator samples in: auto = model.dtype; bfloat16 with float32 weights
+    # samples from a bf16 copy refreshed at every generation (~2x faster on AVX-512 BF16 CPUs)
+    generation: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # learner forward/backward under torch.autocast to this dtype (fp32 master weights)
+    learner_autocast: Literal["none", "bfloat16", "float16"] = "none"
+    # oneDNN fp32 matmul kernels on CPU (kept only where a self-check shows fp32 accuracy)
+    fast_fp32_matmul: bool = True
+    # learner recomputes log pi_old of fresh rollouts in its own precision (ratio exactly 1
+    # before the first update); auto = when generation or learner precision is reduced
+    recompute_behaviour_logprobs: Literal["auto", "always", "never"] = "auto"
+    # truncated importance sampling (Yao et al. 2025; algorithms/correction.py): each token's
+    # loss weighted by min(pi_learner_old / pi_sampler, C) with this C (the paper uses 2), to
+    # correct for tokens drawn by a reduced-precision sampler; needs the learner's own log
+    # pi_old (recompute_behaviour_logprobs active); null = off
+    truncated_is_cap: float | None = Field(None, gt=0)
+
+
+class ReasoningGymConfig(_Section):
+    """task.name=reasoning_gym: generated tasks of the reasoning-gym package."""
+
+    datasets: list[str] = []  # dataset names, e.g. [basic_arithmetic, chain_sum]
+    size: int = Field(10_000, ge=1)  # training items per dataset (seed: task.seed)
+    config: dict[str, dict[str, Any]] = {}  # per-dataset keyword arguments
+    weights: dict[str, float] = {}  # sampling weight per dataset (default 1 each)
+
+
+class TaskConfig(_Section):
+    # arithmetic: the built-in generated task; dataset: rows from a local file (`path`);
+    # reasoning: built-in written-out arithmetic (long traces, final answer after `#`);
+    # reasoning_gym: reasoning-gym's generated tasks (`reasoning_gym`)
+    name: Literal["arithmetic", "dataset", "reasoning", "reasoning_gym"] = "arithmetic"
+    digits: int = Field(2, ge=1, le=9)  # arithmetic's difficulty knob: digits per operand
+    # reasoning (tasks/reasoning.py): the operation, operand lengths min_digits..digits, and
+    # the number of terms of a chain
+    op: Literal["add", "sub", "chain"] = "add"
+    min_digits: int = Field(1, ge=1, le=9)
+    terms: int = Field(4, ge=3, le=8)
+    eval_size: int = Field(200, ge=1)
+    seed: int = 0
+    path: str | None = None  # dataset: JSONL, JSON, parquet or CSV file
+    eval_path: str | None = None  # dataset: a separate held-out file (else a seeded split)
+    prompt_column: str = "prompt"  # text, or a list of {role, content} messages
+    answer_column: str = "answer"
+    solution_column: str = "solution"  # format=math: the answer is its last \boxed{}
+    format: Literal["plain", "gsm8k", "math"] = "plain"  # gsm8k: answer after "####"
+    # render prompts with the tokenizer's chat template when it has one (see prompts.py)
+    chat_template: bool = True
+    system_prompt: str | None = None  # put first in every prompt (unless a row has its own)
+    reasoning_gym: ReasoningGymConfig = ReasoningGymConfig()
+
+    @model_validator(mode="after")
+    def _dataset_needs_path(self) -> TaskConfig:
+        if self.name == "dataset" and not self.path:
+            raise ValueError("task.path must name a local data file for task.name=dataset")
+        if self.name == "reasoning_gym" and not self.reasoning_gym.datasets:
+            raise ValueError("task.reasoning_gym.datasets must name at least one dataset")
+        return self
+
+
+class RewardSpec(_Section):
+    name: str  # built-in name ("correctness", "format")
+    weight: float = 1.0
+
+
+class RolloutConfig(_Section):
+    prompts_per_step: int = Field(16, ge=1)
+    num_generations: int = Field(8, ge=1)  # group size G
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(8, ge=1)
+    generation_batch_size: int = Field(256, ge=1)
+    # seconds one reward-function call may take before its rollouts are dropped (reason
+    # "timeout"; the call is abandoned in a background thread); null: no timeout
+    reward_timeout_s: float | None = Field(60.0, gt=0)
+    # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`)
+    backend: Literal["hf", "vllm"] = "hf"
+    # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling, an
+    # in-place KV cache for Llama-architecture models; ~2-3x); fast_hf = the same loop over
+    # transformers' own forward and cache (what fast does for other architectures);
+    # generate = transformers generate + torch.multinomial, the implementation before 0.2
+    # (other random draws: select it to reproduce runs and BENCHMARKS.md's default suite)
+    generation_impl: Literal["fast", "fast_hf", "generate"] = "fast"
+
+
+class VLLMConfig(_Section):
+    """vLLM engine settings (rollout.backend = vllm; GPU only)."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    enforce_eager: bool = True  # no CUDA graph capture: faster start, weights swap cleanly
+    max_model_len: int | None = Field(None, ge=1)  # None: prompt + max_new_tokens bound
+    seed: int = 0
+
+
+class BufferConfig(_Section):
+    kind: Literal["onpolicy", "replay"] = "onpolicy"
+    # None: unbounded (onpolicy only); "auto": N from `replayrl design` on a measured warm-up
+    capacity: PositiveInt | Literal["auto"] | None = None
+    sampler: Literal["uniform", "positive_bias"] = "uniform"
+    delta: float = Field(0.0, ge=0, lt=1)
+    with_replacement: bool = False
+    num_shards: int = Field(1, ge=1)
+    max_staleness: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _replay_needs_capacity(self) -> BufferConfig:
+        if self.kind == "replay" and self.capacity is None:
+            raise ValueError("buffer.capacity must be set for buffer.kind=replay")
+        if self.kind == "onpolicy" and self.capacity == "auto":
+            raise ValueError("buffer.capacity=auto needs buffer.kind=replay")
+        return self
+
+
+class DesignConfig(_Section):
+    """Inputs of paper 1's cost model, used when capacity or batch size is `auto`."""
+
+    alpha: float = Field(0.25, ge=0, lt=0.5)  # power-law exponent of sigma(x)
+    rho: float = Field(0.5, ge=0, le=1)  # correlation between buffer items
+    warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu
+
+
+class AlgorithmConfig(_Section):
+    # names registered in replayrl.algorithms (POLICY_LOSSES, AGGREGATIONS, ADVANTAGES):
+    # a loss registered before the config is built is accepted like a built-in one
+    loss_type: str = "grpo_clip"  # grpo_clip | asymre | mix_ppg | ...
+    epsilon: float = Field(0.2, ge=0)
+    epsilon_high: float | None = Field(None, ge=0)  # None: same as epsilon
+    # token_mean | seq_mean | dr_grpo (sum / (B * rollout.max_new_tokens), a constant)
+    loss_agg: str = "token_mean"
+    scale_rewards: bool = True  # False = Dr.GRPO (no std normalisation)
+    asymre_delta_v: float = -0.1
+    # grpo: group-relative advantage stored at generation; gae: PPO with a critic (`critic`)
+    advantage: str = "grpo"
+    entropy_coef: float = Field(0.0, ge=0)  # entropy bonus c (ReMix: 0.001)
+
+    @field_validator("loss_type")
+    @classmethod
+    def _registered_loss(cls, v: str) -> str:
+        from replayrl.algorithms import POLICY_LOSSES
+
+        return POLICY_LOSSES.check(v)
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _registered_agg(cls, v: str) -> str:
+        from replayrl.algorithms import AGGREGATIONS
+
+        return AGGREGATIONS.check(v)
+
+    @field_validator("advantage")
+    @classmethod
+    def _registered_advantage(cls, v: str) -> str:
+        from replayrl.algorithms import ADVANTAGES
+
+        return ADVANTAGES.check(v)
+
+
+class KLScheduleConfig(_Section):
+    """lambda(t) = max(1 - decrement * ceil(max(t - start, 0) / every), floor) (paper 2)."""
+
+    start: int = Field(50, ge=0)
+    every: int = Field(10, ge=1)
+    decrement: float = Field(0.1, ge=0, le=1)
+    floor: float = Field(0.5, ge=0, le=1)
+
+
+class KLConfig(_Section):
+    beta: float = Field(0.0, ge=0)  # 0 = no KL term (and no frozen copies kept)
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    # reference: KL(pi || pi_ref), pi_ref = the initial policy;
+    # convex: ReMix's lambda KL(pi || pi_base) + (1 - lambda) KL(pi || pi_{k-1})
+    target: Literal["reference", "convex"] = "reference"
+    schedule: KLScheduleConfig = KLScheduleConfig()
+
+
+class RemixConfig(_Section):
+    """ReMix (paper 2): Mix-PPG over fresh + recent-policy rollouts, then reincarnation."""
+
+    enabled: bool = False
+    off_policy_fraction: float = Field(0.4, ge=0, lt=1)  # p: share of the batch replayed
+    num_policies: int = Field(2, ge=1)  # N_pol: replay rollouts of the last N_pol policies
+    utd: int = Field(2, ge=1)  # m: gradient passes over each batch before reincarnation
+    reincarnation_step: int | None = Field(50, ge=0)  # T; None = never
+    utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
+
+
+class CriticConfig(_Section):
+    """PPO's value model (used when algorithm.advantage = gae)."""
+
+    lr: float = Field(1e-5, gt=0)
+    value_clip: float | None = Field(0.5, gt=0)
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    warmup_steps: int = Field(0, ge=0)  # critic-only updates before the policy moves
+
+
+class TrainConfig(_Section):
+    steps: int = Field(80, ge=0)
+    # rollouts per step's batch B; None = R; "auto" = from `replayrl design` (see `design`)
+    batch_size: PositiveInt | Literal["auto"] | None = None
+    mini_batch_size: int | None = Field(None, ge=1)  # rollouts per optimizer update; None = B
+    epochs: int = Field(1, ge=1)  # passes over each batch (update-to-data ratio)
+    micro_batch_size: int = Field(64, ge=1)  # memory only: gradient accumulation chunk
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    seed: int = 0
+    threads: int | None = Field(None, ge=1)  # torch intra-op threads; None = torch default
+    # learner log-probs: chunked = completion positions only, output head in chunks (less
+    # memory, faster); full = full-vocabulary logits of every position, the implementation
+    # before 0.2 (rounding differs at ~1e-7: select it to reproduce older runs bit for bit)
+    logprobs_impl: Literal["chunked", "full"] = "chunked"
+
+
+class EvalConfig(_Section):
+    every: int = Field(10, ge=0)  # steps between evals; 0 = only at start and end
+    num_prompts: int | None = Field(None, ge=1)  # None = the whole eval split
+    pass_k: int = Field(0, ge=0)  # >1: also pass@k at `temperature`
+    temperature: float = Field(1.0, gt=0)
+    batch_size: int = Field(256, ge=1)
+
+
+class LoggingConfig(_Section):
+    run_dir: str = "runs"
+    name: str = "demo"
+    overwrite: bool = False  # replace an existing run folder of the same name
+    tensorboard: bool = True
+    # Weights & Biases (the `wandb` extra), beside JSONL and TensorBoard, with the same metric
+    # names and the run config; WANDB_MODE=offline works without an account or network
+    wandb: bool = False
+    wandb_project: str = "replayrl"
+    wandb_entity: str | None = None
+    progress: bool = True
+    # a completion containing any of these counts toward `reflection_rate` (paper 2's finding)
+    reflection_words: list[str] = ["wait", "check", "verify", "let me"]
+    # warn after this many consecutive steps without reward variance (signal.py)
+    no_signal_patience: int = Field(5, ge=1)
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(0, ge=0)  # steps between checkpoints; 0 = only at the end
+    keep_last: int = Field(2, ge=1)
+
+
+class WorkersConfig(_Section):
+    """Asynchronous runtimes: W generator workers and T learners running concurrently."""
+
+    generators: int = Field(1, ge=1)  # W
+    learners: int = Field(1, ge=1)  # T (data parallel; each samples its own buffer shard)
+    sync_every: int = Field(1, ge=1)  # k: generators get new weights every k learner steps
+    # bound on learner version - rollout version for every trained rollout; None = unbounded
+    max_staleness: int | None = Field(None, ge=0)
+    # drop: stale rollouts are removed from the buffer (counted); wait: also pause the learner
+    # until generators deliver rollouts within the bound (fewer drops, less learner overrun)
+    on_stale: Literal["drop", "wait"] = "drop"
+    # uses of each generated rollout the learner may not exceed (trained / received);
+    # auto = B / R, the synchronous loop's replay ratio; None = train as fast as possible
+    replay_ratio: float | Literal["auto"] | None = "auto"
+    generator_threads: int = Field(1, ge=1)  # torch threads per generator worker
+    max_pending_batches: int = Field(4, ge=1)  # backpressure: undelivered batches per worker
+    max_restarts: int = Field(3, ge=0)  # per worker, before the run fails
+    startup_timeout: float = Field(600.0, gt=0)  # seconds for a worker to load its model
+
+
+class RayConfig(_Section):
+    """`runtime: ray`: where and how the actors are placed."""
+
+    address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join
+    num_cpus: int | None = Field(None, ge=1)  # local instance only; None = all cores
+    generator_num_cpus: float = Field(1.0, ge=0)
+    generator_num_gpus: float = Field(0.0, ge=0)
+    learner_num_cpus: float = Field(1.0, ge=0)
+    learner_num_gpus: float = Field(0.0, ge=0)
+    buffer_num_cpus: float = Field(0.0, ge=0)
+
+
+class Config(_Section):
+    # sync: one process, generate then train; async-local: generator processes on this
+    # machine train concurrently with the learner; ray: generators, buffer, learners as actors
+    runtime: Literal["sync", "async-local", "ray"] = "sync"
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rewards: list[RewardSpec] = [RewardSpec(name="correctness", weight=1.0)]
+    rollout: RolloutConfig = RolloutConfig()
+    buffer: BufferConfig = BufferConfig()
+    design: DesignConfig = DesignConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    kl: KLConfig = KLConfig()
+    remix: RemixConfig = RemixConfig()
+    critic: CriticConfig = CriticConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    logging: LoggingConfig = LoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    workers: WorkersConfig = WorkersConfig()
+    ray: RayConfig = RayConfig()
+    vllm: VLLMConfig = VLLMConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+
+    @property
+    def rollouts_per_step(self) -> int:
+        """R: rollouts generated each step."""
+        return self.rollout.prompts_per_step * self.rollout.num_generations
+
+    @property
+    def batch_size(self) -> int:
+        """B: rollouts in each step's training batch (R when unset; resolve `auto` first)."""
+        b = self.train.batch_size
+        if b == "auto":
+            raise ValueError("train.batch_size=auto is resolved at the start of a run")
+        return b or self.rollouts_per_step
+
+    @property
+    def needs_design(self) -> bool:
+        return self.buffer.capacity == "auto" or self.train.batch_size == "auto"
+
+    @model_validator(mode="after")
+    def _check_batches(self) -> Config:
+        mini = self.train.mini_batch_size
+        if self.train.batch_size == "auto":
+            if self.buffer.kind != "replay":
+                raise ValueError("train.batch_size=auto needs buffer.kind=replay")
+        elif mini is not None and mini > self.batch_size:
+            raise ValueError(
+                f"train.mini_batch_size={mini} is larger than the batch size B={self.batch_size}"
+            )
+        if self.remix.enabled:
+            if self.buffer.kind != "onpolicy":
+                raise ValueError(
+                    "remix.enabled keeps its own policy window: use buffer.kind=onpolicy"
+                )
+            if self.algorithm.loss_type != "mix_ppg":
+                raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
+        if not self.rewards:
+            raise ValueError("rewards: at least one reward function is needed")
+        if self.runtime != "sync":
+            self._check_async()
+        return self
+
+    def _check_async(self) -> None:
+        rt, w = self.runtime, self.workers
+        if self.remix.enabled:
+            raise ValueError(f"remix.enabled needs runtime=sync (got runtime={rt})")
+        if self.needs_design:
+            raise ValueError(
+                f"buffer.capacity/train.batch_size=auto needs runtime=sync (got runtime={rt}): "
+                "run `replayrl design` with a measured mu and set them"
+            )
+        if w.max_staleness is not None and w.max_staleness < w.sync_every:
+            raise ValueError(
+                f"workers.max_staleness={w.max_staleness} is below workers.sync_every="
+                f"{w.sync_every}: generators only see weights every {w.sync_every} steps"
+            )
+        if w.learners > 1:
+            if rt != "ray":
+                raise ValueError("workers.learners > 1 needs runtime=ray")
+            if self.batch_size % w.learners:
+                raise ValueError(
+                    f"train.batch_size B={self.batch_size} must be divisible by "
+                    f"workers.learners={w.learners} (each learner trains on B / T)"
+                )
+            cap = self.buffer.capacity
+            if isinstance(cap, int) and cap % w.learners:
+                raise ValueError(
+                    f"buffer.capacity={cap} must be divisible by workers.learners="
+                    f"{w.learners} (each learner keeps a shard of N / T)"
+                )
+            if self.buffer.num_shards not in (1, w.learners):
+                raise ValueError(
+                    f"buffer.num_shards={self.buffer.num_shards}: with {w.learners} learners "
+                    "each learner samples its own shard (leave num_shards at 1)"
+                )
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {key}: {e['msg']}{shown}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split `a.b.c=value` into (['a','b','c'], YAML-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML ({exc})") from exc
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each dotted key in a nested dict (creating sections as needed)."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(
+                    f"override {text!r}: {'.'.join(path[: i + 1])} is a value, not a section"
+                )
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML file: an existing path, or a shipped preset's name (`grpo`)."""
+    from replayrl.config.catalog import UnknownNameError, resolve_preset
+
+    try:
+        p = resolve_preset(path)
+    except UnknownNameError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    return data
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Resolve a config: defaults <- YAML file (a path or a preset name) <- dotted overrides."""
+    data = load_yaml(path) if path else {}
+    return build_config(apply_overrides(data, list(overrides or [])))
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,7 +1,0 @@
-"""Generators turn prompts into completions with behaviour log-probs and a policy version."""
-
-from replayrl.generation.base import Generator, Sample, SamplingParams
-from replayrl.generation.factory import make_generator
-from replayrl.generation.hf import HFGenerator
-
-__all__ = ["Generator", "HFGenerator", "Sample", "SamplingParams", "make_generator"]

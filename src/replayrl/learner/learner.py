@@ -1,0 +1,606 @@
+"""The learner: recomputes log-probs of stored rollouts and takes clipped policy-gradient steps.
+
+One `train_step` per sampled batch: frozen quantities first (no grad: log pi_k for Mix-PPG's
+clip centre, the base / previous policies for KL, critic values for GAE), then `epochs`
+passes of shuffled mini-batches, each one optimizer step accumulated over micro-batches.
+What the loss is lives in `algorithms.objective`; this module batches, calls it and steps.
+Micro-batches group rollouts of the same prompt (the lean forward runs a shared prompt
+once); with reduced precision, fresh rollouts take log pi_old from the first update's own
+forward when one mini-batch covers the batch (`_fusable`), else from a separate no-grad pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from replayrl.algorithms import ADVANTAGES, POLICY_LOSSES, batch_normaliser, importance_ess
+from replayrl.algorithms.advantages import gae, whiten
+from replayrl.algorithms.aggregation import Reducer
+from replayrl.algorithms.correction import apply_token_weights, truncated_is_weights, weight_stats
+from replayrl.algorithms.kl import kl_convex_lambda
+from replayrl.algorithms.losses import clip_stats
+from replayrl.algorithms.objective import ObjectiveWeights, critic_objective, policy_objective
+from replayrl.config.schema import Config
+from replayrl.data.rollout import Rollout
+from replayrl.learner import logprobs
+from replayrl.learner.batching import (
+    TokenFields,
+    collate,
+    micro_batches,
+    shared_prompt_order,
+    unpad,
+)
+from replayrl.learner.critic import ValueModel
+from replayrl.learner.frozen import (
+    AdaptersDisabled,
+    AdapterSnapshot,
+    FrozenPolicy,
+    initial_policy,
+    is_lora,
+    restore_frozen,
+    snapshot,
+)
+from replayrl.models import precision
+
+# re-exported: callers import these from the learner
+__all__ = [
+    "AdapterSnapshot",
+    "AdaptersDisabled",
+    "Learner",
+    "ValueModel",
+    "collate",
+    "token_logprobs",
+    "unpad",
+    "whiten",
+]
+
+
+def token_logprobs(
+    model: PreTrainedModel,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    entropy_grad: bool = False,
+    autocast: torch.dtype | None = None,
+    full: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log pi(token) under logits / temperature, and the per-token entropy."""
+    # completion positions only, head applied in chunks; `autocast`: e.g. bf16 matmuls
+    # with fp32 master weights (replayrl/learner/logprobs.py)
+    return logprobs.token_logprobs(model, batch, temperature, entropy_grad, autocast, full)
+
+
+def _nanmean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+@dataclass
+class _Accum:
+    """Per-mini-batch sums over micro-batches (token-weighted metrics, ratio diagnostics)."""
+
+    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    ratio_max: float = 0.0
+    seq_log_ratios: list[torch.Tensor] = field(default_factory=list)
+    ratios: list[torch.Tensor] = field(default_factory=list)
+    centres: list[torch.Tensor] = field(default_factory=list)
+    stale: list[torch.Tensor] = field(default_factory=list)
+    # detached log-probs of the current micro-batch (the fused log pi_old of fresh rollouts)
+    current: torch.Tensor | None = None
+
+
+class Learner:
+    """Owns the policy's optimizer, the frozen KL policies, the critic and the version counter."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        pad_id: int,
+        cfg: Config,
+        critic: ValueModel | None = None,
+    ) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.cfg = cfg
+        self.loss_type = POLICY_LOSSES.check(cfg.algorithm.loss_type)
+        self.lora = is_lora(model)
+        # precision policy (replayrl/models/precision.py): learner autocast, oneDNN fp32
+        # matmuls, and whether fresh rollouts get log pi_old recomputed in the learner's own
+        # precision
+        p = cfg.precision
+        self.autocast = precision.autocast_dtype(p.learner_autocast)
+        self.full_logprobs = cfg.train.logprobs_impl == "full"
+        if p.fast_fp32_matmul:
+            precision.enable_fast_fp32_matmul()
+        reduced = p.learner_autocast != "none" or p.generation not in ("auto", "float32")
+        reduced = reduced or (p.generation == "auto" and cfg.model.dtype != "float32")
+        self.recompute_behaviour = p.recompute_behaviour_logprobs == "always" or (
+            p.recompute_behaviour_logprobs == "auto" and reduced
+        )
+        # on-policy fresh rollouts take log pi_old from the first update's own forward
+        # (detached: the same weights, so the same values) instead of a separate no-grad pass
+        # (`_fusable` says when); False: always the separate pass (benchmarks, tests)
+        self.fuse_behaviour_recompute = True
+        self._fuse: set[int] = set()  # ids of rollouts whose log pi_old the next update sets
+        self._fused_stats: dict[str, float] = {}
+        # truncated IS weighs tokens by pi_learner_old / pi_sampler: both must exist, and the
+        # loss must be one that scales with the advantage (correction.apply_token_weights)
+        self.tis_cap = p.truncated_is_cap
+        if self.tis_cap is not None and not self.recompute_behaviour:
+            raise ValueError(
+                "precision.truncated_is_cap needs the learner's own log pi_old: set "
+                "precision.recompute_behaviour_logprobs=always (auto does it only with a "
+                "reduced generation or learner precision)"
+            )
+        if self.tis_cap is not None and "rewards" in POLICY_LOSSES.get(self.loss_type).inputs:
+            raise ValueError(
+                f"precision.truncated_is_cap scales advantages; algorithm.loss_type="
+                f"{self.loss_type} does not use them"
+            )
+        # only what trains (with LoRA: the adapters; the base weights are frozen)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.train.lr,
+            weight_decay=cfg.train.weight_decay,
+        )
+        self.critic = critic
+        self.critic_optimizer = (
+            torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr) if critic else None
+        )
+        self.advantage = ADVANTAGES.get(cfg.algorithm.advantage)
+        if self.advantage.needs_critic and critic is None:
+            raise ValueError(f"algorithm.advantage={cfg.algorithm.advantage} needs a critic")
+        self.version = 0  # policy version: bumped after every training step
+        self.updates = 0  # optimizer steps taken
+        # data-parallel learners average gradients here before clipping (distributed/ddp.py)
+        self.grad_hook: Callable[[list[torch.nn.Parameter]], None] | None = None
+        # ... and sum the loss normaliser's count over ranks (token_mean over all ranks' tokens)
+        self.count_reducer: Reducer | None = None
+        self.world_size = 1
+        # frozen policies for the KL terms, kept only while their weight is non-zero
+        self.base_model: FrozenPolicy | None = None  # pi_base (initial, or pi_T)
+        self.prev_model: FrozenPolicy | None = None  # pi_{k-1}
+        if cfg.kl.beta > 0 and self.kl_weights(0)[0] > 0:
+            self.base_model = initial_policy(self.model)
+
+    # -- KL bookkeeping ----------------------------------------------------------------------
+    def kl_lambda(self, step: int) -> float:
+        """Weight on KL to pi_base; 1 - lambda goes to pi_{k-1} (KL-Convex)."""
+        k = self.cfg.kl
+        if k.target == "reference":
+            return 1.0
+        s = k.schedule
+        return kl_convex_lambda(step, s.start, s.every, s.decrement, s.floor)
+
+    def kl_weights(self, step: int) -> tuple[float, float]:
+        beta, lam = self.cfg.kl.beta, self.kl_lambda(step)
+        return beta * lam, beta * (1 - lam)
+
+    def reincarnate(self) -> None:
+        """Policy reincarnation (paper 2): pi_base <- the current policy."""
+        if self.cfg.kl.beta > 0:
+            self.base_model = snapshot(self.model)
+
+    def _refresh_frozen(self, step: int, w_base: float) -> None:
+        """After this step's frozen log-probs: pi_{k-1} <- pi_k if the next step needs it;
+        drop frozen policies whose weight is zero from now on."""
+        if self.kl_weights(step + 1)[1] > 0:  # next step needs pi_{k-1} = this pi_k
+            if self.prev_model is None:
+                self.prev_model = snapshot(self.model)
+            else:
+                self.prev_model.load_state_dict(self.model.state_dict())
+        else:
+            self.prev_model = None
+        if w_base == 0 and self.kl_weights(step + 1)[0] == 0:
+            self.base_model = None
+
+    # -- frozen per-token quantities ---------------------------------------------------------
+    def _per_rollout(self, model: object, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
+        # micro-batches of rollouts sharing prompts (the lean forward runs each prompt once)
+        order = shared_prompt_order(rollouts)
+        ordered = [rollouts[i] for i in order]
+        out: list[torch.Tensor] = [torch.empty(0)] * len(rollouts)
+        with torch.no_grad():
+            for sl in micro_batches(len(ordered), self.cfg.train.micro_batch_size):
+                b = collate(ordered[sl], self.pad_id)
+                logps, _ = token_logprobs(
+                    model,  # type: ignore[arg-type]
+                    b,
+                    self.cfg.rollout.temperature,
+                    autocast=self.autocast,
+                    full=self.full_logprobs,
+                )
+                for i, lp in zip(order[sl], unpad(logps, b["mask"]), strict=True):
+                    out[i] = lp
+        return out
+
+    def _gae_fields(self, rollouts: Sequence[Rollout]) -> TokenFields:
+        """Critic values of the batch, GAE advantages (whitened) and returns, per token."""
+        assert self.critic is not None
+        values: list[torch.Tensor] = []
+        self.critic.eval()
+        with torch.no_grad():
+            for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
+                b = collate(rollouts[sl], self.pad_id)
+                values.extend(unpad(self.critic(b), b["mask"]))
+        self.critic.train()
+        width = max(v.numel() for v in values)
+        n = len(rollouts)
+        rew, val, msk = torch.zeros(n, width), torch.zeros(n, width), torch.zeros(n, width)
+        for i, (r, v) in enumerate(zip(rollouts, values, strict=True)):
+            c = v.numel()
+            rew[i, c - 1] = r.reward  # outcome reward on the last completion token
+            val[i, :c] = v
+            msk[i, :c] = 1
+        adv, ret = gae(rew, val, msk, self.cfg.critic.gamma, self.cfg.critic.lam)
+        adv = whiten(adv, msk)
+        return {
+            "token_advantages": unpad(adv, msk),
+            "returns": unpad(ret, msk),
+            "old_values": values,
+        }
+
+    def _frozen_fields(
+        self, batch: list[Rollout], stale: list[bool], step: int
+    ) -> dict[str, list[torch.Tensor]]:
+        """Everything computed once per batch without grad, per rollout and token."""
+        fields: dict[str, list[torch.Tensor]] = {}
+        if "anchor_logprobs" in POLICY_LOSSES.get(self.loss_type).inputs and any(stale):
+            current = self._per_rollout(self.model, batch)
+            # fresh data: c = pi_k / pi_beh = 1 exactly (plain PPO clipping)
+            fields["anchor_logprobs"] = [
+                cur if s else r.behaviour_logprobs
+                for cur, s, r in zip(current, stale, batch, strict=True)
+            ]
+        w_base, w_prev = self.kl_weights(step)
+        if w_base > 0:
+            if self.base_model is None:
+                self.base_model = initial_policy(self.model)
+            fields["base_logprobs"] = self._per_rollout(self.base_model, batch)
+        if w_prev > 0:
+            if self.prev_model is None:  # first use: pi_{k-1} unknown, start from pi_k
+                self.prev_model = snapshot(self.model)
+            fields["prev_logprobs"] = self._per_rollout(self.prev_model, batch)
+        self._refresh_frozen(step, w_base)
+        if self.advantage.needs_critic:
+            fields.update(self._gae_fields(batch))  # type: ignore[arg-type]
+        fields["stale"] = [
+            torch.full((r.completion_ids.numel(),), float(s))
+            for r, s in zip(batch, stale, strict=True)
+        ]
+        if self.tis_cap is not None:
+            # learner log pi_old (refreshed) vs the sampler's; a rollout never refreshed
+            # (stale at its first use) has only the sampler's: weight 1
+            fields["tis_weights"] = [
+                truncated_is_weights(
+                    r.behaviour_logprobs,
+                    r.extras.get("sampler_logprobs", r.behaviour_logprobs),
+                    self.tis_cap,
+                )
+                for r in batch
+            ]
+        return fields
+
+    # -- the step ----------------------------------------------------------------------------
+    def train_step(
+        self,
+        batch: list[Rollout],
+        rng: np.random.Generator,
+        *,
+        step: int = 0,
+        epochs: int | None = None,
+        stale: Sequence[bool] | None = None,
+        policy_frozen: bool = False,
+    ) -> dict[str, float]:
+        """`epochs` passes over the batch in shuffled mini-batches; returns averaged metrics.
+
+        `stale[i]` marks rollouts of earlier policies (Mix-PPG clips them around
+        pi_k / pi_beh); `policy_frozen` trains only the critic (critic warm-up).
+        """
+        cfg = self.cfg
+        epochs = epochs or cfg.train.epochs
+        stale_flags = list(stale) if stale is not None else [False] * len(batch)
+        refreshed: dict[str, float] = {}
+        self._fuse = set()
+        if self.recompute_behaviour and not policy_frozen:
+            # reduced precision: fresh rollouts get log pi_old from the learner itself
+            fresh = logprobs.fresh_rollouts(batch, self.version)
+            if fresh and self._fusable(len(batch), epochs):
+                self._fuse = {id(r) for r in fresh}
+                stale_n = sum(
+                    1
+                    for r in batch
+                    if r.policy_version != self.version and "sampler_logprobs" not in r.extras
+                )
+                refreshed = {
+                    "behaviour_refreshed": float(len(fresh)),
+                    "behaviour_not_refreshed": float(stale_n),
+                }
+            else:
+                refreshed = logprobs.refresh_behaviour_logprobs(
+                    batch, self.version, lambda rs: self._per_rollout(self.model, rs)
+                )
+        fields = self._frozen_fields(batch, stale_flags, step)
+        w_base, w_prev = self.kl_weights(step)
+        weights = ObjectiveWeights(
+            w_base, w_prev, cfg.algorithm.entropy_coef, cfg.kl.estimator, cfg.algorithm.loss_agg
+        )
+        mini = cfg.train.mini_batch_size or len(batch)
+        sums: dict[str, list[float]] = defaultdict(list)
+        self._fused_stats = {}
+        self.model.train()
+        for _ in range(epochs):
+            order = rng.permutation(len(batch))
+            for start in range(0, len(batch), mini):
+                idx = order[start : start + mini]
+                chunk = [batch[i] for i in idx]
+                chunk_fields: TokenFields = {k: [v[i] for i in idx] for k, v in fields.items()}
+                for k, v in self._update(chunk, chunk_fields, weights, policy_frozen).items():
+                    sums[k].append(v)
+        if not policy_frozen:
+            self.version += 1
+        out = {k: _nanmean(v) for k, v in sums.items()}
+        out.update(kl_lambda=self.kl_lambda(step), kl_coef_base=w_base, kl_coef_prev=w_prev)
+        out.update(refreshed)
+        out.update(self._fused_stats)
+        if self.tis_cap is not None and fields["tis_weights"]:
+            w_all = torch.cat(fields["tis_weights"])
+            out.update(weight_stats(w_all, torch.ones_like(w_all), self.tis_cap))
+        return out
+
+    def _fusable(self, n: int, epochs: int) -> bool:
+        """The first update's forward can give fresh rollouts their log pi_old: it covers the
+        whole batch before any weight changes (one mini-batch), nothing needs log pi_old
+        before that forward (truncated IS weights do), and the forward is deterministic (no
+        active dropout, which a separate pass would draw differently anyway)."""
+        mini = self.cfg.train.mini_batch_size or n
+        if not self.fuse_behaviour_recompute or mini < n or self.tis_cap is not None:
+            return False
+        return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
+
+    def normaliser(self, minibatch: Sequence[Rollout]) -> float:
+        """The loss denominator of this mini-batch, over all data-parallel ranks."""
+        return batch_normaliser(
+            self.cfg.algorithm.loss_agg,
+            tokens=sum(r.completion_ids.numel() for r in minibatch),
+            sequences=len(minibatch),
+            max_len=self.cfg.rollout.max_new_tokens,
+            reduce_sum=self.count_reducer,
+            world_size=self.world_size,
+        )
+
+    def _update(
+        self,
+        minibatch: list[Rollout],
+        fields: TokenFields,
+        weights: ObjectiveWeights,
+        policy_frozen: bool,
+    ) -> dict[str, float]:
+        """One optimizer step over a mini-batch, accumulated over micro-batches."""
+        tokens = sum(r.completion_ids.numel() for r in minibatch)
+        normaliser = self.normaliser(minibatch)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.critic_optimizer is not None:
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        acc = _Accum()
+        # micro-batches of rollouts sharing prompts: only the gradient's summation order moves
+        order = shared_prompt_order(minibatch)
+        minibatch = [minibatch[i] for i in order]
+        fields = {k: [v[i] for i in order] for k, v in fields.items()}
+        fused: list[tuple[Rollout, torch.Tensor]] = []
+        for sl in micro_batches(len(minibatch), self.cfg.train.micro_batch_size):
+            rows = minibatch[sl]
+            extra = {k: v[sl] for k, v in fields.items()}
+            if self._fuse:
+                extra["fuse"] = [
+                    torch.full_like(r.behaviour_logprobs, float(id(r) in self._fuse)) for r in rows
+                ]
+            b = collate(rows, self.pad_id, extra)
+            if not policy_frozen:
+                self._policy_backward(b, weights, normaliser, acc)
+                if "fuse" in b and acc.current is not None:
+                    for r, lp in zip(rows, unpad(acc.current, b["mask"]), strict=True):
+                        if id(r) in self._fuse:
+                            fused.append((r, lp))
+            if self.critic is not None:
+                self._critic_backward(b, normaliser, acc)
+        if fused:
+            # the refreshed log pi_old, as a separate pass would have stored it
+            self._fused_stats = logprobs.apply_refreshed(
+                [r for r, _ in fused], [lp for _, lp in fused]
+            )
+            self._fuse = set()
+        out = self._critic_step(acc, tokens) if self.critic is not None else {}
+        if policy_frozen:
+            return out
+        return {**out, **self._policy_step(acc, tokens)}
+
+    def _policy_backward(
+        self, b: dict[str, torch.Tensor], w: ObjectiveWeights, normaliser: float, acc: _Accum
+    ) -> None:
+        """The objective's gradient on one micro-batch, and its diagnostics into `acc`."""
+        mask = b["mask"]
+        logps, entropy = token_logprobs(
+            self.model,
+            b,
+            self.cfg.rollout.temperature,
+            entropy_grad=w.entropy_coef > 0,
+            autocast=self.autocast,
+            full=self.full_logprobs,
+        )
+        if "fuse" in b:
+            # fused refresh: log pi_old = log pi_theta (detached) on fresh rollouts' tokens,
+            # so their ratio is exactly 1 and the gradient that of the on-policy objective
+            current = logps.detach()
+            acc.current = current
+            f = b["fuse"].bool()
+            b["old_logprobs"] = torch.where(f, current, b["old_logprobs"])
+            if "anchor_logprobs" in b:  # fresh data: c = pi_k / pi_beh = 1
+                b["anchor_logprobs"] = torch.where(f, current, b["anchor_logprobs"])
+        adv = b["token_advantages"] if not self.advantage.at_generation else b["advantages"]
+        if "tis_weights" in b:  # truncated IS: w * loss_t == loss_t with w * A_t
+            adv = apply_token_weights(adv, b["tis_weights"])
+        a = self.cfg.algorithm
+        knobs = {"epsilon": a.epsilon, "epsilon_high": a.epsilon_high, "delta_v": a.asymre_delta_v}
+        inputs = {k: b.get(k) for k in ("anchor_logprobs", "base_logprobs", "prev_logprobs")}
+        inputs.update(rewards=b["rewards"], baselines=b["baselines"])
+        terms = policy_objective(
+            self.loss_type,
+            logps,
+            entropy,
+            b["old_logprobs"],
+            adv,
+            mask,
+            inputs,
+            knobs,
+            w,
+            normaliser,
+        )
+        acc.sums["policy_loss"] += terms.policy_loss.item()
+        if terms.kl_loss is not None:
+            acc.sums["kl_loss"] += terms.kl_loss.item()
+        terms.total.backward()
+        acc.sums["loss"] += terms.total.item()
+        with torch.no_grad():
+            self._diagnostics(b, logps, entropy, acc)
+        part_tokens = float(mask.sum())
+        for k, v in terms.metrics.items():  # token-weighted average over micro-batches
+            if k == "ratio_max":
+                acc.ratio_max = max(acc.ratio_max, v)
+            else:
+                acc.sums[k] += v * part_tokens
+
+    @staticmethod
+    def _diagnostics(
+        b: dict[str, torch.Tensor], logps: torch.Tensor, entropy: torch.Tensor, acc: _Accum
+    ) -> None:
+        mask = b["mask"]
+        log_ratio = (logps - b["old_logprobs"]) * mask
+        acc.seq_log_ratios.append(log_ratio.sum(-1))
+        acc.sums["entropy"] += float((entropy.detach() * mask).sum())
+        for name in ("base", "prev"):
+            ref = b.get(f"{name}_logprobs")
+            if ref is not None:
+                kl = torch.exp(ref - logps) - 1 - (ref - logps)  # k3 for logging
+                acc.sums[f"kl_to_{name}"] += float((kl * mask).sum())
+        m = mask.bool()
+        acc.ratios.append(torch.exp(logps.detach() - b["old_logprobs"])[m])
+        anchor = b.get("anchor_logprobs")
+        acc.centres.append(
+            torch.exp(anchor - b["old_logprobs"])[m]
+            if anchor is not None
+            else torch.ones_like(acc.ratios[-1])
+        )
+        acc.stale.append(b["stale"][m].bool())
+
+    def _critic_backward(self, b: dict[str, torch.Tensor], normaliser: float, acc: _Accum) -> None:
+        assert self.critic is not None
+        c, mask = self.cfg.critic, b["mask"]
+        v_loss, v_metrics = critic_objective(
+            self.critic(b),
+            b["old_values"],
+            b["returns"],
+            mask,
+            c.value_clip,
+            self.cfg.algorithm.loss_agg,
+            normaliser,
+        )
+        v_loss.backward()
+        acc.sums["value_loss"] += v_loss.item()
+        part_tokens = float(mask.sum())
+        for k, v in v_metrics.items():
+            acc.sums[k] += v * part_tokens
+
+    def _critic_step(self, acc: _Accum, tokens: int) -> dict[str, float]:
+        assert self.critic is not None and self.critic_optimizer is not None
+        if self.grad_hook is not None:
+            self.grad_hook(list(self.critic.parameters()))
+        torch.nn.utils.clip_grad_norm_(
+            self.critic.parameters(), self.cfg.train.max_grad_norm or math.inf
+        )
+        self.critic_optimizer.step()
+        out = {"value_loss": acc.sums.pop("value_loss")}
+        for k in ("value_clip_frac", "value_mse"):
+            out[k] = acc.sums.pop(k) / max(tokens, 1)
+        return out
+
+    def _policy_step(self, acc: _Accum, tokens: int) -> dict[str, float]:
+        """Clip, step (or skip a non-finite gradient), and the mini-batch's metrics."""
+        max_norm = self.cfg.train.max_grad_norm
+        if self.grad_hook is not None:  # every rank, same parameter order
+            self.grad_hook([p for p in self.model.parameters() if p.requires_grad])
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf)
+        sums = acc.sums
+        if not torch.isfinite(grad_norm):
+            # a non-finite gradient would poison the weights: skip the step and say so
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"loss": sums["loss"], "grad_norm": float(grad_norm), "skipped_updates": 1.0}
+        self.optimizer.step()
+        self.updates += 1
+        out: dict[str, float] = {
+            k: sums.pop(k) for k in ("loss", "policy_loss", "kl_loss") if k in sums
+        }
+        out.update({k: v / max(tokens, 1) for k, v in sums.items()})
+        a = self.cfg.algorithm
+        eps_high = a.epsilon if a.epsilon_high is None else a.epsilon_high
+        out.update(
+            clip_stats(
+                torch.cat(acc.ratios),
+                torch.cat(acc.centres),
+                torch.cat(acc.stale),
+                a.epsilon,
+                eps_high,
+            )
+        )
+        out.update(
+            ratio_max=acc.ratio_max,
+            ess=importance_ess(torch.cat(acc.seq_log_ratios)),
+            grad_norm=float(grad_norm),
+            lr=self.optimizer.param_groups[0]["lr"],
+            skipped_updates=0.0,
+        )
+        return out
+
+    def measure_backward(self, rollouts: list[Rollout]) -> None:
+        """A forward+backward pass with no optimizer step (to time training per sample)."""
+        for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
+            b = collate(rollouts[sl], self.pad_id)
+            logps, _ = token_logprobs(
+                self.model,
+                b,
+                self.cfg.rollout.temperature,
+                autocast=self.autocast,
+                full=self.full_logprobs,
+            )
+            (-(logps * b["mask"]).sum()).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[str, object]:
+        state: dict[str, object] = {
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "updates": self.updates,
+            "base_model": self.base_model.state_dict() if self.base_model else None,
+            "prev_model": self.prev_model.state_dict() if self.prev_model else None,
+        }
+        if self.critic is not None and self.critic_optimizer is not None:
+            state["critic"] = self.critic.state_dict()
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        self.version = int(state["version"])  # type: ignore[call-overload]
+        self.updates = int(state["updates"])  # type: ignore[call-overload]
+        self.base_model = restore_frozen(self.model, self.base_model, state.get("base_model"))
+        self.prev_model = restore_frozen(self.model, self.prev_model, state.get("prev_model"))
+        if self.critic is not None and self.critic_optimizer is not None:
+            self.critic.load_state_dict(state["critic"])  # type: ignore[arg-type]
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])  # type: ignore[arg-type]

@@ -1,0 +1,53 @@
+"""`replayrl export`: a run's policy as a plain model folder (LoRA merged into the weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from replayrl.models.loading import (
+    adapter_base,
+    atomic_save_pretrained,
+    attach_adapter,
+    is_adapter_folder,
+    load_pretrained,
+    resolve_model_path,
+)
+from replayrl.storage.checkpoint import latest_checkpoint
+
+
+def resolve_checkpoint(src: Path) -> Path:
+    """A run folder (its latest checkpoint), a checkpoint folder, or a policy folder."""
+    if (src / "checkpoints").is_dir():
+        ckpt = latest_checkpoint(src)
+        if ckpt is None:
+            raise FileNotFoundError(f"{src}: no complete checkpoint under checkpoints/")
+        src = ckpt
+    if (src / "policy").is_dir():
+        src = src / "policy"
+    return src
+
+
+def export_merged(src: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+    """Write a plain model folder (LoRA merged into the weights) loadable with from_pretrained.
+
+    `src`: a run folder, a checkpoint folder or a policy folder (a LoRA adapter or a full
+    model, which is copied as it is).
+    """
+    policy = resolve_checkpoint(Path(src).expanduser())
+    dest = Path(out).expanduser()
+    if is_adapter_folder(policy):
+        base = resolve_model_path(adapter_base(policy))
+        model, tok = load_pretrained(base, dtype)
+        adapted: Any = attach_adapter(model, policy, trainable=False)  # a peft PeftModel
+        model = adapted.merge_and_unload()
+        if (policy / "tokenizer_config.json").is_file():  # the run's tokenizer (pad, side)
+            tok = AutoTokenizer.from_pretrained(policy)
+    elif (policy / "config.json").is_file():
+        model, tok = load_pretrained(str(policy), dtype)
+    else:
+        raise FileNotFoundError(f"{policy}: neither a LoRA adapter nor a model folder")
+    atomic_save_pretrained(model, tok, dest)
+    return dest

@@ -1,0 +1,190 @@
+"""The producer side of the loop: prompts -> samples -> rewards -> rollouts with advantages.
+
+One class for every runtime: the synchronous session calls it in-process, asynchronous
+generator workers (local processes or Ray actors) call it in a loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from replayrl.algorithms import group_advantages
+from replayrl.config.schema import Config
+from replayrl.data.rollout import Rollout
+from replayrl.errors import RunFailed
+from replayrl.rollout.generation import Generator, Sample, SamplingParams
+from replayrl.rollout.prompts import PromptRenderer, is_conversational
+from replayrl.rollout.rewards import score
+
+Log = Callable[[str], None]
+
+MAX_EMPTY_STEPS = 5  # consecutive steps whose prompts are all too long before the run stops
+
+
+@dataclass
+class Production:
+    """One generation batch and what it cost; the counts feed the rollout ledger."""
+
+    rollouts: list[Rollout]
+    stats: dict[str, float]
+    generated: int  # samples drawn, including those whose reward failed
+    tokens: int  # completion tokens sampled
+    dropped_reward_error: int
+    skipped_too_long: int
+    first_error: str | None
+    seconds: float  # generation + scoring
+    dropped_reward_timeout: int = 0  # of dropped_reward_error: reward calls that timed out
+    reward_seconds: float = 0.0  # of seconds: in reward functions
+
+
+@dataclass
+class RolloutProducer:
+    """Samples `prompts_per_step` prompts, generates G completions each, scores them and
+    turns them into rollouts carrying behaviour log-probs and group advantages."""
+
+    cfg: Config
+    task: Any
+    rewards: Any
+    tokenizer: Any
+    render: PromptRenderer
+    generator: Generator
+    max_positions: int | None
+    prompt_rng: np.random.Generator
+    log: Log = print
+    _reported_error: bool = field(default=False, init=False)
+    _empty_steps: int = field(default=0, init=False)  # consecutive steps with no prompt left
+
+    def fits(self, prompt: str) -> bool:
+        if not self.max_positions:
+            return True
+        n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        return n + self.cfg.rollout.max_new_tokens <= self.max_positions
+
+    def produce(self, version: int, step: int, group_base: int) -> Production:
+        """Generate with weights of `version`; group ids are `group_base + prompt index`."""
+        t0 = time.perf_counter()
+        r = self.cfg.rollout
+        rows = self.task.sample_train(r.prompts_per_step, self.prompt_rng)
+        # the text generated from (chat template); rows keep their prompt for reward functions
+        texts = [self.render(row["prompt"]) for row in rows]
+        fits = [self.fits(t) for t in texts]
+        kept = [row for row, ok in zip(rows, fits, strict=True) if ok]
+        kept_texts = [t for t, ok in zip(texts, fits, strict=True) if ok]
+        if not kept:
+            return self._all_too_long(len(rows), t0)
+        self._empty_steps = 0
+        params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens)
+        self.generator.policy_version = version
+        samples = self.generator.generate(kept_texts, r.num_generations, params)
+        sample_rows = [kept[s.prompt_index] for s in samples]
+        pairs = list(zip(samples, sample_rows, strict=True))
+        result = score(
+            self.rewards,
+            [row["prompt"] for row in sample_rows],
+            [completion_for_reward(s.text, row["prompt"]) for s, row in pairs],
+            sample_rows,
+            timeout_s=r.reward_timeout_s,
+        )
+        if result.first_error and not self._reported_error:
+            self._reported_error = True
+            self.log(f"warning: {result.first_error} (those rollouts are dropped and counted)")
+        correct = [self.task.is_correct(s.text, row) for s, row in pairs]
+        rollouts = self._to_rollouts(
+            samples,
+            [kept_texts[s.prompt_index] for s in samples],
+            result.rewards,
+            correct,
+            step,
+            group_base,
+        )
+        stats = {
+            "reward/mean": _mean([x for x in result.rewards if x is not None]),
+            "train/accuracy": _mean([float(x) for x in correct]),
+            "completion_length": _mean([s.completion_ids.numel() for s in samples]),
+            "truncated_frac": _mean([float(s.truncated) for s in samples]),
+        }
+        stats.update({f"reward/{k}": v for k, v in result.means().items()})
+        stats["time/reward_s"] = result.seconds
+        return Production(
+            rollouts=rollouts,
+            stats=stats,
+            generated=len(samples),
+            tokens=sum(s.completion_ids.numel() for s in samples),
+            dropped_reward_error=result.errors,
+            skipped_too_long=len(rows) - len(kept),
+            first_error=result.first_error,
+            seconds=time.perf_counter() - t0,
+            dropped_reward_timeout=result.reasons.get("timeout", 0),
+            reward_seconds=result.seconds,
+        )
+
+    def _all_too_long(self, n: int, t0: float) -> Production:
+        """A step whose sampled prompts are all too long is skipped (counted); only a long
+        run of such steps, i.e. a dataset whose prompts almost never fit, is an error."""
+        self._empty_steps += 1
+        r = self.cfg.rollout
+        what = (
+            f"longer than the model's {self.max_positions} positions minus "
+            f"rollout.max_new_tokens={r.max_new_tokens}"
+        )
+        if self._empty_steps >= MAX_EMPTY_STEPS:
+            raise RunFailed(
+                f"every prompt sampled in {self._empty_steps} steps in a row is {what}: "
+                "lower rollout.max_new_tokens or use shorter prompts"
+            )
+        self.log(f"warning: all {n} prompts sampled for this step are {what}; step skipped")
+        return Production([], {}, 0, 0, 0, n, None, time.perf_counter() - t0)
+
+    def _to_rollouts(
+        self,
+        samples: list[Sample],
+        prompt_texts: list[str],
+        rewards: list[float | None],
+        correct: list[bool],
+        step: int,
+        group_base: int,
+    ) -> list[Rollout]:
+        keep = [i for i, x in enumerate(rewards) if x is not None]
+        if not keep:
+            return []
+        group_ids = torch.tensor([group_base + samples[i].prompt_index for i in keep])
+        reward_t = torch.tensor([float(rewards[i]) for i in keep])  # type: ignore[arg-type]
+        adv, means = group_advantages(reward_t, group_ids, self.cfg.algorithm.scale_rewards)
+        out = []
+        for j, i in enumerate(keep):
+            s = samples[i]
+            out.append(
+                Rollout(
+                    prompt_ids=s.prompt_ids,
+                    completion_ids=s.completion_ids,
+                    behaviour_logprobs=s.logprobs,
+                    reward=float(reward_t[j]),
+                    advantage=float(adv[j]),
+                    correct=correct[i],
+                    group_id=int(group_ids[j]),
+                    policy_version=s.policy_version,
+                    step=step,
+                    completion_text=s.text,
+                    prompt_text=prompt_texts[i],
+                    truncated=s.truncated,
+                    group_mean_reward=float(means[j]),
+                )
+            )
+        return out
+
+
+def completion_for_reward(text: str, prompt: Any) -> Any:
+    """What reward functions receive, as in TRL: the text, or for a conversational prompt
+    (a list of messages) the completion as one assistant message."""
+    return [{"role": "assistant", "content": text}] if is_conversational(prompt) else text
+
+
+def _mean(xs: list[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else math.nan

@@ -1,0 +1,143 @@
+"""Where every generated rollout went, and where every role's time went.
+
+The ledger must balance: generated = dropped (reward error) + lost (worker died mid-batch)
++ in a buffer + evicted + consumed (removed by on-policy sampling) + dropped as stale
++ discarded (ReMix's window at reincarnation). A run that does not balance says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from replayrl.data.design import cost_ratio, gamma
+
+BUFFER_KEYS = ("size", "evicted", "consumed", "dropped_stale", "pushed")
+
+
+def ledger_stats(buffer: Any) -> dict[str, float]:
+    """A buffer's counters for the ledger: a replay buffer's `consumed` counts draws, not
+    removals (its rollouts stay until evicted), so it is reported as `sampled` instead."""
+    st = dict(buffer.stats())
+    kind = getattr(buffer, "shard_kind", None) or getattr(buffer, "kind", "")
+    if kind == "replay":
+        st["sampled"], st["consumed"] = st.get("consumed", 0.0), 0.0
+    return st
+
+
+def rollout_ledger(
+    generated: int,
+    dropped_reward_error: int,
+    lost_worker_died: int,
+    buffer_stats: Iterable[dict[str, float]],
+    discarded: int = 0,
+) -> dict[str, Any]:
+    """Sum the buffers' counters and check that generated rollouts are all accounted for."""
+    totals = dict.fromkeys(BUFFER_KEYS, 0)
+    for st in buffer_stats:
+        for k in BUFFER_KEYS:
+            totals[k] += int(st.get(k, 0))
+    accounted = (
+        dropped_reward_error
+        + lost_worker_died
+        + totals["size"]
+        + totals["evicted"]
+        + totals["consumed"]
+        + totals["dropped_stale"]
+        + discarded
+    )
+    stored = totals["size"] + totals["evicted"] + totals["consumed"] + totals["dropped_stale"]
+    return {
+        "generated": generated,
+        "dropped_reward_error": dropped_reward_error,
+        "lost_worker_died": lost_worker_died,
+        "in_buffer": totals["size"],
+        "evicted": totals["evicted"],
+        "consumed": totals["consumed"],
+        "dropped_stale": totals["dropped_stale"],
+        "discarded_at_reincarnation": discarded,
+        "pushed": totals["pushed"],
+        "balanced": accounted == generated and stored + discarded == totals["pushed"],
+    }
+
+
+@dataclass
+class RoleClock:
+    """Busy / idle seconds and throughput of one role (a generator worker or a learner)."""
+
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    rollouts: int = 0  # produced (generator) or trained on, per pass (learner)
+    tokens: int = 0
+    batches: int = 0
+    restarts: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        total = self.busy_s + self.idle_s
+        return {
+            "busy_s": self.busy_s,
+            "idle_s": self.idle_s,
+            "busy_frac": self.busy_s / total if total else 0.0,
+            "rollouts": self.rollouts,
+            "tokens": self.tokens,
+            "batches": self.batches,
+            "restarts": self.restarts,
+            **self.extra,
+        }
+
+
+def role_summary(roles: dict[str, dict[str, float]], workers: int, trainers: int) -> dict:
+    """Measured mu (generation vs training seconds per sample) and paper 1's gamma.
+
+    mu here is `cost_ratio` over the whole run's busy time (all generators' busy seconds per
+    rollout over all learners' busy seconds per trained rollout), not the summary's median of
+    per-step values: in the async runtimes generators and learners run concurrently on their
+    own batches, so there is no step pairing one generation with one update to take a ratio of.
+    Sync runs report both (this from their cumulative generation/training seconds)."""
+    gen = [r for k, r in roles.items() if k.startswith("generator")]
+    learn = [r for k, r in roles.items() if k.startswith("learner")]
+    gen_busy, gen_n = sum(r["busy_s"] for r in gen), sum(r["rollouts"] for r in gen)
+    tr_busy, tr_n = sum(r["busy_s"] for r in learn), sum(r["rollouts"] for r in learn)
+    mu = cost_ratio(gen_busy, gen_n, tr_busy, tr_n)
+    return {
+        "roles": roles,
+        "mu": mu,
+        "workers": workers,
+        "trainers": trainers,
+        "gamma": gamma(mu, workers, trainers) if mu is not None else None,
+    }
+
+
+def format_accounting(ledger: dict[str, Any], summary: dict[str, Any]) -> str:
+    """The end-of-run report: one line per role, then the rollout ledger."""
+    lines = ["accounting (seconds busy / idle, rollouts, tokens):"]
+    for name, r in summary["roles"].items():
+        lines.append(
+            f"  {name:<12} busy {r['busy_s']:8.1f} s  idle {r['idle_s']:8.1f} s "
+            f"({100 * r['busy_frac']:3.0f}% busy)  rollouts {int(r['rollouts']):>8,}  "
+            f"tokens {int(r['tokens']):>9,}"
+            + (f"  restarts {int(r['restarts'])}" if r.get("restarts") else "")
+        )
+    mu, g = summary.get("mu"), summary.get("gamma")
+    if mu is not None:
+        lines.append(
+            f"  measured mu = {mu:.3g} (generation vs training seconds per sample); "
+            f"gamma = (1 + W/T)/(1 + mu) = {g:.3g} for W={summary['workers']}, "
+            f"T={summary['trainers']}"
+        )
+    led = ledger
+    lines.append(
+        f"rollouts: generated {led['generated']:,} = in buffer {led['in_buffer']:,} + consumed "
+        f"{led['consumed']:,} + evicted {led['evicted']:,} + dropped stale "
+        f"{led['dropped_stale']:,} + dropped reward error {led['dropped_reward_error']:,} + lost "
+        f"with a dead worker {led['lost_worker_died']:,}"
+        + (
+            f" + discarded at reincarnation {led['discarded_at_reincarnation']:,}"
+            if led["discarded_at_reincarnation"]
+            else ""
+        )
+        + (" (balanced)" if led["balanced"] else "  NOT BALANCED: please report this")
+    )
+    return "\n".join(lines)

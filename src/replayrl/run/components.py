@@ -1,0 +1,217 @@
+"""Every runtime's parts, built from the config in one place (torchtune's recipe/components
+split): policy, task, rewards, producer, learner, buffers and the batch source.
+
+The synchronous session, the asynchronous generator workers (local processes and Ray
+actors) and Ray's follower learners all build what they need here, so a run's parts are the
+same whichever runtime drives them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from replayrl.algorithms import ADVANTAGES
+from replayrl.config.schema import Config
+from replayrl.data.batch_source import BatchSource, BufferSource, RemixSource
+from replayrl.data.buffer import Buffer, make_buffer
+from replayrl.learner.critic import ValueModel
+from replayrl.learner.learner import Learner
+from replayrl.models.loading import unwrap_model
+from replayrl.rollout.generation import Generator, make_generator
+from replayrl.rollout.producer import RolloutProducer
+from replayrl.rollout.prompts import PromptRenderer
+from replayrl.rollout.rewards import resolve_rewards
+from replayrl.rollout.tasks import task_from_config
+from replayrl.run.policy import load_policy
+
+Log = Callable[[str], None]
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def buffer_kwargs(cfg: Config) -> dict[str, Any]:
+    """`make_buffer` keyword arguments from the config (shared with Ray's buffer actors)."""
+    b = cfg.buffer
+    return dict(
+        sampler=b.sampler,
+        delta=b.delta,
+        with_replacement=b.with_replacement,
+        num_shards=b.num_shards,
+        max_staleness=b.max_staleness,
+        seed=cfg.train.seed,
+    )
+
+
+def build_buffer(cfg: Config) -> Buffer:
+    return make_buffer(cfg.buffer.kind, cfg.buffer.capacity, **buffer_kwargs(cfg))  # type: ignore[arg-type]
+
+
+def build_window(cfg: Config) -> Buffer | None:
+    """ReMix's window of the last N_pol policies' rollouts (sampled without removal)."""
+    rm = cfg.remix
+    if not rm.enabled:
+        return None
+    return make_buffer(
+        "replay",
+        rm.num_policies * cfg.rollouts_per_step,
+        max_staleness=rm.num_policies,
+        seed=cfg.train.seed + 2,
+    )
+
+
+def build_batch_source(cfg: Config, buffer: Buffer, window: Buffer | None) -> BatchSource:
+    if cfg.remix.enabled:
+        return RemixSource(buffer, window, cfg.batch_size, cfg.remix)
+    return BufferSource(buffer, cfg.batch_size, cfg.train.epochs)
+
+
+def build_learner(cfg: Config, model: Any, pad_id: int, model_path: str) -> Learner:
+    """The learner, with a critic initialised from the policy when the advantage needs one."""
+    critic = (
+        ValueModel.from_pretrained(model_path)
+        if ADVANTAGES.get(cfg.algorithm.advantage).needs_critic
+        else None
+    )
+    return Learner(model, pad_id, cfg, critic=critic)
+
+
+def build_producer(
+    cfg: Config,
+    model: Any,
+    tokenizer: Any,
+    model_path: str,
+    prompt_rng: np.random.Generator,
+    log: Log,
+    task: Any = None,
+    rewards: Any = None,
+    generator: Generator | None = None,
+    render: PromptRenderer | None = None,
+) -> RolloutProducer:
+    """Prompts -> generation -> scoring -> rollouts, on this model's weights."""
+    if render is None:
+        render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
+    return RolloutProducer(
+        cfg,
+        task if task is not None else task_from_config(cfg.task),
+        rewards
+        if rewards is not None
+        else resolve_rewards([(r.name, r.weight) for r in cfg.rewards]),
+        tokenizer,
+        render,
+        generator or make_generator(cfg, unwrap_model(model), tokenizer, model_path),
+        getattr(model.config, "max_position_embeddings", None),
+        prompt_rng,
+        log,
+    )
+
+
+@dataclass
+class Components:
+    """What a learner-side run is made of (the synchronous and asynchronous sessions)."""
+
+    cfg: Config
+    model: Any
+    tokenizer: Any
+    model_path: str
+    render: PromptRenderer
+    task: Any
+    learner: Learner
+    generator: Generator
+    producer: RolloutProducer
+    buffer: Buffer | None  # None until `auto` design resolves N / B
+    window: Buffer | None
+    source: BatchSource | None
+    prompt_rng: np.random.Generator
+    shuffle_rng: np.random.Generator
+    eval_rows: list[dict[str, Any]]
+    n_params: int
+    max_positions: int | None
+
+
+def build_components(
+    cfg: Config,
+    log: Log = print,
+    ckpt: Path | None = None,
+    make_main_buffer: Callable[[Config], Buffer] = build_buffer,
+    policy: tuple[Any, Any, str] | None = None,
+    task: Any = None,
+    rewards: list[Any] | None = None,
+) -> Components:
+    """Build every part of a run; `ckpt`: load the policy from this checkpoint (resume).
+
+    `policy` (model, tokenizer, model_path), `task` and `rewards` (WeightedReward list): objects
+    from the Python API used instead of building them from the config; `policy` only without
+    `ckpt` (a resumed run always loads its checkpoint's policy). The API has already prepared a
+    given model (models.prepare_policy: pad token, left padding, LoRA, checkpointing).
+
+    The order of construction is part of a run's determinism (the RNG is seeded after the
+    warm start and the critic's and buffers' set-up draws from it): keep it.
+    """
+    lora = cfg.model.lora.enabled
+    # resume: the checkpoint's policy folder (LoRA: its adapter, on the configured base)
+    model_cfg = (
+        cfg.model.model_copy(update={"path": str(ckpt / "policy")})
+        if ckpt and not lora
+        else cfg.model
+    )
+    adapter = ckpt / "policy" if ckpt and lora else None
+    if policy is not None and ckpt is None:  # a model object from the Python API
+        model, tokenizer, model_path = policy
+    else:
+        with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
+            model, tokenizer, model_path = load_policy(
+                model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
+            )
+    if lora:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log(f"LoRA: training {trainable:,} adapter parameters; the base model stays frozen")
+    render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
+    # seed after loading: a run is the same whether or not its warm start was cached
+    seed_all(cfg.train.seed)
+    if task is None:
+        task = task_from_config(cfg.task)
+    if getattr(task, "skipped", None):
+        log(task.skip_summary())
+    if rewards is None:
+        rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
+    buffer = make_main_buffer(cfg) if not cfg.needs_design else None
+    learner = build_learner(cfg, model, tokenizer.pad_token_id, model_path)
+    window = build_window(cfg)
+    # the transformers model itself (a LoRA wrapper's layers stay active inside it)
+    generator = make_generator(cfg, unwrap_model(model), tokenizer, model_path)
+    prompt_rng = np.random.default_rng(cfg.train.seed)
+    producer = build_producer(
+        cfg, model, tokenizer, model_path, prompt_rng, log, task, rewards, generator, render
+    )
+    shuffle_rng = np.random.default_rng(cfg.train.seed + 1)
+    rows = task.eval_rows()
+    return Components(
+        cfg=cfg,
+        model=model,
+        tokenizer=tokenizer,
+        model_path=model_path,
+        render=render,
+        task=task,
+        learner=learner,
+        generator=generator,
+        producer=producer,
+        buffer=buffer,
+        window=window,
+        source=build_batch_source(cfg, buffer, window) if buffer is not None else None,
+        prompt_rng=prompt_rng,
+        shuffle_rng=shuffle_rng,
+        eval_rows=rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else rows,
+        n_params=sum(p.numel() for p in model.parameters()),
+        max_positions=getattr(model.config, "max_position_embeddings", None),
+    )

@@ -1,0 +1,83 @@
+"""Entry points: `train(cfg)` starts a run, `resume(run_dir)` continues one; the runtime
+(sync, async-local, ray) picks the recipe. The CLI and the Python API call these."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from replayrl.config.schema import Config, ConfigError, load_config
+from replayrl.run.callbacks import RunHooks
+from replayrl.run.folder import check_resume_config, new_run_folder, run_guard, write_config
+from replayrl.storage.io import quiet_transformers
+
+Log = Callable[[str], None]
+
+
+def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[str, Any]:
+    """Start a new run from a resolved config; returns its summary (also in summary.json).
+
+    `hooks`: objects (policy, task, rewards) and callbacks from the Python API."""
+    check_hooks(cfg, hooks)
+    quiet_transformers()
+    run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
+    # an overwritten run is moved aside, deleted only once this one has started (model,
+    # data, rewards loaded) and put back if the start fails
+    with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
+        write_config(run_dir, cfg)
+        start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)
+    with run_guard(run_dir, log=log):  # expected failures name the last good checkpoint
+        return start()
+
+
+def resume(
+    run_dir: str | Path,
+    overrides: list[str] | None = None,
+    log: Log = print,
+    hooks: RunHooks | None = None,
+) -> dict[str, Any]:
+    """Continue a run from its latest checkpoint (config from the run folder + overrides)."""
+    quiet_transformers()
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
+    cfg = load_config(cfg_path, overrides)
+    check_hooks(cfg, hooks)
+    check_resume_config(load_config(cfg_path), cfg)  # before anything is written
+    # restores the checkpoint (not ray's)
+    start = _runtime(cfg, run_dir, log, resume=True, hooks=hooks)
+    write_config(run_dir, cfg)  # only once the checkpoint accepted the overrides
+    with run_guard(run_dir, log=log):
+        return start()
+
+
+def check_hooks(cfg: Config, hooks: RunHooks | None) -> None:
+    """Hooks reach the synchronous loop only (async and Ray workers build their own objects)."""
+    if hooks is not None and cfg.runtime != "sync":
+        raise ConfigError(
+            f"model objects, in-memory datasets, reward callables and callbacks need "
+            f"runtime=sync (got runtime={cfg.runtime}): give files and names instead"
+        )
+
+
+def _runtime(
+    cfg: Config, run_dir: Path, log: Log, resume: bool, hooks: RunHooks | None = None
+) -> Callable[[], dict[str, Any]]:
+    """Build the run's session for its runtime; returns the call that runs its loop."""
+    if cfg.runtime == "ray":
+        from replayrl.distributed.ray_runtime import RayDriver
+
+        return RayDriver(cfg, run_dir, log=log, resume=resume).run
+    if cfg.runtime == "async-local":
+        from replayrl.distributed.local import local_pool
+        from replayrl.recipes.asynchronous import AsyncSession, run_async
+
+        s = AsyncSession(cfg, run_dir, local_pool, log=log, resume=resume)
+        return lambda: run_async(s)
+    from replayrl.recipes.sync import run_sync
+    from replayrl.run.session import Session
+
+    session = Session(cfg, run_dir, log=log, resume=resume, hooks=hooks)
+    return lambda: run_sync(session)

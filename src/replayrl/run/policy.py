@@ -1,0 +1,38 @@
+"""The policy a run trains: `model.path` (a folder, a prepared model's name, a hub id or a
+LoRA adapter folder), else the tiny model's cached warm start."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from replayrl.config.schema import ModelConfig, TaskConfig
+from replayrl.models.loading import load_pretrained_policy, resolve_model_path
+from replayrl.run.warmstart import ensure_sft_warmup, ensure_warmstart
+
+
+def load_policy(
+    cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    log: Callable[[str], object] = print,
+    adapter: str | Path | None = None,
+    seed: int = 0,
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, str]:
+    """The policy to train and its tokenizer: `model.path` if set (after its supervised
+    warm-up when `model.sft.steps` > 0), else the tiny warm start.
+
+    With `model.lora.enabled` the model comes back wrapped in fresh LoRA adapters (drawn
+    from `seed`), or in the saved ones of `adapter` (resume). A `model.path` that is itself
+    an adapter folder loads its base model (named in adapter_config.json) with the adapter
+    on top. `model.gradient_checkpointing` switches it on for the policy.
+    """
+    if not cfg.path:
+        path = str(ensure_warmstart(cfg, task_cfg, log))
+    else:
+        path = resolve_model_path(cfg.path)
+        if cfg.sft.steps:  # the supervised warm-up of model.path (cached)
+            path = str(ensure_sft_warmup(path, cfg, task_cfg, log))
+    return load_pretrained_policy(path, cfg, adapter=adapter, seed=seed)

@@ -1,0 +1,346 @@
+"""A run's services around its loop: set-up from components, evaluation, one learner step's
+bookkeeping, step metrics, checkpoints, resume, and the final summary.
+
+The loops themselves (recipes/sync.py, recipes/asynchronous.py) are plain functions over a
+session; nothing here decides what the next batch is or when to train.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from replayrl.config.schema import Config, config_to_yaml
+from replayrl.data.batch_source import BatchSource
+from replayrl.data.buffer import Buffer, batch_stats
+from replayrl.data.rollout import Rollout
+from replayrl.models.loading import unwrap_model
+from replayrl.rollout.evaluation import evaluate
+from replayrl.rollout.producer import Production
+from replayrl.run.accounting import format_accounting
+from replayrl.run.callbacks import RunHooks
+from replayrl.run.components import Components, build_batch_source, build_buffer, build_components
+from replayrl.run.metrics import MetricsLogger, Progress
+from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
+from replayrl.run.state import Counters, accounting, summarize
+from replayrl.storage.checkpoint import (
+    describe_missing,
+    latest_checkpoint,
+    load_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from replayrl.storage.io import atomic_write_json, atomic_write_text
+
+Log = Callable[[str], None]
+
+
+class Session:
+    """One run: its components, counters, metrics log and checkpoints."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        log: Log = print,
+        resume: bool = False,
+        hooks: RunHooks | None = None,
+    ):
+        """`hooks`: objects and callbacks from the Python API (sync runs only)."""
+        self.cfg, self.run_dir, self.log = cfg, run_dir, log
+        self.hooks = hooks if hooks is not None else RunHooks()
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        # resume: the newest complete checkpoint (newer, damaged ones are logged and skipped)
+        ckpt = latest_checkpoint(run_dir, log=log) if resume else None
+        if resume and ckpt is None:
+            raise FileNotFoundError(describe_missing(run_dir))
+        h = self.hooks
+        self.parts: Components = build_components(
+            cfg, log, ckpt, self.make_buffer, policy=h.policy, task=h.task, rewards=h.rewards
+        )
+        p = self.parts
+        self.model, self.tokenizer, self.model_path = p.model, p.tokenizer, p.model_path
+        self.learner, self.generator, self.producer = p.learner, p.generator, p.producer
+        self.task, self.eval_rows, self.render = p.task, p.eval_rows, p.render
+        self.n_params, self.max_positions = p.n_params, p.max_positions
+        self.source: BatchSource | None = p.source
+        self.counters = Counters()
+        # no silent non-learning: steps whose groups all have equal rewards (signal.py)
+        self.reward_signal = RewardSignalMonitor(patience=cfg.logging.no_signal_patience)
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.metrics = MetricsLogger.from_config(  # JSONL, TensorBoard, W&B as configured
+            run_dir, cfg, resume_step=self.counters.step if resume else None, log=log
+        )
+
+    def make_buffer(self, cfg: Config) -> Buffer:
+        """The run's main buffer (the asynchronous sessions add a staleness bound)."""
+        return build_buffer(cfg)
+
+    @property
+    def buffer(self) -> Buffer:
+        assert self.source is not None, "the buffer is built once `auto` design has run"
+        return self.source.buffer
+
+    def adopt_design(self, cfg: Config, warmup: list[Rollout], design: dict[str, float]) -> None:
+        """Continue with the `auto`-resolved config: its buffer, holding the warm-up rollouts."""
+        self.cfg = self.learner.cfg = self.producer.cfg = cfg
+        self.counters.design = design
+        atomic_write_text(self.run_dir / "config.yaml", config_to_yaml(cfg))  # resume uses it
+        self.source = build_batch_source(cfg, self.make_buffer(cfg), self.parts.window)
+        self.source.buffer.push(warmup)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        assert self.source is not None
+        return {
+            "learner": self.learner.state_dict(),
+            **self.source.state_dict(),  # "buffer" (and ReMix's "window")
+            "prompt_rng": self.parts.prompt_rng.bit_generator.state,
+            "shuffle_rng": self.parts.shuffle_rng.bit_generator.state,
+            "counters": self.counters.__dict__.copy(),
+            "reward_signal": self.reward_signal.state_dict(),
+        }
+
+    def _restore(self, ckpt: Path) -> None:
+        state = load_state(ckpt)
+        self.learner.load_state_dict(state["learner"])
+        assert self.source is not None
+        self.source.load_state_dict({**state, "window": state.get("window")})
+        self.parts.prompt_rng.bit_generator.state = state["prompt_rng"]
+        self.parts.shuffle_rng.bit_generator.state = state["shuffle_rng"]
+        self.counters = Counters(**state["counters"])
+        if "reward_signal" in state:  # checkpoints from before the monitor start it afresh
+            self.reward_signal.load_state_dict(state["reward_signal"])
+        set_rng_state(state["rng"])
+        self.log(
+            f"resumed from {ckpt} at step {self.counters.step}, version {self.learner.version}"
+        )
+
+    def checkpoint(self) -> Path:
+        path = save_checkpoint(
+            self.run_dir,
+            self.counters.step,
+            self.model,
+            self.tokenizer,
+            self._state(),
+            keep_last=self.cfg.checkpoint.keep_last,
+        )
+        self.hooks.checkpointed(self.counters.step, path)
+        return path
+
+    # -- generation and evaluation -----------------------------------------------------------
+    def produce(self) -> tuple[list[Rollout], dict[str, float]]:
+        """Generate, score and turn samples into rollouts with group advantages."""
+        c = self.counters
+        p = self.producer.produce(self.learner.version, c.step, c.step * 1_000_000)
+        self.account(p)
+        return p.rollouts, {
+            **p.stats,
+            "rollouts/dropped_reward_error": float(c.rollouts_dropped_reward_error),
+            "rollouts/dropped_reward_timeout": float(c.rollouts_dropped_reward_timeout),
+        }
+
+    def watch_signal(self, fresh: list[Rollout], stats: dict[str, float], step: int) -> None:
+        """Feed the no-signal monitor one step's FRESH rollouts (never replayed ones): its
+        metrics go into `stats`, its warning (after `no_signal_patience` such steps) to the log."""
+        report = self.reward_signal.update((r.group_id, r.reward) for r in fresh)
+        stats.update(report.metrics)
+        if report.warning:
+            self.log(f"WARNING at step {step}: {report.warning}")
+
+    def account(self, p: Production) -> None:
+        self.counters.account(p)
+
+    def evaluate(self) -> dict[str, float]:
+        e = self.cfg.eval
+        return evaluate(
+            self.generator,
+            self.task,
+            self.eval_rows,
+            self.cfg.rollout.max_new_tokens,
+            pass_k=e.pass_k,
+            temperature=e.temperature,
+            render=self.render,
+        )
+
+    def timed_eval(self) -> dict[str, float]:
+        c = self.counters
+        t0 = time.perf_counter()
+        ev = self.evaluate()
+        c.eval_seconds += time.perf_counter() - t0
+        c.record_eval(ev, self.n_params)
+        self.hooks.evaluated(c.step, ev)
+        return ev
+
+    # -- one learner step --------------------------------------------------------------------
+    def train_batch(
+        self, batch: list[Rollout], epochs: int, fresh: list[Rollout], stats: dict[str, float]
+    ) -> float:
+        """One learner step on `batch` (`fresh`: this step's new rollouts, for text metrics);
+        returns its seconds. The counters' step advances; engines with their own weights
+        (vLLM) get the new ones."""
+        cfg, c = self.cfg, self.counters
+        version = self.learner.version
+        t1 = time.perf_counter()
+        if batch:
+            stats.update({f"batch/{k}": v for k, v in batch_stats(batch, version).items()})
+            train_metrics = self.learner.train_step(
+                batch,
+                self.parts.shuffle_rng,
+                step=c.step + 1,  # t in the paper's lambda(t): 1-based update count
+                epochs=epochs,
+                stale=[r.policy_version < version for r in batch],
+                policy_frozen=c.step < cfg.critic.warmup_steps and self.learner.critic is not None,
+            )
+            stats.update({f"train/{k}": v for k, v in train_metrics.items()})
+            stats["reflection_rate"] = reflection_rate(
+                [r.completion_text for r in fresh], cfg.logging.reflection_words
+            )
+        else:
+            self.learner.version += 1  # nothing to learn from (all dropped): still a new step
+        t_train = time.perf_counter() - t1
+        c.add_trained(sum(r.completion_ids.numel() for r in batch), len(batch), epochs, t_train)
+        stats["time/training_s"] = t_train
+        if hasattr(self.generator, "load_weights"):  # an engine with its own copy (vLLM)
+            self.generator.load_weights(
+                unwrap_model(self.model).named_parameters(), self.learner.version
+            )
+        return t_train
+
+    # -- around the loop ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Log the replay design and evaluate the starting policy (not on resume)."""
+        cfg, c = self.cfg, self.counters
+        R, B = cfg.rollouts_per_step, cfg.batch_size
+        if cfg.buffer.kind == "replay" and cfg.buffer.capacity:
+            self.log(
+                f"replay: staleness horizon x = N/R = {cfg.buffer.capacity / R:.3g}, "  # type: ignore[operator]
+                f"replay ratio y = B/R = {B / R:.3g}"
+            )
+        if c.step == 0 and not c.evals:
+            first = self.timed_eval()
+            self.metrics.log(0, first)
+            self.log(
+                f"initial eval accuracy {first['eval/accuracy']:.3f} "
+                f"on {len(self.eval_rows)} prompts"
+            )
+            warning = start_accuracy_warning(first["eval/accuracy"], len(self.eval_rows))
+            if warning:
+                self.log(f"WARNING: {warning}")
+
+    def end_step(self, stats: dict[str, float], progress: Progress) -> None:
+        """Common step metrics, periodic eval and checkpoint, progress bar."""
+        cfg, c = self.cfg, self.counters
+        stats.update(
+            {
+                "buffer/size": float(len(self.buffer)),
+                "rollouts_generated": float(c.rollouts_generated),
+                "tokens_generated": float(c.tokens_generated),
+                "tokens_trained": float(c.tokens_trained),
+                "flops/estimated": c.flops(self.n_params),
+                "policy_version": float(self.learner.version),
+                "prompts_skipped_too_long": float(c.prompts_skipped_too_long),
+            }
+        )
+        every = cfg.eval.every
+        if (every and c.step % every == 0) or c.step == cfg.train.steps:
+            stats.update(self.timed_eval())
+        stats["wall_seconds"] = c.wall_seconds
+        self.metrics.log(c.step, stats)
+        self.hooks.step_end(c.step, stats)  # a callback may ask the loop to stop
+        progress.update(
+            reward=stats.get("reward/mean", float("nan")),
+            acc=c.evals[-1]["eval/accuracy"] if c.evals else float("nan"),
+            ent=stats.get("train/entropy", float("nan")),
+        )
+        ck = cfg.checkpoint.every
+        if ck and c.step % ck == 0 and c.step != cfg.train.steps:
+            self.checkpoint()
+
+    def interrupted(self, progress: Progress) -> None:
+        """Checkpoint between steps (exactly an uninterrupted run's state) and stop."""
+        progress.close()
+        path = self.checkpoint()
+        self.metrics.close()
+        self.log(
+            f"interrupted at step {self.counters.step}: checkpoint written to {path}; "
+            f"resume with --resume {self.run_dir}"
+        )
+        raise KeyboardInterrupt
+
+    def finish(self) -> dict[str, Any]:
+        """Final eval (unless the last step had one), checkpoint, summary, accounting."""
+        c = self.counters
+        last_eval_step = c.evals[-1]["step"] if c.evals else -1
+        if last_eval_step != c.step:
+            self.metrics.log(c.step, self.timed_eval())
+        self.checkpoint()
+        summary = self.summary()
+        atomic_write_json(self.run_dir / "summary.json", summary)
+        self.metrics.close()
+        self.report_accounting(summary)
+        return summary
+
+    def report_accounting(self, summary: dict[str, Any]) -> None:
+        acc = summary["accounting"]
+        self.log(format_accounting(acc["ledger"], acc))
+
+    def buffers(self) -> list[Any]:
+        return self.source.buffers() if self.source is not None else []
+
+    def accounting(self) -> dict[str, Any]:
+        return accounting(self.cfg, self.counters, self.buffers())
+
+    def summary(self) -> dict[str, Any]:
+        summary = summarize(
+            self.cfg,
+            self.counters,
+            self.buffers(),
+            policy_version=self.learner.version,
+            num_eval_prompts=len(self.eval_rows),
+            run_dir=self.run_dir,
+            num_parameters=self.n_params,
+            model_path=self.model_path,
+        )
+        summary["no_signal_steps"] = self.reward_signal.total
+        return summary
+
+
+class StopOnSigint:
+    """First Ctrl-C asks the loop to stop after the current step; a second one aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this step (Ctrl-C again to abort now)", flush=True)
+
+    def __enter__(self) -> StopOnSigint:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def reflection_rate(texts: list[str], words: list[str]) -> float:
+    """Share of completions with a self-reflection word ("wait", "check", ...; paper 2)."""
+    if not texts or not words:
+        return math.nan
+    lowered = [w.lower() for w in words]
+    return sum(any(w in t.lower() for w in lowered) for t in texts) / len(texts)

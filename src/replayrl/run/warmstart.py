@@ -1,0 +1,344 @@
+"""SFT warm starts, built once per config and cached, deterministic: the tiny demo model's
+(from scratch, on the task's teacher) and a pretrained model's short supervised warm-up on the
+task's answers (`model.sft`). It sits above `tasks` (the teachers) and `models`; models.py
+imports nothing from here."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from replayrl.config.schema import LoraConfig, ModelConfig, TaskConfig, WarmStartConfig
+from replayrl.models.loading import (
+    apply_lora,
+    atomic_save_pretrained,
+    build_char_tokenizer,
+    build_tiny_model,
+    cache_dir,
+    is_adapter_folder,
+    load_pretrained,
+)
+from replayrl.rollout.prompts import PromptRenderer
+from replayrl.rollout.tasks import task_from_config
+from replayrl.rollout.tasks.base import Row
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock (parallel first runs may each build, atomically)
+    fcntl = None  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def build_lock(dest: Path) -> Iterator[None]:
+    """Hold an exclusive lock for building `dest`, so that processes starting together (a
+    suite's parallel runs, async workers) build a cached warm start once: the others wait,
+    then find it built."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    with open(dest.parent / f".{dest.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class SFTTeacher(Protocol):
+    """What a task needs for the warm start: a tokenizer corpus and (prompt, completion)
+    pairs whose answers are wrong at `error_rate` (the mistaken teacher of phase 2)."""
+
+    def corpus(self) -> list[str]: ...
+
+    def sft_pairs(
+        self, n: int, rng: np.random.Generator, error_rate: float, /
+    ) -> list[tuple[str, str]]: ...
+
+
+def _sft_phase(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    task: SFTTeacher,
+    rng: np.random.Generator,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    carry_error: float,
+    warmup_steps: int = 50,
+    autocast: torch.dtype | None = None,
+    log: Callable[[str], object] | None = None,
+) -> float:
+    """Teacher-forced SFT on (prompt, completion+EOS) pairs; loss on completion tokens only.
+    The learning rate warms up linearly over `warmup_steps`, then decays linearly to 0;
+    `autocast` runs forward and backward in that dtype (fp32 master weights)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup_steps) * max(0.0, 1 - s / max(steps, 1))
+    )
+    model.train()
+    loss_val = float("nan")
+    for step in range(steps):
+        pairs = task.sft_pairs(batch_size, rng, carry_error)
+        seqs, masks = [], []
+        for prompt, completion in pairs:
+            p = tok(prompt, add_special_tokens=False)["input_ids"]
+            c = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            seqs.append(p + c)
+            masks.append([0] * len(p) + [1] * len(c))
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        lmask = torch.zeros_like(ids, dtype=torch.float32)
+        for i, (s, m) in enumerate(zip(seqs, masks, strict=True)):
+            ids[i, : len(s)] = torch.tensor(s)
+            attn[i, : len(s)] = 1
+            lmask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        targets, tmask = ids[:, 1:], lmask[:, 1:]
+        nll = torch.nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
+        ).view_as(targets)
+        loss = (nll * tmask).sum() / tmask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_val = loss.item()
+        if log is not None and (step + 1) % 10 == 0:
+            log(f"  warm-up step {step + 1}/{steps}: loss {loss_val:.3f}")
+    model.eval()
+    return loss_val
+
+
+def sft_warmstart(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    task: SFTTeacher,
+    ws: WarmStartConfig,
+) -> dict[str, float]:
+    """Phase 1 on correct answers, then phase 2 on the task's mistaken teacher
+    (`task.sft_pairs(n, rng, error_rate)` at `teacher_carry_error`); the final losses."""
+    rng = np.random.default_rng(ws.seed)
+    torch.manual_seed(ws.seed)
+    out = {"sft_loss": _sft_phase(model, tok, task, rng, ws.steps, ws.batch_size, ws.lr, 0.0)}
+    if ws.mistake_steps:
+        out["sft_mistake_loss"] = _sft_phase(
+            model,
+            tok,
+            task,
+            rng,
+            ws.mistake_steps,
+            ws.batch_size,
+            ws.mistake_lr,
+            ws.teacher_carry_error,
+        )
+    return out
+
+
+# the TaskConfig fields each built-in task's warm start depends on (arithmetic's set is the
+# original one: existing configs keep their cached warm starts)
+_WARMSTART_TASK_FIELDS = {
+    "arithmetic": {"name", "digits", "eval_size", "seed"},
+    "reasoning": {"name", "op", "digits", "min_digits", "terms", "eval_size", "seed"},
+}
+# arithmetic digits the built-in warm start gives a usable start policy for (measured: 3
+# digits start at 0.0 eval accuracy with the default warm start, and nothing learns)
+TINY_ARITHMETIC_DIGITS = (1, 2)
+
+
+def _warmstart_task_fields(task_cfg: TaskConfig) -> set[str]:
+    return _WARMSTART_TASK_FIELDS.get(task_cfg.name, set(TaskConfig.model_fields))
+
+
+def check_tiny_task(task_cfg: TaskConfig) -> None:
+    """Refuse tasks the built-in tiny model's warm start cannot start usefully (clear error)."""
+    if task_cfg.name == "arithmetic" and task_cfg.digits not in TINY_ARITHMETIC_DIGITS:
+        raise ValueError(
+            f"task.digits={task_cfg.digits}: the built-in tiny model's warm start gives a usable "
+            f"start policy for arithmetic with task.digits in {list(TINY_ARITHMETIC_DIGITS)} only "
+            f"(at 3 digits it starts at 0.0 accuracy and no reward ever varies). For longer "
+            f"sums use the written-out task (task.name=reasoning task.op=add "
+            f"task.digits={task_cfg.digits}; see configs/reasoning-add.yaml), or set model.path "
+            f"to a causal LM folder"
+        )
+
+
+def warmstart_key(cfg: ModelConfig, task_cfg: TaskConfig) -> str:
+    payload = json.dumps(
+        {
+            "tiny": cfg.tiny.model_dump(),
+            "warmstart": cfg.warmstart.model_dump(),
+            # only what the task's warm start depends on: stable as TaskConfig grows
+            "task": task_cfg.model_dump(include=_warmstart_task_fields(task_cfg)),
+            "format": 2,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def ensure_warmstart(
+    cfg: ModelConfig, task_cfg: TaskConfig, log: Callable[[str], object] = print
+) -> Path:
+    """Path of the tiny model's SFT warm start for this config, building it once if missing."""
+    check_tiny_task(task_cfg)
+    dest = cache_dir() / "warmstart" / warmstart_key(cfg, task_cfg)
+    if (dest / "config.json").is_file():
+        return dest
+    with build_lock(dest):
+        if not (dest / "config.json").is_file():  # another process may have built it
+            _build_tiny_warmstart(cfg, task_cfg, dest, log)
+    return dest
+
+
+def _build_tiny_warmstart(
+    cfg: ModelConfig, task_cfg: TaskConfig, dest: Path, log: Callable[[str], object]
+) -> None:
+    task = task_from_config(task_cfg)
+    # any task with a tokenizer corpus and an SFT teacher (arithmetic, reasoning) has one
+    if not (callable(getattr(task, "corpus", None)) and callable(getattr(task, "sft_pairs", None))):
+        raise ValueError(
+            f"the built-in tiny model's warm start needs a task with corpus() and "
+            f"sft_pairs(n, rng, error_rate) (task.name=arithmetic or reasoning), not "
+            f"{task_cfg.name!r}: set model.path to a causal LM folder"
+        )
+    teacher = cast(SFTTeacher, task)  # checked just above
+    tok = build_char_tokenizer(teacher.corpus())
+    model = build_tiny_model(cfg, vocab_size=len(tok), seed=cfg.warmstart.seed)
+    if cfg.warmstart.enabled and cfg.warmstart.steps:
+        ws = cfg.warmstart
+        log(f"building the tiny model's SFT warm start ({ws.steps}+{ws.mistake_steps} steps)")
+        stats = sft_warmstart(model, tok, teacher, ws)
+        log(f"warm start done ({', '.join(f'{k} {v:.3f}' for k, v in stats.items())}) -> {dest}")
+    atomic_save_pretrained(model, tok, dest)
+
+
+class AnswerTeacher(Protocol):
+    """What a task needs for a pretrained model's warm-up (`model.sft`): training rows and the
+    teacher's reply to one (wrong at `error_rate`)."""
+
+    def sample_train(self, n: int, rng: np.random.Generator, /) -> list[Row]: ...
+
+    def sft_completion(self, row: Row, rng: np.random.Generator, error_rate: float, /) -> str: ...
+
+
+class RenderedPairs:
+    """(prompt, completion) pairs from a task's training rows, each prompt rendered exactly as
+    the run will render it (chat template, system prompt), so the warm-up teaches the format
+    the policy is then sampled in."""
+
+    def __init__(self, task: AnswerTeacher, render: Callable[[Any], str]) -> None:
+        self.task = task
+        self.render = render
+
+    def corpus(self) -> list[str]:
+        return []
+
+    def sft_pairs(
+        self, n: int, rng: np.random.Generator, error_rate: float
+    ) -> list[tuple[str, str]]:
+        rows = self.task.sample_train(n, rng)
+        return [
+            (self.render(r["prompt"]), self.task.sft_completion(r, rng, error_rate)) for r in rows
+        ]
+
+
+def _source_fingerprint(path: str) -> dict[str, object]:
+    """What identifies the pretrained model: its path, config and weight files' sizes/mtimes
+    (a hub id: the id only)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return {"path": path}
+    files = sorted(
+        (f.name, f.stat().st_size, int(f.stat().st_mtime))
+        for f in folder.iterdir()
+        if f.is_file() and f.suffix in {".json", ".safetensors", ".bin"}
+    )
+    return {"path": str(folder.resolve()), "files": files}
+
+
+def sft_warmup_key(path: str, cfg: ModelConfig, task_cfg: TaskConfig) -> str:
+    payload = json.dumps(
+        {
+            "source": _source_fingerprint(path),
+            "sft": cfg.sft.model_dump(),
+            "task": task_cfg.model_dump(),  # rows, rendering and split all matter
+            "format": 1,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def ensure_sft_warmup(
+    path: str, cfg: ModelConfig, task_cfg: TaskConfig, log: Callable[[str], object] = print
+) -> Path:
+    """The folder of `path` after `model.sft.steps` of supervised warm-up on the task's
+    answers (LoRA merged into the weights, or full fine-tuning; fp32 master weights, saved in
+    fp32), building it once if missing."""
+    if is_adapter_folder(path):
+        raise ValueError(
+            f"model.sft: {path} is a LoRA adapter folder; the supervised warm-up fine-tunes a "
+            f"full model: set model.path to the base model"
+        )
+    dest = cache_dir() / "sft" / sft_warmup_key(path, cfg, task_cfg)
+    if (dest / "config.json").is_file():
+        return dest
+    with build_lock(dest):
+        if not (dest / "config.json").is_file():  # another process may have built it
+            _build_sft_warmup(path, cfg, task_cfg, dest, log)
+    return dest
+
+
+def _build_sft_warmup(
+    path: str, cfg: ModelConfig, task_cfg: TaskConfig, dest: Path, log: Callable[[str], object]
+) -> None:
+    task = task_from_config(task_cfg)
+    if not callable(getattr(task, "sft_completion", None)):
+        raise ValueError(
+            f"model.sft: task {task_cfg.name!r} has no teacher replies for a supervised "
+            f"warm-up (task.name=reasoning_gym has); set model.sft.steps=0"
+        )
+    sft = cfg.sft
+    log(f"building the supervised warm-up of {path} ({sft.steps} steps of {sft.batch_size})")
+    torch.manual_seed(sft.seed)
+    model, tok = load_pretrained(path, "float32")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    trained: torch.nn.Module = model
+    if sft.lora_r:
+        lora = LoraConfig(
+            enabled=True, r=sft.lora_r, alpha=2 * sft.lora_r, target_modules=["all-linear"]
+        )
+        trained = apply_lora(model, cfg.model_copy(update={"lora": lora}), seed=sft.seed)
+    render = PromptRenderer(tok, task_cfg.chat_template, task_cfg.system_prompt)
+    teacher = RenderedPairs(cast(AnswerTeacher, task), render)
+    loss = _sft_phase(
+        cast(PreTrainedModel, trained),
+        tok,
+        teacher,
+        np.random.default_rng(sft.seed),
+        sft.steps,
+        sft.batch_size,
+        sft.lr,
+        sft.teacher_error,
+        warmup_steps=max(1, sft.steps // 10),
+        autocast=torch.bfloat16 if sft.autocast == "bfloat16" else None,
+        log=log,
+    )
+    if sft.lora_r:
+        model = cast(Any, trained).merge_and_unload()  # a plain model folder again
+    log(f"supervised warm-up done (last loss {loss:.3f}) -> {dest}")
+    atomic_save_pretrained(model, tok, dest)
