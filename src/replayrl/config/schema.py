@@ -180,7 +180,7 @@ class TaskConfig(_Section):
     op: Literal["add", "sub", "chain"] = "add"
     min_digits: int = Field(1, ge=1, le=9)
     terms: int = Field(4, ge=3, le=8)
-    eval_size: int = Field(200, ge=1)
+    eval_size: int = Field(200, ge=0)  # 0: nothing held out (no evaluation without eval_path)
     seed: int = 0
     path: str | None = None  # dataset: JSONL, JSON, parquet or CSV file
     eval_path: str | None = None  # dataset: a separate held-out file (else a seeded split)
@@ -347,6 +347,12 @@ class TrainConfig(_Section):
     epochs: int = Field(1, ge=1)  # passes over each batch (update-to-data ratio)
     micro_batch_size: int = Field(64, ge=1)  # memory only: gradient accumulation chunk
     lr: float = Field(1e-4, gt=0)
+    # learning-rate schedule over train.steps learner steps (torch LambdaLR in the learner):
+    # constant (the presets), linear decay to 0 (TRL's default) or cosine, after a linear
+    # warm-up of warmup_steps (or warmup_ratio * steps, rounded up) steps
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0, le=1)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
     seed: int = 0
