@@ -47,10 +47,12 @@ DIRECT: dict[str, str] = {
     "epsilon_high": "algorithm.epsilon_high",
     "entropy_coef": "algorithm.entropy_coef",
     "save_total_limit": "checkpoint.keep_last",
-    "gradient_checkpointing": "model.gradient_checkpointing",
+    "activation_checkpointing": "model.gradient_checkpointing",  # transformers 5's new name
+    "gradient_checkpointing": "model.gradient_checkpointing",  # (wins when both are given)
     "vllm_gpu_memory_utilization": "vllm.gpu_memory_utilization",
     "vllm_tensor_parallel_size": "vllm.tensor_parallel_size",
 }
+NULLABLE = ("epsilon_high", "max_grad_norm")  # None has the same meaning here
 # mapped by `translate`, several at a time or with a value conversion
 SPECIAL = (
     "output_dir",
@@ -213,7 +215,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "fsdp_config": (None, "not supported: data parallel learners are runtime='ray'"),
     "deepspeed": (None, "not supported: data parallel learners are runtime='ray'"),
     "parallelism_config": (None, "not supported: data parallel learners are runtime='ray'"),
-    "activation_checkpointing": (False, "use gradient_checkpointing=True instead"),
 }
 # TRL loss_type -> replayrl algorithm.loss_agg (the same normalisation on one process)
 LOSS_TYPES = {"grpo": "seq_mean", "dapo": "token_mean", "bnpo": "token_mean", "dr_grpo": "dr_grpo"}
@@ -488,7 +489,8 @@ def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -
         if name in values:
             _simple(name, values[name], t)
     for name, key in DIRECT.items():
-        if name in values:
+        # None: TRL's "unset" (save_total_limit: keep all); kept only where replayrl has it
+        if name in values and (values[name] is not None or name in NULLABLE):
             t.dotted[key] = values[name]
     _schedule(values, t)
     _strategies(values, t)
