@@ -164,7 +164,8 @@ def test_trl_examples_resolve_to_the_same_hyper_parameters(example, tmp_path: Pa
     assert (cfg.rollout.temperature, cfg.rollout.top_p) == (args.temperature, args.top_p)
     assert (cfg.kl.beta, cfg.algorithm.epsilon) == (args.beta, args.epsilon)
     assert cfg.algorithm.epsilon_high == args.epsilon_high
-    assert cfg.algorithm.loss_agg == trl_args.LOSS_TYPES[args.loss_type]
+    # TRL's grpo: mean over sequences of each one's token mean; dapo: mean over all tokens
+    assert cfg.algorithm.loss_agg == {"grpo": "seq_mean", "dapo": "token_mean"}[args.loss_type]
     assert cfg.algorithm.scale_rewards == (args.scale_rewards != "none")
     assert (cfg.train.seed, cfg.train.max_grad_norm) == (args.seed, args.max_grad_norm)
     assert cfg.train.weight_decay == args.weight_decay
