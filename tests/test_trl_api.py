@@ -226,3 +226,43 @@ def test_prompt_only_rows_train_with_a_reward_that_needs_no_answer(tmp_path: Pat
     assert calls and "answer" not in calls[0]
     with pytest.raises(ValueError, match="no usable rows"):  # the verifier needs answers
         ReplayTrainer(reward_funcs="correctness", args=args, train_dataset=rows)
+
+
+def test_replay_ratio_and_staleness_horizon_by_name() -> None:
+    """Paper 1's y = B / R and x = N / R set B and N (R = 8 prompts x 8 completions)."""
+    args = ReplayConfig("replay", replay_ratio=1.5, staleness_horizon=3)
+    cfg = args.to_config()
+    assert cfg.rollouts_per_step == 64 and (cfg.train.batch_size, cfg.buffer.capacity) == (96, 192)
+    with pytest.raises(ConfigError, match="need a replay buffer"):
+        ReplayConfig("grpo", replay_ratio=2).to_config()
+    with pytest.raises(ConfigError, match="positive number"):
+        ReplayConfig("replay", staleness_horizon=0).to_config()
+
+
+def test_help_and_config_docs_list_the_papers_knobs(capsys) -> None:
+    from replayrl.cli.main import main
+
+    for doc in (ReplayTrainer.__doc__ or "", ReplayConfig.__doc__ or ""):
+        for knob in (
+            "buffer__capacity",
+            "replay_ratio",
+            "staleness_horizon",
+            "remix__utd",
+            "kl__target",
+            "2604.08706",
+            "2507.06892",
+            "num_iterations",
+        ):
+            assert knob in doc, knob
+    assert main(["config", "show", "--doc", "--config", "replay"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    by_key = {line.split(" = ", 1)[0]: line for line in lines}
+    assert "staleness horizon x = N / R" in by_key["buffer.capacity"]
+    assert by_key["buffer.capacity"].startswith("buffer.capacity = 256  # ")
+    assert "replay ratio y = B / R" in by_key["train.batch_size"]
+    assert "dropout" in by_key["model.lora.dropout"]  # not the comment of the line above
+    assert main(["config", "explain", "remix.utd"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("remix.utd: m: gradient passes") and "default 2" in out
+    assert main(["config", "explain", "buffer.capacty"]) == 2
+    assert "did you mean buffer.capacity" in capsys.readouterr().err

@@ -15,6 +15,9 @@ from replayrl.api import trl_args
 from replayrl.api.trl_args import Translation
 from replayrl.config.schema import Config, ConfigError, apply_overrides, build_config, load_yaml
 
+# paper 1's replay ratio y = B / R and staleness horizon x = N / R -> B and N for R rollouts a step
+PAPER_TERMS = {"replay_ratio": "train.batch_size", "staleness_horizon": "buffer.capacity"}
+
 
 def _config_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
     """Every dotted key of the config schema (`train.lr`, `buffer.capacity`, ...)."""
@@ -129,6 +132,8 @@ class ReplayConfig:
       generated per step), `"auto"` picks x* from the measured cost ratio;
     - `train__batch_size` B: rollouts trained per step; the replay ratio is y = B / R
       (`"auto"`: y* from the cost model, `replayrl design`);
+    - `replay_ratio=y` and `staleness_horizon=x` set B = y * R and N = x * R by the papers'
+      names (R = prompts per step x num_generations; rounded);
     - `buffer__sampler="positive_bias"` with `buffer__delta`: oversample rewarded rollouts;
     - `buffer__max_staleness`: drop rollouts older than this many policy versions;
     - `algorithm__loss_type="asymre"` (with `algorithm__asymre_delta_v`): AsymRE's loss;
@@ -169,6 +174,8 @@ class ReplayConfig:
             raise TypeError("overrides must be a list of 'key=value' strings or a mapping")
         self.overrides = overrides if overrides is not None else []
         self.kwargs = dict(kwargs)
+        # paper 1's terms by name (arXiv 2604.08706): y = B / R and x = N / R
+        self.paper_terms = {k: kwargs.pop(k) for k in PAPER_TERMS if k in kwargs}
         trl_args.check_names(kwargs, _config_keys())
         self._sections = {k.replace("__", "."): v for k, v in kwargs.items() if "__" in k}
         trl_values.update({k: v for k, v in kwargs.items() if "__" not in k})
@@ -230,7 +237,22 @@ class ReplayConfig:
 
     def to_config(self, extra: Mapping[str, Any] | None = None) -> Config:
         """The validated `Config` (ConfigError naming the key and value when invalid)."""
-        return build_config(self.data(extra))
+        data = self.data(extra)
+        cfg = build_config(data)
+        if not self.paper_terms:
+            return cfg
+        if cfg.buffer.kind != "replay":
+            raise ConfigError(
+                f"{', '.join(self.paper_terms)} need a replay buffer: use the 'replay' preset "
+                "or buffer__kind='replay'"
+            )
+        R = cfg.rollouts_per_step
+        for name, value in self.paper_terms.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"{name}={value!r} must be a positive number")
+            section, key = PAPER_TERMS[name].split(".")
+            data.setdefault(section, {})[key] = max(1, round(value * R))
+        return build_config(data)
 
     def sets(self, key: str) -> bool:
         """Whether the caller set `key` explicitly (a keyword argument or an override)."""

@@ -88,21 +88,44 @@ class ReplayTrainer:
             Weights: `ReplayConfig(reward_weights=[...])`, else 1.0 each. A function that
             raises or returns a non-finite value drops only the rollouts concerned (counted in
             `rollouts/dropped_reward_error`).
-        args: a `ReplayConfig`, a `Config`, a preset name or a YAML path (None: defaults).
+        args: a `ReplayConfig`, a TRL `GRPOConfig` (its fields are read), a `Config`, a preset
+            name or a YAML path (None: defaults).
         train_dataset: a `datasets.Dataset`, a list of dicts, a pandas DataFrame, or a local
             JSONL / JSON / parquet / CSV file. Rows need a prompt (text or chat messages) and
             an answer (`task.prompt_column` / `task.answer_column`, default "prompt" /
             "answer"); malformed rows are skipped and counted. None: the config's task.
-        eval_dataset: the held-out rows (same kinds). None: a seeded split of train_dataset
-            (`task.eval_size` rows, default min(200, 10%)).
+            With reward callables only (no built-in reward names) and no evaluation, rows
+            need no answer column (format or judge rewards).
+        eval_dataset: the held-out rows (same kinds). None: with a preset, a seeded split of
+            train_dataset (`task.eval_size` rows, default min(200, 10%)); with TRL's arguments
+            and no preset, as TRL: no evaluation unless `eval_strategy="steps"`.
         processing_class: the tokenizer of a model object.
-        callbacks: `ReplayCallback` objects, or plain functions `f(step, metrics)` called after
-            every step; returning True stops training after the step (see `ReplayCallback`).
+        callbacks: `ReplayCallback` objects, plain functions `f(step, metrics)` called after
+            every step (returning True stops training after the step), or transformers
+            `TrainerCallback`s (on_train_begin, on_step_end, on_log with TRL's key names,
+            on_evaluate, on_save, on_train_end; `control.should_training_stop` stops).
         log: where progress messages go (default: print).
+        peft_config: a peft `LoraConfig` (TRL's argument): trains LoRA adapters.
 
-    Methods: `train()`, `evaluate()`, `save_model()`, `metrics()`; attributes `config` (the
-    resolved `Config`), `run_dir`, `model`, `tokenizer` (alias `processing_class`), and after
-    training `summary` and `state` (TRL's `state.global_step`, `state.log_history`).
+    Methods: `train()`, `evaluate()`, `save_model()`, `metrics()`, `add_callback()`;
+    attributes `config` (the resolved `Config`), `args` (`args.learning_rate`, ...: the
+    resolved values under TRL's names), `run_dir`, `model`, `tokenizer` (alias
+    `processing_class`), `notes` (where the run knowingly differs from TRL, printed once when
+    training starts), and after training `summary` and `state` (TRL's `state.global_step`,
+    `state.log_history` with TRL's key names `loss`, `reward`, `learning_rate`, ... beside
+    replayrl's).
+
+    The papers' knobs (`help(ReplayConfig)` has the list; `replayrl config show --doc` every
+    key), passed as `ReplayConfig(..., section__key=value)`:
+
+    - `buffer__kind="replay"`, `buffer__capacity` N, `train__batch_size` B: experience replay
+      (arXiv 2604.08706); `staleness_horizon` x = N / R and `replay_ratio` y = B / R by name;
+    - `buffer__sampler="positive_bias"`, `buffer__delta`: oversample rewarded rollouts;
+    - `buffer__max_staleness`: drop rollouts older than this many policy versions;
+    - `algorithm__loss_type="asymre"`: AsymRE;
+    - `remix__enabled` (ReMix, arXiv 2507.06892), `remix__off_policy_fraction` p,
+      `remix__num_policies` N_pol, `remix__utd` m (TRL's num_iterations), `remix__
+      reincarnation_step` T; `kl__target="convex"`: KL-Convex; `algorithm__entropy_coef`.
 
     In-memory datasets, model objects, reward callables and callbacks need `runtime: sync`
     (asynchronous workers build their own copies from files and names).
