@@ -169,7 +169,7 @@ class ReplayConfig:
                 f"preset must be a preset name, a YAML path, a Config or a TRL GRPOConfig "
                 f"(got {type(preset)})"
             )
-        self.preset = preset
+        self.preset: str | PathLike[str] | Config | None = preset
         if isinstance(overrides, str):
             raise TypeError("overrides must be a list of 'key=value' strings or a mapping")
         self.overrides = overrides if overrides is not None else []
@@ -210,7 +210,7 @@ class ReplayConfig:
     def _base(self) -> dict[str, Any]:
         if isinstance(self.preset, Config):
             return self.preset.model_dump(mode="json")
-        return load_yaml(self.preset) if self.preset is not None else {}
+        return load_yaml(Path(self.preset)) if self.preset is not None else {}
 
     def override_strings(self) -> list[str]:
         """Every override as a CLI-style "key=value" string (JSON values are valid YAML)."""

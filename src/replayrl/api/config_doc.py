@@ -36,7 +36,8 @@ def _comments() -> dict[tuple[str, str], str]:
         for item in node.body:
             if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
                 continue
-            above, line = [], item.lineno - 1
+            above: list[str] = []
+            line = item.lineno - 1
             while line in alone:  # a comment block right above the field
                 above.insert(0, alone[line])
                 line -= 1

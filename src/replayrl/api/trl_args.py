@@ -269,9 +269,8 @@ def read_grpo_config(args: Any) -> dict[str, Any]:
 
 def is_grpo_config(obj: Any) -> bool:
     """A transformers TrainingArguments (TRL's GRPOConfig is one), without importing trl."""
-    return dataclasses.is_dataclass(obj) and any(
-        c.__name__ == "TrainingArguments" for c in type(obj).__mro__
-    )
+    mro: tuple[type, ...] = type(obj).__mro__
+    return dataclasses.is_dataclass(obj) and any(c.__name__ == "TrainingArguments" for c in mro)
 
 
 def check_names(names: Iterable[str], replayrl_keys: Iterable[str]) -> None:
