@@ -266,3 +266,12 @@ def test_help_and_config_docs_list_the_papers_knobs(capsys) -> None:
     assert out.startswith("remix.utd: m: gradient passes") and "default 2" in out
     assert main(["config", "explain", "buffer.capacty"]) == 2
     assert "did you mean buffer.capacity" in capsys.readouterr().err
+
+
+def test_misspelled_override_keys_get_the_nearest_keys() -> None:
+    with pytest.raises(ConfigError, match=r"train\.stpes \(did you mean train\.steps"):
+        ReplayConfig("grpo", overrides=["train.stpes=3"])
+    with pytest.raises(ConfigError, match=r"buffer\.capacty \(did you mean buffer\.capacity"):
+        ReplayConfig("replay", overrides={"buffer.capacty": 3})
+    # dict-valued keys and whole sections are keys too
+    ReplayConfig("grpo", overrides=["task.reasoning_gym.config.chain_sum.digits=2", "remix={}"])

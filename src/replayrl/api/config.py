@@ -176,7 +176,10 @@ class ReplayConfig:
         self.kwargs = dict(kwargs)
         # paper 1's terms by name (arXiv 2604.08706): y = B / R and x = N / R
         self.paper_terms = {k: kwargs.pop(k) for k in PAPER_TERMS if k in kwargs}
-        trl_args.check_names(kwargs, _config_keys())
+        keys = _config_keys()
+        trl_args.check_names(kwargs, keys)
+        given = self.overrides.keys() if isinstance(self.overrides, Mapping) else self.overrides
+        trl_args.check_override_keys([str(o).split("=", 1)[0].strip() for o in given], keys)
         self._sections = {k.replace("__", "."): v for k, v in kwargs.items() if "__" in k}
         trl_values.update({k: v for k, v in kwargs.items() if "__" not in k})
         self.trl_values = trl_values

@@ -273,6 +273,19 @@ def is_grpo_config(obj: Any) -> bool:
     return dataclasses.is_dataclass(obj) and any(c.__name__ == "TrainingArguments" for c in mro)
 
 
+def check_override_keys(keys: Iterable[str], replayrl_keys: Iterable[str]) -> None:
+    """Dotted override keys that name no config key -> ConfigError with the nearest keys."""
+    dotted = list(replayrl_keys)
+    bad = [
+        k
+        for k in keys
+        if not any(k == d or k.startswith(d + ".") or d.startswith(k + ".") for d in dotted)
+    ]
+    if bad:
+        hints = "; ".join(f"{k}{suggest(k, dotted)}" for k in bad)
+        raise ConfigError(f"unknown config key(s) {hints} (`replayrl config show --doc` lists them)")
+
+
 def check_names(names: Iterable[str], replayrl_keys: Iterable[str]) -> None:
     """Unknown names -> ConfigError with the nearest TRL names and replayrl keys."""
     dotted = list(replayrl_keys)
