@@ -279,11 +279,15 @@ def check_override_keys(keys: Iterable[str], replayrl_keys: Iterable[str]) -> No
     bad = [
         k
         for k in keys
-        if not any(k == d or k.startswith(d + ".") or d.startswith(k + ".") for d in dotted)
+        if all(k.split("."))
+        and "=" not in k  # malformed ones: the parser's own error
+        and not any(k == d or k.startswith(d + ".") or d.startswith(k + ".") for d in dotted)
     ]
     if bad:
         hints = "; ".join(f"{k}{suggest(k, dotted)}" for k in bad)
-        raise ConfigError(f"unknown config key(s) {hints} (`replayrl config show --doc` lists them)")
+        raise ConfigError(
+            f"unknown config key(s) {hints} (`replayrl config show --doc` lists them)"
+        )
 
 
 def check_names(names: Iterable[str], replayrl_keys: Iterable[str]) -> None:
