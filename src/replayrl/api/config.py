@@ -70,6 +70,9 @@ def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
         "eval_strategy": "steps" if cfg.eval.every else "no",
         "eval_steps": cfg.eval.every * updates or None,
         "report_to": [s for s in ("wandb", "tensorboard") if getattr(cfg.logging, s)] or "none",
+        "run_name": cfg.logging.name,
+        "logging_steps": 1,  # every step is logged
+        "disable_tqdm": not cfg.logging.progress,
     }
     view.update(translation.view)
     return view
@@ -188,6 +191,7 @@ class ReplayConfig:
         self.translation = self._translate()
         self.reward_weights = self.translation.reward_weights
         self.resolved: Config | None = None  # set by ReplayTrainer: what the run uses
+        self._view: tuple[Config | None, dict[str, Any]] = (None, {})
 
     def _translate(self) -> Translation:
         values = self.trl_values
@@ -274,7 +278,9 @@ class ReplayConfig:
     def trl_args(self) -> dict[str, Any]:
         """The resolved configuration under TRL's argument names (`trainer.args.<name>`)."""
         cfg = self.resolved if self.resolved is not None else self.to_config()
-        return trl_view(cfg, self.translation)
+        if self._view[0] is not cfg:  # callbacks read args often: once per resolved config
+            self._view = (cfg, trl_view(cfg, self.translation))
+        return self._view[1]
 
     def __getattr__(self, name: str) -> Any:
         # TRL scripts read trainer.args.learning_rate, .max_steps, ...: the resolved values
