@@ -344,6 +344,7 @@ def _batch_terms(v: Mapping[str, Any], group: int, t: Translation) -> None:
     takes one optimizer step per per_device * accumulation completions, num_iterations times
     over each generation. Here one step generates them all and trains on them: R =
     generation_batch_size, mini-batch = per_device * accumulation, epochs = num_iterations.
+    A replay preset keeps its own batch B (its replay ratio B / R).
     """
     given = [k for k in ("per_device_train_batch_size", "generation_batch_size") if k in v]
     if not given and "steps_per_generation" not in v and "gradient_accumulation_steps" not in v:
@@ -370,7 +371,6 @@ def _batch_terms(v: Mapping[str, Any], group: int, t: Translation) -> None:
             f"gradient_accumulation_steps = {per_update} (each update takes {per_update})"
         )
     t.dotted["rollout.prompts_per_step"] = gbs // group
-    t.dotted["train.batch_size"] = None
     updates = gbs // per_update
     t.dotted["train.mini_batch_size"] = per_update if updates > 1 else None
     t.updates_per_step *= updates
