@@ -232,6 +232,17 @@ def test_every_grpo_config_field_is_mapped_accepted_or_refused() -> None:
     assert unhandled == []
 
 
+def test_eval_steps_default_to_logging_steps_as_in_trl(tmp_path: Path) -> None:
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "e"), use_cpu=True, max_steps=20, eval_strategy="steps"
+    )
+    assert args.eval_steps == args.logging_steps == 10  # TRL's resolution
+    trainer = ReplayTrainer(
+        args=args, reward_funcs=reward_len, train_dataset=_chat(40), log=lambda _: None
+    )
+    assert trainer.config.eval.every == 10 and trainer.config.task.eval_size > 0
+
+
 def test_a_refused_grpo_config_field_is_an_error_with_a_hint(tmp_path: Path) -> None:
     args = trl.GRPOConfig(
         output_dir=str(tmp_path / "x"), use_cpu=True, mask_truncated_completions=True

@@ -243,8 +243,8 @@ def read_grpo_config(args: Any) -> dict[str, Any]:
     refused ones only where they differ from their default (which raises in `translate`)."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(args):
-        if not f.init or f.name in NO_EFFECT:
-            continue
+        if not f.init or (f.name in NO_EFFECT and f.name != "logging_steps"):
+            continue  # (logging_steps: TRL's eval interval when eval_steps is unset)
         value = plain(getattr(args, f.name))
         if f.name in DIRECT or f.name in SPECIAL:
             out[f.name] = value
