@@ -6,13 +6,26 @@ checks use the run's real Counters and on-policy queue."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
 
+from replayrl.config.schema import (
+    ConfigError,
+    DynamicSamplingConfig,
+    load_config,
+)
+from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
+from replayrl.data.group_sources import (
+    DynamicSamplingSource,
+    select_signal_groups,
+)
 from replayrl.data.groups import Group, QuestionHistory, reward_std, split_groups
 from replayrl.data.rollout import Rollout
+from replayrl.run.state import Counters, ledger
 
 
 def ro(gid: int, reward: float, adv: float = 0.0, version: int = 0, prompt: str = "") -> Rollout:
@@ -119,3 +132,145 @@ def test_store_state_round_trip_draws_the_same_groups() -> None:
     assert sorted(again.scores()) == [1.5, 2.0, 3.0]
     with pytest.raises(ValueError, match="capacity"):
         ScoredGroupBuffer(2).load_state_dict(b.state_dict())
+
+
+# -- DAPO's dynamic sampling -------------------------------------------------------------------
+
+
+def test_select_signal_groups_keeps_the_first_needed_with_variance() -> None:
+    gs = split_groups([*grp(0, [1, 0]), *grp(1, [1, 1]), *grp(2, [0, 1]), *grp(3, [1, 0, 0])])
+    kept, no_signal, surplus = select_signal_groups(gs, needed=2)
+    assert [g.group_id for g in kept] == [0, 2] and no_signal == 2 and surplus == 3
+    kept, _, _ = select_signal_groups(gs, needed=5, tol=0.6)  # std 0.707 > 0.6 > 0.577
+    assert [g.group_id for g in kept] == [0, 2]
+
+
+@dataclass
+class FakeProduction:
+    rollouts: list[Rollout]
+    generated: int = 0
+    tokens: int = 0
+    dropped_reward_error: int = 0
+    dropped_reward_timeout: int = 0
+    skipped_too_long: int = 0
+    first_error: str | None = None
+    seconds: float = 0.0
+    reward_seconds: float = 0.0
+    stats: dict = field(default_factory=dict)
+
+
+class FakeProducer:
+    """Each call returns the next scripted list of groups' rewards (2 per group)."""
+
+    def __init__(self, script: list[list[list[float]]]) -> None:
+        self.script, self.calls = list(script), []
+
+    def produce(self, version: int, step: int, base: int) -> FakeProduction:
+        self.calls.append((version, step, base))
+        rewards = self.script.pop(0)
+        rs = [r for i, rw in enumerate(rewards) for r in grp(base + i, rw, version)]
+        return FakeProduction(rs, generated=len(rs), tokens=3 * len(rs))
+
+
+def _account_first(c: Counters, fresh: list[Rollout]) -> None:
+    c.account(FakeProduction(fresh, generated=len(fresh), tokens=3 * len(fresh)))
+
+
+def test_dynamic_sampling_generates_until_full_and_counts_every_rollout() -> None:
+    producer = FakeProducer([[[1, 1], [0, 1], [1, 0], [0, 1]]])
+    src = DynamicSamplingSource(
+        OnPolicyQueue(), producer.produce, 3, 4, 1, DynamicSamplingConfig(max_rounds=4)
+    )
+    c = Counters(step=5)
+    src.before_step(None, c, lambda _: None)
+    fresh = [*grp(5_000_000, [0, 0]), *grp(5_000_001, [1, 0])]
+    _account_first(c, fresh)
+    batch, epochs = src.next_batch(fresh, version=2)
+    # call 0: one group with variance; call 1 (4 prompts): 3 with variance, 1 kept as surplus
+    assert producer.calls == [(2, 5, 5_000_004)]  # step 5, second call: offset 1 x 4 prompts
+    assert sorted({r.group_id for r in batch}) == [5_000_001, 5_000_005, 5_000_006]
+    assert len(batch) == 6 and epochs == 1
+    assert c.rollouts_filtered_no_signal == 4 and c.rollouts_filtered_surplus == 2
+    assert c.generation_rounds == 1 and c.short_steps == 0 and c.rollouts_generated == 12
+    led = ledger(c, src.buffers())
+    assert led["balanced"] and led["consumed"] == 6 and led["filtered_no_signal"] == 4
+
+
+def test_dynamic_sampling_stops_after_max_rounds_and_trains_on_what_it_has() -> None:
+    producer = FakeProducer([[[0, 0]], [[1, 1]]])
+    src = DynamicSamplingSource(
+        OnPolicyQueue(), producer.produce, 2, 1, 2, DynamicSamplingConfig(max_rounds=3)
+    )
+    c = Counters()
+    src.before_step(None, c, lambda _: None)
+    fresh = grp(0, [1, 0])
+    _account_first(c, fresh)
+    batch, epochs = src.next_batch(fresh, version=0)
+    assert len(batch) == 2 and epochs == 2 and producer.script == []
+    assert c.generation_rounds == 2 and c.short_steps == 1
+    assert ledger(c, src.buffers())["balanced"]
+
+
+# -- config --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["buffer.kind=replay", "buffer.capacity=64"], "buffer.kind=onpolicy"),
+        (["train.batch_size=64"], "leave train.batch_size unset"),
+        (["runtime=async-local"], "runtime=sync"),
+    ],
+)
+def test_group_sources_reject_settings_they_cannot_honour(extra: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_config("dapo", extra)
+
+
+def test_presets_carry_dapo_and_trl_defaults() -> None:
+    d = load_config("dapo")
+    assert d.groups.source == "dynamic_sampling" and d.algorithm.epsilon_high == 0.28
+    assert d.algorithm.epsilon == 0.2 and d.algorithm.loss_agg == "token_mean"
+    assert d.kl.beta == 0.0
+
+
+def test_default_config_has_no_group_source(tmp_path: Path) -> None:
+    assert load_config(None).groups.source == "none"
+
+
+# -- end to end: the CLI and the Python API ---------------------------------------------------
+
+
+def _summary(run: Path) -> dict:
+    import json
+
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_dapo_trains_through_the_cli_and_counts_extra_calls(tmp_path: Path) -> None:
+    from replayrl.cli.main import main
+    from tiny import TINY_RUN
+
+    # digits_format: the tiny model's groups differ in it (correctness is all 0 at the start)
+    argv = [*TINY_RUN, "train.threads=1", "train.steps=3", f"logging.run_dir={tmp_path}"]
+    extra = [
+        "groups.dynamic_sampling.max_rounds=3",
+        "logging.name=dapo",
+        "rewards=[{name: digits_format}]",
+    ]
+    assert main(["train", "--config", "dapo", *argv, *extra]) == 0
+    s = _summary(tmp_path / "dapo")
+    led = s["accounting"]["ledger"]
+    calls = s["steps"] + s["generation_rounds_extra"]
+    assert s["steps"] == 3 and led["balanced"] and s["generation_rounds_extra"] >= 1
+    # every call generates R = 2 x 4, and all of them are in the ledger
+    assert s["rollouts_generated"] == 8 * calls == led["generated"]
+    assert led["generated"] == (
+        led["consumed"]
+        + led["filtered_no_signal"]
+        + led["filtered_surplus"]
+        + led["dropped_reward_error"]
+    )
+    # full batches of 2 groups x 4 trained each step (this seed never hits max_rounds)
+    assert s["short_steps"] == 0 and led["consumed"] == 3 * 8 and s["tokens_trained"] > 0
+    assert led["filtered_no_signal"] + led["filtered_surplus"] > 0

@@ -329,6 +329,31 @@ class RemixConfig(_Section):
     utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
 
 
+class DynamicSamplingConfig(_Section):
+    """DAPO's dynamic sampling (arXiv 2503.14476, Algorithm 1 lines 4-8): groups whose rewards
+    are all equal are dropped and generation continues until the batch holds `train_prompts`
+    groups with reward variance."""
+
+    # groups per training batch (the paper's prompt batch size N); None = rollout.prompts_per_step
+    train_prompts: int | None = Field(None, ge=1)
+    # generation calls of rollout.prompts_per_step prompts per step, the first included. The
+    # paper samples until full; verl caps it (max_num_gen_batches) and raises when exceeded.
+    # Not specified: our choice: a cap, after which the step trains on the groups it has
+    # (counted in dynamic_sampling/short_steps) instead of stopping the run
+    max_rounds: int = Field(8, ge=1)
+    # a group is kept when its reward std > std_tol (0: any variance)
+    std_tol: float = Field(0.0, ge=0)
+
+
+class GroupsConfig(_Section):
+    """Group-level batch sources (issue 25; data/group_sources.py): what the learner trains
+    on is decided per group (a prompt and its G completions), not per rollout."""
+
+    # none: the buffer's batches; dynamic_sampling: DAPO
+    source: Literal["none", "dynamic_sampling"] = "none"
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+
+
 class CriticConfig(_Section):
     """PPO's value model (used when algorithm.advantage = gae)."""
 
@@ -432,6 +457,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     kl: KLConfig = KLConfig()
     remix: RemixConfig = RemixConfig()
+    groups: GroupsConfig = GroupsConfig()
     critic: CriticConfig = CriticConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -478,9 +504,32 @@ class Config(_Section):
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
+        if self.groups.source != "none":
+            self._check_groups()
         if self.runtime != "sync":
             self._check_async()
         return self
+
+    def _check_groups(self) -> None:
+        """Group sources decide a step's batch themselves, from fresh on-policy groups."""
+        src = self.groups.source
+        if self.runtime != "sync":
+            raise ValueError(f"groups.source={src} needs runtime=sync (got {self.runtime})")
+        if self.buffer.kind != "onpolicy" or self.remix.enabled:
+            raise ValueError(f"groups.source={src} needs buffer.kind=onpolicy and no remix")
+        if self.algorithm.advantage != "grpo":
+            raise ValueError(f"groups.source={src} needs algorithm.advantage=grpo")
+        if src == "dynamic_sampling":
+            ds, r = self.groups.dynamic_sampling, self.rollout
+            n = ds.train_prompts or r.prompts_per_step
+            if self.train.batch_size is not None and self.train.batch_size != n * r.num_generations:
+                raise ValueError(
+                    f"train.batch_size={self.train.batch_size}: dynamic sampling trains on "
+                    f"groups.dynamic_sampling.train_prompts x rollout.num_generations = "
+                    f"{n * r.num_generations} rollouts (leave train.batch_size unset)"
+                )
+            if ds.max_rounds * r.prompts_per_step >= 1_000_000:
+                raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
 
     def _check_async(self) -> None:
         rt, w = self.runtime, self.workers

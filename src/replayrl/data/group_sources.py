@@ -1,0 +1,142 @@
+"""Batch sources that decide per group: DAPO's dynamic sampling and TRL's group replay.
+
+Both plug into the loop as any `BatchSource` (data/batch_source.py): the loop generates one
+call's fresh rollouts and asks for (batch, passes). What differs is what they do with groups
+that carry no signal (all rewards equal: zero advantage, no gradient, full generation cost):
+
+* `DynamicSamplingSource` (DAPO, arXiv 2503.14476, Algorithm 1 lines 4-8 and eq. 11) drops
+  them and calls a `produce` hook for more generation until N groups with variance are in
+  hand; surplus groups of the last call are dropped (verl's recipe keeps the first N).
+* `GroupReplaySource` (TRL's former GRPOWithReplayBufferTrainer) trains on the step's groups
+  but replaces each zero-std group by a stored earlier group drawn by score
+  (`ScoredGroupBuffer`, `trl_group_score`).
+
+Every generated rollout is counted: fresh groups that are trained go through the run's
+on-policy queue (pushed, consumed), groups dropped or replaced and surplus groups are counted
+as filtered in the run's counters (`rollouts_filtered_*`, in the rollout ledger), extra
+generation calls through the same accounting as the first (`Counters.account`), and replayed
+rollouts as reused (`rollouts_reused`, per pass), never as generated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from replayrl.config.schema import DynamicSamplingConfig
+from replayrl.data.batch_source import BufferSource, Log
+from replayrl.data.buffer import Buffer
+from replayrl.data.groups import Group, flatten, split_groups
+from replayrl.data.rollout import Rollout
+
+GROUP_STRIDE = 1_000_000  # group ids of a step: step * stride + call offset + prompt index
+
+
+class Production(Protocol):
+    """What a generation call returns (`replayrl.rollout.producer.Production`)."""
+
+    rollouts: list[Rollout]
+    seconds: float
+    reward_seconds: float
+
+
+Produce = Callable[[int, int, int], Production]  # (version, step, group_base) -> Production
+
+
+class GroupCounters(Protocol):
+    """The run's counters a group source reads and adds to (`replayrl.run.state.Counters`)."""
+
+    step: int
+    reincarnation_step: int | None
+    generation_seconds: float
+    rollouts_filtered_no_signal: int
+    rollouts_filtered_surplus: int
+    rollouts_reused: int
+    generation_rounds: int
+    short_steps: int
+
+    def account(self, p: Any) -> None: ...
+    def retire(self, buffer: Any) -> None: ...
+
+
+def select_signal_groups(
+    groups: Sequence[Group], needed: int, tol: float = 0.0
+) -> tuple[list[Group], int, int]:
+    """DAPO's filter (arXiv 2503.14476 eq. 11: keep a group iff 0 < #correct < G, i.e. its
+    rewards vary): (the first `needed` groups with std > tol, rollouts without variance,
+    rollouts of variance groups beyond `needed`). Order is generation order."""
+    kept, no_signal, surplus = [], 0, 0
+    for g in groups:
+        if not g.has_signal(tol):
+            no_signal += len(g)
+        elif len(kept) < needed:
+            kept.append(g)
+        else:
+            surplus += len(g)
+    return kept, no_signal, surplus
+
+
+class DynamicSamplingSource(BufferSource):
+    """DAPO dynamic sampling: a batch of `train_prompts` groups with reward variance, from as
+    many generation calls as it takes (at most `max_rounds` per step, the first the loop's).
+
+    `produce(version, step, group_base)` generates and scores one more call of
+    rollout.prompts_per_step prompts with the current weights (the run's producer); its cost is
+    added to the run's counters here, as the loop does for the first call.
+    """
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        produce: Produce | None,
+        train_prompts: int,
+        prompts_per_call: int,
+        epochs: int,
+        ds: DynamicSamplingConfig,
+    ) -> None:
+        super().__init__(buffer, 0, epochs)
+        self.produce, self.train_prompts, self.ds = produce, train_prompts, ds
+        self.prompts_per_call = prompts_per_call
+        self.counters: GroupCounters | None = None
+        self.log: Log = print
+
+    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
+        self.counters, self.log = counters, log
+
+    def _more(self, version: int, call: int) -> list[Rollout]:
+        """Generation call number `call` (>= 1) of this step, accounted like the first."""
+        c = self.counters
+        assert c is not None and self.produce is not None, "before_step binds the counters"
+        base = c.step * GROUP_STRIDE + call * self.prompts_per_call
+        t0 = time.perf_counter()
+        p = self.produce(version, c.step, base)
+        c.account(p)
+        # generation time as the loop measures it: the call minus time in reward functions
+        c.generation_seconds += max(0.0, time.perf_counter() - t0 - p.reward_seconds)
+        c.generation_rounds += 1
+        return p.rollouts
+
+    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
+        c = self.counters
+        assert c is not None, "before_step binds the counters"
+        kept: list[Group] = []
+        rollouts, call = fresh, 0
+        while True:
+            more, no_signal, surplus = select_signal_groups(
+                split_groups(rollouts), self.train_prompts - len(kept), self.ds.std_tol
+            )
+            kept += more
+            c.rollouts_filtered_no_signal += no_signal
+            c.rollouts_filtered_surplus += surplus
+            call += 1
+            if len(kept) >= self.train_prompts or call >= self.ds.max_rounds:
+                break
+            if self.produce is None:
+                break  # no hook (a unit test's source): train on what the first call gave
+            rollouts = self._more(version, call)
+        if len(kept) < self.train_prompts:
+            c.short_steps += 1
+        batch = flatten(kept)
+        self.buffer.push(batch)  # through the on-policy queue: pushed, then consumed
+        return self.buffer.sample(len(batch), current_version=version), self.epochs
