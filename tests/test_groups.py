@@ -15,12 +15,14 @@ import torch
 from replayrl.config.schema import (
     ConfigError,
     DynamicSamplingConfig,
+    GroupReplayConfig,
     load_config,
 )
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.group_sources import (
     DynamicSamplingSource,
+    GroupReplaySource,
     select_signal_groups,
 )
 from replayrl.data.groups import Group, QuestionHistory, reward_std, split_groups
@@ -211,6 +213,48 @@ def test_dynamic_sampling_stops_after_max_rounds_and_trains_on_what_it_has() -> 
     assert ledger(c, src.buffers())["balanced"]
 
 
+# -- TRL's group replay -------------------------------------------------------------------------
+
+
+def _replay(include_current: bool) -> tuple[GroupReplaySource, Counters]:
+    gr = GroupReplayConfig(capacity=4, include_current=include_current)
+    src = GroupReplaySource(OnPolicyQueue(), ScoredGroupBuffer(4, seed=0), 1, gr)
+    c = Counters()
+    src.before_step(None, c, lambda _: None)
+    return src, c
+
+
+def test_group_replay_replaces_zero_std_groups_by_stored_ones() -> None:
+    src, c = _replay(include_current=False)
+    step1 = [*grp(0, [1, 0, 0, 0]), *grp(1, [1, 1, 1, 1])]
+    _account_first(c, step1)
+    batch, _ = src.next_batch(step1, version=0)  # empty store: the zero-std group stays
+    assert sorted(r.group_id for r in batch) == [0] * 4 + [1] * 4 and c.rollouts_reused == 0
+    step2 = [*grp(10, [0, 0, 0, 0], 1), *grp(11, [0, 0, 0, 0], 1), *grp(12, [1, 1, 0, 0], 1)]
+    _account_first(c, step2)
+    batch, _ = src.next_batch(step2, version=1)
+    ids = sorted(r.group_id for r in batch)
+    assert ids == [0] * 8 + [12] * 4  # only group 0 was stored: drawn twice (n > size)
+    assert c.rollouts_filtered_no_signal == 8 and c.rollouts_reused == 8
+    stale = [r for r in batch if r.group_id == 0]
+    assert all(r.policy_version == 0 and r.times_sampled >= 2 for r in stale)
+    led = ledger(c, src.buffers())
+    assert led["balanced"] and led["generated"] == 20 and led["consumed"] == 12
+
+
+def test_group_replay_stores_the_batch_first_as_trl_did() -> None:
+    src, c = _replay(include_current=True)
+    step1 = [*grp(0, [1, 0, 0, 0]), *grp(1, [1, 1, 1, 1])]
+    _account_first(c, step1)
+    batch, _ = src.next_batch(step1, version=0)
+    assert sorted(r.group_id for r in batch) == [0] * 8  # group 0 also replaces group 1
+    assert c.rollouts_filtered_no_signal == 4 and ledger(c, src.buffers())["balanced"]
+    state = src.state_dict()
+    again, _ = _replay(include_current=True)
+    again.load_state_dict(state)
+    assert [g.group_id for g in again.store.groups()] == [0]
+
+
 # -- config --------------------------------------------------------------------------------------
 
 
@@ -225,6 +269,8 @@ def test_dynamic_sampling_stops_after_max_rounds_and_trains_on_what_it_has() -> 
 def test_group_sources_reject_settings_they_cannot_honour(extra: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_config("dapo", extra)
+    with pytest.raises(ConfigError, match=match):
+        load_config("group-replay", extra)
 
 
 def test_presets_carry_dapo_and_trl_defaults() -> None:
@@ -232,6 +278,8 @@ def test_presets_carry_dapo_and_trl_defaults() -> None:
     assert d.groups.source == "dynamic_sampling" and d.algorithm.epsilon_high == 0.28
     assert d.algorithm.epsilon == 0.2 and d.algorithm.loss_agg == "token_mean"
     assert d.kl.beta == 0.0
+    g = load_config("group-replay")
+    assert g.groups.source == "group_replay" and g.groups.group_replay.capacity == 64
 
 
 def test_default_config_has_no_group_source(tmp_path: Path) -> None:
@@ -274,3 +322,26 @@ def test_dapo_trains_through_the_cli_and_counts_extra_calls(tmp_path: Path) -> N
     # full batches of 2 groups x 4 trained each step (this seed never hits max_rounds)
     assert s["short_steps"] == 0 and led["consumed"] == 3 * 8 and s["tokens_trained"] > 0
     assert led["filtered_no_signal"] + led["filtered_surplus"] > 0
+
+
+def test_group_replay_trains_and_resumes_through_the_python_api(tmp_path: Path) -> None:
+    from replayrl.api.trainer import ReplayConfig, ReplayTrainer
+    from tiny import TINY_RUN
+
+    common = [*TINY_RUN, "train.threads=1", "rollout.num_generations=2"]
+    common += ["rewards=[{name: digits_format}]"]  # some groups vary, some do not
+
+    def trainer(steps: int) -> ReplayTrainer:
+        args = ReplayConfig(
+            "group-replay", output_dir=str(tmp_path / "gr"), max_steps=steps, overrides=common
+        )
+        return ReplayTrainer(args=args, log=lambda _: None)
+
+    first = trainer(2).train()
+    assert first["steps"] == 2 and first["accounting"]["ledger"]["balanced"]
+    second = trainer(3).train(resume_from_checkpoint=True)  # the group store comes back
+    led = second["accounting"]["ledger"]
+    assert second["steps"] == 3 and led["balanced"] and led["generated"] == 3 * 4
+    assert led["generated"] == led["consumed"] + led["filtered_no_signal"]
+    # each replaced group of 2 became a stored group of 2: reused, never generated
+    assert second["rollouts_reused"] == led["filtered_no_signal"] > 0

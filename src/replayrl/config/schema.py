@@ -345,13 +345,31 @@ class DynamicSamplingConfig(_Section):
     std_tol: float = Field(0.0, ge=0)
 
 
+class GroupReplayConfig(_Section):
+    """TRL's former GRPOWithReplayBufferTrainer (TRL 0.2x experimental, removed by PR #7132):
+    groups of a batch with zero reward std are replaced by stored groups that had high reward
+    spread, sampled by score."""
+
+    capacity: int = Field(64, ge=1)  # groups kept (TRL's replay_buffer_size, default 64)
+    # TRL adds the batch's own variance groups to the store before drawing replacements, so a
+    # replacement can repeat a group of the same batch; false draws only from earlier steps.
+    # Not specified as a knob in TRL: our choice to expose it (default: TRL's order)
+    include_current: bool = True
+    # replayed groups train with their stored behaviour log-probs and stored advantages
+    # (importance ratio to the current policy, clipped as any other token). TRL used the
+    # trainer's old log-probs when it had them and none otherwise. Not specified: our choice
+    # a group whose std is <= zero_std_tol counts as zero-std (TRL: torch.isclose(std, 0))
+    zero_std_tol: float = Field(1e-8, ge=0)
+
+
 class GroupsConfig(_Section):
     """Group-level batch sources (issue 25; data/group_sources.py): what the learner trains
     on is decided per group (a prompt and its G completions), not per rollout."""
 
-    # none: the buffer's batches; dynamic_sampling: DAPO
-    source: Literal["none", "dynamic_sampling"] = "none"
+    # none: the buffer's batches; dynamic_sampling: DAPO; group_replay: TRL's replay trainer
+    source: Literal["none", "dynamic_sampling", "group_replay"] = "none"
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    group_replay: GroupReplayConfig = GroupReplayConfig()
 
 
 class CriticConfig(_Section):
@@ -530,6 +548,11 @@ class Config(_Section):
                 )
             if ds.max_rounds * r.prompts_per_step >= 1_000_000:
                 raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
+        elif self.train.batch_size not in (None, self.rollouts_per_step):
+            raise ValueError(
+                f"train.batch_size={self.train.batch_size}: group replay trains on the step's "
+                f"R = {self.rollouts_per_step} rollouts (leave train.batch_size unset)"
+            )
 
     def _check_async(self) -> None:
         rt, w = self.runtime, self.workers

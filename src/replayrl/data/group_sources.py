@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from replayrl.config.schema import DynamicSamplingConfig
+from replayrl.config.schema import DynamicSamplingConfig, GroupReplayConfig
 from replayrl.data.batch_source import BufferSource, Log
 from replayrl.data.buffer import Buffer
+from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
 
@@ -140,3 +141,54 @@ class DynamicSamplingSource(BufferSource):
         batch = flatten(kept)
         self.buffer.push(batch)  # through the on-policy queue: pushed, then consumed
         return self.buffer.sample(len(batch), current_version=version), self.epochs
+
+
+class GroupReplaySource(BufferSource):
+    """TRL's GRPO with replay buffer: the step's groups with reward variance are trained and
+    offered to a `ScoredGroupBuffer` (score `trl_group_score`); each zero-std group is replaced
+    by a stored group drawn with probability proportional to its score. With nothing stored
+    yet, zero-std groups stay in the batch (no gradient, as plain GRPO): TRL had no rule for
+    an empty store. Not specified: our choice."""
+
+    def __init__(
+        self, buffer: Buffer, store: ScoredGroupBuffer, epochs: int, gr: GroupReplayConfig
+    ) -> None:
+        super().__init__(buffer, 0, epochs)
+        self.store, self.gr = store, gr
+        self.counters: GroupCounters | None = None
+
+    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
+        self.counters = counters
+
+    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
+        c = self.counters
+        assert c is not None, "before_step binds the counters"
+        groups = split_groups(fresh)
+        signal = [g for g in groups if g.reward_std > self.gr.zero_std_tol]
+        zero = [g for g in groups if g.reward_std <= self.gr.zero_std_tol]
+        if self.gr.include_current:  # TRL's order: store first, then draw
+            self.store.add(signal, [trl_group_score(g) for g in signal])
+        replayed = self.store.sample(len(zero)) if zero else []
+        if not self.gr.include_current:
+            self.store.add(signal, [trl_group_score(g) for g in signal])
+        kept_zero = zero[len(replayed) :]  # replaced ones are dropped, counted
+        c.rollouts_filtered_no_signal += sum(len(g) for g in zero[: len(replayed)])
+        trained_fresh = flatten(signal + kept_zero)
+        self.buffer.push(trained_fresh)
+        batch = self.buffer.sample(len(trained_fresh), current_version=version)
+        old = flatten(replayed)
+        for r in old:
+            r.times_sampled += 1
+        c.rollouts_reused += len(old) * self.epochs
+        return batch + old, self.epochs
+
+    def buffers(self) -> list[Any]:
+        return [self.buffer]  # the store holds trained rollouts again: reuse, not the ledger
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "group_store": self.store.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("group_store") is not None:
+            self.store.load_state_dict(state["group_store"])

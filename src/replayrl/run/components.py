@@ -21,7 +21,8 @@ from replayrl.algorithms import ADVANTAGES
 from replayrl.config.schema import Config
 from replayrl.data.batch_source import BatchSource, BufferSource, RemixSource
 from replayrl.data.buffer import Buffer, make_buffer
-from replayrl.data.group_sources import DynamicSamplingSource
+from replayrl.data.buffer.groups import ScoredGroupBuffer
+from replayrl.data.group_sources import DynamicSamplingSource, GroupReplaySource
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
@@ -91,6 +92,9 @@ def build_batch_source(
             cfg.train.epochs,
             ds,
         )
+    if gs.source == "group_replay":
+        store = ScoredGroupBuffer(gs.group_replay.capacity, seed=cfg.train.seed + 3)
+        return GroupReplaySource(buffer, store, cfg.train.epochs, gs.group_replay)
     if cfg.remix.enabled:
         return RemixSource(buffer, window, cfg.batch_size, cfg.remix)
     return BufferSource(buffer, cfg.batch_size, cfg.train.epochs)
