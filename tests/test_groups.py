@@ -18,6 +18,7 @@ from replayrl.config.schema import (
     GroupReplayConfig,
     load_config,
 )
+from replayrl.data.batch_source import BufferSource
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.group_sources import (
@@ -345,3 +346,67 @@ def test_group_replay_trains_and_resumes_through_the_python_api(tmp_path: Path) 
     assert led["generated"] == led["consumed"] + led["filtered_no_signal"]
     # each replaced group of 2 became a stored group of 2: reused, never generated
     assert second["rollouts_reused"] == led["filtered_no_signal"] > 0
+
+
+def test_dapo_through_the_api_and_group_replay_through_the_cli(tmp_path: Path) -> None:
+    from replayrl.api.trainer import ReplayConfig, ReplayTrainer
+    from replayrl.cli.main import main
+    from tiny import TINY_RUN
+
+    common = [*TINY_RUN, "train.threads=1", "train.steps=2", "rewards=[{name: digits_format}]"]
+    args = ReplayConfig("dapo", output_dir=str(tmp_path / "dapo"), overrides=common)
+    assert args.to_config().groups.source == "dynamic_sampling"
+    s = ReplayTrainer(args=args, log=lambda _: None).train()
+    assert s["steps"] == 2 and s["accounting"]["ledger"]["balanced"]
+    assert s["rollouts_generated"] == 8 * (2 + s["generation_rounds_extra"])
+    argv = [*common, f"logging.run_dir={tmp_path}", "logging.name=gr"]
+    assert main(["train", "--config", "group-replay", *argv]) == 0
+    g = _summary(tmp_path / "gr")
+    assert g["accounting"]["ledger"]["balanced"] and g["rollouts_generated"] == 16
+    assert g["generation_rounds_extra"] == 0  # group replay never generates more
+
+
+def test_config_keys_reach_the_sources() -> None:
+    from replayrl.run.components import build_batch_source
+
+    cfg = load_config(
+        "dapo",
+        ["groups.dynamic_sampling.train_prompts=3", "groups.dynamic_sampling.max_rounds=5"],
+    )
+    ds = build_batch_source(cfg, OnPolicyQueue(), None)
+    assert isinstance(ds, DynamicSamplingSource)
+    assert (ds.train_prompts, ds.prompts_per_call, ds.ds.max_rounds) == (3, 16, 5)
+    assert ds.produce is None  # no producer given: trains on the first call's groups
+    over = ["groups.group_replay.capacity=5", "groups.group_replay.include_current=false"]
+    gr = build_batch_source(load_config("group-replay", over), OnPolicyQueue(), None)
+    assert isinstance(gr, GroupReplaySource)
+    assert gr.store.capacity == 5 and not gr.gr.include_current
+    assert isinstance(build_batch_source(load_config("grpo"), OnPolicyQueue(), None), BufferSource)
+
+
+def test_zero_std_tol_decides_which_groups_are_replaced() -> None:
+    gr = GroupReplayConfig(capacity=4, include_current=False, zero_std_tol=0.6)
+    src = GroupReplaySource(OnPolicyQueue(), ScoredGroupBuffer(4, seed=0), 1, gr)
+    c = Counters()
+    src.before_step(None, c, lambda _: None)
+    src.next_batch(grp(0, [1, 0]), version=0)  # std 0.707 > 0.6: stored
+    batch, _ = src.next_batch(grp(1, [1, 0, 0]), version=1)  # std 0.577 <= 0.6: replaced
+    assert [r.group_id for r in batch] == [0, 0] and c.rollouts_filtered_no_signal == 3
+
+
+def test_extra_generation_calls_add_their_generation_time_not_reward_time() -> None:
+    import time
+
+    def slow(version: int, step: int, base: int) -> FakeProduction:
+        time.sleep(0.03)  # 0.03 s in the call, of which 0.01 s "in reward functions"
+        rs = grp(base, [1, 0])
+        return FakeProduction(rs, generated=2, tokens=6, reward_seconds=0.01)
+
+    src = DynamicSamplingSource(OnPolicyQueue(), slow, 1, 1, 1, DynamicSamplingConfig())
+    c = Counters()
+    src.before_step(None, c, lambda _: None)
+    t0 = time.perf_counter()
+    src.next_batch(grp(0, [0, 0]), version=0)
+    wall = time.perf_counter() - t0
+    assert 0.02 <= c.generation_seconds <= wall - 0.01 + 1e-6
+    assert c.reward_seconds == pytest.approx(0.01)
