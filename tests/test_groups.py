@@ -143,7 +143,8 @@ def test_store_state_round_trip_draws_the_same_groups() -> None:
 def test_select_signal_groups_keeps_the_first_needed_with_variance() -> None:
     gs = split_groups([*grp(0, [1, 0]), *grp(1, [1, 1]), *grp(2, [0, 1]), *grp(3, [1, 0, 0])])
     kept, no_signal, surplus = select_signal_groups(gs, needed=2)
-    assert [g.group_id for g in kept] == [0, 2] and no_signal == 2 and surplus == 3
+    assert [g.group_id for g in kept] == [0, 2] and no_signal == 2
+    assert [g.group_id for g in surplus] == [3]
     kept, _, _ = select_signal_groups(gs, needed=5, tol=0.6)  # std 0.707 > 0.6 > 0.577
     assert [g.group_id for g in kept] == [0, 2]
 
@@ -197,6 +198,31 @@ def test_dynamic_sampling_generates_until_full_and_counts_every_rollout() -> Non
     assert c.generation_rounds == 1 and c.short_steps == 0 and c.rollouts_generated == 12
     led = ledger(c, src.buffers())
     assert led["balanced"] and led["consumed"] == 6 and led["filtered_no_signal"] == 4
+
+
+def test_carried_surplus_is_trained_first_next_step_and_stays_in_the_ledger() -> None:
+    producer = FakeProducer([[[0, 1], [1, 0], [0, 1]], [[1, 1], [1, 0]]])
+    ds = DynamicSamplingConfig(max_rounds=4, carry_surplus=True)
+    src = DynamicSamplingSource(OnPolicyQueue(), producer.produce, 2, 3, 1, ds)
+    c = Counters(step=0)
+    src.before_step(None, c, lambda _: None)
+    fresh = grp(0, [0, 0])
+    _account_first(c, fresh)
+    batch, _ = src.next_batch(fresh, version=0)  # call 1 gives 3 groups: 2 kept, 1 carried
+    assert sorted({r.group_id for r in batch}) == [3, 4] and c.rollouts_filtered_surplus == 0
+    assert len(src.carried) == 2 and ledger(c, src.buffers())["balanced"]
+    saved = src.state_dict()
+    c.step = 1
+    fresh = grp(1_000_000, [0, 1])
+    _account_first(c, fresh)
+    batch, _ = src.next_batch(fresh, version=1)  # the carried group first, then one fresh
+    assert [r.group_id for r in batch[:2]] == [5, 5] and batch[0].policy_version == 0
+    assert {r.group_id for r in batch[2:]} == {1_000_000} and producer.calls[1:] == []
+    led = ledger(c, src.buffers())
+    assert led["balanced"] and led["consumed"] == 8 and led["in_buffer"] == 0
+    again = DynamicSamplingSource(OnPolicyQueue(), None, 2, 3, 1, ds)
+    again.load_state_dict(saved)
+    assert again.carried is not None and [g.group_id for g in again.carried.groups] == [5]
 
 
 def test_dynamic_sampling_stops_after_max_rounds_and_trains_on_what_it_has() -> None:

@@ -343,6 +343,10 @@ class DynamicSamplingConfig(_Section):
     max_rounds: int = Field(8, ge=1)
     # a group is kept when its reward std > std_tol (0: any variance)
     std_tol: float = Field(0.0, ge=0)
+    # surplus groups with variance from a step's last call: dropped (false, as verl's recipe:
+    # counted as filtered_surplus) or trained first at the next step, one policy version old
+    # (behaviour log-probs stored; clipped ratio). Not specified: our choice, off by default
+    carry_surplus: bool = False
 
 
 class GroupReplayConfig(_Section):

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from replayrl.config.schema import DynamicSamplingConfig, GroupReplayConfig
 from replayrl.data.batch_source import BufferSource, Log
 from replayrl.data.buffer import Buffer
+from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
@@ -63,19 +64,77 @@ class GroupCounters(Protocol):
 
 def select_signal_groups(
     groups: Sequence[Group], needed: int, tol: float = 0.0
-) -> tuple[list[Group], int, int]:
+) -> tuple[list[Group], int, list[Group]]:
     """DAPO's filter (arXiv 2503.14476 eq. 11: keep a group iff 0 < #correct < G, i.e. its
-    rewards vary): (the first `needed` groups with std > tol, rollouts without variance,
-    rollouts of variance groups beyond `needed`). Order is generation order."""
-    kept, no_signal, surplus = [], 0, 0
+    rewards vary): (the first `needed` groups with std > tol, number of rollouts without
+    variance, the variance groups beyond `needed`). Order is generation order."""
+    kept: list[Group] = []
+    surplus: list[Group] = []
+    no_signal = 0
     for g in groups:
         if not g.has_signal(tol):
             no_signal += len(g)
         elif len(kept) < needed:
             kept.append(g)
         else:
-            surplus += len(g)
+            surplus.append(g)
     return kept, no_signal, surplus
+
+
+class CarriedGroups:
+    """Surplus groups with variance kept for the next step (`carry_surplus`), with the
+    counters of an on-policy queue so the rollout ledger sees them: pushed when carried,
+    consumed when trained next step, evicted when the next step does not need them (a carried
+    group is never more than one policy version old)."""
+
+    kind = "onpolicy"
+
+    def __init__(self) -> None:
+        self.groups: list[Group] = []
+        self.pushed = self.consumed = self.evicted = 0
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    def take(self, needed: int) -> list[Group]:
+        """The first `needed` carried groups (consumed); the rest are evicted."""
+        used, rest = self.groups[:needed], self.groups[needed:]
+        self.consumed += sum(len(g) for g in used)
+        self.evicted += sum(len(g) for g in rest)
+        for r in flatten(used):
+            r.times_sampled += 1
+        self.groups = []
+        return used
+
+    def carry(self, groups: list[Group]) -> None:
+        self.groups += groups
+        self.pushed += sum(len(g) for g in groups)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "size": float(len(self)),
+            "pushed": float(self.pushed),
+            "consumed": float(self.consumed),
+            "evicted": float(self.evicted),
+            "dropped_stale": 0.0,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        table, order = encode_rollouts(flatten(self.groups))
+        return {
+            "rollouts": table,
+            "order": order,
+            "sizes": [len(g) for g in self.groups],
+            "counters": [self.pushed, self.consumed, self.evicted],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        flat = decode_rollouts(state["rollouts"], state["order"])
+        self.groups, at = [], 0
+        for k in state["sizes"]:
+            self.groups.append(Group(flat[at : at + int(k)]))
+            at += int(k)
+        self.pushed, self.consumed, self.evicted = (int(x) for x in state["counters"])
 
 
 class DynamicSamplingSource(BufferSource):
@@ -99,6 +158,8 @@ class DynamicSamplingSource(BufferSource):
         super().__init__(buffer, 0, epochs)
         self.produce, self.train_prompts, self.ds = produce, train_prompts, ds
         self.prompts_per_call = prompts_per_call
+        # not specified: our choice (off by default, as DAPO/verl): keep surplus groups
+        self.carried = CarriedGroups() if ds.carry_surplus else None
         self.counters: GroupCounters | None = None
         self.log: Log = print
 
@@ -121,7 +182,9 @@ class DynamicSamplingSource(BufferSource):
     def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
         c = self.counters
         assert c is not None, "before_step binds the counters"
-        kept: list[Group] = []
+        # carried surplus of the last step first (trained once, one version later: not reuse)
+        carried = self.carried.take(self.train_prompts) if self.carried is not None else []
+        kept = list(carried)
         rollouts, call = fresh, 0
         while True:
             more, no_signal, surplus = select_signal_groups(
@@ -129,7 +192,10 @@ class DynamicSamplingSource(BufferSource):
             )
             kept += more
             c.rollouts_filtered_no_signal += no_signal
-            c.rollouts_filtered_surplus += surplus
+            if self.carried is not None:
+                self.carried.carry(surplus)
+            else:
+                c.rollouts_filtered_surplus += sum(len(g) for g in surplus)
             call += 1
             if len(kept) >= self.train_prompts or call >= self.ds.max_rounds:
                 break
@@ -138,9 +204,22 @@ class DynamicSamplingSource(BufferSource):
             rollouts = self._more(version, call)
         if len(kept) < self.train_prompts:
             c.short_steps += 1
-        batch = flatten(kept)
-        self.buffer.push(batch)  # through the on-policy queue: pushed, then consumed
-        return self.buffer.sample(len(batch), current_version=version), self.epochs
+        batch = flatten(kept[len(carried) :])
+        self.buffer.push(batch)  # fresh groups through the on-policy queue: pushed, consumed
+        fresh_batch = self.buffer.sample(len(batch), current_version=version)
+        return flatten(carried) + fresh_batch, self.epochs
+
+    def buffers(self) -> list[Any]:
+        return [self.buffer, *([self.carried] if self.carried is not None else [])]
+
+    def state_dict(self) -> dict[str, Any]:
+        carried = self.carried.state_dict() if self.carried is not None else None
+        return {**super().state_dict(), "carried_groups": carried}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.carried is not None and state.get("carried_groups") is not None:
+            self.carried.load_state_dict(state["carried_groups"])
 
 
 class GroupReplaySource(BufferSource):
