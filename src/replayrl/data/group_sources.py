@@ -6,7 +6,8 @@ that carry no signal (all rewards equal: zero advantage, no gradient, full gener
 
 * `DynamicSamplingSource` (DAPO, arXiv 2503.14476, Algorithm 1 lines 4-8 and eq. 11) drops
   them and calls a `produce` hook for more generation until N groups with variance are in
-  hand; surplus groups of the last call are dropped (verl's recipe keeps the first N).
+  hand; surplus groups of the last call are dropped (verl's recipe keeps the first N), or
+  with `carry_surplus` (our option) trained first at the next step (`CarriedGroups`).
 * `GroupReplaySource` (TRL's former GRPOWithReplayBufferTrainer) trains on the step's groups
   but replaces each zero-std group by a stored earlier group drawn by score
   (`ScoredGroupBuffer`, `trl_group_score`).
@@ -158,7 +159,7 @@ class DynamicSamplingSource(BufferSource):
         super().__init__(buffer, 0, epochs)
         self.produce, self.train_prompts, self.ds = produce, train_prompts, ds
         self.prompts_per_call = prompts_per_call
-        # not specified: our choice (off by default, as DAPO/verl): keep surplus groups
+        # carry_surplus: not specified, our choice (off by default: DAPO/verl drop them)
         self.carried = CarriedGroups() if ds.carry_surplus else None
         self.counters: GroupCounters | None = None
         self.log: Log = print
