@@ -360,6 +360,53 @@ class RemixConfig(_Section):
     utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
 
 
+class DynamicSamplingConfig(_Section):
+    """DAPO's dynamic sampling (arXiv 2503.14476, Algorithm 1 lines 4-8): groups whose rewards
+    are all equal are dropped and generation continues until the batch holds `train_prompts`
+    groups with reward variance."""
+
+    # groups per training batch (the paper's prompt batch size N); None = rollout.prompts_per_step
+    train_prompts: int | None = Field(None, ge=1)
+    # generation calls of rollout.prompts_per_step prompts per step, the first included. The
+    # paper samples until full; verl caps it (max_num_gen_batches) and raises when exceeded.
+    # Not specified: our choice: a cap, after which the step trains on the groups it has
+    # (counted in dynamic_sampling/short_steps) instead of stopping the run
+    max_rounds: int = Field(8, ge=1)
+    # a group is kept when its reward std > std_tol (0: any variance)
+    std_tol: float = Field(0.0, ge=0)
+    # surplus groups with variance from a step's last call: dropped (false, as verl's recipe:
+    # counted as filtered_surplus) or trained first at the next step, one policy version old
+    # (behaviour log-probs stored; clipped ratio). Not specified: our choice, off by default
+    carry_surplus: bool = False
+
+
+class GroupReplayConfig(_Section):
+    """TRL's former GRPOWithReplayBufferTrainer (TRL 0.2x experimental, removed by PR #7132):
+    groups of a batch with zero reward std are replaced by stored groups that had high reward
+    spread, sampled by score."""
+
+    capacity: int = Field(64, ge=1)  # groups kept (TRL's replay_buffer_size, default 64)
+    # TRL adds the batch's own variance groups to the store before drawing replacements, so a
+    # replacement can repeat a group of the same batch; false draws only from earlier steps.
+    # Not specified as a knob in TRL: our choice to expose it (default: TRL's order)
+    include_current: bool = True
+    # replayed groups train with their stored behaviour log-probs and stored advantages
+    # (importance ratio to the current policy, clipped as any other token). TRL used the
+    # trainer's old log-probs when it had them and none otherwise. Not specified: our choice
+    # a group whose std is <= zero_std_tol counts as zero-std (TRL: torch.isclose(std, 0))
+    zero_std_tol: float = Field(1e-8, ge=0)
+
+
+class GroupsConfig(_Section):
+    """Group-level batch sources (issue 25; data/group_sources.py): what the learner trains
+    on is decided per group (a prompt and its G completions), not per rollout."""
+
+    # none: the buffer's batches; dynamic_sampling: DAPO; group_replay: TRL's replay trainer
+    source: Literal["none", "dynamic_sampling", "group_replay"] = "none"
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    group_replay: GroupReplayConfig = GroupReplayConfig()
+
+
 class CriticConfig(_Section):
     """PPO's value model (used when algorithm.advantage = gae)."""
 
@@ -470,6 +517,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     kl: KLConfig = KLConfig()
     remix: RemixConfig = RemixConfig()
+    groups: GroupsConfig = GroupsConfig()
     critic: CriticConfig = CriticConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -516,9 +564,37 @@ class Config(_Section):
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
+        if self.groups.source != "none":
+            self._check_groups()
         if self.runtime != "sync":
             self._check_async()
         return self
+
+    def _check_groups(self) -> None:
+        """Group sources decide a step's batch themselves, from fresh on-policy groups."""
+        src = self.groups.source
+        if self.runtime != "sync":
+            raise ValueError(f"groups.source={src} needs runtime=sync (got {self.runtime})")
+        if self.buffer.kind != "onpolicy" or self.remix.enabled:
+            raise ValueError(f"groups.source={src} needs buffer.kind=onpolicy and no remix")
+        if self.algorithm.advantage != "grpo":
+            raise ValueError(f"groups.source={src} needs algorithm.advantage=grpo")
+        if src == "dynamic_sampling":
+            ds, r = self.groups.dynamic_sampling, self.rollout
+            n = ds.train_prompts or r.prompts_per_step
+            if self.train.batch_size is not None and self.train.batch_size != n * r.num_generations:
+                raise ValueError(
+                    f"train.batch_size={self.train.batch_size}: dynamic sampling trains on "
+                    f"groups.dynamic_sampling.train_prompts x rollout.num_generations = "
+                    f"{n * r.num_generations} rollouts (leave train.batch_size unset)"
+                )
+            if ds.max_rounds * r.prompts_per_step >= 1_000_000:
+                raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
+        elif self.train.batch_size not in (None, self.rollouts_per_step):
+            raise ValueError(
+                f"train.batch_size={self.train.batch_size}: group replay trains on the step's "
+                f"R = {self.rollouts_per_step} rollouts (leave train.batch_size unset)"
+            )
 
     def _check_async(self) -> None:
         rt, w = self.runtime, self.workers
