@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from replayrl.algorithms import ADVANTAGES
 from replayrl.api.config import ReplayConfig
 from replayrl.config.schema import Config, ConfigError, TaskConfig, build_config, load_config
 from replayrl.run.callbacks import ReplayCallback, RunHooks, StepFn, as_callbacks
@@ -288,9 +289,9 @@ class ReplayTrainer:
                 "asynchronous workers build their own copies from files and names"
             )
         if self._model is not None and self._model_path == IN_MEMORY_MODEL:
-            if cfg.algorithm.advantage == "gae":
+            if ADVANTAGES.get(cfg.algorithm.advantage).needs_critic:
                 raise ValueError(
-                    "algorithm.advantage=gae builds the critic from a model folder: save the "
+                    f"algorithm.advantage={cfg.algorithm.advantage} builds the critic from a model folder: save the "
                     "model (save_pretrained) and pass its path"
                 )
             if cfg.rollout.backend == "vllm":
