@@ -291,8 +291,8 @@ class ReplayTrainer:
         if self._model is not None and self._model_path == IN_MEMORY_MODEL:
             if ADVANTAGES.get(cfg.algorithm.advantage).needs_critic:
                 raise ValueError(
-                    f"algorithm.advantage={cfg.algorithm.advantage} builds the critic from a model folder: save the "
-                    "model (save_pretrained) and pass its path"
+                    f"algorithm.advantage={cfg.algorithm.advantage} builds the critic from a "
+                    "model folder: save the model (save_pretrained) and pass its path"
                 )
             if cfg.rollout.backend == "vllm":
                 raise ValueError("rollout.backend=vllm loads a model folder: pass a path")

@@ -57,7 +57,6 @@ __all__ = [
     "collate",
     "token_logprobs",
     "unpad",
-    "whiten",
 ]
 
 
