@@ -439,7 +439,7 @@ class ReplayTrainer:
         Returns {"eval/accuracy": ..., "eval/completion_length": ..., ...}.
         """
         from replayrl.models.loading import unwrap_model
-        from replayrl.rollout.evaluation import evaluate
+        from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
         from replayrl.rollout.generation import HFGenerator
         from replayrl.rollout.prompts import PromptRenderer
         from replayrl.rollout.tasks import DatasetTask, task_from_config
@@ -459,24 +459,15 @@ class ReplayTrainer:
             rows = task.train_rows()
         else:
             task = self._task if self._task is not None else task_from_config(t)
-            rows = task.eval_rows()
-            rows = rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else rows
+            rows = held_out_rows(cfg, task)
         gen = HFGenerator(
             unwrap_model(model),
             tok,
             cfg.rollout.generation_batch_size,
             impl=cfg.rollout.generation_impl,
         )
-        e = cfg.eval
-        metrics = evaluate(
-            gen,
-            task,
-            rows,
-            cfg.rollout.max_new_tokens,
-            pass_k=e.pass_k,
-            temperature=e.temperature,
-            render=PromptRenderer(tok, t.chat_template, t.system_prompt),
-        )
+        render = PromptRenderer(tok, t.chat_template, t.system_prompt)
+        metrics = evaluate_policy(cfg, gen, task, rows, render)
         step = int(self.summary["steps"]) if self.summary else 0
         RunHooks(callbacks=list(self.callbacks)).evaluated(step, metrics)
         return metrics

@@ -45,7 +45,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from replayrl.models.loading import unwrap_model
-    from replayrl.rollout.evaluation import evaluate
+    from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
     from replayrl.rollout.generation import HFGenerator
     from replayrl.rollout.prompts import PromptRenderer
     from replayrl.rollout.tasks import task_from_config
@@ -61,20 +61,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         torch.set_num_threads(cfg.train.threads)
     model, tok, path = load_policy(cfg.model, cfg.task)
     task = task_from_config(cfg.task)
-    rows = task.eval_rows()[: cfg.eval.num_prompts] if cfg.eval.num_prompts else task.eval_rows()
+    rows = held_out_rows(cfg, task)
     gen = HFGenerator(
         unwrap_model(model), tok, cfg.eval.batch_size, impl=cfg.rollout.generation_impl
     )
     render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
-    res = evaluate(
-        gen,
-        task,
-        rows,
-        cfg.rollout.max_new_tokens,
-        cfg.eval.pass_k,
-        cfg.eval.temperature,
-        render=render,
-    )
+    res = evaluate_policy(cfg, gen, task, rows, render)
     print(json.dumps({"model": path, "num_prompts": len(rows), **res}, indent=2))
     return 0
 

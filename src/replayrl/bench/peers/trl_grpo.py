@@ -56,7 +56,7 @@ from transformers import TrainerCallback
 
 from replayrl.config.schema import Config, config_to_yaml, load_config
 from replayrl.data.design import cost_ratio, estimate_mu
-from replayrl.rollout.evaluation import evaluate
+from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
 from replayrl.rollout.generation import HFGenerator
 from replayrl.rollout.producer import completion_for_reward
 from replayrl.rollout.prompts import PromptRenderer, render_plain, to_messages
@@ -329,16 +329,7 @@ class _Recorder(TrainerCallback):
             self.cfg.rollout.generation_batch_size,
             impl=self.cfg.rollout.generation_impl,
         )
-        e = self.cfg.eval
-        ev = evaluate(
-            generator,
-            self.task,
-            self.eval_rows,
-            self.cfg.rollout.max_new_tokens,
-            pass_k=e.pass_k,
-            temperature=e.temperature,
-            render=self.render,
-        )
+        ev = evaluate_policy(self.cfg, generator, self.task, self.eval_rows, self.render)
         self.eval_seconds += time.perf_counter() - t0
         self.evals.append(
             {
@@ -451,8 +442,7 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
         model, tokenizer, model_path = load_policy(cfg.model, cfg.task, log=log)
     n_params = sum(p.numel() for p in model.parameters())
     task = task_from_config(cfg.task)  # every task kind and knob (reasoning: op, terms, ...)
-    eval_rows = task.eval_rows()
-    eval_rows = eval_rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else eval_rows
+    eval_rows = held_out_rows(cfg, task)
     metrics = MetricsLogger.from_config(run_dir, cfg)
     recorder = _Recorder(cfg, task, eval_rows, tokenizer, metrics, n_params, log)
     recorder.train_rows = _train_rows(cfg, task)
