@@ -194,6 +194,12 @@ def trl_grpo_settings(cfg: Config) -> tuple[dict[str, Any], list[str]]:
         "dataloader_num_workers": 0,
         "log_completions": False,
     }
+    return kwargs, _unmatched(cfg)
+
+
+def _unmatched(cfg: Config) -> list[str]:
+    """What `trl_grpo_settings` could not match exactly, in words."""
+    r, a, R = cfg.rollout, cfg.algorithm, cfg.rollouts_per_step
     unmatched = [
         "advantage normalisation: TRL divides by (group std + 1e-4), replayrl by "
         "(group std + 1e-6)",
@@ -215,7 +221,7 @@ def trl_grpo_settings(cfg: Config) -> tuple[dict[str, Any], list[str]]:
             "entropy bonus: TRL's is always a token mean; replayrl aggregates it with "
             f"algorithm.loss_agg = {a.loss_agg}"
         )
-    return kwargs, unmatched
+    return unmatched
 
 
 def _param_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
