@@ -109,7 +109,9 @@ def _check_supported(cfg: Config) -> None:
     if cfg.algorithm.loss_type != "grpo_clip":
         problems.append(f"algorithm.loss_type={cfg.algorithm.loss_type} (only grpo_clip)")
     if cfg.algorithm.advantage != "grpo":
-        problems.append(f"algorithm.advantage={cfg.algorithm.advantage} (no critic in TRL GRPO)")
+        problems.append(
+            f"algorithm.advantage={cfg.algorithm.advantage} (TRL GRPO's is the group-relative one)"
+        )
     if cfg.train.epochs != 1:
         problems.append(f"train.epochs={cfg.train.epochs} (each rollout is used once)")
     if cfg.train.batch_size not in (None, R):
