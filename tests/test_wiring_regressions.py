@@ -176,3 +176,82 @@ def test_sampling_with_top_p_stays_inside_the_nucleus(tiny_model, char_tokenizer
     first = [int(s.completion_ids[0]) for s in gen.generate([prompt], 200, params)]
     assert set(first) <= nucleus
     assert len(set(first)) > 1 or len(nucleus) == 1  # sampled, not greedy
+
+
+# -- the special TRL names, value by value ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "key", "expected"),
+    [
+        ({"scale_rewards": True}, "algorithm.scale_rewards", True),
+        ({"scale_rewards": False}, "algorithm.scale_rewards", False),
+        ({"scale_rewards": "group"}, "algorithm.scale_rewards", True),
+        ({"scale_rewards": "none"}, "algorithm.scale_rewards", False),
+        ({"report_to": "all"}, "logging.wandb", True),
+        ({"report_to": "all"}, "logging.tensorboard", True),
+        ({"report_to": "tensorboard"}, "logging.tensorboard", True),
+        ({"report_to": "tensorboard"}, "logging.wandb", False),
+        ({"report_to": ["wandb", "tensorboard"]}, "logging.wandb", True),
+        ({"report_to": None}, "logging.tensorboard", False),
+        ({"disable_tqdm": False}, "logging.progress", True),
+        ({"generation_batch_size": 6, "num_generations": 6}, "rollout.prompts_per_step", 1),
+        ({"output_dir": "a/b/run"}, "logging.run_dir", "a/b"),
+        ({"buffer__kind": "replay", "buffer__capacity": 32}, "buffer.capacity", 32),
+    ],
+)
+def test_trl_special_values(kwargs: dict[str, Any], key: str, expected: Any) -> None:
+    cfg = ReplayConfig(**kwargs).to_config()
+    assert _get(cfg, key) == expected
+    assert type(_get(cfg, key)) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"scale_rewards": 1}, "scale_rewards=1: replayrl normalises per group"),
+        ({"scale_rewards": "batch"}, "scale_rewards='batch'"),
+        ({"report_to": ["tensorboard", "mlflow"]}, r"report_to: unknown \['mlflow'\]"),
+        ({"generation_batch_size": 8}, "generation_batch_size needs num_generations beside it"),
+        (
+            {"generation_batch_size": 10, "num_generations": 4},
+            "generation_batch_size=10 must be a positive multiple of num_generations=4",
+        ),
+        (
+            {"generation_batch_size": 2, "num_generations": 4},
+            "generation_batch_size=2 must be a positive multiple",
+        ),
+        ({"output_dir": "runs/.."}, r"output_dir='runs/\.\.' must end in a folder name"),
+        ({"output_dir": "."}, r"output_dir='\.' must end in a folder name"),
+        (
+            {"learning_rat": 1e-4},
+            r"unknown argument\(s\) learning_rat \(TRL names known here: max_steps, learning_rate,",
+        ),
+    ],
+)
+def test_bad_trl_values_are_one_line_errors(kwargs: dict[str, Any], message: str) -> None:
+    from replayrl.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        ReplayConfig(**kwargs)
+
+
+def test_overrides_presets_and_sets() -> None:
+    from replayrl.config.schema import ConfigError
+
+    base = load_config(None, ["train.lr=0.5"])
+    rc = ReplayConfig(base, overrides={"train.steps": 3}, seed=4)
+    cfg = rc.to_config()
+    assert (cfg.train.lr, cfg.train.steps, cfg.train.seed) == (0.5, 3, 4)
+    assert rc.sets("train.steps") and rc.sets("train.seed") and not rc.sets("train.lr")
+    assert rc.override_strings() == ["train.seed=4", "train.steps=3"]
+    listed = ReplayConfig(overrides=["train.steps = 5", "task.name=a=b"])
+    assert listed.sets("train.steps") and listed.sets("task.name") and not listed.sets("a")
+    assert ReplayConfig().to_config({"train.steps": 9}).train.steps == 9
+    assert ReplayConfig(reward_weights=None).reward_weights is None
+    with pytest.raises(ConfigError, match="override 'a..b' has an empty key"):
+        ReplayConfig(overrides={"a..b": 1}).data()
+    with pytest.raises(ConfigError, match="override 'train.lr.x': train.lr is a value"):
+        ReplayConfig(base, overrides={"train.lr.x": 1}).data()
+    with pytest.raises(TypeError, match="overrides must be a list of 'key=value' strings"):
+        ReplayConfig(overrides="train.lr=1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"a YAML path or a Config \(got <class 'int'>\)"):
+        ReplayConfig(3)  # type: ignore[arg-type]
