@@ -255,3 +255,9 @@ def test_overrides_presets_and_sets() -> None:
         ReplayConfig(overrides="train.lr=1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"a YAML path or a Config \(got <class 'int'>\)"):
         ReplayConfig(3)  # type: ignore[arg-type]
+
+
+def test_replay_config_repr_shows_what_was_given() -> None:
+    rc = ReplayConfig("grpo", overrides=["train.lr=1"], seed=3)
+    assert repr(rc) == "ReplayConfig('grpo', seed=3, overrides=['train.lr=1'])"
+    assert repr(ReplayConfig(load_config(None, []))) == "ReplayConfig(Config(...))"
