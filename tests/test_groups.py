@@ -240,6 +240,22 @@ def test_dynamic_sampling_stops_after_max_rounds_and_trains_on_what_it_has() -> 
     assert ledger(c, src.buffers())["balanced"]
 
 
+def test_dynamic_sampling_std_tol_decides_which_groups_carry_signal() -> None:
+    # std of [1, 0, 0] is 0.577: kept at std_tol 0.5, dropped at 0.6 (no producer: one call)
+    kept = []
+    for tol in (0.5, 0.6):
+        src = DynamicSamplingSource(
+            OnPolicyQueue(), None, 1, 1, 1, DynamicSamplingConfig(std_tol=tol)
+        )
+        c = Counters()
+        src.before_step(None, c, lambda _: None)
+        fresh = grp(0, [1, 0, 0])
+        _account_first(c, fresh)
+        batch, _ = src.next_batch(fresh, version=0)
+        kept.append(len(batch))
+    assert kept == [3, 0]
+
+
 # -- TRL's group replay -------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from replayrl.algorithms import ADVANTAGES
 from replayrl.api import trl_compat
 from replayrl.api.config import ReplayConfig
 from replayrl.config.schema import Config, ConfigError, TaskConfig, build_config, load_config
@@ -419,10 +420,10 @@ class ReplayTrainer:
                 "asynchronous workers build their own copies from files and names"
             )
         if self._model is not None and self._model_path == IN_MEMORY_MODEL:
-            if cfg.algorithm.advantage == "gae":
+            if ADVANTAGES.get(cfg.algorithm.advantage).needs_critic:
                 raise ValueError(
-                    "algorithm.advantage=gae builds the critic from a model folder: save the "
-                    "model (save_pretrained) and pass its path"
+                    f"algorithm.advantage={cfg.algorithm.advantage} builds the critic from a "
+                    "model folder: save the model (save_pretrained) and pass its path"
                 )
             if cfg.rollout.backend == "vllm":
                 raise ValueError("rollout.backend=vllm loads a model folder: pass a path")
@@ -594,7 +595,7 @@ class ReplayTrainer:
         Returns {"eval/accuracy": ..., "eval/completion_length": ..., ...}.
         """
         from replayrl.models.loading import unwrap_model
-        from replayrl.rollout.evaluation import evaluate
+        from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
         from replayrl.rollout.generation import HFGenerator
         from replayrl.rollout.prompts import PromptRenderer
         from replayrl.rollout.tasks import DatasetTask, task_from_config
@@ -614,24 +615,15 @@ class ReplayTrainer:
             rows = task.train_rows()
         else:
             task = self._task if self._task is not None else task_from_config(t)
-            rows = task.eval_rows()
-            rows = rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else rows
+            rows = held_out_rows(cfg, task)
         gen = HFGenerator(
             unwrap_model(model),
             tok,
             cfg.rollout.generation_batch_size,
             impl=cfg.rollout.generation_impl,
         )
-        e = cfg.eval
-        metrics = evaluate(
-            gen,
-            task,
-            rows,
-            cfg.rollout.max_new_tokens,
-            pass_k=e.pass_k,
-            temperature=e.temperature,
-            render=PromptRenderer(tok, t.chat_template, t.system_prompt),
-        )
+        render = PromptRenderer(tok, t.chat_template, t.system_prompt)
+        metrics = evaluate_policy(cfg, gen, task, rows, render)
         step = int(self.summary["steps"]) if self.summary else 0
         RunHooks(callbacks=list(self.callbacks)).evaluated(step, metrics)
         return metrics

@@ -297,7 +297,8 @@ class AlgorithmConfig(_Section):
     loss_agg: str = "token_mean"
     scale_rewards: bool = True  # False = Dr.GRPO (no std normalisation)
     asymre_delta_v: float = Field(-0.1, description="AsymRE baseline shift (loss_type=asymre)")
-    # grpo: group-relative advantage stored at generation; gae: PPO with a critic (`critic`)
+    # grpo (group-relative) | rloo (leave-one-out, arXiv 2402.14740): stored at generation;
+    # gae: PPO with a critic (`critic`), per step; replayrl.algorithms.advantages.ADVANTAGES
     advantage: str = "grpo"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus c (ReMix: 0.001)
 
@@ -598,8 +599,9 @@ class Config(_Section):
 
     def _check_async(self) -> None:
         rt, w = self.runtime, self.workers
-        if self.remix.enabled:
-            raise ValueError(f"remix.enabled needs runtime=sync (got runtime={rt})")
+        if self.remix.enabled and w.learners > 1:
+            # one window of recent policies' rollouts, kept by the rank-0 learner
+            raise ValueError(f"remix.enabled needs workers.learners=1 (got {w.learners})")
         if self.needs_design:
             raise ValueError(
                 f"buffer.capacity/train.batch_size=auto needs runtime=sync (got runtime={rt}): "

@@ -26,6 +26,7 @@ from replayrl.data.group_sources import DynamicSamplingSource, GroupReplaySource
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
+from replayrl.rollout.evaluation import held_out_rows
 from replayrl.rollout.generation import Generator, make_generator
 from replayrl.rollout.producer import RolloutProducer
 from replayrl.rollout.prompts import PromptRenderer
@@ -219,7 +220,6 @@ def build_components(
         cfg, model, tokenizer, model_path, prompt_rng, log, task, rewards, generator, render
     )
     shuffle_rng = np.random.default_rng(cfg.train.seed + 1)
-    rows = task.eval_rows()
     return Components(
         cfg=cfg,
         model=model,
@@ -235,7 +235,7 @@ def build_components(
         source=build_batch_source(cfg, buffer, window, producer) if buffer is not None else None,
         prompt_rng=prompt_rng,
         shuffle_rng=shuffle_rng,
-        eval_rows=rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else rows,
+        eval_rows=held_out_rows(cfg, task),
         n_params=sum(p.numel() for p in model.parameters()),
         max_positions=getattr(model.config, "max_position_embeddings", None),
     )

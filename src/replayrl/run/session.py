@@ -22,7 +22,7 @@ from replayrl.data.batch_source import BatchSource
 from replayrl.data.buffer import Buffer, batch_stats
 from replayrl.data.rollout import Rollout
 from replayrl.models.loading import unwrap_model
-from replayrl.rollout.evaluation import evaluate
+from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.producer import Production
 from replayrl.run.accounting import format_accounting
 from replayrl.run.callbacks import RunHooks
@@ -161,16 +161,7 @@ class Session:
         self.counters.account(p)
 
     def evaluate(self) -> dict[str, float]:
-        e = self.cfg.eval
-        return evaluate(
-            self.generator,
-            self.task,
-            self.eval_rows,
-            self.cfg.rollout.max_new_tokens,
-            pass_k=e.pass_k,
-            temperature=e.temperature,
-            render=self.render,
-        )
+        return evaluate_policy(self.cfg, self.generator, self.task, self.eval_rows, self.render)
 
     def timed_eval(self) -> dict[str, float]:
         c = self.counters
