@@ -301,9 +301,21 @@ def main(argv: list[str] | None = None) -> int:
         # what to do, a traceback would only hide it
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # Ctrl-C 130, SIGTERM 143, SIGHUP 129: what a shell or scheduler expects of a process
+        # ended by that signal (the run checkpointed first; RunStopped carries the signal)
+        signum = int(getattr(exc, "signum", 2))
+        print(f"interrupted ({_signal_name(signum)})", file=sys.stderr)
+        return 128 + signum
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 if __name__ == "__main__":

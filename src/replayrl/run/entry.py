@@ -9,7 +9,15 @@ from typing import Any
 
 from replayrl.config.schema import Config, ConfigError, load_config
 from replayrl.run.callbacks import RunHooks
-from replayrl.run.folder import check_resume_config, new_run_folder, run_guard, write_config
+from replayrl.run.folder import (
+    check_layout,
+    check_resume_config,
+    new_run_folder,
+    run_guard,
+    run_lock,
+    write_config,
+)
+from replayrl.run.session import InterruptOnSignal
 from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
@@ -22,13 +30,16 @@ def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[
     check_hooks(cfg, hooks)
     quiet_transformers()
     run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
-    # an overwritten run is moved aside, deleted only once this one has started (model,
-    # data, rewards loaded) and put back if the start fails
-    with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
-        write_config(run_dir, cfg)
-        start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)
-    with run_guard(run_dir, log=log):  # expected failures name the last good checkpoint
-        return start()
+    # SIGTERM / SIGHUP unwind like Ctrl-C (the loop itself stops after a step); one process
+    # per run folder, locked before anything is written
+    with InterruptOnSignal(), run_lock(run_dir):
+        # an overwritten run is moved aside, deleted only once this one has started (model,
+        # data, rewards loaded) and put back if the start fails
+        with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
+            write_config(run_dir, cfg)
+            start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)
+        with run_guard(run_dir, log=log):  # expected failures name the last good checkpoint
+            return start()
 
 
 def resume(
@@ -43,14 +54,16 @@ def resume(
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
-    cfg = load_config(cfg_path, overrides)
-    check_hooks(cfg, hooks)
-    check_resume_config(load_config(cfg_path), cfg)  # before anything is written
-    # restores the checkpoint (not ray's)
-    start = _runtime(cfg, run_dir, log, resume=True, hooks=hooks)
-    write_config(run_dir, cfg)  # only once the checkpoint accepted the overrides
-    with run_guard(run_dir, log=log):
-        return start()
+    with InterruptOnSignal(), run_lock(run_dir):  # one process per run folder
+        cfg = load_config(cfg_path, overrides)
+        check_hooks(cfg, hooks)
+        check_resume_config(load_config(cfg_path), cfg)  # before anything is written
+        check_layout(run_dir)
+        # restores the checkpoint (not ray's)
+        start = _runtime(cfg, run_dir, log, resume=True, hooks=hooks)
+        write_config(run_dir, cfg)  # only once the checkpoint accepted the overrides
+        with run_guard(run_dir, log=log):
+            return start()
 
 
 def check_hooks(cfg: Config, hooks: RunHooks | None) -> None:

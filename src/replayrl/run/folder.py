@@ -6,16 +6,27 @@
 - A resume checks its overrides against the run's saved config before anything is written,
   and the run's `config.yaml` is rewritten (atomically) only after the resumed trainer has
   restored its checkpoint, so a refused override never bricks later resumes.
+- One process per run folder: `run_lock` takes an exclusive lock (`.<name>.lock` beside the
+  folder, holding the owner's pid) before anything is written; a second start or resume of
+  the same folder is refused. The lock is a kernel `flock`, released when its process ends
+  however it ends, so a file left by a killed run is stale and never blocks.
+- Overwrite only ever replaces a replayrl run folder (`is_run_folder`), never a symlink, and
+  `logging.name` is a plain folder name (schema), so nothing outside `run_dir/<name>` is
+  deleted; a symlinked `checkpoints/` is refused (pruning would follow it into another run).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from replayrl.config.schema import Config, ConfigError, config_to_yaml
 from replayrl.errors import RunFailed
@@ -63,7 +74,17 @@ def new_run_folder(run_dir: Path, overwrite: bool, log: Log = print) -> Iterator
             f"rename it back to {run_dir} to keep it, or delete it"
         )
     aside = None
+    if run_dir.is_symlink():
+        raise ConfigError(
+            f"run folder {run_dir} is a symlink: replayrl writes runs only into real folders "
+            "(pick another logging.name or logging.run_dir)"
+        )
     if run_dir.exists() and any(run_dir.iterdir()):
+        if overwrite and not is_run_folder(run_dir):
+            raise ConfigError(
+                f"{run_dir} is not a replayrl run folder (no replayrl config.yaml in it): "
+                "logging.overwrite=true only replaces runs; nothing was deleted"
+            )
         if not overwrite:
             raise ConfigError(
                 f"run folder {run_dir} already exists: resume it with `--resume {run_dir}`, "
@@ -84,6 +105,87 @@ def new_run_folder(run_dir: Path, overwrite: bool, log: Log = print) -> Iterator
         raise
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder replayrl wrote: a real folder whose config.yaml is a replayrl config (a
+    mapping with `train` and `logging` sections)."""
+    cfg = path / "config.yaml"
+    if not path.is_dir() or path.is_symlink() or not cfg.is_file():
+        return False
+    try:
+        if cfg.stat().st_size > 1_000_000:
+            return False
+        data = yaml.safe_load(cfg.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "train" in data and "logging" in data
+
+
+def check_layout(run_dir: Path) -> None:
+    """Refuse a run folder whose `checkpoints/` is a symlink: writing and pruning there
+    would act on whatever it points to (another run's checkpoints)."""
+    ck = run_dir / "checkpoints"
+    if ck.is_symlink():
+        raise ConfigError(
+            f"{ck} is a symlink (to {os.readlink(ck)}): checkpoints are written and pruned "
+            "only inside the run folder; replace it with a real folder"
+        )
+
+
+def lock_path(run_dir: Path) -> Path:
+    return run_dir.with_name(f".{run_dir.name}.lock")
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid = path.read_text().strip()
+    except OSError:
+        pid = ""
+    return f"pid {pid}" if pid.isdigit() else "another process"
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[Path]:
+    """Hold the run folder's lock for the body; RunFailed at once if a live process holds it.
+
+    The lock file sits beside the folder (so it also covers a start that moves the folder
+    aside) and holds the owner's pid for the message. It is unlinked before it is released;
+    a process that opened the old file in between sees that its inode is gone and retries.
+    """
+    path = lock_path(run_dir.resolve())  # the same lock however the folder is named
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(10):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunFailed(
+                f"run folder {run_dir} is in use by {_holder(path)} (lock {path}): one "
+                "process per run folder; wait for it to finish or stop it, or pick another "
+                "logging.name"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # locked a file its last owner had just removed: take the new one
+    else:
+        raise RunFailed(f"could not lock run folder {run_dir} ({path} keeps changing)")
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield path
+    finally:
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 def _get(data: dict[str, Any], dotted: str) -> Any:
@@ -137,5 +239,7 @@ def run_guard(run_dir: Path, log: Log = print) -> Iterator[None]:
     except (OSError, RunFailed) as exc:
         if isinstance(exc, CheckpointWriteError):  # its message names the last good one
             raise RunFailed(str(exc)) from exc
-        what = "" if isinstance(exc, RunFailed) else f"{type(exc).__name__}: "
-        raise RunFailed(f"{what}{exc}; {last_good_checkpoint(run_dir)}") from exc
+        if isinstance(exc, RunFailed):  # keep its type (RewardFunctionFailed, ...)
+            exc.args = (f"{exc}; {last_good_checkpoint(run_dir)}",)
+            raise
+        raise RunFailed(f"{type(exc).__name__}: {exc}; {last_good_checkpoint(run_dir)}") from exc
