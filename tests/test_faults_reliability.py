@@ -292,17 +292,21 @@ def test_reward_failure_streak_is_a_run_failed_subclass():  # S3 (unit: the API 
 
 
 @pytest.mark.parametrize(
-    ("values", "weight", "kept"),
+    ("values", "weight", "kept", "why"),
     [
-        ([1e39, 1.0], 1.0, [None, 1.0]),  # S5: finite in float64, inf in float32
-        ([1e308, 1.0], 10.0, [None, 10.0]),  # S5: each value fits, the weighted sum does not
-        ([3e38, 1.0], 1.0, [3e38, 1.0]),  # the largest float32s still pass
+        # S5: finite in float64, inf in float32 (the learner's dtype)
+        ([1e39, 1.0], 1.0, [None, 1.0], "returned float32-overflowing (inf in training)"),
+        ([1e308, 1.0], 10.0, [None, 10.0], "float32-overflowing"),
+        # S5: each value fits float32, the weighted sum does not
+        ([3e38, 1.0], 10.0, [None, 10.0], "weighted reward sum 3e+39 is not finite in float32"),
+        ([3e38, 1.0], 1.0, [3e38, 1.0], None),  # the largest float32s still pass
     ],
 )
-def test_rewards_are_checked_after_weighting_in_float32(values, weight, kept):
+def test_rewards_are_checked_after_weighting_in_float32(values, weight, kept, why):
     res = score([WeightedReward("f", lambda **_: values, weight)], ["p"] * 2, ["a"] * 2, [{}] * 2)
     assert res.rewards == kept
     assert res.reasons.get("non_finite", 0) == kept.count(None) == res.errors
+    assert (why is None and res.first_error is None) or why in res.first_error
 
 
 def test_nan_policy_weights_end_the_run(tmp_path: Path, capsys):  # S6
