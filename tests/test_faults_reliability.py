@@ -370,3 +370,209 @@ def test_reward_hazards_do_not_end_the_run(tmp_path: Path, capsys):  # R1, R2
     s = json.loads((tmp_path / "hz" / "summary.json").read_text())
     assert s["rollouts_dropped_reward_error"] == 16
     assert "SystemExit: 3" in s["first_reward_error"]
+
+
+# -- resume runs no foreign code; fixed keys against the checkpoint ---------------------------
+
+CANARY_REWARD = (
+    "from pathlib import Path\n"
+    "Path({canary!r}).touch()\n"  # importing this file is running foreign code
+    "def fn(completions, **kw):\n"
+    "    return [0.0] * len(completions)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def coded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step run started in `start/` with a relative reward file (parity.py)."""
+    root = tmp_path_factory.mktemp("coded")
+    (root / "start").mkdir()
+    (root / "start" / "parity.py").write_text(
+        "def parity(completions, **kw):\n"
+        "    return [float(sum(map(ord, c)) % 2) for c in completions]\n"
+    )
+    old = Path.cwd()
+    os.chdir(root / "start")
+    try:
+        argv = args(root, "coded", "train.steps=2", "rewards=[{name: 'parity.py:parity'}]")
+        assert main(["train", *argv]) == 0
+    finally:
+        os.chdir(old)
+    return root / "coded"
+
+
+def test_resume_runs_no_code_from_the_run_folder_without_consent(
+    coded_run: Path, tmp_path: Path, capsys, monkeypatch
+):  # C1
+    run = copy_run(coded_run, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    canary = tmp_path / "foreign_code_ran"
+    # a different parity.py where the resume is run from: must never be imported
+    (elsewhere / "parity.py").write_text(CANARY_REWARD.format(canary=str(canary)))
+    monkeypatch.chdir(elsewhere)
+    code, _, err = cli(["train", "--resume", str(run), "train.steps=3"], capsys)
+    line = one_error_line(err)
+    started = str(coded_run.parent / "start" / "parity.py")  # the recorded folder's file
+    assert code == 2 and f"names reward code ({started}:parity)" in line
+    assert "--trust-run-code" in line
+    # consent: the file the run was started with (recorded folder), not ./parity.py
+    argv = ["train", "--resume", str(run), "train.steps=3", "--trust-run-code"]
+    code, _, err = cli(argv, capsys)
+    assert code == 0, err
+    assert not canary.exists()
+    assert f"{started}:parity" in (run / "config.yaml").read_text()
+    # a config.yaml edited to name other code is refused without consent, never imported
+    evil = tmp_path / "evil.py"
+    evil.write_text(CANARY_REWARD.format(canary=str(canary)))
+    text = (run / "config.yaml").read_text().replace(f"{started}:parity", f"{evil}:fn")
+    (run / "config.yaml").write_text(text)
+    code, _, err = cli(["train", "--resume", str(run), "train.steps=4"], capsys)
+    assert code == 2 and "evil.py:fn" in one_error_line(err)
+    assert not canary.exists()
+
+
+def test_reward_file_changed_since_the_start_is_refused(coded_run: Path, tmp_path: Path, capsys):
+    run = copy_run(coded_run, tmp_path)  # C1: content hash recorded at start
+    origin = json.loads((run / "origin.json").read_text())
+    started = coded_run.parent / "start" / "parity.py"
+    assert origin["reward_files"] == {
+        str(started): __import__("hashlib").sha256(started.read_bytes()).hexdigest()
+    }
+    origin["reward_files"][str(started)] = "0" * 64  # as if the file had changed since
+    (run / "origin.json").write_text(json.dumps(origin))
+    argv = ["train", "--resume", str(run), "train.steps=3", "--trust-run-code"]
+    code, _, err = cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 2 and f"reward file {started} changed since the run started" in line
+    # giving the rewards again is consent to the file as it is now
+    argv = [
+        "train",
+        "--resume",
+        str(run),
+        "train.steps=3",
+        f"rewards=[{{name: '{started}:parity'}}]",
+    ]
+    code, _, err = cli(argv, capsys)
+    assert code == 0, err
+
+
+def test_fixed_keys_are_checked_against_the_checkpoint_record(
+    coded_run: Path, tmp_path: Path, capsys
+):  # C2
+    run = copy_run(coded_run, tmp_path)
+    cfg_text = (run / "config.yaml").read_text()
+    assert "hidden_size: 32" in cfg_text
+    (run / "config.yaml").write_text(cfg_text.replace("hidden_size: 32", "hidden_size: 64"))
+    code, _, err = cli(["train", "--resume", str(run), "--trust-run-code"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "model.tiny" in line and "'hidden_size': 32" in line
+    # an accepted change (here the loss, edited into config.yaml) is printed
+    edited = cfg_text.replace("loss_type: grpo_clip", "loss_type: asymre")
+    assert edited != cfg_text
+    (run / "config.yaml").write_text(edited)
+    argv = ["train", "--resume", str(run), "--trust-run-code", "train.steps=3"]
+    code, out, err = cli(argv, capsys)
+    assert code == 0, err
+    assert "settings changed since the checkpoint (accepted)" in out
+    assert "algorithm.loss_type: 'grpo_clip' -> 'asymre'" in out
+    assert "train.steps: 2 -> 3" in out
+
+
+# -- checkpoints: contents, leftovers, pruning ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 4-step run with complete checkpoints at steps 2 and 4."""
+    root = tmp_path_factory.mktemp("ckpt")
+    argv = args(root, "base", "train.steps=4", "checkpoint.every=2")
+    assert main(["train", *argv]) == 0
+    return root / "base"
+
+
+def copy_run(base: Path, tmp_path: Path, name: str = "run") -> Path:
+    dest = tmp_path / name
+    shutil.copytree(base, dest)
+    return dest
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("file", "offset"),
+    [
+        ("policy/model.safetensors", -5),  # C3: same-size corruption of the weights
+        ("state.safetensors", 3),  # C3: a damaged safetensors header, same size
+    ],
+)
+def test_same_size_corruption_falls_back_to_the_previous_checkpoint(
+    base_run: Path, tmp_path: Path, capsys, file: str, offset: int
+):
+    run = copy_run(base_run, tmp_path)
+    last = run / "checkpoints/step_000004"
+    size = (last / file).stat().st_size
+    _flip_byte(last / file, offset)
+    assert (last / file).stat().st_size == size
+    code, out, err = cli(["train", "--resume", str(run), "train.steps=5"], capsys)
+    assert code == 0, err
+    assert f"skipping checkpoint {last}: damaged file {file}" in out
+    assert "resumed from" in out and "step_000002" in out
+
+
+def test_leftover_temp_folders_are_removed_at_the_next_start(
+    base_run: Path, tmp_path: Path, capsys
+):  # C4
+    run = copy_run(base_run, tmp_path)
+    left = run / "checkpoints/.step_000005.tmp-abc123"
+    (left / "policy").mkdir(parents=True)
+    (left / "policy/model.safetensors").write_bytes(b"x" * 1000)
+    keep = run / "checkpoints/.notes"  # not a checkpoint temp folder: left alone
+    keep.mkdir()
+    code, out, err = cli(["train", "--resume", str(run), "train.steps=5"], capsys)
+    assert code == 0, err
+    assert not left.exists() and keep.is_dir()
+    assert f"removed {left}" in out
+
+
+def test_deeply_nested_state_json_is_a_clear_error(base_run: Path, tmp_path: Path, capsys):
+    run = copy_run(base_run, tmp_path)  # C5
+    for ckpt in (run / "checkpoints").glob("step_*"):
+        deep = '{"format": "replayrl-state", "version": 1, "state": ' + "[" * 200_000
+        deep += "]" * 200_000 + "}"
+        (ckpt / "state.json").write_text(deep)
+        manifest = json.loads((ckpt / "manifest.json").read_text())  # a consistent manifest
+        manifest["files"]["state.json"] = len(deep)
+        manifest["sha256"].pop("state.json")
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli(["train", "--resume", str(run), "train.steps=5"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "nested too deeply" in line and "Traceback" not in err
+
+
+def _fake_checkpoint(root: Path, step: int, complete: bool) -> Path:
+    path = root / f"step_{step:06d}"
+    path.mkdir(parents=True)
+    (path / "w").write_bytes(b"weights")
+    size = 7 if complete else 99  # a manifest that does not match: damaged
+    (path / "manifest.json").write_text(json.dumps({"format": 1, "files": {"w": size}}))
+    return path
+
+
+def test_pruning_keeps_complete_checkpoints_over_damaged_ones(tmp_path: Path):  # C6
+    from replayrl.storage.checkpoint import _prune
+
+    root = tmp_path / "checkpoints"
+    old_damaged = _fake_checkpoint(root, 1, complete=False)
+    good = _fake_checkpoint(root, 2, complete=True)
+    _fake_checkpoint(root, 3, complete=True)  # just written (a resume fell back to step 2)
+    newer_damaged = _fake_checkpoint(root, 4, complete=False)
+    _prune(root, keep_last=2, name="step_000003")
+    # the damaged step 4 does not count towards keep_last: step 2 (complete) stays
+    assert good.is_dir() and newer_damaged.is_dir() and not old_damaged.exists()
+    _prune(root, keep_last=1, name="step_000003")
+    assert not good.exists() and (root / "step_000003").is_dir()

@@ -25,9 +25,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes the run's own config.yaml; drop --config")
-        summary = ReplayTrainer.from_run(args.resume, args.overrides).train(
-            resume_from_checkpoint=True
-        )
+        from replayrl.run.entry import trusting_run_code
+
+        with trusting_run_code(args.trust_run_code):
+            summary = ReplayTrainer.from_run(args.resume, args.overrides).train(
+                resume_from_checkpoint=True
+            )
     else:
         trainer = ReplayTrainer(args=ReplayConfig(args.config, overrides=args.overrides))
         summary = trainer.train()
@@ -197,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a policy (GRPO on-policy, replay, ...)")
     _add_config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.add_argument(
+        "--trust-run-code",
+        action="store_true",
+        help="with --resume: run the reward code (file.py:fn, module:fn) the run folder's "
+        "config.yaml names (refused without it, unless rewards=... is given again)",
+    )
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="greedy pass@1 (and pass@k) on the task's held-out split")

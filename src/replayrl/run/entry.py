@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +13,32 @@ from replayrl.config.schema import Config, ConfigError, load_config
 from replayrl.run.callbacks import RunHooks
 from replayrl.run.folder import (
     check_layout,
+    check_resume_code,
     check_resume_config,
     new_run_folder,
+    record_origin,
     run_guard,
     run_lock,
     write_config,
 )
 from replayrl.run.session import InterruptOnSignal
+from replayrl.storage.checkpoint import clean_leftovers
 from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
+
+# consent to run the reward code a resumed run folder names (`--trust-run-code`); a context
+# variable so that the CLI can give it through the Python API's resume path
+TRUST_RUN_CODE: ContextVar[bool] = ContextVar("replayrl_trust_run_code", default=False)
+
+
+@contextmanager
+def trusting_run_code(trust: bool = True) -> Iterator[None]:
+    token = TRUST_RUN_CODE.set(trust)
+    try:
+        yield
+    finally:
+        TRUST_RUN_CODE.reset(token)
 
 
 def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[str, Any]:
@@ -37,6 +55,7 @@ def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[
         # data, rewards loaded) and put back if the start fails
         with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
             write_config(run_dir, cfg)
+            record_origin(run_dir, cfg)  # where it started, the reward files' SHA-256
             start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)
         with run_guard(run_dir, log=log):  # expected failures name the last good checkpoint
             return start()
@@ -57,8 +76,14 @@ def resume(
     with InterruptOnSignal(), run_lock(run_dir):  # one process per run folder
         cfg = load_config(cfg_path, overrides)
         check_hooks(cfg, hooks)
-        check_resume_config(load_config(cfg_path), cfg)  # before anything is written
+        # before anything is written: fixed keys against the checkpoint's record, then the
+        # code and paths the run folder names
+        check_resume_config(load_config(cfg_path), cfg, run_dir, log)
+        own = hooks is not None and hooks.rewards is not None
+        check_resume_code(run_dir, cfg, list(overrides or []), TRUST_RUN_CODE.get(), own)
         check_layout(run_dir)
+        for left in clean_leftovers(run_dir):
+            log(f"removed {left}: the temp folder of a checkpoint write that was killed")
         # restores the checkpoint (not ray's)
         start = _runtime(cfg, run_dir, log, resume=True, hooks=hooks)
         write_config(run_dir, cfg)  # only once the checkpoint accepted the overrides

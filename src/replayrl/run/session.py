@@ -135,6 +135,7 @@ class Session:
             self.tokenizer,
             self._state(),
             keep_last=self.cfg.checkpoint.keep_last,
+            config=self.cfg.model_dump(mode="json"),  # resume checks against this record
         )
         self.hooks.checkpointed(self.counters.step, path)
         return path
