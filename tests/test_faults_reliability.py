@@ -576,3 +576,15 @@ def test_pruning_keeps_complete_checkpoints_over_damaged_ones(tmp_path: Path):  
     assert good.is_dir() and newer_damaged.is_dir() and not old_damaged.exists()
     _prune(root, keep_last=1, name="step_000003")
     assert not good.exists() and (root / "step_000003").is_dir()
+
+
+def test_huge_dataset_row_is_skipped_before_tokenising(base_run: Path, tmp_path: Path, capsys):
+    data = tmp_path / "d.jsonl"  # C7: one 2 MB prompt among normal rows
+    lines = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(20)]
+    lines[7] = json.dumps({"prompt": "1" * 2_000_000 + "+1=", "answer": "2"})
+    data.write_text("\n".join(lines) + "\n")
+    model = base_run / "checkpoints/step_000004/policy"  # a model folder with a tokenizer
+    argv = args(tmp_path, "ds", "task.name=dataset", f"task.path={data}", "task.eval_size=4")
+    code, out, err = cli(["train", *argv, f"model.path={model}", "train.steps=1"], capsys)
+    assert code == 0, err
+    assert "too_long=1" in out
