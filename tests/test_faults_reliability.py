@@ -16,6 +16,13 @@ Catalogue (each test names its case ids):
   S6 NaN policy weights: every update skipped -> error naming the cause
   S7 train.lr=1e6: zero gradient with non-zero advantages -> error (or skipped updates)
   R1 reward calling sys.exit with the timeout off   R2 reward clearing its completions
+  R3 non-daemon thread started by a reward: the program still exits
+  C1 resume of a run folder naming reward code: refused without --trust-run-code; relative
+     paths from the recorded start folder; a changed reward file refused
+  C2 fixed keys checked against the checkpoint's record; accepted changes printed
+  C3 same-size corruption (weights, safetensors header): fallback to the previous checkpoint
+  C4 leftover .step_*.tmp-* folders removed   C5 200,000-deep state JSON: a clear error
+  C6 pruning keeps complete checkpoints over damaged ones   C7 a 2 MB dataset row skipped
 """
 
 from __future__ import annotations
@@ -139,9 +146,9 @@ def test_sigterm_checkpoints_and_resumes_like_an_uninterrupted_run(
     stopped = latest_checkpoint(run)
     assert stopped is not None  # written although checkpoint.every=0
     at = load_state(stopped)["counters"]["step"]
-    assert 2 <= at < steps and f"SIGTERM: stopped at step {at}; checkpoint written" in out
+    assert 2 <= at < steps and f"interrupted at step {at} (SIGTERM): checkpoint written" in out
     assert not lock_path(run).exists()  # released
-    code, _, err = cli(["train", "--resume", str(run)], capsys)
+    code, _, err = cli(["train", "--resume", str(run), "--trust-run-code"], capsys)
     assert code == 0, err
     code, _, err = cli(["train", *args(tmp_path, "straight", *extra)], capsys)
     assert code == 0, err
@@ -162,7 +169,8 @@ def test_sighup_stops_after_the_step_with_a_checkpoint(tmp_path: Path, capsys): 
         proc.kill()
     assert proc.returncode == 129 and "Traceback" not in err, err[-3000:]
     at = load_state(latest_checkpoint(run))["counters"]["step"]
-    code, _, err = cli(["train", "--resume", str(run), f"train.steps={at + 1}"], capsys)
+    argv = ["train", "--resume", str(run), f"train.steps={at + 1}", "--trust-run-code"]
+    code, _, err = cli(argv, capsys)
     assert code == 0, err
     assert sorted(records(run)) == list(range(1, at + 2))
 
@@ -179,7 +187,7 @@ def test_sigterm_in_async_local(tmp_path: Path):  # P3
         proc.kill()
     assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
     ckpt = latest_checkpoint(run)
-    assert ckpt is not None and "SIGTERM: stopped at step" in out
+    assert ckpt is not None and "(SIGTERM): checkpoint written" in out
     assert load_state(ckpt)["counters"]["step"] >= 1
 
 
@@ -587,4 +595,32 @@ def test_huge_dataset_row_is_skipped_before_tokenising(base_run: Path, tmp_path:
     argv = args(tmp_path, "ds", "task.name=dataset", f"task.path={data}", "task.eval_size=4")
     code, out, err = cli(["train", *argv, f"model.path={model}", "train.steps=1"], capsys)
     assert code == 0, err
-    assert "too_long=1" in out
+    assert "too_long=1" in out, out
+
+
+def test_stray_non_daemon_thread_does_not_hang_the_program(tmp_path: Path):  # R3
+    rewards = tmp_path / "stray.py"
+    rewards.write_text(
+        "import threading, time\n"
+        "def stray(completions, **kw):\n"
+        "    threading.Thread(target=time.sleep, args=(3600,), name='sleeper').start()\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    argv = args(
+        tmp_path,
+        "stray",
+        "train.steps=1",
+        "rollout.reward_timeout_s=null",  # called in the main thread: its threads are not daemons
+        f"rewards=[{{name: '{rewards}:stray'}}]",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "replayrl", "train", *argv],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=240,  # without the fix: never returns (the thread sleeps an hour)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exiting without waiting for 1 non-daemon thread(s)" in proc.stderr
+    assert "sleeper" in proc.stderr
+    assert json.loads((tmp_path / "stray" / "summary.json").read_text())["steps"] == 1

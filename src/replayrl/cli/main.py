@@ -300,9 +300,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if argv is None:  # the `replayrl` program (not a call from Python): see _exit_past_strays
+        code = _main(args)
+        _exit_past_strays(code)
+        return code
+    return _main(args)
+
+
+def _exit_past_strays(code: int) -> None:
+    """A reward function may start a non-daemon thread that never ends: Python would wait for
+    it after the run, forever. The program says so and exits without waiting (output flushed,
+    files already closed atomically)."""
+    import os
+    import threading
+
+    strays = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    strays = [t for t in strays if not t.daemon and t.is_alive()]
+    if not strays:
+        return
+    names = ", ".join(t.name for t in strays[:5])
+    print(
+        f"warning: exiting without waiting for {len(strays)} non-daemon thread(s) left running "
+        f"(started by user code such as a reward function): {names}",
+        file=sys.stderr,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _main(args: argparse.Namespace) -> int:
     from replayrl.errors import RunFailed
 
-    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except (ConfigError, ValueError, FileNotFoundError, OSError, ImportError, RunFailed) as exc:

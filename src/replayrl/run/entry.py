@@ -27,13 +27,14 @@ from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
 
-# consent to run the reward code a resumed run folder names (`--trust-run-code`); a context
-# variable so that the CLI can give it through the Python API's resume path
-TRUST_RUN_CODE: ContextVar[bool] = ContextVar("replayrl_trust_run_code", default=False)
+# consent to run the reward code a resumed run folder names: the CLI always decides
+# (`--trust-run-code`, a context variable so that it reaches `resume` through the Python
+# API); None, a Python caller that did not decide, is consent with a warning in the log
+TRUST_RUN_CODE: ContextVar[bool | None] = ContextVar("replayrl_trust_run_code", default=None)
 
 
 @contextmanager
-def trusting_run_code(trust: bool = True) -> Iterator[None]:
+def trusting_run_code(trust: bool | None = True) -> Iterator[None]:
     token = TRUST_RUN_CODE.set(trust)
     try:
         yield
@@ -80,7 +81,10 @@ def resume(
         # code and paths the run folder names
         check_resume_config(load_config(cfg_path), cfg, run_dir, log)
         own = hooks is not None and hooks.rewards is not None
-        check_resume_code(run_dir, cfg, list(overrides or []), TRUST_RUN_CODE.get(), own)
+        trust = TRUST_RUN_CODE.get()
+        specs = check_resume_code(run_dir, cfg, list(overrides or []), trust is not False, own)
+        if specs and trust is None:
+            log(f"warning: resuming runs reward code named by {run_dir}: {', '.join(specs)}")
         check_layout(run_dir)
         for left in clean_leftovers(run_dir):
             log(f"removed {left}: the temp folder of a checkpoint write that was killed")

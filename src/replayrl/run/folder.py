@@ -352,7 +352,7 @@ def _read_origin(run_dir: Path) -> dict[str, Any]:
 
 def check_resume_code(
     run_dir: Path, cfg: Config, overrides: list[str], trusted: bool, own_rewards: bool
-) -> None:
+) -> list[str]:
     """Resume runs no code named by a run folder without consent (in place on `cfg`).
 
     Relative paths resolve against the folder the run was started from (recorded in
@@ -360,6 +360,7 @@ def check_resume_code(
     the run folder's config need `trusted` (`--trust-run-code`), or rewards given again
     (`rewards=...` override, or reward objects from the Python API); a reward file whose
     contents changed since the start is refused either way unless the rewards are given again.
+    Returns the run folder's code entries that the resume will run (none when given again).
     """
     given = own_rewards or any(o.split("=", 1)[0].strip().startswith("rewards") for o in overrides)
     data_given = any(
@@ -374,7 +375,7 @@ def check_resume_code(
     if base is not None and not data_given:
         _anchor(cfg, base, rewards=False, data=True)
     if given or own_rewards:
-        return
+        return []
     specs = code_specs(cfg)
     if specs and not trusted:
         raise ConfigError(
@@ -395,3 +396,4 @@ def check_resume_code(
                 "resuming would score with other code; give rewards=[...] again to use it "
                 "as it is now"
             )
+    return specs

@@ -304,8 +304,8 @@ class Session:
         path = self.checkpoint()
         self.metrics.close()
         self.log(
-            f"{signal_name(signum)}: stopped at step {self.counters.step}; checkpoint written "
-            f"to {path}; resume with --resume {self.run_dir}"
+            f"interrupted at step {self.counters.step} ({signal_name(signum)}): checkpoint "
+            f"written to {path}; resume with --resume {self.run_dir}"
         )
         raise RunStopped(signum)
 
