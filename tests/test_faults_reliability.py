@@ -176,12 +176,22 @@ def test_sighup_stops_after_the_step_with_a_checkpoint(tmp_path: Path, capsys): 
 
 
 def test_sigterm_in_async_local(tmp_path: Path):  # P3
+    """SIGTERM to the whole process group, as SLURM sends it: the workers leave the stop to
+    the learner (none dies and is restarted), which checkpoints and exits 143."""
     extra = ["runtime=async-local", "train.batch_size=8", "train.steps=400"]
-    proc = start(args(tmp_path, "async", *extra, slow_rewards(tmp_path, 0.05)))
+    argv = args(tmp_path, "async", *extra, slow_rewards(tmp_path, 0.05))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replayrl.cli.main", "train", *argv],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, workers included
+    )
     run = tmp_path / "async"
     try:
         wait_for_step(run, proc, 1)
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=180)
     finally:
         proc.kill()
@@ -189,6 +199,7 @@ def test_sigterm_in_async_local(tmp_path: Path):  # P3
     ckpt = latest_checkpoint(run)
     assert ckpt is not None and "(SIGTERM): checkpoint written" in out
     assert load_state(ckpt)["counters"]["step"] >= 1
+    assert "died" not in out + err  # no worker was killed by the signal
 
 
 # -- one process per run folder -------------------------------------------------------------
