@@ -103,7 +103,7 @@ def test_package_data_globs_cover_every_shipped_file() -> None:
     ]["replayrl"]
     shipped = [
         p.relative_to(pkg).as_posix()
-        for folder in ("presets", "suites")
+        for folder in ("config/presets", "config/suites")
         for p in (pkg / folder).rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     ]

@@ -98,7 +98,17 @@ def _cmd_export_merged(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    print(config_to_yaml(load_config(args.config, args.overrides)), end="")
+    from replayrl.api.config_doc import explain, show_doc
+
+    cfg = load_config(args.config, args.overrides)
+    if getattr(args, "key", None):
+        try:
+            print(explain(cfg, args.key), end="")
+        except KeyError as exc:
+            print(f"error: {exc.args[0]}", file=sys.stderr)
+            return 2
+    else:
+        print(show_doc(cfg) if args.doc else config_to_yaml(cfg), end="")
     return 0
 
 
@@ -217,7 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     csub = p.add_subparsers(dest="config_command", required=True)
     show = csub.add_parser("show", help="print the resolved config")
     _add_config_args(show)
+    show.add_argument("--doc", action="store_true", help="each key with its description")
     show.set_defaults(func=_cmd_config)
+    explain = csub.add_parser("explain", help="what a key (or a section) means, its default")
+    explain.add_argument("key", help="a dotted key or section, e.g. buffer.capacity or remix")
+    _add_config_args(explain)
+    explain.set_defaults(func=_cmd_config)
 
     p = sub.add_parser("design", help="replay buffer size and ratio from the cost model (paper 1)")
     p.add_argument("--mu", type=float, required=True, help="generation / training cost per sample")

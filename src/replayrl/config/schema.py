@@ -92,11 +92,13 @@ class LoraConfig(_Section):
     """LoRA adapters via `peft` (the `lora` extra): only the adapters are trained, and the KL
     reference is the base model with the adapters disabled (no second copy)."""
 
-    enabled: bool = False
-    r: int = Field(8, ge=1)
+    enabled: bool = Field(False, description="train LoRA adapters only (TRL's peft_config)")
+    r: int = Field(8, ge=1, description="LoRA rank")
     alpha: int = Field(16, ge=1)  # scaling = alpha / r
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = ["q_proj", "v_proj"]
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
+    target_modules: list[str] = Field(
+        ["q_proj", "v_proj"], description="module names that get adapters"
+    )
 
     @model_validator(mode="after")
     def _needs_targets(self) -> LoraConfig:
@@ -131,7 +133,9 @@ class ModelConfig(_Section):
     # a local HF folder, a model prepared by `replayrl prepare` (e.g. smollm2-135m), or a hub
     # id (needs a network); None = the built-in tiny model
     path: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype of the policy's weights (a model object: its own)"
+    )
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
     lora: LoraConfig = LoraConfig()
     tiny: TinyModelConfig = TinyModelConfig()
@@ -180,12 +184,12 @@ class TaskConfig(_Section):
     op: Literal["add", "sub", "chain"] = "add"
     min_digits: int = Field(1, ge=1, le=9)
     terms: int = Field(4, ge=3, le=8)
-    eval_size: int = Field(200, ge=1)
-    seed: int = 0
+    eval_size: int = Field(200, ge=0)  # 0: nothing held out (no evaluation without eval_path)
+    seed: int = Field(0, description="seed of the eval split and generated tasks")
     path: str | None = None  # dataset: JSONL, JSON, parquet or CSV file
     eval_path: str | None = None  # dataset: a separate held-out file (else a seeded split)
     prompt_column: str = "prompt"  # text, or a list of {role, content} messages
-    answer_column: str = "answer"
+    answer_column: str = Field("answer", description="dataset column with the answer")
     solution_column: str = "solution"  # format=math: the answer is its last \boxed{}
     format: Literal["plain", "gsm8k", "math"] = "plain"  # gsm8k: answer after "####"
     # render prompts with the tokenizer's chat template when it has one (see prompts.py)
@@ -208,12 +212,18 @@ class RewardSpec(_Section):
 
 
 class RolloutConfig(_Section):
-    prompts_per_step: int = Field(16, ge=1)
+    prompts_per_step: int = Field(
+        16, ge=1, description="prompts per step; R = prompts_per_step x num_generations"
+    )
     num_generations: int = Field(8, ge=1)  # group size G
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(8, ge=1)
-    generation_batch_size: int = Field(256, ge=1)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
+    max_new_tokens: int = Field(
+        8, ge=1, description="completion length cap (TRL: max_completion_length)"
+    )
+    generation_batch_size: int = Field(
+        256, ge=1, description="sequences generated at once (memory only)"
+    )
     # seconds one reward-function call may take before its rollouts are dropped (reason
     # "timeout"; the call is abandoned in a background thread); null: no timeout
     reward_timeout_s: float | None = Field(60.0, gt=0)
@@ -238,14 +248,27 @@ class VLLMConfig(_Section):
 
 
 class BufferConfig(_Section):
-    kind: Literal["onpolicy", "replay"] = "onpolicy"
-    # None: unbounded (onpolicy only); "auto": N from `replayrl design` on a measured warm-up
-    capacity: PositiveInt | Literal["auto"] | None = None
-    sampler: Literal["uniform", "positive_bias"] = "uniform"
-    delta: float = Field(0.0, ge=0, lt=1)
-    with_replacement: bool = False
-    num_shards: int = Field(1, ge=1)
-    max_staleness: int | None = Field(None, ge=0)
+    kind: Literal["onpolicy", "replay"] = Field(
+        "onpolicy",
+        description="onpolicy: train on each step's fresh rollouts once (GRPO); replay: a FIFO "
+        "buffer of the last N rollouts sampled each step (experience replay, arXiv 2604.08706)",
+    )
+    capacity: PositiveInt | Literal["auto"] | None = Field(
+        None,
+        description="N, rollouts kept; staleness horizon x = N / R (R generated per step). "
+        "None: unbounded (onpolicy only); auto: x* from `replayrl design` on a measured warm-up",
+    )
+    sampler: Literal["uniform", "positive_bias"] = Field(
+        "uniform",
+        description="uniform, or positive_bias: a share delta of each batch drawn from "
+        "rewarded rollouts (arXiv 2604.08706)",
+    )
+    delta: float = Field(0.0, ge=0, lt=1, description="positive_bias: share of the batch reserved")
+    with_replacement: bool = Field(False, description="sample a batch with replacement")
+    num_shards: int = Field(1, ge=1, description="buffer shards (one per data-parallel learner)")
+    max_staleness: int | None = Field(
+        None, ge=0, description="drop rollouts older than this many policy versions; None: keep"
+    )
 
     @model_validator(mode="after")
     def _replay_needs_capacity(self) -> BufferConfig:
@@ -268,12 +291,12 @@ class AlgorithmConfig(_Section):
     # names registered in replayrl.algorithms (POLICY_LOSSES, AGGREGATIONS, ADVANTAGES):
     # a loss registered before the config is built is accepted like a built-in one
     loss_type: str = "grpo_clip"  # grpo_clip | asymre | mix_ppg | ...
-    epsilon: float = Field(0.2, ge=0)
+    epsilon: float = Field(0.2, ge=0, description="PPO clip range of the ratio (low side)")
     epsilon_high: float | None = Field(None, ge=0)  # None: same as epsilon
     # token_mean | seq_mean | dr_grpo (sum / (B * rollout.max_new_tokens), a constant)
     loss_agg: str = "token_mean"
     scale_rewards: bool = True  # False = Dr.GRPO (no std normalisation)
-    asymre_delta_v: float = -0.1
+    asymre_delta_v: float = Field(-0.1, description="AsymRE baseline shift (loss_type=asymre)")
     # grpo: group-relative advantage stored at generation; gae: PPO with a critic (`critic`)
     advantage: str = "grpo"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus c (ReMix: 0.001)
@@ -311,22 +334,77 @@ class KLScheduleConfig(_Section):
 
 class KLConfig(_Section):
     beta: float = Field(0.0, ge=0)  # 0 = no KL term (and no frozen copies kept)
-    estimator: Literal["k1", "k2", "k3"] = "k3"
+    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator per token")
     # reference: KL(pi || pi_ref), pi_ref = the initial policy;
     # convex: ReMix's lambda KL(pi || pi_base) + (1 - lambda) KL(pi || pi_{k-1})
-    target: Literal["reference", "convex"] = "reference"
+    target: Literal["reference", "convex"] = Field(
+        "reference",
+        description="reference: KL to the initial policy; convex: ReMix's KL-Convex, lambda KL "
+        "to pi_base + (1 - lambda) KL to the previous policy (arXiv 2507.06892)",
+    )
     schedule: KLScheduleConfig = KLScheduleConfig()
 
 
 class RemixConfig(_Section):
     """ReMix (paper 2): Mix-PPG over fresh + recent-policy rollouts, then reincarnation."""
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False,
+        description="ReMix (arXiv 2507.06892): Mix-PPG over fresh and recent policies' "
+        "rollouts, a higher update-to-data ratio, then policy reincarnation",
+    )
     off_policy_fraction: float = Field(0.4, ge=0, lt=1)  # p: share of the batch replayed
     num_policies: int = Field(2, ge=1)  # N_pol: replay rollouts of the last N_pol policies
     utd: int = Field(2, ge=1)  # m: gradient passes over each batch before reincarnation
     reincarnation_step: int | None = Field(50, ge=0)  # T; None = never
     utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
+
+
+class DynamicSamplingConfig(_Section):
+    """DAPO's dynamic sampling (arXiv 2503.14476, Algorithm 1 lines 4-8): groups whose rewards
+    are all equal are dropped and generation continues until the batch holds `train_prompts`
+    groups with reward variance."""
+
+    # groups per training batch (the paper's prompt batch size N); None = rollout.prompts_per_step
+    train_prompts: int | None = Field(None, ge=1)
+    # generation calls of rollout.prompts_per_step prompts per step, the first included. The
+    # paper samples until full; verl caps it (max_num_gen_batches) and raises when exceeded.
+    # Not specified: our choice: a cap, after which the step trains on the groups it has
+    # (counted in dynamic_sampling/short_steps) instead of stopping the run
+    max_rounds: int = Field(8, ge=1)
+    # a group is kept when its reward std > std_tol (0: any variance)
+    std_tol: float = Field(0.0, ge=0)
+    # surplus groups with variance from a step's last call: dropped (false, as verl's recipe:
+    # counted as filtered_surplus) or trained first at the next step, one policy version old
+    # (behaviour log-probs stored; clipped ratio). Not specified: our choice, off by default
+    carry_surplus: bool = False
+
+
+class GroupReplayConfig(_Section):
+    """TRL's former GRPOWithReplayBufferTrainer (TRL 0.2x experimental, removed by PR #7132):
+    groups of a batch with zero reward std are replaced by stored groups that had high reward
+    spread, sampled by score."""
+
+    capacity: int = Field(64, ge=1)  # groups kept (TRL's replay_buffer_size, default 64)
+    # TRL adds the batch's own variance groups to the store before drawing replacements, so a
+    # replacement can repeat a group of the same batch; false draws only from earlier steps.
+    # Not specified as a knob in TRL: our choice to expose it (default: TRL's order)
+    include_current: bool = True
+    # replayed groups train with their stored behaviour log-probs and stored advantages
+    # (importance ratio to the current policy, clipped as any other token). TRL used the
+    # trainer's old log-probs when it had them and none otherwise. Not specified: our choice
+    # a group whose std is <= zero_std_tol counts as zero-std (TRL: torch.isclose(std, 0))
+    zero_std_tol: float = Field(1e-8, ge=0)
+
+
+class GroupsConfig(_Section):
+    """Group-level batch sources (issue 25; data/group_sources.py): what the learner trains
+    on is decided per group (a prompt and its G completions), not per rollout."""
+
+    # none: the buffer's batches; dynamic_sampling: DAPO; group_replay: TRL's replay trainer
+    source: Literal["none", "dynamic_sampling", "group_replay"] = "none"
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    group_replay: GroupReplayConfig = GroupReplayConfig()
 
 
 class CriticConfig(_Section):
@@ -340,16 +418,23 @@ class CriticConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(80, ge=0)
-    # rollouts per step's batch B; None = R; "auto" = from `replayrl design` (see `design`)
+    steps: int = Field(80, ge=0, description="learner steps (each generates, then trains)")
+    # rollouts per step's batch B; None = R; "auto" = from `replayrl design` (see `design`);
+    # the replay ratio y = B / R
     batch_size: PositiveInt | Literal["auto"] | None = None
     mini_batch_size: int | None = Field(None, ge=1)  # rollouts per optimizer update; None = B
     epochs: int = Field(1, ge=1)  # passes over each batch (update-to-data ratio)
     micro_batch_size: int = Field(64, ge=1)  # memory only: gradient accumulation chunk
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    seed: int = 0
+    lr: float = Field(1e-4, gt=0, description="policy learning rate (peak, after warm-up)")
+    # learning-rate schedule over train.steps learner steps (torch LambdaLR in the learner):
+    # constant (the presets), linear decay to 0 (TRL's default) or cosine, after a linear
+    # warm-up of warmup_steps (or warmup_ratio * steps, rounded up) steps
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps (0: warmup_ratio)")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="warm-up as a share of steps")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; None: off")
+    seed: int = Field(0, description="seed of sampling, shuffling and the model's init")
     threads: int | None = Field(None, ge=1)  # torch intra-op threads; None = torch default
     # learner log-probs: chunked = completion positions only, output head in chunks (less
     # memory, faster); full = full-vocabulary logits of every position, the implementation
@@ -370,16 +455,16 @@ class EvalConfig(_Section):
 
 
 class LoggingConfig(_Section):
-    run_dir: str = "runs"
-    name: str = "demo"
+    run_dir: str = Field("runs", description="parent folder of run folders")
+    name: str = Field("demo", description="run folder name (TRL: output_dir = run_dir/name)")
     overwrite: bool = False  # replace an existing run folder of the same name
-    tensorboard: bool = True
+    tensorboard: bool = Field(True, description="write TensorBoard events")
     # Weights & Biases (the `wandb` extra), beside JSONL and TensorBoard, with the same metric
     # names and the run config; WANDB_MODE=offline works without an account or network
     wandb: bool = False
     wandb_project: str = "replayrl"
     wandb_entity: str | None = None
-    progress: bool = True
+    progress: bool = Field(True, description="progress bar")
     # a completion containing any of these counts toward `reflection_rate` (paper 2's finding)
     reflection_words: list[str] = ["wait", "check", "verify", "let me"]
     # warn after this many consecutive steps without reward variance (signal.py)
@@ -401,7 +486,7 @@ class LoggingConfig(_Section):
 
 class CheckpointConfig(_Section):
     every: int = Field(0, ge=0)  # steps between checkpoints; 0 = only at the end
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = Field(2, ge=1, description="checkpoints kept (older ones deleted)")
 
 
 class WorkersConfig(_Section):
@@ -449,6 +534,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     kl: KLConfig = KLConfig()
     remix: RemixConfig = RemixConfig()
+    groups: GroupsConfig = GroupsConfig()
     critic: CriticConfig = CriticConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -496,6 +582,8 @@ class Config(_Section):
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
         self._check_signal()
+        if self.groups.source != "none":
+            self._check_groups()
         if self.runtime != "sync":
             self._check_async()
         return self
@@ -516,6 +604,32 @@ class Config(_Section):
                     f"{cap}: batches would be capped at {cap} rollouts; raise the capacity, "
                     "lower the batch size, or set buffer.with_replacement=true"
                 )
+
+    def _check_groups(self) -> None:
+        """Group sources decide a step's batch themselves, from fresh on-policy groups."""
+        src = self.groups.source
+        if self.runtime != "sync":
+            raise ValueError(f"groups.source={src} needs runtime=sync (got {self.runtime})")
+        if self.buffer.kind != "onpolicy" or self.remix.enabled:
+            raise ValueError(f"groups.source={src} needs buffer.kind=onpolicy and no remix")
+        if self.algorithm.advantage != "grpo":
+            raise ValueError(f"groups.source={src} needs algorithm.advantage=grpo")
+        if src == "dynamic_sampling":
+            ds, r = self.groups.dynamic_sampling, self.rollout
+            n = ds.train_prompts or r.prompts_per_step
+            if self.train.batch_size is not None and self.train.batch_size != n * r.num_generations:
+                raise ValueError(
+                    f"train.batch_size={self.train.batch_size}: dynamic sampling trains on "
+                    f"groups.dynamic_sampling.train_prompts x rollout.num_generations = "
+                    f"{n * r.num_generations} rollouts (leave train.batch_size unset)"
+                )
+            if ds.max_rounds * r.prompts_per_step >= 1_000_000:
+                raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
+        elif self.train.batch_size not in (None, self.rollouts_per_step):
+            raise ValueError(
+                f"train.batch_size={self.train.batch_size}: group replay trains on the step's "
+                f"R = {self.rollouts_per_step} rollouts (leave train.batch_size unset)"
+            )
 
     def _check_async(self) -> None:
         rt, w = self.runtime, self.workers

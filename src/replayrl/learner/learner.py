@@ -47,6 +47,7 @@ from replayrl.learner.frozen import (
     restore_frozen,
     snapshot,
 )
+from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
 from replayrl.models import precision
 
 # re-exported: callers import these from the learner
@@ -148,6 +149,13 @@ class Learner:
             [p for p in model.parameters() if p.requires_grad],
             lr=cfg.train.lr,
             weight_decay=cfg.train.weight_decay,
+        )
+        t = cfg.train  # train.lr_scheduler: the lr of each step, set before its updates
+        self.lr_schedule = StepSchedule(
+            self.optimizer,
+            t.lr_scheduler,
+            t.steps,
+            warmup_steps(t.steps, t.warmup_steps, t.warmup_ratio),
         )
         self.critic = critic
         self.critic_optimizer = (
@@ -332,6 +340,7 @@ class Learner:
             w_base, w_prev, cfg.algorithm.entropy_coef, cfg.kl.estimator, cfg.algorithm.loss_agg
         )
         mini = cfg.train.mini_batch_size or len(batch)
+        self.lr_schedule.set_step(step)
         sums: dict[str, list[float]] = defaultdict(list)
         self._fused_stats = {}
         self.model.train()

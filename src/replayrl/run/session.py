@@ -177,6 +177,8 @@ class Session:
 
     def timed_eval(self) -> dict[str, float]:
         c = self.counters
+        if not self.eval_rows:  # nothing held out (task.eval_size=0, no eval file): no eval
+            return {}
         t0 = time.perf_counter()
         ev = self.evaluate()
         c.eval_seconds += time.perf_counter() - t0
@@ -257,7 +259,7 @@ class Session:
                 f"replay: staleness horizon x = N/R = {cfg.buffer.capacity / R:.3g}, "  # type: ignore[operator]
                 f"replay ratio y = B/R = {B / R:.3g}"
             )
-        if c.step == 0 and not c.evals:
+        if c.step == 0 and not c.evals and self.eval_rows:
             first = self.timed_eval()
             self.metrics.log(0, first)
             self.log(
@@ -313,7 +315,7 @@ class Session:
         """Final eval (unless the last step had one), checkpoint, summary, accounting."""
         c = self.counters
         last_eval_step = c.evals[-1]["step"] if c.evals else -1
-        if last_eval_step != c.step:
+        if last_eval_step != c.step and self.eval_rows:
             self.metrics.log(c.step, self.timed_eval())
         self.checkpoint()
         summary = self.summary()

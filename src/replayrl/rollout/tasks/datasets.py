@@ -365,6 +365,7 @@ class DatasetTask:
         eval_size: int | None = None,
         seed: int = 0,
         name: str = "dataset",
+        require_answer: bool = True,
     ) -> None:
         if format not in FORMATS:
             raise ValueError(
@@ -376,6 +377,9 @@ class DatasetTask:
         self.format = format
         self.prompt_column, self.answer_column = prompt_column, answer_column
         self.solution_column = solution_column
+        # False: rows without an answer are kept (answer None) for reward functions that
+        # need none (format or judge rewards); the verifier then grades them wrong
+        self.require_answer = require_answer
         self.seed = seed
         self.skipped: dict[str, int] = {}
         self.skipped_by_source: dict[str, dict[str, int]] = {}
@@ -454,13 +458,17 @@ class DatasetTask:
             if _chars(raw.get(col)) > MAX_FIELD_CHARS:
                 raise _Skip(TOO_LONG)
         prompt = _prompt(raw.get(self.prompt_column))
-        answer = _answer(raw, self.format, self.answer_column, self.solution_column)
+        answer: str | None = None
+        columns = (self.answer_column, self.solution_column)
+        if self.require_answer or not all(_is_missing(raw.get(c)) for c in columns):
+            answer = _answer(raw, self.format, self.answer_column, self.solution_column)
         row: Row = {str(k): v for k, v in raw.items()}
         raw_answer = raw.get(self.answer_column)
         if self.format == "gsm8k" and isinstance(raw_answer, str) and raw_answer.strip() != answer:
             row.setdefault(self.solution_column, raw_answer)  # keep the worked solution
         row["prompt"] = prompt
-        row["answer"] = answer
+        if answer is not None:  # a prompt-only row: reward functions get no answer column
+            row["answer"] = answer
         return row
 
     # the Task protocol -----------------------------------------------------------------
@@ -493,7 +501,8 @@ class DatasetTask:
                 texts.append(p)
             else:
                 texts.extend(m["content"] for m in p)
-            texts.append(str(r["answer"]))
+            if r.get("answer") is not None:
+                texts.append(str(r["answer"]))
         return texts
 
     # reporting -------------------------------------------------------------------------
