@@ -581,9 +581,9 @@ class Config(_Section):
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
-        self._check_signal()
         if self.groups.source != "none":
             self._check_groups()
+        self._check_signal()  # after the group checks: theirs name the cause more precisely
         if self.runtime != "sync":
             self._check_async()
         return self
