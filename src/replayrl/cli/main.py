@@ -26,9 +26,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes the run's own config.yaml; drop --config")
-        summary = ReplayTrainer.from_run(args.resume, args.overrides).train(
-            resume_from_checkpoint=True
-        )
+        from replayrl.run.entry import trusting_run_code
+
+        with trusting_run_code(args.trust_run_code):
+            summary = ReplayTrainer.from_run(args.resume, args.overrides).train(
+                resume_from_checkpoint=True
+            )
     else:
         trainer = ReplayTrainer(args=ReplayConfig(args.config, overrides=args.overrides))
         summary = trainer.train()
@@ -200,6 +203,12 @@ def _add_train_and_eval(sub: Any) -> None:
     p = sub.add_parser("train", help="train a policy (GRPO on-policy, replay, ...)")
     _add_config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.add_argument(
+        "--trust-run-code",
+        action="store_true",
+        help="with --resume: run the reward code (file.py:fn, module:fn) the run folder's "
+        "config.yaml names (refused without it, unless rewards=... is given again)",
+    )
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="greedy pass@1 (and pass@k) on the task's held-out split")
@@ -333,10 +342,39 @@ def legacy_bench_form(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(legacy_bench_form(sys.argv[1:] if argv is None else argv))
+    if argv is None:  # the `replayrl` program (not a call from Python): see _exit_past_strays
+        code = _main(args)
+        _exit_past_strays(code)
+        return code
+    return _main(args)
+
+
+def _exit_past_strays(code: int) -> None:
+    """A reward function may start a non-daemon thread that never ends: Python would wait for
+    it after the run, forever. The program says so and exits without waiting (output flushed,
+    files already closed atomically)."""
+    import os
+    import threading
+
+    strays = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    strays = [t for t in strays if not t.daemon and t.is_alive()]
+    if not strays:
+        return
+    names = ", ".join(t.name for t in strays[:5])
+    print(
+        f"warning: exiting without waiting for {len(strays)} non-daemon thread(s) left running "
+        f"(started by user code such as a reward function): {names}",
+        file=sys.stderr,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _main(args: argparse.Namespace) -> int:
     from replayrl.errors import RunFailed
 
-    argv = legacy_bench_form(sys.argv[1:] if argv is None else list(argv))
-    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except (ConfigError, ValueError, FileNotFoundError, OSError, ImportError, RunFailed) as exc:
@@ -344,9 +382,21 @@ def main(argv: list[str] | None = None) -> int:
         # what to do, a traceback would only hide it
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # Ctrl-C 130, SIGTERM 143, SIGHUP 129: what a shell or scheduler expects of a process
+        # ended by that signal (the run checkpointed first; RunStopped carries the signal)
+        signum = int(getattr(exc, "signum", 2))
+        print(f"interrupted ({_signal_name(signum)})", file=sys.stderr)
+        return 128 + signum
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 if __name__ == "__main__":

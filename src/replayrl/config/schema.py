@@ -441,6 +441,10 @@ class TrainConfig(_Section):
     # memory, faster); full = full-vocabulary logits of every position, the implementation
     # before 0.2 (rounding differs at ~1e-7: select it to reproduce older runs bit for bit)
     logprobs_impl: Literal["chunked", "full"] = "chunked"
+    # no silent non-training: this many steps in a row in which nothing could be trained (a
+    # reward function failed on every call, every update was skipped as non-finite, or the
+    # gradient was exactly 0 despite non-zero advantages) end the run with an error; 0 = never
+    failure_patience: int = Field(3, ge=0)
 
 
 class EvalConfig(_Section):
@@ -466,6 +470,19 @@ class LoggingConfig(_Section):
     reflection_words: list[str] = ["wait", "check", "verify", "let me"]
     # warn after this many consecutive steps without reward variance (signal.py)
     no_signal_patience: int = Field(5, ge=1)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        # the run folder is run_dir/name, and overwrite replaces it: "." would be run_dir
+        # itself, "../x" a sibling of it; leading dots are the hidden aside/lock files
+        bad = not v or v.startswith(".") or any(c in v for c in "/\\\0") or v != v.strip()
+        if bad or len(v.encode()) > 200:
+            raise ValueError(
+                f"logging.name must be a plain folder name (no '/', no leading '.', not "
+                f"empty, at most 200 bytes), got {v!r}: put parent folders in logging.run_dir"
+            )
+        return v
 
 
 class CheckpointConfig(_Section):
@@ -567,9 +584,27 @@ class Config(_Section):
             raise ValueError("rewards: at least one reward function is needed")
         if self.groups.source != "none":
             self._check_groups()
+        self._check_signal()  # after the group checks: theirs name the cause more precisely
         if self.runtime != "sync":
             self._check_async()
         return self
+
+    def _check_signal(self) -> None:
+        """Settings that would train nothing, or less than the log says, are refused."""
+        if self.algorithm.advantage == "grpo" and self.rollout.num_generations < 2:
+            raise ValueError(
+                "rollout.num_generations=1 with algorithm.advantage=grpo: a group of one "
+                "completion has advantage 0, so nothing would be learned; use >= 2 "
+                "completions per prompt (or algorithm.advantage=gae with a critic)"
+            )
+        cap, b = self.buffer.capacity, self.train.batch_size
+        if isinstance(cap, int) and b != "auto" and not self.buffer.with_replacement:
+            if self.batch_size > cap:
+                raise ValueError(
+                    f"train.batch_size B={self.batch_size} is larger than buffer.capacity="
+                    f"{cap}: batches would be capped at {cap} rollouts; raise the capacity, "
+                    "lower the batch size, or set buffer.with_replacement=true"
+                )
 
     def _check_groups(self) -> None:
         """Group sources decide a step's batch themselves, from fresh on-policy groups."""

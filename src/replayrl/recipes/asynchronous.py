@@ -31,7 +31,7 @@ from replayrl.rollout.producer import Production
 from replayrl.run.accounting import RoleClock
 from replayrl.run.components import build_buffer
 from replayrl.run.metrics import Progress
-from replayrl.run.session import Session, StopOnSigint
+from replayrl.run.session import Session, StopOnSignal
 from replayrl.storage.io import atomic_write_json
 
 Log = Callable[[str], None]
@@ -211,7 +211,7 @@ class AsyncSession(Session):
         pids = {"learner/0": os.getpid(), **self.pool.pids()}
         atomic_write_json(self.run_dir / "workers.json", pids)
 
-    def stopping(self, stop: StopOnSigint) -> bool:
+    def stopping(self, stop: StopOnSignal) -> bool:
         return stop.requested or self.stop_requested()
 
     def stop_requested(self) -> bool:
@@ -280,24 +280,24 @@ def run_async(s: AsyncSession) -> dict[str, Any]:
     progress = Progress(cfg.train.steps, c.step, cfg.logging.progress)
     pool = s.pool = s.pool_factory(s)
     pool.publish(s.model, s.learner.version)
-    stopped = False
+    stopped, signum = False, 0
     try:
         pool.start()
         s.write_pids()
-        with StopOnSigint() as stop:
+        with StopOnSignal() as stop:
             _learn_while_generating(s, pool, B, progress, stop)
-            stopped = s.stopping(stop)
+            stopped, signum = s.stopping(stop), stop.signum
     finally:
         s.ingest(pool.stop())  # everything delivered lands in the buffer
         s.save_clocks()
     if stopped:
-        s.interrupted(progress)
+        s.interrupted(progress, signum)
     progress.close()
     return s.finish()
 
 
 def _learn_while_generating(
-    s: AsyncSession, pool: GeneratorPool, B: int, progress: Progress, stop: StopOnSigint
+    s: AsyncSession, pool: GeneratorPool, B: int, progress: Progress, stop: StopOnSignal
 ) -> None:
     cfg, c = s.cfg, s.counters
     loop_t0, wall0, eval0 = time.perf_counter(), c.wall_seconds, c.eval_seconds

@@ -93,6 +93,7 @@ class RolloutProducer:
             [completion_for_reward(s.text, row["prompt"]) for s, row in pairs],
             sample_rows,
             timeout_s=r.reward_timeout_s,
+            patience=self.cfg.train.failure_patience,  # a function failing every call: stop
         )
         if result.first_error and not self._reported_error:
             self._reported_error = True

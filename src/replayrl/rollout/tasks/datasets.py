@@ -51,6 +51,11 @@ BAD_MESSAGES = "bad_messages"
 MISSING_ANSWER = "missing_answer"
 UNPARSEABLE_ANSWER = "unparseable_answer"
 DUPLICATE_OF_EVAL = "duplicate_of_eval"
+TOO_LONG = "too_long"  # a prompt or answer past MAX_FIELD_CHARS: never tokenised
+
+# a cheap length check before anything is tokenised: 1M characters is far past any model's
+# context (several hundred thousand tokens), while tokenising one 50 MB row took ~20 GB
+MAX_FIELD_CHARS = 1_000_000
 
 
 class _Skip(Exception):
@@ -237,6 +242,15 @@ def _source_rows(source: Any, skipped: dict[str, int]) -> tuple[list[Any], str]:
 
 
 # --- row validation ---------------------------------------------------------------------
+
+
+def _chars(value: Any) -> int:
+    """Characters of a text field, or of a chat's message contents (cheap, no tokenising)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_chars(m.get("content")) if isinstance(m, Mapping) else 0 for m in value)
+    return 0
 
 
 def _is_missing(value: Any) -> bool:
@@ -440,6 +454,9 @@ class DatasetTask:
     def _row(self, raw: Any) -> Row:
         if not isinstance(raw, Mapping):
             raise _Skip(NOT_A_MAPPING)
+        for col in (self.prompt_column, self.answer_column):
+            if _chars(raw.get(col)) > MAX_FIELD_CHARS:
+                raise _Skip(TOO_LONG)
         prompt = _prompt(raw.get(self.prompt_column))
         answer: str | None = None
         columns = (self.answer_column, self.solution_column)
