@@ -292,6 +292,8 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
 
 ELSEWHERE = "tested end to end in"
 NOT_OBSERVED: dict[str, str] = {
+    "train.failure_patience": "ends a run after K failing steps: default K = 3 end to end and "
+    "score(patience=K) in tests/test_faults_reliability.py",
     "groups.source": "which group batch source: tests/test_groups.py (CLI and API runs)",
     **{
         f"groups.dynamic_sampling.{k}": "DAPO's source, built from the config and run: "

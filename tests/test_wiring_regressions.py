@@ -218,7 +218,7 @@ def test_sampling_with_top_p_stays_inside_the_nucleus(tiny_model, char_tokenizer
         ({"disable_tqdm": False}, "logging.progress", True),
         ({"generation_batch_size": 16, "num_generations": 8}, "rollout.prompts_per_step", 2),
         ({"output_dir": "a/b/run"}, "logging.run_dir", "a/b"),
-        ({"buffer__kind": "replay", "buffer__capacity": 32}, "buffer.capacity", 32),
+        ({"buffer__kind": "replay", "buffer__capacity": 256}, "buffer.capacity", 256),
     ],
 )
 def test_trl_special_values(kwargs: dict[str, Any], key: str, expected: Any) -> None:
