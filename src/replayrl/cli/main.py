@@ -258,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="bench speed: model.path")
     p.add_argument("--threads", type=int, default=2, help="bench speed: torch threads")
     p.add_argument("--sections", nargs="+", help="bench speed: generation learner grpo")
+    p.add_argument(
+        "--samples",
+        type=int,
+        nargs="+",
+        help="bench speed: completions per prompt, one generation batch each (1 4: 16 and 64)",
+    )
     p.add_argument("--json", help="bench speed: write the figures to this JSON file")
     p.set_defaults(func=_cmd_bench)
 
