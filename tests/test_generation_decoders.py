@@ -146,3 +146,20 @@ def test_more_steps_than_allocated_is_an_error(gqa_llama):
     dec.step(torch.tensor([4]), torch.tensor([3]))
     with pytest.raises(RuntimeError, match="max_new_tokens"):
         dec.step(torch.tensor([4]), torch.tensor([4]))
+
+
+def test_temperature_one_shortcut_samples_exactly_as_before():
+    """sample_next skips `/ temperature` at T = 1: tokens and log-probs must be bit-identical
+    to the division (the shortcut may change speed, never a sampled token)."""
+    from replayrl.rollout.generation.sampling import _inverse_cdf, sample_next
+
+    logits = torch.randn(32, 500, generator=torch.Generator().manual_seed(3)) * 4
+    tokens, logps = sample_next(logits, 1.0, generator=torch.Generator().manual_seed(7))
+    ref_logp = torch.log_softmax(logits / 1.0, dim=-1)
+    ref = _inverse_cdf(ref_logp.exp(), torch.Generator().manual_seed(7))
+    assert torch.equal(tokens, ref)
+    assert torch.equal(logps, ref_logp.gather(-1, ref.unsqueeze(-1)).squeeze(-1))
+    # other temperatures still divide
+    t2, _ = sample_next(logits, 0.5, generator=torch.Generator().manual_seed(7))
+    ref2 = _inverse_cdf(torch.log_softmax(logits / 0.5, -1).exp(), torch.Generator().manual_seed(7))
+    assert torch.equal(t2, ref2)
