@@ -42,13 +42,17 @@ def test_matmul_params_counts_linear_weights_and_the_head(tiny_model):
 def test_table_speedups_are_against_the_old_row_of_the_same_workload():
     rows = [
         Row("generation", "old fp32, 16x1", 100, 10.0, 50.0, "b16"),
-        Row("generation", "new fp32, 16x1", 100, 4.0, 50.0, "b16"),
+        Row("generation", "new fp32, 16x1", 100, 4.0, 50.0, "b16", cpu_seconds=2.0),
         Row("learner", "old fp32, full", 200, 8.0, None, "full"),
         Row("learner", "new bf16, full", 200, 2.0, None, "full"),
     ]
     table = format_table(rows)
-    assert "| generation | new fp32, 16x1 | 100 | 4.00 | 25 | 50 | 50% | 2.50x |" in table
-    assert "| learner | new bf16, full | 200 | 2.00 | 100 |  |  | 4.00x |" in table
+    # 100 tokens in 2 CPU seconds: 50 tok/s, 100% of the bound by CPU time
+    assert (
+        "| generation | new fp32, 16x1 | 100 | 4.00 | 2.00 | 25 | 50 | 50% | 100% | 2.50x |"
+        in table
+    )
+    assert "| learner | new bf16, full | 200 | 2.00 |  | 100 |  |  |  | 4.00x |" in table
 
 
 def test_learner_and_grpo_bounds_by_hand():
@@ -77,7 +81,7 @@ def test_every_row_gets_a_bound_and_the_table_names_the_machine(tiny_model):
     assert all(r.bound and r.pct is not None for r in rows)
     n = matmul_params(tiny_model)
     assert rows[2].bound == pytest.approx(grpo_bound(n, (50, 8, 300), 100.0, 40.0, 4, 1000))
-    assert "| grpo step | old fp32, LoRA 4x2 | gen | 2.0 | 25 |" in format_table(rows)
+    assert "| grpo step | old fp32, LoRA 4x2 | gen | 2.0 |  | 25 |" in format_table(rows)
     machine = {
         "cpu": "Test Xeon",
         "flags": ["avx512_bf16"],

@@ -82,6 +82,10 @@ class Row:
     extra: str = ""
     # grpo step: (generated tokens, batch, trained tokens) for its bound
     work: tuple[int, int, int] | None = None
+    # median process CPU seconds: on a shared, oversubscribed machine wall time counts the
+    # time other processes held the cores; CPU time (with --threads 1) is close to what a quiet
+    # machine would take (memory and cache contention remain)
+    cpu_seconds: float | None = None
 
     @property
     def tok_s(self) -> float:
@@ -90,6 +94,13 @@ class Row:
     @property
     def pct(self) -> float | None:
         return None if not self.bound else 100.0 * self.tok_s / self.bound
+
+    @property
+    def pct_cpu(self) -> float | None:
+        """% of bound by CPU time."""
+        if not self.bound or not self.cpu_seconds:
+            return None
+        return 100.0 * self.tokens / self.cpu_seconds / self.bound
 
 
 def _median_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
@@ -284,19 +295,27 @@ def lean_mismatch(model, rollouts: list[Rollout], pad_id: int) -> dict[str, floa
     return {"tokens": int(d.numel()), "mean_abs": float(d.mean()), "max_abs": float(d.max())}
 
 
+CPU_SECONDS: dict[str, float] = {}  # path name -> median CPU seconds of its last _interleaved
+
+
 def _interleaved(
     paths: list[Path_], runs: list[Callable[[], object]], repeats: int
 ) -> list[tuple[float, object]]:
     """Median seconds (and last result) of each path's run, the paths taking turns within
-    every repeat so that a change in the machine's load hits them all alike."""
+    every repeat so that a change in the machine's load hits them all alike; each path's
+    median process CPU seconds go to CPU_SECONDS."""
     times: list[list[float]] = [[] for _ in paths]
+    cpu: list[list[float]] = [[] for _ in paths]
     last: list[object] = [None] * len(paths)
     for _ in range(repeats):
         for i, (p, run) in enumerate(zip(paths, runs, strict=True)):
             p.setup()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             last[i] = run()
             times[i].append(time.perf_counter() - t0)
+            cpu[i].append(time.process_time() - c0)
+    for p, c in zip(paths, cpu, strict=True):
+        CPU_SECONDS[p.name] = statistics.median(c)
     return [(statistics.median(t), x) for t, x in zip(times, last, strict=True)]
 
 
@@ -345,6 +364,7 @@ def bench_generation(
                     seconds,
                     None,
                     f"b{prompts * s}",
+                    cpu_seconds=CPU_SECONDS[p.name],
                 )
             )
     return rows, kept
@@ -402,9 +422,12 @@ def bench_learner(
         lambda p=p, lr=lr: _train(p, lr, rollouts) for p, lr in zip(paths, learners, strict=True)
     ]
     kind = "LoRA" if lora else "full"
+    timed = _interleaved(paths, runs, repeats)
     return [
-        Row("learner", f"{p.name}, {kind}", seqs * seq_len, seconds, None, kind)
-        for p, (seconds, _) in zip(paths, _interleaved(paths, runs, repeats), strict=True)
+        Row(
+            "learner", f"{p.name}, {kind}", seqs * seq_len, t, None, kind, None, CPU_SECONDS[p.name]
+        )
+        for p, (t, _) in zip(paths, timed, strict=True)
     ]
 
 
@@ -466,7 +489,8 @@ def bench_grpo_step(
         new_tokens = int(statistics.median(st["tokens"]))
         work = (new_tokens, prompts * group, int(statistics.median(st["trained"])))
         variant = f"{p.name}, LoRA {prompts}x{group}"
-        rows.append(Row("grpo step", variant, new_tokens, seconds, None, extra, work))
+        cpu_s = CPU_SECONDS[p.name]
+        rows.append(Row("grpo step", variant, new_tokens, seconds, None, extra, work, cpu_s))
     lean: dict[str, float] = {}
     if NEW32 in paths:  # the lean forward's fp32 log-probs on real rollouts, 4 prompts
         i = paths.index(NEW32)
@@ -543,8 +567,9 @@ def format_header(machine: dict[str, object], bounds: dict[str, float]) -> str:
 def format_table(rows: list[Row]) -> str:
     base: dict[tuple[str, str], float] = {}
     lines = [
-        "| section | variant | tokens | median s | tok/s | bound tok/s | % of bound | vs old |",
-        "|---|---|---|---|---|---|---|---|",
+        "| section | variant | tokens | median s | CPU s | tok/s | bound tok/s | % of bound "
+        "| % of bound by CPU s | vs old |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         key = (r.section, r.variant.split(", ", 1)[-1])
@@ -554,15 +579,13 @@ def format_table(rows: list[Row]) -> str:
         speed = f"{old / r.seconds:.2f}x" if old else ""
         bound = f"{r.bound:,.0f}" if r.bound else ""
         pct = f"{r.pct:.0f}%" if r.pct is not None else ""
-        if r.section == "grpo step":
-            lines.append(
-                f"| {r.section} | {r.variant} | {r.extra} | {r.seconds:.1f} | {r.tok_s:,.0f} "
-                f"| {bound} | {pct} | {speed} |"
-            )
-            continue
+        pct_cpu = f"{r.pct_cpu:.0f}%" if r.pct_cpu is not None else ""
+        cpu = f"{r.cpu_seconds:.2f}" if r.cpu_seconds is not None else ""
+        grpo = r.section == "grpo step"
+        tokens, secs = (r.extra, f"{r.seconds:.1f}") if grpo else (r.tokens, f"{r.seconds:.2f}")
         lines.append(
-            f"| {r.section} | {r.variant} | {r.tokens} | {r.seconds:.2f} | {r.tok_s:,.0f} | "
-            f"{bound} | {pct} | {speed} |"
+            f"| {r.section} | {r.variant} | {tokens} | {secs} | {cpu} | {r.tok_s:,.0f} | "
+            f"{bound} | {pct} | {pct_cpu} | {speed} |"
         )
     return "\n".join(lines)
 
@@ -630,7 +653,10 @@ def run_speed_bench(
         "repeats": repeats,
         "torch": torch.__version__,
         "bounds": bounds,
-        "rows": [{**r.__dict__, "tok_s": r.tok_s, "pct_of_bound": r.pct} for r in rows],
+        "rows": [
+            {**r.__dict__, "tok_s": r.tok_s, "pct_of_bound": r.pct, "pct_of_bound_cpu": r.pct_cpu}
+            for r in rows
+        ],
         "mismatch": mismatch,
         "lean_vs_transformers_fp32": lean,
         "table": format_header(machine, bounds) + "\n\n" + format_table(rows),
