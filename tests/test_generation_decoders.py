@@ -146,3 +146,56 @@ def test_more_steps_than_allocated_is_an_error(gqa_llama):
     dec.step(torch.tensor([4]), torch.tensor([3]))
     with pytest.raises(RuntimeError, match="max_new_tokens"):
         dec.step(torch.tensor([4]), torch.tensor([4]))
+
+
+def test_temperature_one_shortcut_samples_exactly_as_before():
+    """sample_next skips `/ temperature` at T = 1: tokens and log-probs must be bit-identical
+    to the division (the shortcut may change speed, never a sampled token)."""
+    from replayrl.rollout.generation.sampling import _inverse_cdf, sample_next
+
+    logits = torch.randn(32, 500, generator=torch.Generator().manual_seed(3)) * 4
+    tokens, logps = sample_next(logits, 1.0, generator=torch.Generator().manual_seed(7))
+    ref_logp = torch.log_softmax(logits / 1.0, dim=-1)
+    ref = _inverse_cdf(ref_logp.exp(), torch.Generator().manual_seed(7))
+    assert torch.equal(tokens, ref)
+    assert torch.equal(logps, ref_logp.gather(-1, ref.unsqueeze(-1)).squeeze(-1))
+    # other temperatures still divide
+    t2, _ = sample_next(logits, 0.5, generator=torch.Generator().manual_seed(7))
+    ref2 = _inverse_cdf(torch.log_softmax(logits / 0.5, -1).exp(), torch.Generator().manual_seed(7))
+    assert torch.equal(t2, ref2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shared_float_mask_is_bit_identical_to_the_boolean_mask(gqa_llama, char_tokenizer, dtype):
+    """Decode steps build one additive mask for all layers: every step's logits must equal
+    those of SDPA's own boolean-mask path exactly (same tokens for a fixed seed), with
+    left-padded rows and rows dropped between steps."""
+    import copy
+
+    model = copy.deepcopy(gqa_llama).to(dtype)
+    ids = [char_tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    width = max(map(len, ids))
+    input_ids = torch.zeros((len(ids), width), dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    for row, x in enumerate(ids):
+        input_ids[row, width - len(x) :] = torch.tensor(x)
+        attention[row, width - len(x) :] = 1
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    outs = []
+    for float_mask in (True, False):
+        dec = LlamaDecoder(model, 6)
+        dec.float_mask = float_mask
+        with torch.no_grad():
+            logits = [dec.prefill(input_ids, attention, positions)]
+            pos = positions[:, -1] + 1
+            tokens = logits[0].argmax(-1)
+            for step in range(5):
+                if step == 2:  # drop a row, as finished rows are
+                    keep = torch.tensor([0, 2, 3, 4])
+                    dec.select(keep)
+                    tokens, pos = tokens[keep], pos[keep]
+                logits.append(dec.step(tokens, pos))
+                tokens, pos = logits[-1].argmax(-1), pos + 1
+        outs.append(logits)
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+    assert all(torch.isfinite(x).all() for x in outs[0])

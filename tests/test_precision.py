@@ -4,6 +4,8 @@ learner's own log pi_old; generation-dtype resolution."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +16,8 @@ from replayrl.learner.learner import collate, token_logprobs, unpad
 from replayrl.learner.logprobs import refresh_behaviour_logprobs
 from replayrl.models import precision
 from replayrl.rollout.generation import HFGenerator, SamplingParams
+from replayrl.run.entry import train
+from tiny import tiny_config
 
 
 def _rollout(version: int, logps: list[float]) -> Rollout:
@@ -50,7 +54,7 @@ def test_generation_and_autocast_dtypes():
     assert precision.autocast_dtype("none") is None
     assert precision.autocast_dtype("bfloat16") == torch.bfloat16
     cfg = load_config(None, ["precision.generation=bfloat16"])
-    assert cfg.precision.learner_autocast == "none" and cfg.precision.fast_fp32_matmul
+    assert cfg.precision.learner_autocast == "auto" and cfg.precision.fast_fp32_matmul
 
 
 def test_refresh_replaces_only_fresh_unrefreshed_rollouts():
@@ -152,3 +156,115 @@ def test_learner_autocast_step_refreshes_fresh_behaviour_logprobs(tiny_model, ch
         else:
             assert "behaviour_refreshed" not in m
             assert m["ratio_max"] > 1.001  # the bf16 learner disagrees with the fp32 sampler
+
+
+# -- precision: auto (issue 26) ----------------------------------------------------------
+BIG = 135_000_000  # SmolLM2-135M's parameter count: above BF16_MIN_PARAMS
+NATIVE = {"model": "Test Xeon", "flags": ["avx512_bf16", "avx512f", "amx_bf16"]}
+EMULATED = {"model": "Old Xeon", "flags": ["avx512f", "avx512_vnni"]}
+
+
+@pytest.fixture
+def hw(monkeypatch, tmp_path):
+    """A fake CPU and a fake timed self-check (counted), with a cache under tmp_path."""
+    monkeypatch.setenv("REPLAYRL_CACHE", str(tmp_path))
+    monkeypatch.delenv(precision.ENV_OVERRIDE, raising=False)
+    state = {"cpu": NATIVE, "timing": (900.0, 150.0), "timed": 0}
+
+    def fake_time():
+        state["timed"] += 1
+        return state["timing"]
+
+    monkeypatch.setattr(precision, "cpu_info", lambda: state["cpu"])
+    monkeypatch.setattr(precision, "_time_bf16", fake_time)
+    return state
+
+
+def _auto(n_params: int = BIG, dtype: torch.dtype = torch.float32) -> precision.PrecisionChoice:
+    return precision.choose("auto", "auto", dtype, n_params)
+
+
+def test_auto_picks_bf16_where_native_and_caches_the_check(hw, tmp_path):
+    choice = _auto()
+    assert choice.generation == torch.bfloat16 and choice.learner_autocast == torch.bfloat16
+    assert choice.reason.startswith("auto -> bf16") and "900 vs fp32 150" in choice.reason
+    assert hw["timed"] == 1
+    cache = json.loads((tmp_path / "precision.json").read_text())
+    (key,) = cache
+    assert key.startswith("Test Xeon|") and torch.__version__ in key
+    assert cache[key]["bf16_gflops"] == 900.0
+    # second call (as a second process would): the cached result, no timing
+    hw["timing"] = (1.0, 1000.0)  # would say fp32 if it were timed again
+    again = _auto()
+    assert hw["timed"] == 1 and again.generation == torch.bfloat16
+    assert again.reason.endswith("[cached]")
+    assert again.as_dict() == {
+        "generation": "bfloat16",
+        "learner_autocast": "bfloat16",
+        "reason": again.reason,
+    }
+
+
+def test_auto_fp32_when_bf16_is_emulated_or_too_slow(hw, tmp_path):
+    hw["cpu"] = EMULATED  # flags pre-filter: no timing at all
+    choice = _auto()
+    assert choice.generation is None and choice.learner_autocast is None
+    assert "emulated" in choice.reason and hw["timed"] == 0
+    assert choice.as_dict()["learner_autocast"] == "none"
+    hw["cpu"] = NATIVE
+    hw["timing"] = (180.0, 150.0)  # 1.2x < BF16_MIN_SPEEDUP
+    assert _auto().generation is None and hw["timed"] == 1
+    # a damaged cache is measured again and rewritten, never trusted
+    (tmp_path / "precision.json").write_text("{not json")
+    hw["timing"] = (900.0, 150.0)
+    assert _auto().generation == torch.bfloat16 and hw["timed"] == 2
+    assert json.loads((tmp_path / "precision.json").read_text())
+
+
+def test_auto_env_override_small_models_and_fixed_settings(hw, monkeypatch):
+    monkeypatch.setenv(precision.ENV_OVERRIDE, "0")
+    assert _auto().generation is None and "REPLAYRL_BF16=0" in _auto().reason
+    monkeypatch.setenv(precision.ENV_OVERRIDE, "1")
+    assert _auto().learner_autocast == torch.bfloat16
+    assert hw["timed"] == 0
+    # a tiny model or non-fp32 weights stay as they are whatever the hardware
+    assert _auto(n_params=400_000).generation is None
+    assert _auto(dtype=torch.bfloat16).learner_autocast is None
+    # explicit settings are kept; only the `auto` one follows the hardware
+    fixed = precision.choose("float32", "none", torch.float32, BIG)
+    assert fixed.generation is None and fixed.learner_autocast is None
+    assert fixed.reason == "as configured"
+    mixed = precision.choose("auto", "none", torch.float32, BIG)
+    assert mixed.generation == torch.bfloat16 and mixed.learner_autocast is None
+
+
+def test_run_summary_records_the_precision_choice(monkeypatch, tmp_path):
+    """A tiny run with the self-check forced to bf16 (and the size gate lowered): the choice
+    is printed at start, kept in summary.json, and the learner refreshes log pi_old."""
+    monkeypatch.setenv(precision.ENV_OVERRIDE, "1")
+    monkeypatch.setattr(precision, "BF16_MIN_PARAMS", 0)
+    cfg = tiny_config(tmp_path / "run", "train.steps=1", "model.warmstart.steps=0")
+    lines: list[str] = []
+    summary = train(cfg, log=lines.append)
+    assert summary["precision"]["generation"] == "bfloat16"
+    assert summary["precision"]["learner_autocast"] == "bfloat16"
+    assert "REPLAYRL_BF16=1" in summary["precision"]["reason"]
+    run_dir = Path(summary["run_dir"])
+    assert json.loads((run_dir / "summary.json").read_text())["precision"] == summary["precision"]
+    assert any(line.startswith("precision: generation bfloat16") for line in lines)
+
+
+def test_learner_and_generator_follow_the_auto_choice(monkeypatch, tiny_model, char_tokenizer):
+    from replayrl.learner.learner import Learner
+    from replayrl.rollout.generation import make_generator
+
+    monkeypatch.setattr(precision, "BF16_MIN_PARAMS", 0)
+    pad = char_tokenizer.pad_token_id
+    for forced, dtype in (("1", torch.bfloat16), ("0", None)):
+        monkeypatch.setenv(precision.ENV_OVERRIDE, forced)
+        cfg = load_config(None, [])  # precision auto (the default)
+        learner = Learner(copy.deepcopy(tiny_model), pad, cfg)
+        assert learner.autocast == dtype
+        assert learner.recompute_behaviour == (dtype is not None)  # bf16 needs the refresh
+        gen = make_generator(cfg, tiny_model, char_tokenizer, "")
+        assert gen.dtype == dtype  # type: ignore[attr-defined]

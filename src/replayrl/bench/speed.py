@@ -15,13 +15,18 @@ Everything is measured in one process, side by side, as medians over repeats:
   logits, default fp32 matmuls, one micro-batch; `new` = completion-only chunked log-probs,
   oneDNN fp32 matmuls, micro-batch 8, and bf16 autocast;
 - the behaviour / learner log-prob mismatch for each (generation, learner) precision pair;
-- one GRPO step (generate prompts x completions, then train on them), old vs new.
+- one GRPO step (generate prompts x completions, then train on them), old vs new; its bound
+  is the generation bound for its new tokens plus the LoRA learner bound for its sequences.
+
+Every figure is tagged with the machine (CPU model and the flags that decide bf16/fp32 speed,
+threads, load average before and after): the same code runs 2-3x apart on two CPU families
+(issue 26), so a figure without its machine says little.
 """
 
 from __future__ import annotations
 
 import copy
-import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -40,6 +45,7 @@ from replayrl.models import precision
 from replayrl.models.loading import apply_lora
 from replayrl.rollout.generation import HFGenerator, Sample, SamplingParams
 from replayrl.run.policy import load_policy
+from replayrl.storage.io import atomic_write_json
 
 QUESTIONS = [
     "A train travels 120 km in 2 hours and then 90 km in 1.5 hours. What is its average speed?",
@@ -74,6 +80,12 @@ class Row:
     seconds: float  # median
     bound: float | None  # tokens/s bound for this variant's precision
     extra: str = ""
+    # grpo step: (generated tokens, batch, trained tokens) for its bound
+    work: tuple[int, int, int] | None = None
+    # median process CPU seconds: on a shared, oversubscribed machine wall time counts the
+    # time other processes held the cores; CPU time (with --threads 1) is close to what a quiet
+    # machine would take (memory and cache contention remain)
+    cpu_seconds: float | None = None
 
     @property
     def tok_s(self) -> float:
@@ -82,6 +94,13 @@ class Row:
     @property
     def pct(self) -> float | None:
         return None if not self.bound else 100.0 * self.tok_s / self.bound
+
+    @property
+    def pct_cpu(self) -> float | None:
+        """% of bound by CPU time."""
+        if not self.bound or not self.cpu_seconds:
+            return None
+        return 100.0 * self.tokens / self.cpu_seconds / self.bound
 
 
 def _median_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
@@ -94,17 +113,29 @@ def _median_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]
 
 
 # -- bounds -------------------------------------------------------------------------------------
+def _best_time(fn: Callable[[], object], repeats: int) -> float:
+    """Fastest of `repeats` runs: a bound is what the machine can do, and on a shared machine
+    the median counts other processes' turns on the cores (the workloads take medians)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 def _gflops(dtype: torch.dtype, repeats: int) -> float:
     a = torch.randn(1024, 576).to(dtype)
     b = torch.randn(576, 1536).to(dtype)
     a @ b  # warm-up (oneDNN builds its kernels on first use)
     inner = 5
-    t, _ = _median_time(lambda: [a @ b for _ in range(inner)], max(repeats, 3))
+    t = _best_time(lambda: [a @ b for _ in range(inner)], max(repeats, 7))
     return inner * 2 * 1024 * 576 * 1536 / t / 1e9
 
 
 def measure_bounds(repeats: int = 3) -> dict[str, float]:
-    """Matmul GFLOP/s (fp32 default, fp32 oneDNN, bf16) and copy bandwidth (GB/s)."""
+    """Matmul GFLOP/s (fp32 default, fp32 oneDNN, bf16) and copy bandwidth (GB/s), best of
+    at least 7 runs each."""
     out: dict[str, float] = {}
     precision.disable_fast_fp32_matmul()
     out["gflops_fp32"] = _gflops(torch.float32, repeats)
@@ -113,7 +144,7 @@ def measure_bounds(repeats: int = 3) -> dict[str, float]:
     out["gflops_bf16"] = _gflops(torch.bfloat16, repeats)
     src = torch.ones(64 * 1024 * 1024)  # 256 MB
     dst = torch.empty_like(src)
-    t, _ = _median_time(lambda: dst.copy_(src), max(repeats, 3))
+    t = _best_time(lambda: dst.copy_(src), max(repeats, 7))
     out["bandwidth_gbs"] = 2 * src.numel() * 4 / t / 1e9  # read + write
     return out
 
@@ -225,10 +256,14 @@ def _learner(
 ) -> Learner:
     """A learner as a run would build it; with `path` in a reduced precision, one that
     recomputes log pi_old of fresh rollouts itself (precision.recompute_behaviour: auto)."""
-    if path is not None and path.autocast is not None:
-        extra = [*(extra or []), "precision.learner_autocast=bfloat16"]
-    if path is not None and path.gen_dtype is not None:
-        extra = [*(extra or []), "precision.generation=bfloat16"]
+    # every path pinned: `auto` (the default) would pick bf16 on a bf16-native CPU
+    bf16_learn = path is not None and path.autocast is not None
+    bf16_gen = path is not None and path.gen_dtype is not None
+    extra = [
+        f"precision.learner_autocast={'bfloat16' if bf16_learn else 'none'}",
+        f"precision.generation={'bfloat16' if bf16_gen else 'float32'}",
+        *(extra or []),
+    ]
     cfg = load_config(
         None,
         [
@@ -272,19 +307,27 @@ def lean_mismatch(model, rollouts: list[Rollout], pad_id: int) -> dict[str, floa
     return {"tokens": int(d.numel()), "mean_abs": float(d.mean()), "max_abs": float(d.max())}
 
 
+CPU_SECONDS: dict[str, float] = {}  # path name -> median CPU seconds of its last _interleaved
+
+
 def _interleaved(
     paths: list[Path_], runs: list[Callable[[], object]], repeats: int
 ) -> list[tuple[float, object]]:
     """Median seconds (and last result) of each path's run, the paths taking turns within
-    every repeat so that a change in the machine's load hits them all alike."""
+    every repeat so that a change in the machine's load hits them all alike; each path's
+    median process CPU seconds go to CPU_SECONDS."""
     times: list[list[float]] = [[] for _ in paths]
+    cpu: list[list[float]] = [[] for _ in paths]
     last: list[object] = [None] * len(paths)
     for _ in range(repeats):
         for i, (p, run) in enumerate(zip(paths, runs, strict=True)):
             p.setup()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             last[i] = run()
             times[i].append(time.perf_counter() - t0)
+            cpu[i].append(time.process_time() - c0)
+    for p, c in zip(paths, cpu, strict=True):
+        CPU_SECONDS[p.name] = statistics.median(c)
     return [(statistics.median(t), x) for t, x in zip(times, last, strict=True)]
 
 
@@ -294,7 +337,11 @@ def bench_generation(
     rows, kept = [], {}
     texts = _prompts(tok, prompts)
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new)
+    all_paths = paths
     for s in samples:
+        # the fast_hf rows (the decode loop on transformers' forward) at the first batch size
+        # only: they measure the lean decoder's own gain, and cost a third of the time
+        paths = [p for p in all_paths if s == samples[0] or p.impl != "fast_hf"]
         gens = []
         for p in paths:
             p.setup()
@@ -329,6 +376,7 @@ def bench_generation(
                     seconds,
                     None,
                     f"b{prompts * s}",
+                    cpu_seconds=CPU_SECONDS[p.name],
                 )
             )
     return rows, kept
@@ -386,9 +434,12 @@ def bench_learner(
         lambda p=p, lr=lr: _train(p, lr, rollouts) for p, lr in zip(paths, learners, strict=True)
     ]
     kind = "LoRA" if lora else "full"
+    timed = _interleaved(paths, runs, repeats)
     return [
-        Row("learner", f"{p.name}, {kind}", seqs * seq_len, seconds, None, kind)
-        for p, (seconds, _) in zip(paths, _interleaved(paths, runs, repeats), strict=True)
+        Row(
+            "learner", f"{p.name}, {kind}", seqs * seq_len, t, None, kind, None, CPU_SECONDS[p.name]
+        )
+        for p, (t, _) in zip(paths, timed, strict=True)
     ]
 
 
@@ -417,7 +468,7 @@ def bench_grpo_step(
         # micro-batch 8 on both paths, as configs/smollm2-gsm.yaml: the old path's full-vocab
         # logits over 64 rollouts in one micro-batch took 22 GB and were OOM-killed here
         learner = _learner(policy, pad_id, micro=8, path=p)
-        st: dict[str, list] = {"gen": [], "train": [], "tokens": [], "rollouts": []}
+        st: dict[str, list] = {"gen": [], "train": [], "tokens": [], "trained": [], "rollouts": []}
         stats.append(st)
         learners.append(learner)
 
@@ -434,6 +485,9 @@ def bench_grpo_step(
             st["gen"].append(t1 - t0)
             st["train"].append(time.perf_counter() - t1)
             st["tokens"].append(sum(r.completion_ids.numel() for r in rollouts))
+            st["trained"].append(
+                sum(r.prompt_ids.numel() + r.completion_ids.numel() for r in rollouts)
+            )
 
         runs.append(step)
     torch.manual_seed(0)
@@ -444,7 +498,11 @@ def bench_grpo_step(
             f"{statistics.median(st['train']):.1f} s, {statistics.median(st['tokens']):.0f} "
             "new tokens"
         )
-        rows.append(Row("grpo step", f"{p.name}, LoRA {prompts}x{group}", 1, seconds, None, extra))
+        new_tokens = int(statistics.median(st["tokens"]))
+        work = (new_tokens, prompts * group, int(statistics.median(st["trained"])))
+        variant = f"{p.name}, LoRA {prompts}x{group}"
+        cpu_s = CPU_SECONDS[p.name]
+        rows.append(Row("grpo step", variant, new_tokens, seconds, None, extra, work, cpu_s))
     lean: dict[str, float] = {}
     if NEW32 in paths:  # the lean forward's fp32 log-probs on real rollouts, 4 prompts
         i = paths.index(NEW32)
@@ -452,25 +510,78 @@ def bench_grpo_step(
     return rows, lean
 
 
+def learner_bound(n_mm: int, gflops: float, lora_n: int | None) -> float:
+    """Trained tokens/s at `gflops`: 6 N FLOPs a token (forward 2 N, backward 4 N), 4 N + 6 n
+    with LoRA (no weight gradients of the frozen base; n = adapter parameters)."""
+    per_token = 6 * n_mm if lora_n is None else 4 * n_mm + 6 * lora_n
+    return gflops * 1e9 / per_token
+
+
+def grpo_bound(
+    n_mm: int, work: tuple[int, int, int], gflops: float, gbs: float, bytes_per: int, lora_n: int
+) -> float:
+    """A GRPO step's bound in generated tokens/s: the step's time at the bounds is generating
+    its new tokens at the decode bound of its batch plus training its sequences (prompt +
+    completion tokens) at the LoRA learner bound."""
+    new_tokens, batch, trained = work
+    t = new_tokens / decode_bound(n_mm, batch, gflops, gbs, bytes_per)
+    t += trained / learner_bound(n_mm, gflops, lora_n)
+    return new_tokens / t
+
+
 def _with_bounds(rows: list[Row], bounds: dict[str, float], model, lora_n: int) -> None:
     n_mm = matmul_params(model)
+    gbs = bounds["bandwidth_gbs"]
     for r in rows:
         bf16 = "bf16" in r.variant
         old = r.variant.startswith("old")
         flops = bounds["gflops_bf16" if bf16 else "gflops_fp32" if old else "gflops_fp32_onednn"]
         if r.section == "generation":
             batch = int(r.extra[1:])
-            r.bound = decode_bound(n_mm, batch, flops, bounds["bandwidth_gbs"], 2 if bf16 else 4)
+            r.bound = decode_bound(n_mm, batch, flops, gbs, 2 if bf16 else 4)
         elif r.section == "learner":
-            per_token = (4 * n_mm + 6 * lora_n) if r.extra == "LoRA" else 6 * n_mm
-            r.bound = flops * 1e9 / per_token
+            r.bound = learner_bound(n_mm, flops, lora_n if r.extra == "LoRA" else None)
+        elif r.section == "grpo step" and r.work is not None:
+            r.bound = grpo_bound(n_mm, r.work, flops, gbs, 2 if bf16 else 4, lora_n)
+
+
+def machine_info(threads: int) -> dict[str, object]:
+    """What a speed figure depends on: CPU model and its bf16/fp32-relevant flags, threads,
+    torch version, and what `precision: auto` picks here (a figure is only comparable with
+    figures of the same machine)."""
+    cpu = precision.cpu_info()
+    hw = precision.hardware_check()
+    return {
+        "cpu": cpu["model"],
+        "flags": cpu["flags"],
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "bf16_native": hw.native,
+        "auto_precision": ("bf16" if hw.native else "fp32") + f" ({hw.reason})",
+    }
+
+
+def format_header(machine: dict[str, object], bounds: dict[str, float]) -> str:
+    """One line naming the machine, its load and its measured bounds, above the table."""
+    load = machine.get("loadavg_start"), machine.get("loadavg_end")
+    flags = ", ".join(machine["flags"]) or "none"  # type: ignore[arg-type]
+    return (
+        f"Machine: {machine['cpu']} ({flags}); {machine['threads']} threads of "
+        f"{machine['cores']} cores; torch {machine['torch']}; load average (1 min) "
+        f"{load[0]} at start, {load[1]} at end; bounds: fp32 {bounds['gflops_fp32']:.1f} "
+        f"GFLOP/s (oneDNN {bounds['gflops_fp32_onednn']:.1f}), bf16 "
+        f"{bounds['gflops_bf16']:.1f} GFLOP/s, copy {bounds['bandwidth_gbs']:.1f} GB/s; "
+        f"precision auto here: {machine['auto_precision']}"
+    )
 
 
 def format_table(rows: list[Row]) -> str:
     base: dict[tuple[str, str], float] = {}
     lines = [
-        "| section | variant | tokens | median s | tok/s | bound tok/s | % of bound | vs old |",
-        "|---|---|---|---|---|---|---|---|",
+        "| section | variant | tokens | median s | CPU s | tok/s | bound tok/s | % of bound "
+        "| % of bound by CPU s | vs old |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         key = (r.section, r.variant.split(", ", 1)[-1])
@@ -478,16 +589,15 @@ def format_table(rows: list[Row]) -> str:
             base[key] = r.seconds
         old = base.get(key)
         speed = f"{old / r.seconds:.2f}x" if old else ""
-        if r.section == "grpo step":
-            lines.append(
-                f"| {r.section} | {r.variant} | {r.extra} | {r.seconds:.1f} | | | | {speed} |"
-            )
-            continue
         bound = f"{r.bound:,.0f}" if r.bound else ""
         pct = f"{r.pct:.0f}%" if r.pct is not None else ""
+        pct_cpu = f"{r.pct_cpu:.0f}%" if r.pct_cpu is not None else ""
+        cpu = f"{r.cpu_seconds:.2f}" if r.cpu_seconds is not None else ""
+        grpo = r.section == "grpo step"
+        tokens, secs = (r.extra, f"{r.seconds:.1f}") if grpo else (r.tokens, f"{r.seconds:.2f}")
         lines.append(
-            f"| {r.section} | {r.variant} | {r.tokens} | {r.seconds:.2f} | {r.tok_s:,.0f} | "
-            f"{bound} | {pct} | {speed} |"
+            f"| {r.section} | {r.variant} | {tokens} | {secs} | {cpu} | {r.tok_s:,.0f} | "
+            f"{bound} | {pct} | {pct_cpu} | {speed} |"
         )
     return "\n".join(lines)
 
@@ -505,6 +615,7 @@ def run_speed_bench(
     group: int = 4,
     grpo_repeats: int = 1,
     sections: tuple[str, ...] = ("generation", "learner", "grpo"),
+    prev: bool = False,
     out: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, object]:
@@ -513,8 +624,12 @@ def run_speed_bench(
     model, tok, path = load_policy(cfg.model, cfg.task, log=log)
     model.eval()
     pad_id = tok.pad_token_id
-    paths = [OLD, NEW32, PREV16, NEW16]
+    # PREV16 (bf16 before the lean training forward) is measured only when asked for
+    paths = [OLD, NEW32, PREV16, NEW16] if prev else [OLD, NEW32, NEW16]
+    machine = machine_info(threads)
+    machine["loadavg_start"] = round(os.getloadavg()[0], 2)
     log(f"bench speed: {path}, {threads} threads, medians of {repeats}")
+    log(f"machine: {machine['cpu']}; flags {machine['flags']}; auto: {machine['auto_precision']}")
     bounds = measure_bounds(repeats)
     log("bounds: " + ", ".join(f"{k} {v:,.1f}" for k, v in bounds.items()))
     rows: list[Row] = []
@@ -542,22 +657,25 @@ def run_speed_bench(
     )
     lora_n = sum(p.numel() for p in lora_policy.parameters() if p.requires_grad)
     _with_bounds(rows, bounds, model, lora_n)
+    machine["loadavg_end"] = round(os.getloadavg()[0], 2)
     result = {
         "model": path,
+        "machine": machine,
         "threads": threads,
         "repeats": repeats,
         "torch": torch.__version__,
         "bounds": bounds,
-        "rows": [{**r.__dict__, "tok_s": r.tok_s, "pct_of_bound": r.pct} for r in rows],
+        "rows": [
+            {**r.__dict__, "tok_s": r.tok_s, "pct_of_bound": r.pct, "pct_of_bound_cpu": r.pct_cpu}
+            for r in rows
+        ],
         "mismatch": mismatch,
         "lean_vs_transformers_fp32": lean,
-        "table": format_table(rows),
+        "table": format_header(machine, bounds) + "\n\n" + format_table(rows),
     }
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(out)
+        atomic_write_json(out, result)
     return result
 
 
@@ -585,6 +703,7 @@ def main(args) -> int:
         args.model,
         threads=args.threads,
         repeats=args.repeats or 3,
+        samples=tuple(getattr(args, "samples", None) or (1, 4)),
         sections=sections,
         out=Path(args.json) if args.json else None,
     )

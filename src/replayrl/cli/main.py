@@ -285,6 +285,12 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--sections", nargs="+", help="generation learner grpo (default: all)")
     p.add_argument("--repeats", type=int, help="timed repeats (default 3)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        nargs="+",
+        help="completions per prompt, one generation batch each (1 4: batches 16 and 64)",
+    )
     p.add_argument("--json", help="write the figures to this JSON file")
     p.set_defaults(func=_cmd_bench_speed)
     p = bsub.add_parser("buffer", help="replay buffer push / sample latency")

@@ -147,11 +147,15 @@ class PrecisionConfig(_Section):
     """Numeric precision of generation and learning (BENCHMARKS.md: speed and log-prob
     mismatch per setting). Master weights stay in `model.dtype`."""
 
-    # dtype the generator samples in: auto = model.dtype; bfloat16 with float32 weights
-    # samples from a bf16 copy refreshed at every generation (~2x faster on AVX-512 BF16 CPUs)
+    # dtype the generator samples in; bfloat16 with float32 weights samples from a bf16 copy
+    # refreshed at every generation. auto = bfloat16 where the hardware computes it natively
+    # (CPU flags + a timed self-check cached per machine, models/precision.py) for float32
+    # models of >= 20M parameters, else model.dtype: bf16 is ~2x faster with AVX-512 BF16/AMX
+    # but ~1.5-2.6x slower where it is emulated (issue 26)
     generation: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # learner forward/backward under torch.autocast to this dtype (fp32 master weights)
-    learner_autocast: Literal["none", "bfloat16", "float16"] = "none"
+    # learner forward/backward under torch.autocast to this dtype (fp32 master weights);
+    # auto = bfloat16 under the same hardware test as `generation`, else none
+    learner_autocast: Literal["auto", "none", "bfloat16", "float16"] = "auto"
     # oneDNN fp32 matmul kernels on CPU (kept only where a self-check shows fp32 accuracy)
     fast_fp32_matmul: bool = True
     # learner recomputes log pi_old of fresh rollouts in its own precision (ratio exactly 1

@@ -113,12 +113,15 @@ class Learner:
         # matmuls, and whether fresh rollouts get log pi_old recomputed in the learner's own
         # precision
         p = cfg.precision
-        self.autocast = precision.autocast_dtype(p.learner_autocast)
-        self.full_logprobs = cfg.train.logprobs_impl == "full"
         if p.fast_fp32_matmul:
             precision.enable_fast_fp32_matmul()
-        reduced = p.learner_autocast != "none" or p.generation not in ("auto", "float32")
-        reduced = reduced or (p.generation == "auto" and cfg.model.dtype != "float32")
+        # `auto` resolved by the hardware (bf16 only where native; printed, in summary.json)
+        self.precision_choice = precision.choose_for(p, model)
+        self.autocast = self.precision_choice.learner_autocast
+        self.full_logprobs = cfg.train.logprobs_impl == "full"
+        gen = self.precision_choice.generation
+        reduced = self.autocast is not None or (gen is not None and gen != torch.float32)
+        reduced = reduced or (gen is None and cfg.model.dtype != "float32")
         self.recompute_behaviour = p.recompute_behaviour_logprobs == "always" or (
             p.recompute_behaviour_logprobs == "auto" and reduced
         )

@@ -73,6 +73,7 @@ class Session:
         self.task, self.eval_rows, self.render = p.task, p.eval_rows, p.render
         self.n_params, self.max_positions = p.n_params, p.max_positions
         self.source: BatchSource | None = p.source
+        log(f"precision: {self.learner.precision_choice.describe()}")  # `auto` resolved
         self.counters = Counters()
         self.failed_steps = 0  # steps in a row that trained nothing (check_training)
         # no silent non-learning: steps whose groups all have equal rewards (signal.py)
@@ -337,6 +338,7 @@ class Session:
             model_path=self.model_path,
         )
         summary["no_signal_steps"] = self.reward_signal.total
+        summary["precision"] = self.learner.precision_choice.as_dict()
         return summary
 
 

@@ -120,6 +120,8 @@ def llama_core(model: torch.nn.Module) -> torch.nn.Module | None:
 class LlamaDecoder:
     """Preallocated in-place KV cache and a lean layer loop for Llama-architecture models."""
 
+    float_mask = True  # decode steps share one additive mask across layers (False: boolean)
+
     def __init__(self, core: torch.nn.Module, max_new_tokens: int) -> None:
         self.core = core
         self.inner = core.model  # type: ignore[union-attr]
@@ -196,7 +198,14 @@ class LlamaDecoder:
             raise RuntimeError("LlamaDecoder: more steps than max_new_tokens")
         self.valid[:, self.length] = True
         mask = self.valid[:, None, None, : self.length + 1]
-        self._layers(self.inner.embed_tokens(tokens.unsqueeze(1)), positions.unsqueeze(1), mask)
+        emb = self.inner.embed_tokens(tokens.unsqueeze(1))
+        if self.float_mask:
+            # SDPA turns a boolean mask into this additive one inside every call: build it
+            # once per step for all layers instead (bit-identical attention, fewer passes)
+            mask = torch.zeros(mask.shape, dtype=emb.dtype, device=emb.device).masked_fill_(
+                ~mask, float("-inf")
+            )
+        self._layers(emb, positions.unsqueeze(1), mask)
         return self._logits()
 
 

@@ -6,7 +6,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from replayrl.config.schema import Config
-from replayrl.models.precision import enable_fast_fp32_matmul, generation_dtype
+from replayrl.models.precision import choose_for, enable_fast_fp32_matmul
 from replayrl.rollout.generation.base import Generator
 from replayrl.rollout.generation.hf import HFGenerator
 
@@ -29,7 +29,8 @@ def make_generator(
     if backend == "hf":
         if cfg.precision.fast_fp32_matmul:
             enable_fast_fp32_matmul()
-        dtype = generation_dtype(cfg.precision.generation, next(model.parameters()).dtype)
+        # precision: auto -> bf16 only where the hardware computes it natively (precision.py)
+        dtype = choose_for(cfg.precision, model).generation
         return HFGenerator(
             model,
             tokenizer,

@@ -51,7 +51,8 @@ def sample_next(
     quantity the learner recomputes (see generation/hf.py).
     """
     logits = logits.float()
-    scaled = logits if greedy else logits / temperature
+    # x / 1.0 == x exactly: skip a full-vocabulary pass per step at the default temperature
+    scaled = logits if greedy or temperature == 1.0 else logits / temperature
     logp = torch.log_softmax(scaled, dim=-1)
     if greedy:
         tokens = scaled.argmax(-1)
