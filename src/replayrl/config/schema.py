@@ -262,6 +262,10 @@ class DesignConfig(_Section):
     alpha: float = Field(0.25, ge=0, lt=0.5)  # power-law exponent of sigma(x)
     rho: float = Field(0.5, ge=0, le=1)  # correlation between buffer items
     warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu
+    # the feasible set `auto` searches: N >= R always; B >= R unless this is true
+    allow_y_below_one: bool = False
+    # predicted compute saving (vs on-policy) below which `auto` stays on-policy (N = B = R)
+    min_saving: float = Field(0.05, ge=0, lt=1)
 
 
 class AlgorithmConfig(_Section):
