@@ -463,3 +463,114 @@ def test_modelled_compute_is_mu_times_generated_plus_trained() -> None:
     run["accounting"] = {"roles": {"learner/0": {"rollouts": 50, "tokens": 250}}}
     assert modelled_compute_to(run, 0.5, 1.0) == pytest.approx(100 + 200)
     assert math.isnan(modelled_compute_to({"evals": run["evals"]}, 0.5, None))
+
+
+# -- gain-threshold targets (issue #24): hand-computed on synthetic runs ----------------------
+def _curve(accs: list[float], per_eval: int, reuse: int) -> dict:
+    """A run evaluated every `per_eval` generated rollouts, training on `reuse` x them."""
+    evals = [
+        {
+            "eval/accuracy": a,
+            "rollouts_generated": i * per_eval,
+            "rollouts_trained": i * per_eval * reuse,
+            "wall_seconds": float(i),
+        }
+        for i, a in enumerate(accs)
+    ]
+    return {
+        "evals": evals,
+        "final_eval_accuracy": accs[-1],
+        "best_eval_accuracy": max(accs),
+        "rollouts_generated": (len(accs) - 1) * per_eval,
+        "wall_seconds": float(len(accs) - 1),
+        "run_dir": "x",
+        "final_entropy": 0.1,
+        "mu_median": 1.0,
+    }
+
+
+GAIN_RESULTS = {
+    # start median 0.2, final median (0.8 + 1.0) / 2 = 0.9: gain 0.7, 90% target 0.83
+    "grpo": [
+        _curve([0.2, 0.5, 0.7, 0.85, 0.8], 100, 1),
+        _curve([0.2, 0.4, 0.6, 0.9, 1.0], 100, 1),
+    ],
+    # reaches 0.83 at 100 and 150 rollouts; final median 0.895: within one point
+    "replay": [
+        _curve([0.2, 0.6, 0.85, 0.88, 0.88], 50, 2),
+        _curve([0.2, 0.5, 0.7, 0.9, 0.91], 50, 2),
+    ],
+    # fast, but ends at 0.85: five points below
+    "replay-auto": [_curve([0.2, 0.84, 0.85], 100, 2), _curve([0.2, 0.84, 0.85], 100, 2)],
+}
+GAIN_SUITE = {
+    "name": "g",
+    "path": "g.yaml",
+    "baseline": "grpo",
+    "variants": {k: {} for k in GAIN_RESULTS},
+}
+
+
+def test_gain_targets_costs_auc_and_verdict_by_hand(tmp_path: Path) -> None:
+    from replayrl.bench.suite import summarise
+
+    rows = summarise(GAIN_SUITE, GAIN_RESULTS, [0, 1], tmp_path, quick=False)["variants"]
+    r = rows["replay"]
+    assert (r["start"], r["final"]) == pytest.approx((0.2, 0.9))
+    t = r["to_gain"]
+    assert [t[k]["accuracy"] for k in ("0.5", "0.8", "0.9", "0.95")] == pytest.approx(
+        [0.55, 0.76, 0.83, 0.865]
+    )
+    g = t["0.9"]
+    assert g["rollouts"]["median"] == pytest.approx(125)  # (100 + 150) / 2
+    assert g["baseline_rollouts"]["median"] == pytest.approx(300)
+    assert g["rollouts_ratio"] == pytest.approx(125 / 300)
+    # mu = 5.3: (5.3 x 100 + 200 + 5.3 x 150 + 300) / 2 = 912.5 vs 5.3 x 300 + 300 = 1890
+    assert g["compute_paper_mu_ratio"] == pytest.approx(912.5 / 1890)
+    # measured mu = 1: (300 + 450) / 2 = 375 vs 600
+    assert g["compute_measured_mu_ratio"] == pytest.approx(375 / 600)
+    assert g["wall_seconds_ratio"] == pytest.approx(2.5 / 3)
+    # 0.95 of the gain (0.865): grpo seed 0 never gets there (0.85 then 0.8): median never
+    assert math.isinf(t["0.95"]["baseline_rollouts"]["median"])
+    assert math.isnan(t["0.95"]["rollouts_ratio"])
+    # AUC over H = 200 (the shortest run): grpo (0.475, 0.4), replay (0.7175, 0.66375)
+    assert r["auc_horizon"] == 200
+    assert rows["grpo"]["auc"]["median"] == pytest.approx((0.475 + 0.4) / 2)
+    assert r["auc"]["median"] == pytest.approx((0.7175 + 0.66375) / 2)
+    assert r["final_minus_baseline"] == pytest.approx(-0.005) and r["non_inferior"]
+    auto = rows["replay-auto"]
+    assert auto["to_gain"]["0.9"]["rollouts_ratio"] == pytest.approx(100 / 300)
+    assert not auto["non_inferior"]  # 0.85 < 0.9 - 0.01
+    table = (tmp_path / "table.md").read_text()
+    # 50% (0.55): 50 and 100 -> 75; 80% (0.76): 100, 150 -> 125; 95% (0.865): 150, 150
+    assert (
+        "| replay | 0.200 -> 0.900 | 125 (2/2) | 0.42 | 0.48 | 0.62 | 0.83 | 75 / 125 / 150 |"
+        in (table)
+    )
+    assert "| replay-auto |" in table and "INFERIOR" in table
+
+
+def test_gain_targets_over_tasks_and_the_issue_verdict(tmp_path: Path) -> None:
+    from replayrl.bench.suite import summarise, summarise_tasks
+
+    for t in ("a", "b"):
+        (tmp_path / t).mkdir()
+    per_task = {
+        t: summarise(GAIN_SUITE, GAIN_RESULTS, [0, 1], tmp_path / t, quick=False)
+        for t in ("a", "b")
+    }
+    s = summarise_tasks(GAIN_SUITE, per_task, [0, 1], tmp_path, quick=False)
+    over = s["median_over_tasks"]
+    assert over["replay"]["gain90_rollouts_ratio"]["median"] == pytest.approx(125 / 300)
+    assert over["replay"]["non_inferior"] and over["replay"]["non_inferior_tasks"] == 2
+    assert not over["replay-auto"]["non_inferior"]
+    # replay-auto is faster (1/3) but inferior: the best non-inferior variant is replay
+    assert "`replay`" in s["verdict"][0] and "0.42x" in s["verdict"][0]
+    assert "target <= 0.33: not met" in s["verdict"][0]
+    assert "target <= 0.5: met" in s["verdict"][0]
+    assert "`replay-auto`: median final -0.050" in s["verdict"][1] and "WORSE" in s["verdict"][1]
+    table = (tmp_path / "table.md").read_text()
+    assert (
+        "| **median over 2 tasks** | replay | 2/4 | 0.895 [0.895, 0.895] | 0.42 | 0.48 |" in table
+    )
+    assert "non-inferior (2/2 tasks)" in table and "Issue #24's targets" in table

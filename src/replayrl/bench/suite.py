@@ -28,6 +28,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from replayrl.bench.targets import (
+    HEADLINE,
+    PAPER_MU,
+    gain_table,
+    over_tasks,
+    score_against_gain,
+    verdict,
+)
 from replayrl.config.schema import ConfigError, config_to_yaml, load_config
 from replayrl.run.metrics import read_metrics
 from replayrl.storage.io import atomic_write_text
@@ -68,9 +76,6 @@ def load_suite(name_or_path: str) -> dict[str, Any]:
     suite["baseline"] = baseline
     suite["path"] = str(path)
     return suite
-
-
-PAPER_MU = 5.3  # paper 1's measured generation / training cost per rollout (arXiv 2604.08706)
 
 
 def first_reaching(summary: dict[str, Any], target: float) -> dict[str, float]:
@@ -497,6 +502,10 @@ def summarise(
         ):
             num, den = row[key]["median"], base_at[key]["median"]
             row[ratio] = num / den if den and math.isfinite(den) else math.nan
+    # below the plateau (issue #24): fractions of the baseline's gain, AUC on a common horizon
+    horizon = min(float(s["rollouts_generated"]) for rs in results.values() for s in rs)
+    for name, row in table.items():
+        row.update(score_against_gain(results[name], results[row["baseline"]], horizon))
     summary = {
         "suite": suite["name"],
         "suite_file": suite["path"],
@@ -559,7 +568,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
             f"{_fmt(r['best_eval_accuracy'])} | {_fmt(r['generation_seconds'])} | "
             f"{_fmt(r['training_seconds'])} | {_fmt(r['mu'])} | {_fmt(r['final_entropy'])} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + gain_table(summary["variants"])
 
 
 def _finite_or_inf(x: Any) -> float:
@@ -604,6 +613,7 @@ def summarise_tasks(
                 )
             },
             "mu": stats([r["mu"]["median"] for r in rows.values()]),
+            **over_tasks(rows),  # below the plateau: 90% of the gain, AUC, non-inferiority
         }
     summary = {
         "suite": suite["name"],
@@ -614,6 +624,7 @@ def summarise_tasks(
         "paper_mu": PAPER_MU,
         "tasks": per_task,
         "median_over_tasks": over,
+        "verdict": verdict(over, suite["baseline"]),
     }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "summary.json", json.dumps(_json_safe(summary), indent=2, default=str))
@@ -636,15 +647,26 @@ def multi_task_table(summary: dict[str, Any]) -> str:
         "compute (paper 1's cost model, not measured): mu x generated rollouts + trained "
         f"rollouts, at each run's measured mu and at mu = {summary['paper_mu']}.",
         "",
-        "| task | variant | reached | final acc | rollouts ratio | wall ratio | modelled ratio "
+        "Gain columns (issue #24): ratios to the baseline at 90% of the baseline's median gain "
+        "(start + 0.9 x (final - start); the headline), AUC (mean accuracy over the task's "
+        "shortest run), and the verdict: non-inferior when the median final accuracy is within "
+        "0.01 of the baseline's. The ratio columns before them are to the baseline's final.",
+        "",
+        "| task | variant | reached | final acc | **rollouts ratio to 90% gain** | modelled "
+        f"ratio to 90% gain (mu={summary['paper_mu']}) | wall ratio to 90% gain | AUC | verdict "
+        "| rollouts ratio | wall ratio | modelled ratio "
         f"(measured mu) | modelled ratio (mu={summary['paper_mu']}) | mu |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, s in summary["tasks"].items():
         for name, r in s["variants"].items():
+            g = r["to_gain"][str(HEADLINE)]
             lines.append(
                 f"| {task} | {name} | {r['reached_target']}/{r['final_eval_accuracy']['n']} | "
-                f"{_fmt(r['final_eval_accuracy'])} | {_ratio(r['rollouts_ratio'])} | "
+                f"{_fmt(r['final_eval_accuracy'])} | {_ratio(g['rollouts_ratio'])} | "
+                f"{_ratio(g['compute_paper_mu_ratio'])} | {_ratio(g['wall_seconds_ratio'])} | "
+                f"{_fmt(r['auc'])} | {'non-inferior' if r['non_inferior'] else 'INFERIOR'} | "
+                f"{_ratio(r['rollouts_ratio'])} | "
                 f"{_ratio(r['wall_ratio'])} | {_ratio(r['compute_ratio_measured_mu'])} | "
                 f"{_ratio(r['compute_ratio_paper_mu'])} | {_fmt(r['mu'])} |"
             )
@@ -652,8 +674,14 @@ def multi_task_table(summary: dict[str, Any]) -> str:
         lines.append(
             f"| **median over {len(r['tasks'])} tasks** | {name} | "
             f"{r['reached_target']}/{r['runs']} | {_fmt(r['final_eval_accuracy'])} | "
+            f"{_ratio(r['gain90_rollouts_ratio']['median'])} | "
+            f"{_ratio(r['gain90_compute_paper_mu_ratio']['median'])} | "
+            f"{_ratio(r['gain90_wall_seconds_ratio']['median'])} | {_fmt(r['auc'])} | "
+            f"{'non-inferior' if r['non_inferior'] else 'INFERIOR'} "
+            f"({r['non_inferior_tasks']}/{len(r['tasks'])} tasks) | "
             f"{_ratio(r['rollouts_ratio']['median'])} | {_ratio(r['wall_ratio']['median'])} | "
             f"{_ratio(r['compute_ratio_measured_mu']['median'])} | "
             f"{_ratio(r['compute_ratio_paper_mu']['median'])} | {_fmt(r['mu'])} |"
         )
-    return "\n".join(lines) + "\n"
+    targets = ["", "Issue #24's targets (medians over tasks):", *summary.get("verdict", [])]
+    return "\n".join(lines + targets) + "\n"
