@@ -574,3 +574,76 @@ def test_gain_targets_over_tasks_and_the_issue_verdict(tmp_path: Path) -> None:
         "| **median over 2 tasks** | replay | 2/4 | 0.895 [0.895, 0.895] | 0.42 | 0.48 |" in table
     )
     assert "non-inferior (2/2 tasks)" in table and "Issue #24's targets" in table
+
+
+def test_tuning_choice_is_the_same_rule_for_every_method(tmp_path: Path) -> None:
+    from replayrl.bench.suite import summarise
+
+    results = {
+        "grpo.a": GAIN_RESULTS["grpo"],  # the baseline: 300 to 90% of its gain, final 0.9
+        "grpo.b": GAIN_RESULTS["replay"],  # 125, final 0.895: within 0.01 of grpo's best
+        "replay.a": GAIN_RESULTS["replay"],  # 125, final 0.895 (the best replay final)
+        "replay.b": GAIN_RESULTS["replay-auto"],  # 100 but final 0.85: not within 0.01
+    }
+    suite = {"name": "t", "path": "t.yaml", "baseline": "grpo.a", "tuning": True}
+    suite["variants"] = {k: {} for k in results}
+    s = summarise(suite, results, [0, 1], tmp_path, quick=False)
+    choice = s["tuning_choice"]
+    assert choice["grpo"]["setting"] == "grpo.b" and choice["grpo"]["settings_tried"] == 2
+    assert choice["replay"]["setting"] == "replay.a"  # faster replay.b ends 4.5 points lower
+    assert choice["replay"]["rollouts_to_90_gain"] == pytest.approx(125)
+    assert "- replay: `replay.a` of 2 settings" in (tmp_path / "table.md").read_text()
+
+
+def test_quick_final_overrides_beat_a_variants_own(tmp_path: Path) -> None:
+    suite = load_suite("xy-grid")
+    from replayrl.bench.suite import variant_config
+
+    full = variant_config(suite, "x2-y4", 0, tmp_path)
+    assert (full.buffer.capacity, full.batch_size, full.train.steps) == (128, 256, 108)
+    assert full.buffer.with_replacement  # B > N: the theory's i.i.d. draws
+    quick = variant_config(suite, "x2-y4", 0, tmp_path, quick=True)
+    assert (quick.buffer.capacity, quick.batch_size, quick.train.steps) == (16, 32, 2)
+
+
+def test_new_suites_hold_equal_budgets() -> None:
+    from replayrl.bench.suite import planned_runs
+
+    # xy-grid: every cell within 2% of grpo's modelled compute 80 x 128 x 6.3 at mu = 5.3
+    grid = planned_runs(load_suite("xy-grid"), [0], Path("/tmp/unused"))
+    budget = {
+        label: c.train.steps * c.rollouts_per_step * (5.3 + c.batch_size / c.rollouts_per_step)
+        for label, c, _, _ in grid
+    }
+    assert len(budget) == 13
+    assert all(abs(v / budget["grpo-s0"] - 1) < 0.02 for v in budget.values())
+    # tuning: four settings per method, each method's generated budget the same as its preset's
+    tuning = planned_runs(load_suite("tuning"), [0], Path("/tmp/unused"))
+    methods: dict[str, int] = {}
+    for label, c, _, _ in tuning:
+        methods[label.split(".")[0]] = methods.get(label.split(".")[0], 0) + 1
+        gen = c.train.steps * c.rollouts_per_step
+        assert gen == (10240 if label.startswith("grpo") else 7680), label
+    assert set(methods.values()) == {4} and len(methods) == 4
+    held = load_suite("heldout")
+    assert {"add5", "sub6", "chain7"} <= set(held["tasks"])
+
+
+def test_rollouts_to_script_reads_fractions_of_the_gain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    for name, runs in GAIN_RESULTS.items():
+        for i, s in enumerate(runs):
+            (tmp_path / f"{name}-s{i}").mkdir()
+            (tmp_path / f"{name}-s{i}" / "summary.json").write_text(json.dumps(s))
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "rollouts_to.py"
+    spec = importlib.util.spec_from_file_location("rollouts_to_script", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(tmp_path), "--gain", "0.5", "0.9"]) == 0
+    out = capsys.readouterr().out
+    assert "grpo: start 0.200 -> final 0.900" in out
+    assert "| replay | 2 | 75 | 125 |" in out and "| grpo | 2 | 200 | 300 |" in out

@@ -20,6 +20,7 @@ from replayrl.data.design import (
     design,
     estimate_mu,
     feasible_design,
+    fit_alpha_rho,
     format_report,
     gamma,
     interpolated_variance,
@@ -484,3 +485,15 @@ def test_auto_run_never_resolves_a_buffer_smaller_than_a_step(tmp_path):
         assert d["alpha"] == 0.25 and d["rho"] == 0.5  # the config's, reported as such
         if bar == 0.99:
             assert d["on_policy"] and d["N"] == d["B"] == 8 and d["predicted_saving"] == 0.0
+
+
+def test_fit_alpha_rho_recovers_the_parameters_of_synthetic_costs():
+    # costs made from J itself at alpha = 0.2, rho = 0.3 (scale 7): the fit recovers them
+    xs, ys = np.meshgrid([1.0, 2.0, 4.0, 8.0], [1.0, 2.0, 4.0])
+    xs, ys = xs.ravel(), ys.ravel()
+    costs = 7.0 * objective(xs, ys, 5.3, 0.3, power_law_variance(0.2))
+    costs[0] = math.inf  # a cell that never reached the target is left out
+    alpha, rho, rms = fit_alpha_rho(xs, ys, costs, 5.3)
+    assert (alpha, rho) == pytest.approx((0.2, 0.3), abs=1e-9) and rms < 1e-9
+    with pytest.raises(ValueError, match="at least 3 cells"):
+        fit_alpha_rho([1, 2, 4], [1, 1, 1], [1.0, math.inf, -1.0], 5.3)

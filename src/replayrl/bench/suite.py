@@ -13,7 +13,8 @@ suite-level `eval_every_rollouts: K` puts every variant on the same grid: each v
 `eval.every = K / R` (R = rollout.prompts_per_step x rollout.num_generations of its resolved
 config, added as the last override, so it is part of the run's saved config); K must be a
 multiple of every variant's R (ConfigError otherwise). `quick_eval_every_rollouts` replaces K
-under `--quick` (default: K itself).
+under `--quick` (default: K itself). `quick_final_overrides` apply under `--quick` after each
+variant's own overrides (a grid whose cells set their own train.steps).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from replayrl.bench.targets import (
     gain_table,
     over_tasks,
     score_against_gain,
+    tuning_choice,
+    tuning_lines,
     verdict,
 )
 from replayrl.config.schema import ConfigError, config_to_yaml, load_config
@@ -178,6 +181,8 @@ def variant_config(
         *(suite["tasks"][task].get("overrides", []) if task is not None else []),
         *(suite.get("quick_overrides", []) if quick else []),
         *v.get("overrides", []),
+        # --quick: overrides that must beat the variant's own (a grid cell's train.steps)
+        *(suite.get("quick_final_overrides", []) if quick else []),
         f"train.seed={seed}",
         f"logging.run_dir={out}",
         f"logging.name={name}-s{seed}",
@@ -515,6 +520,8 @@ def summarise(
         "quick": quick,
         "variants": table,
     }
+    if suite.get("tuning"):  # a tuning suite: each method's chosen setting (equal budgets)
+        summary["tuning_choice"] = tuning_choice(table)
     (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, default=str))
     (out / "table.md").write_text(markdown_table(summary))
     return summary
@@ -568,7 +575,10 @@ def markdown_table(summary: dict[str, Any]) -> str:
             f"{_fmt(r['best_eval_accuracy'])} | {_fmt(r['generation_seconds'])} | "
             f"{_fmt(r['training_seconds'])} | {_fmt(r['mu'])} | {_fmt(r['final_entropy'])} |"
         )
-    return "\n".join(lines) + "\n\n" + gain_table(summary["variants"])
+    text = "\n".join(lines) + "\n\n" + gain_table(summary["variants"])
+    if summary.get("tuning_choice"):
+        text += tuning_lines(summary["tuning_choice"])
+    return text
 
 
 def _finite_or_inf(x: Any) -> float:

@@ -220,3 +220,46 @@ def verdict(over: dict[str, dict[str, Any]], baseline: str) -> list[str]:
                 "margin)"
             )
     return lines
+
+
+def tuning_choice(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method (the variant name before the first `.`: `grpo.lr2e-4` is method `grpo`),
+    the setting a tuning suite picks: among the method's settings whose median final accuracy
+    is within `MARGIN` of the method's best, the one with the fewest median generated
+    rollouts to 90% of the baseline's gain (ties: the higher final). Every method gets the
+    same number of settings in the suite; this rule is the same for all of them."""
+    by_method: dict[str, list[str]] = {}
+    for name in variants:
+        by_method.setdefault(name.split(".")[0], []).append(name)
+    out = {}
+    for method, names in by_method.items():
+        finals = {n: variants[n]["final_eval_accuracy"]["median"] for n in names}
+        top = max(finals.values())
+        keep = [n for n in names if finals[n] >= top - MARGIN - 1e-12]
+        best = min(
+            keep,
+            key=lambda n: (variants[n]["to_gain"][str(HEADLINE)]["rollouts"]["median"], -finals[n]),
+        )
+        out[method] = {
+            "setting": best,
+            "settings_tried": len(names),
+            "final": finals[best],
+            "rollouts_to_90_gain": variants[best]["to_gain"][str(HEADLINE)]["rollouts"]["median"],
+        }
+    return out
+
+
+def tuning_lines(choice: dict[str, dict[str, Any]]) -> str:
+    """Markdown lines: each method's chosen setting and how many it tried."""
+    lines = [
+        "",
+        "Tuning choice (per method: fewest rollouts to 90% of the baseline's gain among its "
+        f"settings whose final is within {MARGIN:g} of its best):",
+        "",
+    ]
+    for method, c in choice.items():
+        lines.append(
+            f"- {method}: `{c['setting']}` of {c['settings_tried']} settings (final "
+            f"{c['final']:.3f}, rollouts to 90% gain {_num(c['rollouts_to_90_gain'])})"
+        )
+    return "\n".join(lines) + "\n"

@@ -51,6 +51,7 @@ __all__ = [
     "design",
     "estimate_mu",
     "feasible_design",
+    "fit_alpha_rho",
     "format_feasible",
     "format_report",
     "gamma",
@@ -584,3 +585,46 @@ def format_feasible(fd: FeasibleDesign, rollouts_per_step: int) -> str:
         f"  feasible (N >= R): x = {fd.x:.4g}, y = {fd.y:.4g} -> N = {fd.N}, B = {fd.B} (R = {r})"
         f"\n    {fd.reason}"
     )
+
+
+def fit_alpha_rho(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    costs: Sequence[float],
+    mu: float,
+    alphas: np.ndarray | None = None,
+    rhos: np.ndarray | None = None,
+) -> tuple[float, float, float]:
+    """Fit the power-law exponent alpha and correlation rho of arXiv 2604.08706's objective to
+    measured costs on an (x, y) grid: least squares on log cost = log c + log J(x, y).
+
+    J is compute per step times gradient variance, so the compute a cell needs to reach a fixed
+    accuracy is modelled as c J(x, y) with one unknown scale c (closed form for given alpha,
+    rho: the mean log residual). alpha and rho are searched on a grid (default alpha in
+    [0, 0.49] by 0.01, rho in [0, 1] by 0.01; alpha = rho = 0 is skipped: no finite optimum).
+    Cells with a non-finite or non-positive cost (target never reached) are left out; at least
+    three are needed. Returns (alpha, rho, rms of the log residuals).
+    """
+    mu = _check_mu(mu)
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    c = np.asarray(costs, dtype=float)
+    if not (x.shape == y.shape == c.shape and x.ndim == 1):
+        raise ValueError("xs, ys and costs must be 1-D and of the same length")
+    ok = np.isfinite(c) & (c > 0)
+    if ok.sum() < 3:
+        raise ValueError(f"need at least 3 cells with a finite cost to fit, got {int(ok.sum())}")
+    x, y, logc = x[ok], y[ok], np.log(c[ok])
+    alphas = np.arange(0.0, 0.495, 0.01) if alphas is None else np.asarray(alphas, dtype=float)
+    rhos = np.linspace(0.0, 1.0, 101) if rhos is None else np.asarray(rhos, dtype=float)
+    best = (math.inf, math.nan, math.nan)
+    for a in alphas:
+        base = 2.0 * a * np.log(x) + np.log1p(y / mu)  # log sigma^2(x) (1 + y/mu)
+        for r in rhos:
+            if a == 0.0 and r == 0.0:
+                continue
+            resid = logc - base - np.log(1.0 / y + 1.0 / x + r)
+            rms = float(np.sqrt(np.mean((resid - resid.mean()) ** 2)))
+            if rms < best[0]:
+                best = (rms, float(a), float(r))
+    return best[1], best[2], best[0]
