@@ -647,3 +647,39 @@ def test_rollouts_to_script_reads_fractions_of_the_gain(
     out = capsys.readouterr().out
     assert "grpo: start 0.200 -> final 0.900" in out
     assert "| replay | 2 | 75 | 125 |" in out and "| grpo | 2 | 200 | 300 |" in out
+
+
+def test_xy_grid_script_fits_the_theory_and_draws_the_heat_map(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from replayrl.data.design import objective, power_law_variance
+
+    s2 = power_law_variance(0.2)
+    variants = {}
+    for x in (1, 2, 4, 8):
+        for y in (1, 2, 4):
+            cost = 7.0 * float(objective(x, y, 5.3, 0.3, s2))  # J at alpha 0.2, rho 0.3
+            variants[f"x{x}-y{y}"] = {
+                "to_gain": {
+                    "0.9": {"rollouts": {"median": cost / 2}, "compute_paper_mu": {"median": cost}}
+                },
+                "non_inferior": True,
+            }
+    variants["x8-y4"]["to_gain"]["0.9"]["compute_paper_mu"]["median"] = None  # never reached
+    variants["grpo"] = {"to_gain": {}, "non_inferior": True}  # not a cell: skipped
+    (tmp_path / "summary.json").write_text(json.dumps({"variants": variants}))
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "xy_grid.py"
+    spec = importlib.util.spec_from_file_location("xy_grid_script", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Fitted on 11 of 12 cells: alpha = 0.20, rho = 0.30" in out
+    # the cheapest cell: J(2, 2) = 2^0.4 (1 + 2/5.3)(1/2 + 1/2 + 0.3) = 2.3627 (next: J(2, 4)
+    # = 2.4311)
+    assert "Measured best cell (modelled compute to 90% of grpo's gain): x2-y2" in out
+    assert (tmp_path / "xy_heatmap.png").stat().st_size > 1000
+    assert (tmp_path / "xy_grid.md").read_text() == out
