@@ -51,15 +51,15 @@ def cost_to(summary: dict[str, Any], target: float, mu: float | None) -> dict[st
     >= target (inf: never; compute NaN without a mu). `mu` None: the run's measured mu."""
     from replayrl.bench.suite import trained_rollouts_at  # the suite's trained-rollout count
 
-    mu = summary.get("mu_median") if mu is None else mu
+    m = summary.get("mu_median") if mu is None else mu
+    m = float(m) if m is not None and math.isfinite(m) else math.nan  # NaN: no measured mu
     for e in summary.get("evals", []):
         if e["eval/accuracy"] >= target - 1e-9:
             gen = float(e["rollouts_generated"])
-            ok = mu is not None and math.isfinite(mu)
             return {
                 "rollouts": gen,
                 "wall_seconds": float(e["wall_seconds"]),
-                "compute": mu * gen + trained_rollouts_at(summary, e) if ok else math.nan,
+                "compute": m * gen + trained_rollouts_at(summary, e),
             }
     return {"rollouts": math.inf, "wall_seconds": math.inf, "compute": math.inf}
 
