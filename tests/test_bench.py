@@ -565,7 +565,7 @@ def test_gain_targets_over_tasks_and_the_issue_verdict(tmp_path: Path) -> None:
     assert over["replay"]["non_inferior"] and over["replay"]["non_inferior_tasks"] == 2
     assert not over["replay-auto"]["non_inferior"]
     # replay-auto is faster (1/3) but inferior: the best non-inferior variant is replay
-    assert "`replay`" in s["verdict"][0] and "0.42x" in s["verdict"][0]
+    assert "`replay`" in s["verdict"][0] and "0.42 x" in s["verdict"][0]
     assert "target <= 0.33: not met" in s["verdict"][0]
     assert "target <= 0.5: met" in s["verdict"][0]
     assert "`replay-auto`: median final -0.050" in s["verdict"][1] and "WORSE" in s["verdict"][1]

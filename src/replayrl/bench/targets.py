@@ -203,11 +203,12 @@ def verdict(over: dict[str, dict[str, Any]], baseline: str) -> list[str]:
         best = min(ok, key=lambda n: ok[n][key]["median"])
         ratio = ok[best][key]["median"]
         comp = ok[best][f"gain{int(HEADLINE * 100)}_compute_paper_mu_ratio"]["median"]
+        # NaN: undefined (the baseline gained nothing, or reached the target at its first eval)
         lines.append(
             f"- best non-inferior reuse variant: `{best}`, rollouts to 90% of {baseline}'s gain "
-            f"{_ratio(ratio)}x {baseline}'s (target <= 0.33: "
+            f"{_ratio(ratio)} x {baseline}'s (target <= 0.33: "
             f"{'met' if ratio <= 1 / 3 else 'not met'}); modelled compute at mu = {PAPER_MU} "
-            f"{_ratio(comp)}x (target <= 0.5: {'met' if comp <= 0.5 else 'not met'})"
+            f"{_ratio(comp)} x (target <= 0.5: {'met' if comp <= 0.5 else 'not met'})"
         )
     else:
         lines.append("- no reuse variant is non-inferior on the median over tasks: target not met")
