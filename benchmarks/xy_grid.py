@@ -123,7 +123,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--r", type=int, default=64, help="R of the grid's cells")
     args = p.parse_args(argv)
     summary = json.loads((args.folder / "summary.json").read_text())
-    text, fit = report(summary, args.mu, args.r)
+    try:
+        text, fit = report(summary, args.mu, args.r)
+    except ValueError as exc:  # e.g. too few cells reached 90% of the gain to fit
+        print(f"xy_grid: {exc}", file=sys.stderr)
+        return 2
     (args.folder / "xy_grid.md").write_text(text)
     heatmap(cells(summary), fit["feasible"], args.folder / "xy_heatmap.png")
     print(text, end="")
