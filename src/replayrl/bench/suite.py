@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from replayrl.bench.targets import (
@@ -35,6 +34,8 @@ from replayrl.bench.targets import (
     gain_table,
     over_tasks,
     score_against_gain,
+    stats,
+    trained_rollouts_at,
     tuning_choice,
     tuning_lines,
     verdict,
@@ -93,20 +94,6 @@ def first_reaching(summary: dict[str, Any], target: float) -> dict[str, float]:
     return {"rollouts": math.inf, "tokens": math.inf, "wall_seconds": math.inf}
 
 
-def trained_rollouts_at(summary: dict[str, Any], e: dict[str, Any]) -> float:
-    """Rollouts trained on (counting repeats and epochs) by the time of eval `e`: recorded in
-    the eval when the loop records it, else its trained tokens x the run's trained rollouts
-    per trained token (from the run's learner accounting)."""
-    if e.get("rollouts_trained") is not None:
-        return float(e["rollouts_trained"])
-    roles = (summary.get("accounting") or {}).get("roles") or {}
-    learners = [r for k, r in roles.items() if k.startswith("learner")]
-    n, tokens = sum(r["rollouts"] for r in learners), sum(r["tokens"] for r in learners)
-    if not tokens or e.get("tokens_trained") is None:
-        return math.nan
-    return float(e["tokens_trained"]) * n / tokens
-
-
 def modelled_compute_to(summary: dict[str, Any], target: float, mu: float | None) -> float:
     """Paper 1's cost model at the first eval reaching `target`: mu x generated rollouts +
     trained rollouts, in units of one trained rollout (inf: never reached; NaN: no mu).
@@ -118,17 +105,6 @@ def modelled_compute_to(summary: dict[str, Any], target: float, mu: float | None
         if e["eval/accuracy"] >= target - 1e-9:
             return mu * float(e["rollouts_generated"]) + trained_rollouts_at(summary, e)
     return math.inf
-
-
-def stats(xs: list[float]) -> dict[str, float]:
-    """Median and quartiles; an unreached target (inf) counts as the largest value."""
-    a = np.asarray([x for x in xs if x is not None and not math.isnan(x)], dtype=float)
-    if a.size == 0:
-        return {"median": math.nan, "q25": math.nan, "q75": math.nan, "n": 0}
-    # with an unreached target (inf) take the upper neighbour: never an optimistic median
-    method = "higher" if np.isinf(a).any() else "linear"
-    q25, med, q75 = np.percentile(a, [25, 50, 75], method=method)
-    return {"median": float(med), "q25": float(q25), "q75": float(q75), "n": int(a.size)}
 
 
 def finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:

@@ -23,6 +23,31 @@ MARGIN = 0.01  # non-inferior: median final accuracy at most one point below the
 PAPER_MU = 5.3  # paper 1's measured generation / training cost per rollout (arXiv 2604.08706)
 
 
+def stats(xs: list[float]) -> dict[str, float]:
+    """Median and quartiles; an unreached target (inf) counts as the largest value."""
+    a = np.asarray([x for x in xs if x is not None and not math.isnan(x)], dtype=float)
+    if a.size == 0:
+        return {"median": math.nan, "q25": math.nan, "q75": math.nan, "n": 0}
+    # with an unreached target (inf) take the upper neighbour: never an optimistic median
+    method = "higher" if np.isinf(a).any() else "linear"
+    q25, med, q75 = np.percentile(a, [25, 50, 75], method=method)
+    return {"median": float(med), "q25": float(q25), "q75": float(q75), "n": int(a.size)}
+
+
+def trained_rollouts_at(summary: dict[str, Any], e: dict[str, Any]) -> float:
+    """Rollouts trained on (counting repeats and epochs) by the time of eval `e`: recorded in
+    the eval when the loop records it, else its trained tokens x the run's trained rollouts
+    per trained token (from the run's learner accounting)."""
+    if e.get("rollouts_trained") is not None:
+        return float(e["rollouts_trained"])
+    roles = (summary.get("accounting") or {}).get("roles") or {}
+    learners = [r for k, r in roles.items() if k.startswith("learner")]
+    n, tokens = sum(r["rollouts"] for r in learners), sum(r["tokens"] for r in learners)
+    if not tokens or e.get("tokens_trained") is None:
+        return math.nan
+    return float(e["tokens_trained"]) * n / tokens
+
+
 def start_accuracy(summary: dict[str, Any]) -> float:
     """Accuracy at the run's first eval (step 0, before any update; NaN without evals)."""
     evals = summary.get("evals") or []
@@ -49,8 +74,6 @@ def gain_targets(baseline_runs: list[dict[str, Any]]) -> dict[str, Any]:
 def cost_to(summary: dict[str, Any], target: float, mu: float | None) -> dict[str, float]:
     """Generated rollouts, wall seconds and modelled compute at the first eval with accuracy
     >= target (inf: never; compute NaN without a mu). `mu` None: the run's measured mu."""
-    from replayrl.bench.suite import trained_rollouts_at  # the suite's trained-rollout count
-
     m = summary.get("mu_median") if mu is None else mu
     m = float(m) if m is not None and math.isfinite(m) else math.nan  # NaN: no measured mu
     for e in summary.get("evals", []):
@@ -95,8 +118,6 @@ def score_against_gain(
     median [IQR] over seeds of rollouts / wall / modelled compute to reach it and their ratios
     to the baseline's medians (lower is better; an unreached seed counts as the largest); AUC
     over the first `horizon` rollouts; final accuracy minus the baseline's; the verdict."""
-    from replayrl.bench.suite import stats
-
     g = gain_targets(base_runs)
     block: dict[str, Any] = {}
     for f, acc in g["targets"].items():
@@ -171,8 +192,6 @@ def gain_table(variants: dict[str, dict[str, Any]]) -> str:
 def over_tasks(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One variant's gain-target figures over tasks: medians of its per-task ratios at 90% of
     the gain, of its AUCs, and the non-inferiority of the median (over tasks) final gap."""
-    from replayrl.bench.suite import stats
-
     h = str(HEADLINE)
     gaps = [r["final_minus_baseline"] for r in rows.values()]
     out: dict[str, Any] = {
