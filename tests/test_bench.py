@@ -683,3 +683,21 @@ def test_xy_grid_script_fits_the_theory_and_draws_the_heat_map(
     assert "Measured best cell (modelled compute to 90% of grpo's gain): x2-y2" in out
     assert (tmp_path / "xy_heatmap.png").stat().st_size > 1000
     assert (tmp_path / "xy_grid.md").read_text() == out
+
+
+def test_heldout_tasks_fit_the_tiny_model_and_are_harder() -> None:
+    """Every held-out task's prompts plus its completion budget fit the tiny model's 128
+    positions (one token per character, plus BOS): a task that does not fit skips every
+    prompt as too long (sub6 at 128 tokens did)."""
+    from replayrl.bench.suite import planned_runs
+    from replayrl.rollout.tasks import task_from_config
+
+    seen = set()
+    for label, cfg, _, _ in planned_runs(load_suite("heldout"), [0], Path("/tmp/unused")):
+        task = label.split("/")[0]
+        if task in seen:
+            continue
+        seen.add(task)
+        longest = max(len(r["prompt"]) for r in task_from_config(cfg.task).eval_rows())
+        assert longest + 1 + cfg.rollout.max_new_tokens <= 128, (task, longest)
+    assert seen == {"add5", "sub6", "chain7", "add", "sub"}
