@@ -626,7 +626,7 @@ def test_new_suites_hold_equal_budgets() -> None:
         assert gen == (10240 if label.startswith("grpo") else 7680), label
     assert set(methods.values()) == {4} and len(methods) == 4
     held = load_suite("heldout")
-    assert {"add5", "sub6", "chain7"} <= set(held["tasks"])
+    assert {"add6", "sub6", "chain7"} <= set(held["tasks"])
 
 
 def test_rollouts_to_script_reads_fractions_of_the_gain(
@@ -700,4 +700,4 @@ def test_heldout_tasks_fit_the_tiny_model_and_are_harder() -> None:
         seen.add(task)
         longest = max(len(r["prompt"]) for r in task_from_config(cfg.task).eval_rows())
         assert longest + 1 + cfg.rollout.max_new_tokens <= 128, (task, longest)
-    assert seen == {"add5", "sub6", "chain7", "add", "sub"}
+    assert seen == {"add6", "sub6", "chain7", "add", "sub"}
