@@ -1,11 +1,13 @@
-"""The TRL script `trl_grpo.py` ported to replayrl: experience replay on the same data and
-reward. Only the import, the trainer's class name and the config block differ
-(`diff examples/trl_grpo.py examples/replayrl_grpo.py`).
+"""The TRL script `trl_grpo.py` ported to replayrl: only the import, the trainer's class name and
+the config's class name differ (`diff examples/trl_grpo.py examples/replayrl_grpo.py`).
 
-The `replay` preset keeps a buffer of the last N = 256 rollouts and trains each step on B = 128
-of them, while generating the same R = 64 fresh ones per step as the TRL run: each rollout is
-trained on about twice (replay ratio B/R = 2; arXiv 2604.08706). `replayrl presets` lists the
-other presets (`grpo`: on-policy like TRL; `remix-grpo`: ReMix, arXiv 2507.06892).
+With TRL's arguments and no preset, replayrl trains as TRL does: the same learning rate
+schedule (linear decay), completions per step, loss normalisation, no evaluation and plain
+prompts sent as they are; what it cannot match it says once at start. Reusing rollouts is one
+preset name away: `ReplayConfig("replay", ...)` keeps a buffer and trains each step on
+rollouts sampled from it (experience replay, arXiv 2604.08706; `buffer__capacity` N and
+`train__batch_size` B set the staleness horizon N/R and replay ratio B/R), and
+`ReplayConfig("remix-grpo", ...)` runs ReMix (arXiv 2507.06892). `replayrl presets` lists them.
 
     python examples/replayrl_grpo.py --model PATH_OR_PREPARED_NAME
     python examples/replayrl_grpo.py --model PATH --tiny     # a few seconds on a CPU (the tests)
@@ -43,22 +45,20 @@ def main() -> None:
     cli = p.parse_args()
     train_dataset, eval_dataset = make_dataset(2000, seed=0), make_dataset(200, seed=1)
 
-    # config: begin
-    size = {"num_generations": 8, "generation_batch_size": 64, "max_completion_length": 6}
-    overrides = []  # any replayrl key, dotted
+    size = {"num_generations": 8, "per_device_train_batch_size": 64, "max_completion_length": 6}
     if cli.tiny:  # 2 prompts x 4 completions per step
-        size = {"num_generations": 4, "generation_batch_size": 8, "max_completion_length": 4}
-        overrides = ["buffer.capacity=32", "train.batch_size=16", "eval.num_prompts=8"]
+        size = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 4}
     args = ReplayConfig(
-        "replay",  # N = 256 rollouts in the buffer, B = 128 trained per step
         output_dir=cli.output_dir,
         max_steps=cli.max_steps,
         learning_rate=1e-4,
+        logging_steps=1,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        use_cpu=True,
         report_to="none",
-        overrides=[*overrides, "train.threads=1"] if cli.tiny else overrides,
-        **size,  # fresh completions per step: generation_batch_size (8 prompts x 8)
+        **size,  # completions per step: per_device_train_batch_size (8 prompts x 8)
     )
-    # config: end
 
     trainer = ReplayTrainer(
         model=cli.model,

@@ -1,6 +1,6 @@
 """GRPO with TRL: the script that `replayrl_grpo.py` ports to replayrl.
 
-The two files differ only in the import, the trainer's class name and the config block
+The two files differ only in the import, the trainer's class name and the config's class name
 (`diff examples/trl_grpo.py examples/replayrl_grpo.py`). Needs `pip install trl`.
 
     python examples/trl_grpo.py --model PATH_OR_HUB_ID
@@ -39,7 +39,6 @@ def main() -> None:
     cli = p.parse_args()
     train_dataset, eval_dataset = make_dataset(2000, seed=0), make_dataset(200, seed=1)
 
-    # config: begin
     size = {"num_generations": 8, "per_device_train_batch_size": 64, "max_completion_length": 6}
     if cli.tiny:  # 2 prompts x 4 completions per step
         size = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 4}
@@ -54,7 +53,6 @@ def main() -> None:
         report_to="none",
         **size,  # completions per step: per_device_train_batch_size (8 prompts x 8)
     )
-    # config: end
 
     trainer = GRPOTrainer(
         model=cli.model,

@@ -82,13 +82,23 @@ def test_config_takes_presets_trl_names_section_keys_and_overrides(tmp_path: Pat
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"per_device_eval_batch_size": 4}, "unknown argument.*per_device_eval_batch_size"),
-        ({"generation_batch_size": 10, "num_generations": 4}, "multiple of num_generations"),
-        ({"generation_batch_size": 8}, "needs num_generations"),
+        ({"learning_rat": 1e-5}, "unknown argument.*learning_rat .did you mean learning_rate"),
+        ({"buffer__kindd": "replay"}, "buffer__kindd .did you mean buffer__kind"),
+        ({"generation_batch_size": 10, "num_generations": 4}, "multiple of num_generations=4"),
+        ({"generation_batch_size": 12}, "multiple of num_generations=8"),  # the preset's G
+        ({"per_device_train_batch_size": 6, "generation_batch_size": 16}, "multiple of per_dev"),
         ({"scale_rewards": "batch"}, "scale_rewards"),
         ({"report_to": "mlflow"}, "report_to"),
-        ({"max_steps": -1}, "train.steps"),
+        ({"learning_rate": -1.0}, "train.lr"),
         ({"buffer__kind": "lifo"}, "buffer.kind"),
+        ({"top_k": 50}, "top_k=50: not supported"),
+        ({"use_vllm": True}, "use rollout__backend='vllm' instead"),
+        ({"fp16": True}, "fp16=True: use bf16=True"),
+        ({"loss_type": "cispo"}, "loss_type='cispo'.*not implemented"),
+        ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial': not supported"),
+        ({"importance_sampling_level": "sequence"}, "GSPO"),
+        ({"adam_beta1": 0.8}, "AdamW uses torch's betas"),
+        ({"save_strategy": "epoch"}, "save_strategy='epoch'"),
     ],
 )
 def test_bad_config_arguments_are_clear_errors(kwargs: dict, match: str) -> None:

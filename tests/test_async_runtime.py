@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from replayrl.config.schema import ConfigError, load_config
+from replayrl.data.batch_source import BufferSource
 from replayrl.data.buffer import make_buffer
 from replayrl.data.rollout import Rollout
 from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
@@ -81,8 +82,13 @@ def _rollout(version: int) -> Rollout:
             "buffer.capacity=32 must be divisible by workers.learners=3",
         ),
         (
-            ["runtime=async-local", "remix.enabled=true", "algorithm.loss_type=mix_ppg"],
-            "remix.enabled needs runtime=sync",
+            [
+                "runtime=ray",
+                "workers.learners=2",
+                "remix.enabled=true",
+                "algorithm.loss_type=mix_ppg",
+            ],
+            "remix.enabled needs workers.learners=1",
         ),
         (["runtime=threads"], "runtime"),
     ],
@@ -121,6 +127,8 @@ def _pacing(stale: int, fresh: int, sampled: int) -> SimpleNamespace:
     s = SimpleNamespace(
         cfg=cfg,
         buffer=buf,
+        source=BufferSource(buf, 16, 1),
+        log=quiet,
         learner=SimpleNamespace(version=5),
         counters=SimpleNamespace(rollouts_sampled=sampled),
         newest_delivered=5,

@@ -198,8 +198,8 @@ def test_replay_buffer_needs_capacity():
     msg = _error(["buffer.kind=replay"])
     assert "buffer.capacity" in msg
     assert "replay" in msg
-    cfg = load_config(None, ["buffer.kind=replay", "buffer.capacity=64"])
-    assert cfg.buffer.capacity == 64
+    cfg = load_config(None, ["buffer.kind=replay", "buffer.capacity=256"])  # >= B = 128
+    assert cfg.buffer.capacity == 256
 
 
 def test_mini_batch_larger_than_batch():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 import torch
 
-from replayrl.rollout.evaluation import evaluate, pass_at_k
+from replayrl.config.schema import load_config
+from replayrl.rollout.evaluation import evaluate, evaluate_policy, held_out_rows, pass_at_k
 from replayrl.rollout.generation import Sample, SamplingParams
 from replayrl.rollout.tasks import ArithmeticTask
 from replayrl.run.metrics import MetricsLogger, read_metrics
@@ -98,3 +100,42 @@ def test_metrics_logger_writes_jsonl_with_nan_as_null(tmp_path: Path):
     ]
     MetricsLogger(tmp_path, tensorboard=False).close()
     assert read_metrics(tmp_path / "metrics.jsonl") == []
+
+
+def test_evaluate_policy_takes_every_setting_from_the_config() -> None:
+    cfg = load_config(
+        None,
+        ["rollout.max_new_tokens=7", "eval.pass_k=3", "eval.temperature=0.6", "eval.num_prompts=2"],
+    )
+
+    class Task(ArithmeticTask):
+        def eval_rows(self):
+            return ROWS
+
+    task = Task()
+    rows = held_out_rows(cfg, task)
+    assert rows == ROWS[:2]
+    gen = ScriptedGenerator(["3", "0"], [["3", "1", "3"], ["42", "42", "0"]])
+    res = evaluate_policy(cfg, gen, task, rows, render=lambda p: f"<{p}>")
+    (n1, greedy), (k, sampled) = gen.calls
+    assert (n1, greedy.greedy, greedy.max_new_tokens) == (1, True, 7)
+    assert (k, sampled.temperature, sampled.max_new_tokens) == (3, 0.6, 7)
+    assert res["eval/accuracy"] == 0.5 and res["eval/pass@3"] == 1.0
+
+
+def test_every_caller_evaluates_through_evaluate_policy() -> None:
+    # the session, the API, the CLI and the TRL peer: one function, so that a peer is never
+    # measured differently from our runs
+    src = Path(__file__).resolve().parent.parent / "src" / "replayrl"
+    direct = []
+    for path in src.rglob("*.py"):
+        if path.name == "evaluation.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "replayrl.rollout.evaluation":
+                direct += [f"{path.name}: {a.name}" for a in node.names if a.name == "evaluate"]
+    assert direct == []
+    users = {p.name for p in src.rglob("*.py") if "evaluate_policy(" in p.read_text()} - {
+        "evaluation.py"
+    }
+    assert users == {"session.py", "trainer.py", "main.py", "trl_grpo.py"}

@@ -1,5 +1,5 @@
 """examples/: the TRL script and its replayrl twin differ only in the import, the trainer's
-class name and the config block, and every example runs in a tiny configuration."""
+class name and the config's class name, and every example runs in a tiny configuration."""
 
 from __future__ import annotations
 
@@ -22,19 +22,19 @@ EXAMPLES = ROOT / "examples"
 
 
 def _body(path: Path) -> list[str]:
-    """The script without its docstring and config block; the import line and the trainer's
-    class name made neutral: what must be the same in a TRL script and its port."""
+    """The script without its docstring; the import line, the trainer's and the config's class
+    names made neutral: what must be the same in a TRL script and its port."""
     text = path.read_text()
     text = re.sub(r'\A""".*?"""\n', "", text, flags=re.S)
-    text = re.sub(r"    # config: begin\n.*?    # config: end\n", "<config>\n", text, flags=re.S)
     text = re.sub(r"^from (trl|replayrl) import .*$", "<import>", text, flags=re.M)
     text = re.sub(r"\b(GRPOTrainer|ReplayTrainer)\(", "<Trainer>(", text)
+    text = re.sub(r"\b(GRPOConfig|ReplayConfig)\(", "<Config>(", text)
     return text.splitlines()
 
 
-def test_the_port_changes_only_the_import_the_class_and_the_config() -> None:
+def test_the_port_changes_only_the_import_and_the_class_names() -> None:
     trl, ours = _body(EXAMPLES / "trl_grpo.py"), _body(EXAMPLES / "replayrl_grpo.py")
-    assert "<config>" in trl and "<import>" in trl and "    trainer = <Trainer>(" in trl
+    assert "<import>" in trl and "    trainer = <Trainer>(" in trl and "    args = <Config>(" in trl
     assert trl == ours
 
 
@@ -70,9 +70,15 @@ def test_the_twins_train(script: str, tiny_model_dir: Path, tmp_path: Path) -> N
     assert f"trained 2 steps -> {out}" in stdout
     assert (out / "final" / "config.json").is_file()
     if script.startswith("replayrl"):
+        # TRL's behaviour: on-policy, linear decay, plain prompts untemplated, no evaluation
         cfg = yaml.safe_load((out / "config.yaml").read_text())
-        assert cfg["buffer"]["kind"] == "replay" and cfg["rollout"]["num_generations"] == 4
-        assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+        assert cfg["buffer"]["kind"] == "onpolicy" and cfg["rollout"]["num_generations"] == 4
+        assert cfg["rollout"]["prompts_per_step"] == 2 and cfg["train"]["lr_scheduler"] == "linear"
+        assert cfg["task"]["chat_template"] is False and cfg["task"]["eval_size"] == 0
+        records = read_metrics(out / "metrics.jsonl")
+        assert [r["step"] for r in records] == [1, 2]
+        assert [r["train/lr"] for r in records] == [1e-4, 5e-5]
+        assert not any("eval/accuracy" in r for r in records)
 
 
 def test_custom_reward_example(tmp_path: Path) -> None:

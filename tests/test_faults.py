@@ -205,13 +205,14 @@ def test_interrupted_start_puts_the_old_run_back(tmp_path: Path):  # F19
     run = tmp_path / "r"
     run.mkdir()
     (run / "summary.json").write_text("{}")
+    (run / "config.yaml").write_text("train: {}\nlogging: {}\n")  # a run folder's config
     logs: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         with new_run_folder(run, overwrite=True, log=logs.append):
             assert not (run / "summary.json").exists()  # the new run starts empty
             (run / "config.yaml").write_text("partial")
             raise KeyboardInterrupt
-    assert [p.name for p in run.iterdir()] == ["summary.json"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "summary.json"]
     # a start killed (-9) half-way leaves the old run aside: the next start says where it is
     (tmp_path / ".r.replaced-123").mkdir()
     with new_run_folder(run, overwrite=True, log=logs.append):

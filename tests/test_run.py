@@ -363,6 +363,7 @@ def test_existing_run_folder_needs_resume_or_overwrite(tmp_path: Path):
     run_dir = tmp_path / "taken"
     run_dir.mkdir()
     (run_dir / "notes.txt").write_text("previous run")
+    (run_dir / "config.yaml").write_text("train: {}\nlogging: {}\n")  # overwrite: runs only
     with pytest.raises(ConfigError, match="--resume") as info:
         train(make_cfg(tmp_path, "taken", "train.steps=0"), log=quiet)
     assert str(run_dir) in str(info.value)

@@ -64,3 +64,39 @@ def test_bf16_logits_are_sampled_in_fp32():
     assert logps.dtype == torch.float32
     want = torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, None]).squeeze(-1)
     assert torch.allclose(logps, want)
+
+
+def test_a_seeded_generator_makes_sampling_reproducible_whatever_the_global_rng():
+    logits = torch.randn(64, 7)
+    for top_p in (1.0, 0.8):
+        torch.manual_seed(1)
+        a, _ = sample_next(logits, 1.0, top_p, generator=torch.Generator().manual_seed(5))
+        torch.manual_seed(2)  # the global stream must not matter
+        b, _ = sample_next(logits, 1.0, top_p, generator=torch.Generator().manual_seed(5))
+        assert torch.equal(a, b)
+
+
+def test_top_p_one_draws_by_inverse_cdf_over_the_unsorted_vocabulary():
+    # the token for uniform u is the first index whose cumulative probability exceeds u
+    # (vocabulary order, no sort): computed here by hand from the same uniforms
+    logits = torch.tensor([[0.0, 2.0, -1.0, 1.0]]).expand(500, -1)
+    tokens, _ = sample_next(logits, 1.0, 1.0, generator=torch.Generator().manual_seed(3))
+    probs = torch.softmax(logits[0], -1)
+    u = torch.rand((500, 1), generator=torch.Generator().manual_seed(3)) * probs.cumsum(-1)[-1]
+    expected = (u >= probs.cumsum(-1)).sum(-1)
+    assert torch.equal(tokens, expected)
+
+
+def test_defaults_are_temperature_one_and_no_nucleus():
+    logits = torch.tensor([[1.0, 0.0, -1.0]])
+    tokens, logp = sample_next(logits, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(logp, torch.log_softmax(logits, -1)[0, tokens], atol=1e-6)
+
+
+def test_top_p_keep_stops_at_exactly_top_p():
+    # sorted [0.5, 0.25, 0.25]: the mass before each token is [0, 0.5, 0.75]; a token stays
+    # when that mass is strictly below top_p (0.5 keeps one, 0.75 two, 0.76 all three)
+    p = torch.tensor([[0.5, 0.25, 0.25]])
+    assert top_p_keep(p, 0.5).tolist() == [[True, False, False]]
+    assert top_p_keep(p, 0.75).tolist() == [[True, True, False]]
+    assert top_p_keep(p, 0.76).tolist() == [[True, True, True]]

@@ -1,7 +1,15 @@
-"""Group-relative advantages, computed once at generation time and stored on the rollout."""
+"""Advantage estimators in a registry: each entry is a function the loop actually calls.
+
+Two kinds: group estimators run once at generation (the producer calls them; the advantage is
+stored on the rollout, as paper 1 and GRPO), token estimators run in the learner at every
+step with the current critic (as ReMix-PPO for replayed data). Registering a new name with
+`ADVANTAGES.add(name, AdvantageSpec(group=fn))` is the whole edit: the config accepts it, the
+producer calls it (RLOO below is registered exactly so).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +39,44 @@ def group_advantages(
             centred = centred / (std + eps)
         adv[idx] = centred
     return adv.float(), means.float()
+
+
+def group_means(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Each item's group mean reward (stored on the rollout whatever the estimator)."""
+    return group_advantages(rewards, group_ids, scale_rewards=False)[1]
+
+
+def grpo_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: bool = True
+) -> torch.Tensor:
+    """GRPO's group-relative advantage (`group_advantages`), the registry's signature."""
+    return group_advantages(rewards, group_ids, scale_rewards)[0]
+
+
+def rloo_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """RLOO (Ahmadian et al., arXiv 2402.14740, eq. for the leave-one-out baseline):
+    A_i = r_i - 1/(G-1) sum_{j != i} r_j = G/(G-1) (r_i - mean(r_group)).
+
+    `scale_rewards` divides by the group's sample std as GRPO does (the optional advantage
+    normalisation; `algorithm.scale_rewards=false` gives the paper's plain estimator). A
+    single-member group has no other sample: A = 0.
+    """
+    rewards = rewards.to(torch.float64)
+    adv = torch.zeros_like(rewards)
+    for g in torch.unique(group_ids):
+        idx = group_ids == g
+        r = rewards[idx]
+        n = r.numel()
+        if n < 2:
+            continue
+        others_mean = (r.sum() - r) / (n - 1)
+        centred = r - others_mean
+        if scale_rewards:
+            centred = centred / (r.std() + eps)
+        adv[idx] = centred
+    return adv.float()
 
 
 def gae(
@@ -67,15 +113,46 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
     return ((x - vals.mean()) / (vals.std() + eps)) * mask
 
 
+def whitened_gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's token estimator: `gae` advantages, whitened over the batch (`whiten`); returns
+    (advantages, returns) with the returns of the unwhitened advantages (the critic's target)."""
+    adv, ret = gae(rewards, values, mask, gamma, lam)
+    return whiten(adv, mask), ret
+
+
+# (rewards (N,), group ids (N,), scale_rewards) -> advantages (N,)
+GroupEstimator = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
+# (rewards, values, mask: (B, T), gamma, lam) -> (advantages, returns), both (B, T)
+TokenEstimator = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor]
+]
+
+
 @dataclass(frozen=True)
 class AdvantageSpec:
-    """Where an estimator runs: once at generation (stored on the rollout, as paper 1) or by
-    the learner at every step with the current critic (as ReMix-PPO for replayed data)."""
+    """An estimator: `group` runs once at generation (the producer stores its value on the
+    rollout), `token` runs in the learner at every step on the current critic's values.
+    Exactly one of them is set."""
 
-    at_generation: bool
-    needs_critic: bool
+    group: GroupEstimator | None = None
+    token: TokenEstimator | None = None
+
+    def __post_init__(self) -> None:
+        if (self.group is None) == (self.token is None):
+            raise ValueError("an advantage estimator has exactly one of `group` or `token`")
+
+    @property
+    def at_generation(self) -> bool:
+        return self.group is not None
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.token is not None
 
 
 ADVANTAGES: Registry[AdvantageSpec] = Registry("advantage estimator", "algorithm.advantage")
-ADVANTAGES.add("grpo", AdvantageSpec(at_generation=True, needs_critic=False))  # group_advantages
-ADVANTAGES.add("gae", AdvantageSpec(at_generation=False, needs_critic=True))  # gae + whiten
+ADVANTAGES.add("grpo", AdvantageSpec(group=grpo_advantages))
+ADVANTAGES.add("rloo", AdvantageSpec(group=rloo_advantages))
+ADVANTAGES.add("gae", AdvantageSpec(token=whitened_gae))

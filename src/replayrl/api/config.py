@@ -9,36 +9,73 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from replayrl.api import trl_args
+from replayrl.api.trl_args import Translation
 from replayrl.config.schema import Config, ConfigError, apply_overrides, build_config, load_yaml
 
-# TRL GRPOConfig names -> replayrl config keys (same meaning)
-TRL_KEYS: dict[str, str] = {
-    "max_steps": "train.steps",
-    "learning_rate": "train.lr",
-    "weight_decay": "train.weight_decay",
-    "max_grad_norm": "train.max_grad_norm",
-    "seed": "train.seed",
-    "num_iterations": "train.epochs",
-    "num_generations": "rollout.num_generations",
-    "max_completion_length": "rollout.max_new_tokens",
-    "temperature": "rollout.temperature",
-    "top_p": "rollout.top_p",
-    "beta": "kl.beta",
-    "epsilon": "algorithm.epsilon",
-    "epsilon_high": "algorithm.epsilon_high",
-    "eval_steps": "eval.every",
-    "save_steps": "checkpoint.every",
-    "save_total_limit": "checkpoint.keep_last",
-}
-# handled one by one in ReplayConfig._trl_overrides
-TRL_SPECIAL = (
-    "output_dir",
-    "generation_batch_size",
-    "scale_rewards",
-    "report_to",
-    "disable_tqdm",
-    "reward_weights",
-)
+# paper 1's replay ratio y = B / R and staleness horizon x = N / R -> B and N for R rollouts a step
+PAPER_TERMS = {"replay_ratio": "train.batch_size", "staleness_horizon": "buffer.capacity"}
+
+
+def _config_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the config schema (`train.lr`, `buffer.capacity`, ...)."""
+    keys = []
+    for name, f in model.model_fields.items():
+        sub = f.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            keys += _config_keys(sub, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
+    """The resolved run under TRL's argument names (what `trainer.args.<name>` reads)."""
+    t, r, a = cfg.train, cfg.rollout, cfg.algorithm
+    per_update = translation.completions_per_update or (t.mini_batch_size or cfg.batch_size)
+    updates = translation.updates_per_step
+    agg = {v: k for k, v in trl_args.LOSS_TYPES.items() if k != "bnpo"}
+    view: dict[str, Any] = {
+        "output_dir": str(Path(cfg.logging.run_dir) / cfg.logging.name),
+        "max_steps": t.steps * updates,
+        "learning_rate": t.lr,
+        "lr_scheduler_type": t.lr_scheduler,
+        "warmup_steps": t.warmup_steps,
+        "warmup_ratio": t.warmup_ratio,
+        "weight_decay": t.weight_decay,
+        "max_grad_norm": t.max_grad_norm,
+        "seed": t.seed,
+        "num_generations": r.num_generations,
+        "generation_batch_size": cfg.rollouts_per_step,
+        "per_device_train_batch_size": per_update,
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": max(1, cfg.rollouts_per_step // per_update),
+        "num_iterations": cfg.remix.utd if cfg.remix.enabled else t.epochs,
+        "max_completion_length": r.max_new_tokens,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "beta": cfg.kl.beta,
+        "epsilon": a.epsilon,
+        "epsilon_high": a.epsilon_high,
+        "loss_type": agg.get(a.loss_agg, a.loss_agg),
+        "scale_rewards": "group" if a.scale_rewards else "none",
+        "entropy_coef": a.entropy_coef,
+        "gradient_checkpointing": cfg.model.gradient_checkpointing,
+        "bf16": cfg.precision.learner_autocast == "bfloat16",
+        "save_steps": cfg.checkpoint.every * updates,
+        "save_strategy": "steps" if cfg.checkpoint.every else "no",
+        "save_total_limit": cfg.checkpoint.keep_last,
+        "eval_strategy": "steps" if cfg.eval.every else "no",
+        "eval_steps": cfg.eval.every * updates or None,
+        "report_to": [s for s in ("wandb", "tensorboard") if getattr(cfg.logging, s)] or "none",
+        "run_name": cfg.logging.name,
+        "logging_steps": 1,  # every step is logged
+        "disable_tqdm": not cfg.logging.progress,
+    }
+    view.update(translation.view)
+    return view
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -62,23 +99,59 @@ class ReplayConfig:
 
     Args:
         preset: a shipped preset name (`replayrl presets`: "grpo", "replay", "remix-grpo",
-            ...), a YAML file, a `Config` object, or None for the built-in defaults.
+            ...), a YAML file, a `Config` object, a TRL `GRPOConfig` object (its fields are
+            read), or None.
         overrides: dotted overrides applied last, as a list of "key=value" strings (the CLI's
             syntax: `["buffer.capacity=512", "train.lr=1e-4"]`) or a mapping
             `{"buffer.capacity": 512}`.
-        **kwargs: TRL `GRPOConfig` names (`output_dir`, `max_steps`, `learning_rate`,
-            `num_generations`, `max_completion_length`, `temperature`, `top_p`, `beta`,
-            `epsilon`, `epsilon_high`, `weight_decay`, `max_grad_norm`, `seed`,
-            `num_iterations`, `eval_steps`, `save_steps`, `save_total_limit`,
-            `generation_batch_size` (completions per step, a multiple of num_generations),
-            `scale_rewards` ("group"/"none"/bool), `report_to` ("wandb", "tensorboard",
-            "none" or a list), `disable_tqdm`, `reward_weights`), or replayrl keys with `__`
-            for the dot: `buffer__kind="replay"`, `remix__utd=2`. Unknown names are an error.
+        **kwargs: TRL `GRPOConfig` argument names, or replayrl keys with `__` for the dot
+            (`buffer__kind="replay"`, `remix__utd=2`).
 
-    `output_dir` is the run folder (metrics.jsonl, summary.json, checkpoints/): it sets
-    `logging.run_dir` (its parent) and `logging.name` (its last part). Validation happens when
-    the config is resolved (`to_config()`, or when a `ReplayTrainer` is built), with errors
-    naming the key.
+    TRL's arguments (README "From TRL" has the table): `output_dir` (the run folder),
+    `max_steps` (-1: `num_train_epochs` over the dataset), `learning_rate`,
+    `lr_scheduler_type` (linear, cosine, constant), `warmup_steps`, `warmup_ratio`,
+    `weight_decay`, `max_grad_norm`, `seed`, `num_generations`,
+    `per_device_train_batch_size`, `gradient_accumulation_steps`, `steps_per_generation`,
+    `generation_batch_size` (completions generated per step), `num_iterations` (passes per
+    generation; ReMix's update-to-data ratio m under a ReMix preset), `max_completion_length`,
+    `temperature`, `top_p`, `beta`, `epsilon`, `epsilon_high`, `loss_type` (grpo -> seq_mean,
+    dapo / bnpo -> token_mean, dr_grpo), `scale_rewards`, `entropy_coef`, `bf16` (learner
+    autocast), `gradient_checkpointing`, `save_strategy` / `save_steps` /
+    `save_total_limit`, `eval_strategy` / `eval_steps`, `report_to`, `disable_tqdm`,
+    `reward_weights`. Logging and device arguments (`logging_steps`, `use_cpu`, ...) are
+    accepted and have no effect (every step is logged). Others are refused with what to use
+    instead; a misspelled name gets the nearest names.
+
+    Without a preset, TRL's arguments start from TRL's defaults (lr 1e-6 decaying linearly,
+    8 completions per step, bf16, gradient checkpointing, no evaluation, seed 42, ...), so a
+    ported script trains like under TRL. A preset keeps its own values (constant learning
+    rate, a held-out evaluation); the trainer says once at start where that differs from TRL.
+
+    The papers' knobs (set as section__key, or in `overrides`):
+
+    - `buffer__kind="replay"`: experience replay (arXiv 2604.08706): keep a FIFO buffer and
+      train each step on rollouts sampled from it;
+    - `buffer__capacity` N: rollouts kept; the staleness horizon is x = N / R (R rollouts
+      generated per step), `"auto"` picks x* from the measured cost ratio;
+    - `train__batch_size` B: rollouts trained per step; the replay ratio is y = B / R
+      (`"auto"`: y* from the cost model, `replayrl design`);
+    - `replay_ratio=y` and `staleness_horizon=x` set B = y * R and N = x * R by the papers'
+      names (R = prompts per step x num_generations; rounded);
+    - `buffer__sampler="positive_bias"` with `buffer__delta`: oversample rewarded rollouts;
+    - `buffer__max_staleness`: drop rollouts older than this many policy versions;
+    - `algorithm__loss_type="asymre"` (with `algorithm__asymre_delta_v`): AsymRE's loss;
+    - `remix__enabled=True` (ReMix, arXiv 2507.06892; preset "remix-grpo"): Mix-PPG over
+      fresh rollouts and those of the last `remix__num_policies` policies, with
+      `remix__off_policy_fraction` p, update-to-data ratio `remix__utd` m (= num_iterations),
+      policy reincarnation at `remix__reincarnation_step` T;
+    - `kl__target="convex"` with `kl__beta`: ReMix's KL-Convex constraint;
+    - `algorithm__entropy_coef`: entropy bonus (ReMix's c).
+
+    `replayrl config show --doc` prints every key with its description.
+
+    Validation happens when the config is resolved (`to_config()`, or when a `ReplayTrainer`
+    is built), with errors naming the key. After training, `trainer.args.<TRL name>` reads
+    the resolved values (`trainer.args.learning_rate`, `.per_device_train_batch_size`, ...).
 
     Example: `ReplayConfig("remix-grpo", output_dir="runs/mine", max_steps=200,
     learning_rate=1e-6, overrides=["remix.off_policy_fraction=0.5"])`.
@@ -86,93 +159,65 @@ class ReplayConfig:
 
     def __init__(
         self,
-        preset: str | PathLike[str] | Config | None = None,
+        preset: str | PathLike[str] | Config | Any | None = None,
         overrides: Sequence[str] | Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        trl_values: dict[str, Any] = {}
+        if trl_args.is_grpo_config(preset):  # a TRL GRPOConfig object: its fields, TRL mode
+            trl_values = trl_args.read_grpo_config(preset)
+            preset = None
         if preset is not None and not isinstance(preset, (str, PathLike, Config)):
             raise TypeError(
-                f"preset must be a preset name, a YAML path or a Config (got {type(preset)})"
+                f"preset must be a preset name, a YAML path, a Config or a TRL GRPOConfig "
+                f"(got {type(preset)})"
             )
-        self.preset = preset
+        self.preset: str | PathLike[str] | Config | None = preset
         if isinstance(overrides, str):
             raise TypeError("overrides must be a list of 'key=value' strings or a mapping")
         self.overrides = overrides if overrides is not None else []
         self.kwargs = dict(kwargs)
-        self.reward_weights: list[float] | None = None
-        self._dotted = self._keyword_overrides(self.kwargs)
+        # paper 1's terms by name (arXiv 2604.08706): y = B / R and x = N / R
+        self.paper_terms = {k: kwargs.pop(k) for k in PAPER_TERMS if k in kwargs}
+        keys = _config_keys()
+        trl_args.check_names(kwargs, keys)
+        given = self.overrides.keys() if isinstance(self.overrides, Mapping) else self.overrides
+        trl_args.check_override_keys([str(o).split("=", 1)[0].strip() for o in given], keys)
+        self._sections = {k.replace("__", "."): v for k, v in kwargs.items() if "__" in k}
+        trl_values.update({k: v for k, v in kwargs.items() if "__" not in k})
+        self.trl_values = trl_values
+        # TRL's defaults apply when TRL's arguments are used without a preset
+        self.trl_mode = preset is None and bool(trl_values)
+        self.translation = self._translate()
+        self.reward_weights = self.translation.reward_weights
+        self.resolved: Config | None = None  # set by ReplayTrainer: what the run uses
+        self._view: tuple[Config | None, dict[str, Any]] = (None, {})
 
-    def _keyword_overrides(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        unknown = []
-        for name, value in kwargs.items():
-            if name in TRL_KEYS:
-                out[TRL_KEYS[name]] = value
-            elif name in TRL_SPECIAL:
-                out.update(self._trl_special(name, value, kwargs))
-            elif "__" in name:
-                out[name.replace("__", ".")] = value
-            else:
-                unknown.append(name)
-        if unknown:
-            known = ", ".join([*TRL_KEYS, *TRL_SPECIAL])
-            raise ConfigError(
-                f"ReplayConfig: unknown argument(s) {', '.join(unknown)} (TRL names known here: "
-                f"{known}; replayrl keys as section__key, e.g. buffer__kind, or overrides=[...])"
-            )
-        return out
+    def _translate(self) -> Translation:
+        values = self.trl_values
+        base = self._base()
+        if self.trl_mode:
+            values = {**trl_args.TRL_DEFAULTS, **values}
+        remix = dict(base.get("remix") or {}).get("enabled", False)
+        remix = self._sections.get("remix.enabled", remix)
+        group = dict(base.get("rollout") or {}).get("num_generations")
+        group = self._sections.get("rollout.num_generations", group)
+        return trl_args.translate(values, {"num_generations": group}, bool(remix))
 
-    def _trl_special(self, name: str, value: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if name == "output_dir":
-            path = Path(value).expanduser()
-            if not path.name or path.name in (".", ".."):
-                raise ConfigError(f"output_dir={value!r} must end in a folder name")
-            return {"logging.run_dir": str(path.parent), "logging.name": path.name}
-        if name == "generation_batch_size":
-            g = kwargs.get("num_generations")
-            if g is None:
-                raise ConfigError(
-                    "generation_batch_size needs num_generations beside it (prompts per step "
-                    "= generation_batch_size / num_generations)"
-                )
-            if not isinstance(value, int) or value < g or value % g:
-                raise ConfigError(
-                    f"generation_batch_size={value!r} must be a positive multiple of "
-                    f"num_generations={g}"
-                )
-            return {"rollout.prompts_per_step": value // g}
-        if name == "scale_rewards":
-            mapping = {True: True, False: False, "group": True, "none": False}
-            if value not in mapping or (isinstance(value, int) and not isinstance(value, bool)):
-                raise ConfigError(
-                    f"scale_rewards={value!r}: replayrl normalises per group ('group' / True) or "
-                    "not at all ('none' / False)"
-                )
-            return {"algorithm.scale_rewards": mapping[value]}
-        if name == "report_to":
-            sinks = [value] if isinstance(value, str) else list(value or [])
-            bad = [s for s in sinks if s not in ("wandb", "tensorboard", "none", "all")]
-            if bad:
-                raise ConfigError(
-                    f"report_to: unknown {bad} (replayrl logs to: wandb, tensorboard, none; "
-                    "metrics.jsonl is always written)"
-                )
-            every = "all" in sinks
-            return {
-                "logging.wandb": every or "wandb" in sinks,
-                "logging.tensorboard": every or "tensorboard" in sinks,
-            }
-        if name == "disable_tqdm":
-            return {"logging.progress": not value}
-        # reward_weights: applied by ReplayTrainer to its reward functions
-        weights = [float(w) for w in value] if value is not None else None
-        self.reward_weights = weights
-        return {}
+    @property
+    def _dotted(self) -> dict[str, Any]:
+        """TRL arguments' keys, then section__key arguments (these win)."""
+        return {**self.translation.dotted, **self._sections}
+
+    @property
+    def notes(self) -> list[str]:
+        """Where this configuration knowingly differs from TRL's behaviour (said at start)."""
+        return list(self.translation.notes)
 
     def _base(self) -> dict[str, Any]:
         if isinstance(self.preset, Config):
             return self.preset.model_dump(mode="json")
-        return load_yaml(self.preset) if self.preset is not None else {}
+        return load_yaml(Path(self.preset)) if self.preset is not None else {}
 
     def override_strings(self) -> list[str]:
         """Every override as a CLI-style "key=value" string (JSON values are valid YAML)."""
@@ -199,7 +244,22 @@ class ReplayConfig:
 
     def to_config(self, extra: Mapping[str, Any] | None = None) -> Config:
         """The validated `Config` (ConfigError naming the key and value when invalid)."""
-        return build_config(self.data(extra))
+        data = self.data(extra)
+        cfg = build_config(data)
+        if not self.paper_terms:
+            return cfg
+        if cfg.buffer.kind != "replay":
+            raise ConfigError(
+                f"{', '.join(self.paper_terms)} need a replay buffer: use the 'replay' preset "
+                "or buffer__kind='replay'"
+            )
+        R = cfg.rollouts_per_step
+        for name, value in self.paper_terms.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"{name}={value!r} must be a positive number")
+            section, key = PAPER_TERMS[name].split(".")
+            data.setdefault(section, {})[key] = max(1, round(value * R))
+        return build_config(data)
 
     def sets(self, key: str) -> bool:
         """Whether the caller set `key` explicitly (a keyword argument or an override)."""
@@ -214,6 +274,25 @@ class ReplayConfig:
         """The run folder: logging.run_dir / logging.name."""
         cfg = self.to_config()
         return Path(cfg.logging.run_dir) / cfg.logging.name
+
+    def trl_args(self) -> dict[str, Any]:
+        """The resolved configuration under TRL's argument names (`trainer.args.<name>`)."""
+        cfg = self.resolved if self.resolved is not None else self.to_config()
+        if self._view[0] is not cfg:  # callbacks read args often: once per resolved config
+            self._view = (cfg, trl_view(cfg, self.translation))
+        return self._view[1]
+
+    def __getattr__(self, name: str) -> Any:
+        # TRL scripts read trainer.args.learning_rate, .max_steps, ...: the resolved values
+        if name.startswith("_") or name in ("translation", "trl_values", "resolved"):
+            raise AttributeError(name)
+        view = self.trl_args()
+        if name in view:
+            return view[name]
+        raise AttributeError(
+            f"ReplayConfig has no attribute {name!r}"
+            + trl_args.suggest(name, [*view, "to_config", "output_dir", "overrides", "preset"])
+        )
 
     def __repr__(self) -> str:
         parts = [repr(self.preset) if not isinstance(self.preset, Config) else "Config(...)"]

@@ -18,6 +18,7 @@ trains the same way from either. `ReplayConfig` lives in api_config.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
@@ -26,9 +27,11 @@ from typing import Any
 
 import torch
 
+from replayrl.algorithms import ADVANTAGES
+from replayrl.api import trl_compat
 from replayrl.api.config import ReplayConfig
 from replayrl.config.schema import Config, ConfigError, TaskConfig, build_config, load_config
-from replayrl.run.callbacks import ReplayCallback, RunHooks, StepFn, as_callbacks
+from replayrl.run.callbacks import ReplayCallback, RunHooks, as_callbacks
 
 Log = Callable[[str], None]
 __all__ = ["ReplayCallback", "ReplayConfig", "ReplayTrainer", "TrainerState"]
@@ -86,21 +89,44 @@ class ReplayTrainer:
             Weights: `ReplayConfig(reward_weights=[...])`, else 1.0 each. A function that
             raises or returns a non-finite value drops only the rollouts concerned (counted in
             `rollouts/dropped_reward_error`).
-        args: a `ReplayConfig`, a `Config`, a preset name or a YAML path (None: defaults).
+        args: a `ReplayConfig`, a TRL `GRPOConfig` (its fields are read), a `Config`, a preset
+            name or a YAML path (None: defaults).
         train_dataset: a `datasets.Dataset`, a list of dicts, a pandas DataFrame, or a local
             JSONL / JSON / parquet / CSV file. Rows need a prompt (text or chat messages) and
             an answer (`task.prompt_column` / `task.answer_column`, default "prompt" /
             "answer"); malformed rows are skipped and counted. None: the config's task.
-        eval_dataset: the held-out rows (same kinds). None: a seeded split of train_dataset
-            (`task.eval_size` rows, default min(200, 10%)).
+            With reward callables only (no built-in reward names) and no evaluation, rows
+            need no answer column (format or judge rewards).
+        eval_dataset: the held-out rows (same kinds). None: with a preset, a seeded split of
+            train_dataset (`task.eval_size` rows, default min(200, 10%)); with TRL's arguments
+            and no preset, as TRL: no evaluation unless `eval_strategy="steps"`.
         processing_class: the tokenizer of a model object.
-        callbacks: `ReplayCallback` objects, or plain functions `f(step, metrics)` called after
-            every step; returning True stops training after the step (see `ReplayCallback`).
+        callbacks: `ReplayCallback` objects, plain functions `f(step, metrics)` called after
+            every step (returning True stops training after the step), or transformers
+            `TrainerCallback`s (on_train_begin, on_step_end, on_log with TRL's key names,
+            on_evaluate, on_save, on_train_end; `control.should_training_stop` stops).
         log: where progress messages go (default: print).
+        peft_config: a peft `LoraConfig` (TRL's argument): trains LoRA adapters.
 
-    Methods: `train()`, `evaluate()`, `save_model()`, `metrics()`; attributes `config` (the
-    resolved `Config`), `run_dir`, `model`, `tokenizer` (alias `processing_class`), and after
-    training `summary` and `state` (TRL's `state.global_step`, `state.log_history`).
+    Methods: `train()`, `evaluate()`, `save_model()`, `metrics()`, `add_callback()`;
+    attributes `config` (the resolved `Config`), `args` (`args.learning_rate`, ...: the
+    resolved values under TRL's names), `run_dir`, `model`, `tokenizer` (alias
+    `processing_class`), `notes` (where the run knowingly differs from TRL, printed once when
+    training starts), and after training `summary` and `state` (TRL's `state.global_step`,
+    `state.log_history` with TRL's key names `loss`, `reward`, `learning_rate`, ... beside
+    replayrl's).
+
+    The papers' knobs (`help(ReplayConfig)` has the list; `replayrl config show --doc` every
+    key), passed as `ReplayConfig(..., section__key=value)`:
+
+    - `buffer__kind="replay"`, `buffer__capacity` N, `train__batch_size` B: experience replay
+      (arXiv 2604.08706); `staleness_horizon` x = N / R and `replay_ratio` y = B / R by name;
+    - `buffer__sampler="positive_bias"`, `buffer__delta`: oversample rewarded rollouts;
+    - `buffer__max_staleness`: drop rollouts older than this many policy versions;
+    - `algorithm__loss_type="asymre"`: AsymRE;
+    - `remix__enabled` (ReMix, arXiv 2507.06892), `remix__off_policy_fraction` p,
+      `remix__num_policies` N_pol, `remix__utd` m (TRL's num_iterations), `remix__
+      reincarnation_step` T; `kl__target="convex"`: KL-Convex; `algorithm__entropy_coef`.
 
     In-memory datasets, model objects, reward callables and callbacks need `runtime: sync`
     (asynchronous workers build their own copies from files and names).
@@ -126,24 +152,52 @@ class ReplayTrainer:
         train_dataset: Any = None,
         eval_dataset: Any = None,
         processing_class: Any = None,
-        callbacks: Sequence[ReplayCallback | StepFn] | None = None,
+        callbacks: Sequence[Any] | None = None,
         log: Log = print,
+        peft_config: Any = None,
     ) -> None:
         self.args = args if isinstance(args, ReplayConfig) else ReplayConfig(args)
         self.log = log
-        self.callbacks = as_callbacks(callbacks)
         self.summary: dict[str, Any] | None = None
         self.state = TrainerState()
+        self._hf: tuple[Any, Any] | None = None  # transformers (TrainerState, TrainerControl)
+        self.callbacks: list[ReplayCallback] = []
+        for cb in callbacks or []:
+            self.add_callback(cb)
         self._model: torch.nn.Module | None = None
         self._tokenizer: Any = None
         self._model_path = ""
         self._trained = False
-        extra: dict[str, Any] = {}
+        self._eval_dataset = eval_dataset
+        self.notes = self.args.notes  # differences from TRL's behaviour, said once at start
+        extra: dict[str, Any] = trl_compat.lora_overrides(peft_config)
         self._take_model(model, processing_class, extra)
         self._rewards = self._take_rewards(reward_funcs, extra)
         self.config = self.args.to_config(extra)  # validate the model and rewards part early
         self._task = self._take_datasets(train_dataset, eval_dataset)
+        self._steps_from_epochs()
+        self._trl_notes()
+        self.args.resolved = self.config
         self._check_injection()
+
+    def add_callback(self, callback: Any) -> None:
+        """Add a callback (as in TRL): a `ReplayCallback`, a function `f(step, metrics)`, or a
+        transformers `TrainerCallback` (instance or class)."""
+        if trl_compat.is_trainer_callback(callback):
+            self.callbacks.append(trl_compat.TrainerCallbackAdapter(callback, self._hf_context))
+        else:
+            self.callbacks.extend(as_callbacks([callback]))
+
+    def _hf_context(self) -> tuple[Any, Any, Any, dict[str, Any]]:
+        """(args, state, control, kwargs) for transformers callbacks, shared by all of them."""
+        from transformers import TrainerControl
+        from transformers import TrainerState as HFState
+
+        if self._hf is None:
+            self._hf = (HFState(max_steps=self.config.train.steps), TrainerControl())
+        state, control = self._hf
+        kwargs = {"model": self._model, "processing_class": self._tokenizer}
+        return self.args, state, control, kwargs
 
     @classmethod
     def from_run(
@@ -191,6 +245,9 @@ class ReplayTrainer:
             tokenizer = AutoTokenizer.from_pretrained(source)
         if local:
             extra["model.path"] = source  # config.yaml names where the weights came from
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        if dtype in ("float32", "bfloat16", "float16"):
+            extra["model.dtype"] = dtype  # config.yaml records the dtype it trains in
         self._model, self._tokenizer = model, tokenizer
         self._model_path = source if local else IN_MEMORY_MODEL
 
@@ -198,11 +255,13 @@ class ReplayTrainer:
         """Reward callables -> WeightedReward objects (injected); names -> config only."""
         from replayrl.rollout.rewards import WeightedReward, resolve_rewards
 
+        self._named_rewards: list[str] = []
         if funcs is None:
             if self.args.reward_weights is not None:
                 raise ValueError("reward_weights given without reward_funcs")
             return None
         items = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs)
+        self._named_rewards = [fn for fn in items if isinstance(fn, str)]
         if not items:
             raise ValueError("reward_funcs: at least one reward function is needed")
         weights = self.args.reward_weights or [1.0] * len(items)
@@ -227,6 +286,13 @@ class ReplayTrainer:
         has_callable = any(callable(f) and not isinstance(f, str) for f in items)
         return rewards if has_callable else None
 
+    def _wants_eval(self) -> bool:
+        """TRL evaluates only with eval_strategy='steps'; a preset evaluates (eval.every)."""
+        if not self.args.trl_mode:
+            return True
+        every = self.config.eval.every if self.args.sets("eval.every") else 0
+        return self.args.translation.view.get("eval_strategy") == "steps" or every > 0
+
     def _take_datasets(self, train: Any, eval_: Any) -> Any:
         """A DatasetTask over the given rows (or files); the config records where they came
         from and the split size, so a run folder's config.yaml says what was trained on."""
@@ -238,17 +304,23 @@ class ReplayTrainer:
 
         t = self.config.task
         explicit = self.args.sets("task.eval_size")
+        loop_eval, eval_size = eval_, (t.eval_size if explicit else None)
+        if not self._wants_eval():  # as TRL: no evaluation, nothing held out of training
+            loop_eval, eval_size = None, 0
+        # reward callables may need no answer (format or judge rewards): prompt-only rows
+        prompt_only = self._rewards is not None and not self._named_rewards
         task = DatasetTask(
             train,
-            eval_path=eval_,
+            eval_path=loop_eval,
             prompt_column=t.prompt_column,
             answer_column=t.answer_column,
             solution_column=t.solution_column,
             format=t.format,
-            eval_size=t.eval_size if explicit else None,  # None: all of eval_, or min(200, 10%)
+            eval_size=eval_size,  # None: all of eval_, or min(200, 10%)
             seed=t.seed,
+            require_answer=not prompt_only or eval_size != 0,
         )
-        if task.num_eval == 0:
+        if task.num_eval == 0 and eval_size != 0:
             raise ValueError(
                 f"train_dataset {task.source_label}: too few rows to hold out an eval split "
                 "(needs 10 or more); pass eval_dataset"
@@ -257,18 +329,78 @@ class ReplayTrainer:
             self.log(task.skip_summary())
         label = str(train) if _is_path(train) else _in_memory(task.source_label)
         eval_label = None
-        if eval_ is not None:
+        if loop_eval is not None:
             eval_label = str(eval_) if _is_path(eval_) else _in_memory(task.eval_label)
         update = {
             "path": label,
             "eval_path": eval_label,
             "name": "dataset",
             "eval_size": task.num_eval,
+            "chat_template": self._chat_template(task, eval_ is None),
         }
         self.config = build_config(
             {**self.config.model_dump(mode="json"), "task": {**t.model_dump(), **update}}
         )
         return task
+
+    def _chat_template(self, task: Any, no_eval_dataset: bool) -> bool:
+        """TRL renders conversational prompts with the chat template and sends plain text as
+        it is; a preset templates both (said in the notes when TRL arguments are used)."""
+        rows = task.train_rows()
+        conversational = bool(rows) and not isinstance(rows[0]["prompt"], str)
+        t, trl_used = self.config.task, bool(self.args.trl_values)
+        if self.args.trl_mode and not self.args.sets("task.chat_template"):
+            return conversational
+        if trl_used and t.chat_template and not conversational:
+            self.notes.append(
+                "plain-text prompts are rendered with the tokenizer's chat template when it has "
+                "one (TRL sends them as they are; task__chat_template=False does the same)"
+            )
+        if trl_used and no_eval_dataset and task.num_eval:
+            self.notes.append(
+                f"{task.num_eval} rows of train_dataset are held out for a greedy evaluation "
+                f"at start, every {self.config.eval.every} steps and at the end (TRL: none "
+                "without eval_strategy; task__eval_size=0 and eval__every=0 turn it off)"
+            )
+        return t.chat_template
+
+    def _steps_from_epochs(self) -> None:
+        """max_steps=-1 (TRL's default): num_train_epochs passes over the train rows."""
+        tr = self.args.translation
+        if tr.epochs_to_steps is None or self.args.sets("train.steps"):
+            return
+        if self._task is None:
+            raise ValueError("max_steps=-1 (epochs) needs a train_dataset: give max_steps")
+        prompts = self.config.rollout.prompts_per_step
+        steps = max(1, math.ceil(tr.epochs_to_steps * self._task.num_train / prompts))
+        self.notes.append(
+            f"max_steps not given: {steps} steps = num_train_epochs={tr.epochs_to_steps:g} x "
+            f"{self._task.num_train} prompts / {prompts} prompts per step"
+        )
+        data = self.config.model_dump(mode="json")
+        data["train"]["steps"] = steps
+        self.config = build_config(data)
+
+    def _trl_notes(self) -> None:
+        """Differences from TRL's defaults that a preset keeps (only when TRL names are used)."""
+        cfg, tr = self.config, self.args.translation
+        if self.args.trl_mode and self._wants_eval():
+            self.notes.append(
+                "evaluation is greedy pass@1 accuracy with the task's verifier (eval/accuracy), "
+                "not TRL's eval loss and reward"
+            )
+        if not self.args.trl_values or self.args.trl_mode:
+            return
+        if cfg.train.lr_scheduler == "constant" and "train.lr_scheduler" not in tr.dotted:
+            self.notes.append(
+                f"learning rate: constant {cfg.train.lr:g} (preset {self.args.preset}; TRL "
+                "decays it linearly to 0: lr_scheduler_type='linear' does the same)"
+            )
+        if cfg.remix.enabled and "num_iterations" not in self.args.trl_values:
+            self.notes.append(
+                f"ReMix: each batch is trained on remix.utd={cfg.remix.utd} times before "
+                "reincarnation (num_iterations sets it)"
+            )
 
     def _check_injection(self) -> None:
         cfg = self.config
@@ -288,10 +420,10 @@ class ReplayTrainer:
                 "asynchronous workers build their own copies from files and names"
             )
         if self._model is not None and self._model_path == IN_MEMORY_MODEL:
-            if cfg.algorithm.advantage == "gae":
+            if ADVANTAGES.get(cfg.algorithm.advantage).needs_critic:
                 raise ValueError(
-                    "algorithm.advantage=gae builds the critic from a model folder: save the "
-                    "model (save_pretrained) and pass its path"
+                    f"algorithm.advantage={cfg.algorithm.advantage} builds the critic from a "
+                    "model folder: save the model (save_pretrained) and pass its path"
                 )
             if cfg.rollout.backend == "vllm":
                 raise ValueError("rollout.backend=vllm loads a model folder: pass a path")
@@ -387,10 +519,12 @@ class ReplayTrainer:
         from replayrl.run import entry as run
 
         hooks = self._hooks()
+        for note in self.notes:  # once, before anything runs
+            self.log(f"note (differs from TRL): {note}")
+        self._hf = None
         hooks.train_begin(self.config)
         if resume_from_checkpoint:
-            run_dir = self.run_dir if resume_from_checkpoint is True else resume_from_checkpoint
-            run_dir = Path(run_dir)
+            run_dir = self._resume_folder(resume_from_checkpoint)
             self._check_resumable(run_dir)
             self._model = None  # the checkpoint's policy is trained, not a given object
             self._trained = True
@@ -408,9 +542,31 @@ class ReplayTrainer:
             summary = run.train(self.config, log=self.log, hooks=_used(hooks))
             self._trained = True
         self.summary = summary
-        self.state = TrainerState(int(summary["steps"]), self.metrics())
+        history = [trl_compat.trl_log(r) for r in self.metrics()]
+        self.state = TrainerState(int(summary["steps"]), history)
+        if self._hf is not None:
+            self._hf[0].log_history = history
         hooks.train_end(summary)
         return summary
+
+    def _resume_folder(self, where: bool | str | PathLike[str]) -> Path:
+        """The run folder to resume: this trainer's (True), a run folder, or a checkpoint
+        folder inside one (checkpoints/step_N), which must be the newest complete one."""
+        from replayrl.storage.checkpoint import latest_checkpoint
+
+        if where is True:
+            return self.run_dir
+        path = Path(where)
+        if path.parent.name != "checkpoints" or (path / "config.yaml").is_file():
+            return path
+        run_dir = path.parent.parent
+        newest = latest_checkpoint(run_dir)
+        if newest is None or newest.resolve() != path.resolve():
+            raise ValueError(
+                f"resume_from_checkpoint={path}: replayrl resumes a run from its newest complete "
+                f"checkpoint ({newest}); pass that one or the run folder {run_dir}"
+            )
+        return run_dir
 
     def _check_resumable(self, run_dir: Path) -> None:
         saved = run_dir / "config.yaml"
@@ -425,7 +581,8 @@ class ReplayTrainer:
             )
 
     def metrics(self) -> list[dict[str, Any]]:
-        """The run's metrics.jsonl records (one per step, plus the step-0 evaluation)."""
+        """The run's metrics.jsonl records (one per step, plus the step-0 evaluation);
+        `state.log_history` holds them with TRL's key names added (`loss`, `reward`, ...)."""
         from replayrl.run.metrics import read_metrics
 
         return read_metrics(self.run_dir / "metrics.jsonl")
@@ -438,7 +595,7 @@ class ReplayTrainer:
         Returns {"eval/accuracy": ..., "eval/completion_length": ..., ...}.
         """
         from replayrl.models.loading import unwrap_model
-        from replayrl.rollout.evaluation import evaluate
+        from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
         from replayrl.rollout.generation import HFGenerator
         from replayrl.rollout.prompts import PromptRenderer
         from replayrl.rollout.tasks import DatasetTask, task_from_config
@@ -458,24 +615,15 @@ class ReplayTrainer:
             rows = task.train_rows()
         else:
             task = self._task if self._task is not None else task_from_config(t)
-            rows = task.eval_rows()
-            rows = rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else rows
+            rows = held_out_rows(cfg, task)
         gen = HFGenerator(
             unwrap_model(model),
             tok,
             cfg.rollout.generation_batch_size,
             impl=cfg.rollout.generation_impl,
         )
-        e = cfg.eval
-        metrics = evaluate(
-            gen,
-            task,
-            rows,
-            cfg.rollout.max_new_tokens,
-            pass_k=e.pass_k,
-            temperature=e.temperature,
-            render=PromptRenderer(tok, t.chat_template, t.system_prompt),
-        )
+        render = PromptRenderer(tok, t.chat_template, t.system_prompt)
+        metrics = evaluate_policy(cfg, gen, task, rows, render)
         step = int(self.summary["steps"]) if self.summary else 0
         RunHooks(callbacks=list(self.callbacks)).evaluated(step, metrics)
         return metrics

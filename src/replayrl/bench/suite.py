@@ -407,6 +407,61 @@ def run_multi_task(
     return summarise_tasks(suite, per_task, seeds, out, quick)
 
 
+def _variant_row(runs: list[dict[str, Any]], baseline: str, target: float) -> dict[str, Any]:
+    """One variant's figures over its seeds, against `target` (its baseline's accuracy)."""
+    reach = [first_reaching(s, target) for s in runs]
+    return {
+        "baseline": baseline,
+        "target_accuracy": target,
+        "runs": [s["run_dir"] for s in runs],
+        "rollouts_to_target": stats([r["rollouts"] for r in reach]),
+        "tokens_to_target": stats([r["tokens"] for r in reach]),
+        "wall_seconds_to_target": stats([r["wall_seconds"] for r in reach]),
+        "reached_target": sum(math.isfinite(r["rollouts"]) for r in reach),
+        "final_eval_accuracy": stats([s["final_eval_accuracy"] for s in runs]),
+        "best_eval_accuracy": stats([s["best_eval_accuracy"] for s in runs]),
+        "rollouts_generated": stats([s["rollouts_generated"] for s in runs]),
+        "generation_seconds": stats([s.get("generation_seconds", math.nan) for s in runs]),
+        "training_seconds": stats([s.get("training_seconds", math.nan) for s in runs]),
+        "wall_seconds": stats([s["wall_seconds"] for s in runs]),
+        "mu": stats(
+            [s.get("mu_median") if s.get("mu_median") is not None else math.nan for s in runs]
+        ),
+        "gamma": stats([_gamma(s) for s in runs]),
+        "final_entropy": stats([s["final_entropy"] for s in runs]),
+        # modelled, not measured: paper 1's compute = mu x generated + trained rollouts
+        "modelled_compute_measured_mu": stats([modelled_compute_to(s, target, None) for s in runs]),
+        "modelled_compute_paper_mu": stats(
+            [modelled_compute_to(s, target, PAPER_MU) for s in runs]
+        ),
+    }
+
+
+def _add_baseline_ratios(row: dict[str, Any], b_runs: list[dict[str, Any]]) -> None:
+    """The row's ratios to its baseline measured at the row's target (ppo's own target for
+    remix-ppo, even though ppo's row is scored against the suite's default baseline)."""
+    b_reach = [first_reaching(s, row["target_accuracy"]) for s in b_runs]
+    base_at = {
+        "rollouts_to_target": stats([r["rollouts"] for r in b_reach]),
+        "wall_seconds_to_target": stats([r["wall_seconds"] for r in b_reach]),
+    }
+    t = row["target_accuracy"]
+    base_at["modelled_compute_measured_mu"] = stats(
+        [modelled_compute_to(s, t, None) for s in b_runs]
+    )
+    base_at["modelled_compute_paper_mu"] = stats(
+        [modelled_compute_to(s, t, PAPER_MU) for s in b_runs]
+    )
+    for key, ratio in (
+        ("rollouts_to_target", "rollouts_ratio"),
+        ("wall_seconds_to_target", "wall_ratio"),
+        ("modelled_compute_measured_mu", "compute_ratio_measured_mu"),
+        ("modelled_compute_paper_mu", "compute_ratio_paper_mu"),
+    ):
+        num, den = row[key]["median"], base_at[key]["median"]
+        row[ratio] = num / den if den and math.isfinite(den) else math.nan
+
+
 def summarise(
     suite: dict[str, Any],
     results: dict[str, list[dict[str, Any]]],
@@ -428,61 +483,12 @@ def summarise(
         for b in set(baseline_of.values())
     }
     target = targets[base]
-    table: dict[str, Any] = {}
-    for name, runs in results.items():
-        reach = [first_reaching(s, targets[baseline_of[name]]) for s in runs]
-        row = {
-            "baseline": baseline_of[name],
-            "target_accuracy": targets[baseline_of[name]],
-            "runs": [s["run_dir"] for s in runs],
-            "rollouts_to_target": stats([r["rollouts"] for r in reach]),
-            "tokens_to_target": stats([r["tokens"] for r in reach]),
-            "wall_seconds_to_target": stats([r["wall_seconds"] for r in reach]),
-            "reached_target": sum(math.isfinite(r["rollouts"]) for r in reach),
-            "final_eval_accuracy": stats([s["final_eval_accuracy"] for s in runs]),
-            "best_eval_accuracy": stats([s["best_eval_accuracy"] for s in runs]),
-            "rollouts_generated": stats([s["rollouts_generated"] for s in runs]),
-            "generation_seconds": stats([s.get("generation_seconds", math.nan) for s in runs]),
-            "training_seconds": stats([s.get("training_seconds", math.nan) for s in runs]),
-            "wall_seconds": stats([s["wall_seconds"] for s in runs]),
-            "mu": stats(
-                [s.get("mu_median") if s.get("mu_median") is not None else math.nan for s in runs]
-            ),
-            "gamma": stats([_gamma(s) for s in runs]),
-            "final_entropy": stats([s["final_entropy"] for s in runs]),
-            # modelled, not measured: paper 1's compute = mu x generated + trained rollouts
-            "modelled_compute_measured_mu": stats(
-                [modelled_compute_to(s, targets[baseline_of[name]], None) for s in runs]
-            ),
-            "modelled_compute_paper_mu": stats(
-                [modelled_compute_to(s, targets[baseline_of[name]], PAPER_MU) for s in runs]
-            ),
-        }
-        table[name] = row
+    table = {
+        name: _variant_row(runs, baseline_of[name], targets[baseline_of[name]])
+        for name, runs in results.items()
+    }
     for row in table.values():
-        # the baseline measured at this row's target (ppo's own target for remix-ppo, even
-        # though ppo's row is scored against the suite's default baseline)
-        b_runs = results[row["baseline"]]
-        b_reach = [first_reaching(s, row["target_accuracy"]) for s in b_runs]
-        base_at = {
-            "rollouts_to_target": stats([r["rollouts"] for r in b_reach]),
-            "wall_seconds_to_target": stats([r["wall_seconds"] for r in b_reach]),
-        }
-        t = row["target_accuracy"]
-        base_at["modelled_compute_measured_mu"] = stats(
-            [modelled_compute_to(s, t, None) for s in b_runs]
-        )
-        base_at["modelled_compute_paper_mu"] = stats(
-            [modelled_compute_to(s, t, PAPER_MU) for s in b_runs]
-        )
-        for key, ratio in (
-            ("rollouts_to_target", "rollouts_ratio"),
-            ("wall_seconds_to_target", "wall_ratio"),
-            ("modelled_compute_measured_mu", "compute_ratio_measured_mu"),
-            ("modelled_compute_paper_mu", "compute_ratio_paper_mu"),
-        ):
-            num, den = row[key]["median"], base_at[key]["median"]
-            row[ratio] = num / den if den and math.isfinite(den) else math.nan
+        _add_baseline_ratios(row, results[row["baseline"]])
     # below the plateau (issue #24): fractions of the baseline's gain, AUC on a common horizon
     horizon = min(float(s["rollouts_generated"]) for rs in results.values() for s in rs)
     for name, row in table.items():

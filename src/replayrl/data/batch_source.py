@@ -1,8 +1,10 @@
 """Where each step's training batch comes from: a buffer, or ReMix's fresh + window mix.
 
-The loop pushes a step's fresh rollouts and asks for (batch, passes); whether the batch is
-B samples of a replay buffer, the freshest R of an on-policy queue, or Mix-PPG's fresh
-rollouts plus a share p from the last N_pol policies is this component's business.
+The loop pushes fresh rollouts and asks for (batch, passes); whether the batch is B samples
+of a replay buffer, the freshest R of an on-policy queue, or Mix-PPG's fresh rollouts plus a
+share p from the last N_pol policies is this component's business. The synchronous loop
+calls `next_batch` (push this step's rollouts, then sample); the asynchronous one `push`es
+each delivery as it arrives and `sample`s when `available()` says a batch is there.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, Protocol
 
 from replayrl.config.schema import RemixConfig
 from replayrl.data.buffer import Buffer
+from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.rollout import Rollout
 
 Log = Callable[[str], None]
@@ -30,6 +33,9 @@ class BatchSource(Protocol):
     buffer: Buffer  # the run's main buffer (its size is logged each step)
 
     def before_step(self, learner: Any, counters: Counters, log: Log) -> None: ...
+    def push(self, fresh: list[Rollout]) -> None: ...
+    def available(self) -> int: ...
+    def sample(self, version: int, n: int | None = None) -> tuple[list[Rollout], int]: ...
     def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]: ...
     def buffers(self) -> list[Any]: ...
     def state_dict(self) -> dict[str, Any]: ...
@@ -46,9 +52,21 @@ class BufferSource:
     def before_step(self, learner: Any, counters: Counters, log: Log) -> None:
         pass
 
-    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
+    def push(self, fresh: list[Rollout]) -> None:
         self.buffer.push(fresh)
-        return self.buffer.sample(self.batch_size, current_version=version), self.epochs
+
+    def available(self) -> int:
+        """Rollouts a batch can draw from now (the caller drops stale ones first)."""
+        return len(self.buffer)
+
+    def sample(self, version: int, n: int | None = None) -> tuple[list[Rollout], int]:
+        """(batch, passes): `n` rollouts (default B) sampled at policy `version`."""
+        size = self.batch_size if n is None else n
+        return self.buffer.sample(size, current_version=version), self.epochs
+
+    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
+        self.push(fresh)
+        return self.sample(version)
 
     def buffers(self) -> list[Any]:
         return [self.buffer]
@@ -60,16 +78,34 @@ class BufferSource:
         self.buffer.load_state_dict(state["buffer"])
 
 
+class PendingRollouts:
+    """ReMix's fresh rollouts pushed but not yet in a batch, as the rollout ledger sees them
+    (held, like a buffer's contents): an asynchronous run can stop with some."""
+
+    kind = "pending"
+
+    def __init__(self, items: list[Rollout]) -> None:
+        self.items = items
+
+    def stats(self) -> dict[str, float]:
+        n = float(len(self.items))
+        return {"size": n, "pushed": n}
+
+
 class RemixSource(BufferSource):
     """ReMix (arXiv 2507.06892): before step T, Mix-PPG batches = the fresh rollouts
     plus a share p sampled (without removal) from the window of the last N_pol policies'
     rollouts, m = utd passes; at step T policy reincarnation (pi_base <- pi_T, the window is
-    dropped), then plain on-policy batches with utd_after passes."""
+    dropped), then plain on-policy batches with utd_after passes.
+
+    "Fresh" is what was pushed since the last batch: one generation batch in the synchronous
+    loop, the deliveries since the last step in the asynchronous one."""
 
     def __init__(self, buffer: Buffer, window: Buffer | None, batch_size: int, rm: RemixConfig):
         super().__init__(buffer, batch_size, rm.utd_after)
         self.window, self.rm = window, rm
         self.step = 0  # the step about to run (set by before_step)
+        self.pending: list[Rollout] = []  # pushed while mixing, not yet in a batch
 
     def before_step(self, learner: Any, counters: Counters, log: Log) -> None:
         self.step = step = counters.step
@@ -79,6 +115,8 @@ class RemixSource(BufferSource):
                 counters.retire(self.window)
             self.window = None  # from now on plain on-policy training
             counters.reincarnation_step = step
+            super().push(self.pending)  # delivered before T: the on-policy queue's now
+            self.pending = []
             log(f"policy reincarnation at step {step}: pi_base <- pi_{step}, p = 0")
 
     @property
@@ -86,10 +124,22 @@ class RemixSource(BufferSource):
         T = self.rm.reincarnation_step
         return self.window is not None and (T is None or self.step < T)
 
-    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
+    def push(self, fresh: list[Rollout]) -> None:
+        if self.mixing:
+            self.pending.extend(fresh)
+        else:
+            super().push(fresh)
+
+    def available(self) -> int:
+        return len(self.pending) if self.mixing else super().available()
+
+    def sample(self, version: int, n: int | None = None) -> tuple[list[Rollout], int]:
+        """Mixing: every pending fresh rollout plus p / (1 - p) as many from the window (`n`
+        does not apply); after T: the on-policy queue's batch."""
         if not self.mixing:
-            return super().next_batch(fresh, version)
+            return super().sample(version, n)
         assert self.window is not None
+        fresh, self.pending = self.pending, []
         p = self.rm.off_policy_fraction
         n_stale = round(p / (1 - p) * len(fresh))  # p of the batch is replayed, 1 - p fresh
         stale = self.window.sample(n_stale, current_version=version) if n_stale else []
@@ -97,16 +147,23 @@ class RemixSource(BufferSource):
         return fresh + stale, self.rm.utd
 
     def buffers(self) -> list[Any]:
-        return [b for b in (self.buffer, self.window) if b is not None]
+        held = [b for b in (self.buffer, self.window) if b is not None]
+        return [*held, PendingRollouts(self.pending)] if self.pending else held
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             **super().state_dict(),
             "window": self.window.state_dict() if self.window is not None else None,
         }
+        if self.pending:  # only an asynchronous run stops with deliveries not yet trained on
+            table, order = encode_rollouts(self.pending)
+            out["pending"] = {"rollouts": table, "order": order}
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        pending = state.get("pending")
+        self.pending = decode_rollouts(pending["rollouts"], pending["order"]) if pending else []
         if state.get("window") is None:
             self.window = None  # after reincarnation
         elif self.window is not None:

@@ -18,7 +18,9 @@ class Rollout:
     completion_ids: torch.Tensor  # (C,) int64, sampled tokens (incl. EOS if emitted)
     behaviour_logprobs: torch.Tensor  # (C,) float32, log pi_old(token) under the sampler used
     reward: float  # combined (weighted) reward
-    advantage: float  # group-relative advantage, fixed at generation time
+    # the estimator's advantage, fixed at generation (grpo, rloo); 0 for one the learner
+    # computes per step with its critic (gae)
+    advantage: float
     correct: bool  # task correctness (used by positive-bias sampling and accuracy)
     group_id: int  # rollouts from the same prompt in the same step share it
     policy_version: int  # version of the weights that generated it

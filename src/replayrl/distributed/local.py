@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -48,6 +49,11 @@ def _worker_main(
 ) -> None:
     """Process entry: generate until told to stop; Ctrl-C is the parent's to handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a scheduler's SIGTERM / a closed terminal's SIGHUP reach the whole process group: the
+    # learner stops after its step, checkpoints, then stops the workers; a worker killed
+    # first would only be restarted. Once the learner asked for the stop, SIGTERM ends it.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143) if stop.is_set() else None)
     spool_dir = Path(spool)
     tag = f"w{worker_id:03d}-i{incarnation:02d}"
     try:

@@ -21,7 +21,6 @@ import torch
 from transformers import PreTrainedModel
 
 from replayrl.algorithms import ADVANTAGES, POLICY_LOSSES, batch_normaliser, importance_ess
-from replayrl.algorithms.advantages import gae, whiten
 from replayrl.algorithms.aggregation import Reducer
 from replayrl.algorithms.correction import apply_token_weights, truncated_is_weights, weight_stats
 from replayrl.algorithms.kl import kl_convex_lambda
@@ -47,6 +46,7 @@ from replayrl.learner.frozen import (
     restore_frozen,
     snapshot,
 )
+from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
 from replayrl.models import precision
 
 # re-exported: callers import these from the learner
@@ -58,7 +58,6 @@ __all__ = [
     "collate",
     "token_logprobs",
     "unpad",
-    "whiten",
 ]
 
 
@@ -149,6 +148,13 @@ class Learner:
             lr=cfg.train.lr,
             weight_decay=cfg.train.weight_decay,
         )
+        t = cfg.train  # train.lr_scheduler: the lr of each step, set before its updates
+        self.lr_schedule = StepSchedule(
+            self.optimizer,
+            t.lr_scheduler,
+            t.steps,
+            warmup_steps(t.steps, t.warmup_steps, t.warmup_ratio),
+        )
         self.critic = critic
         self.critic_optimizer = (
             torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr) if critic else None
@@ -221,8 +227,9 @@ class Learner:
         return out
 
     def _gae_fields(self, rollouts: Sequence[Rollout]) -> TokenFields:
-        """Critic values of the batch, GAE advantages (whitened) and returns, per token."""
-        assert self.critic is not None
+        """Critic values of the batch, then the registered token estimator's advantages and
+        returns per token (gae: whitened GAE, `algorithm.advantage`)."""
+        assert self.critic is not None and self.advantage.token is not None
         values: list[torch.Tensor] = []
         self.critic.eval()
         with torch.no_grad():
@@ -238,8 +245,7 @@ class Learner:
             rew[i, c - 1] = r.reward  # outcome reward on the last completion token
             val[i, :c] = v
             msk[i, :c] = 1
-        adv, ret = gae(rew, val, msk, self.cfg.critic.gamma, self.cfg.critic.lam)
-        adv = whiten(adv, msk)
+        adv, ret = self.advantage.token(rew, val, msk, self.cfg.critic.gamma, self.cfg.critic.lam)
         return {
             "token_advantages": unpad(adv, msk),
             "returns": unpad(ret, msk),
@@ -332,6 +338,7 @@ class Learner:
             w_base, w_prev, cfg.algorithm.entropy_coef, cfg.kl.estimator, cfg.algorithm.loss_agg
         )
         mini = cfg.train.mini_batch_size or len(batch)
+        self.lr_schedule.set_step(step)
         sums: dict[str, list[float]] = defaultdict(list)
         self._fused_stats = {}
         self.model.train()

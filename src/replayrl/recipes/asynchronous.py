@@ -1,8 +1,10 @@
 """The asynchronous loop (async-local and ray): the learner side.
 
-Generators produce continuously with the last weights they were given; the learner ingests
-their deliveries into the buffer and takes a step whenever the buffer can serve a batch. The
-buffer, loss, evaluation, metrics, checkpoints and summary are the synchronous session's.
+Generators produce continuously with the last weights they were given; the learner pushes
+their deliveries into the run's batch source (`replayrl.data.batch_source`, the synchronous
+loop's: a buffer, or ReMix's fresh + window mix with reincarnation) and takes a step whenever
+the source can serve a batch. The loss, evaluation, metrics, checkpoints and summary are the
+synchronous session's.
 
 Pacing, so that async runs compare with sync ones at the same replay ratio y = B / R:
 the learner waits while it would use rollouts more than y times on average
@@ -29,7 +31,7 @@ from replayrl.rollout.producer import Production
 from replayrl.run.accounting import RoleClock
 from replayrl.run.components import build_buffer
 from replayrl.run.metrics import Progress
-from replayrl.run.session import Session, StopOnSigint
+from replayrl.run.session import Session, StopOnSignal
 from replayrl.storage.io import atomic_write_json
 
 Log = Callable[[str], None]
@@ -131,7 +133,8 @@ class AsyncSession(Session):
             clock.tokens += d.tokens
             clock.batches += 1
             c.generation_seconds += d.busy_s
-            self.buffer.push(d.rollouts)
+            assert self.source is not None
+            self.source.push(d.rollouts)
             self.newest_delivered = max(self.newest_delivered, d.version)
             self.fresh.extend(d.rollouts)
             for k, v in d.stats.items():
@@ -155,11 +158,13 @@ class AsyncSession(Session):
         return int(st["pushed"] - st["dropped_stale"])
 
     def _has_usable_data(self, B: int) -> bool:
-        """Does the buffer hold a batch the staleness bounds allow the learner to use?"""
+        """Can the batch source serve a batch the staleness bounds allow the learner to use?"""
         cfg, v = self.cfg, self.learner.version
+        assert self.source is not None
+        self.source.before_step(self.learner, self.counters, self.log)  # ReMix: step T
         self.buffer.sample(0, current_version=v)  # drops stale rollouts (counted)
         need = 1 if cfg.buffer.with_replacement else B
-        if len(self.buffer) < need:
+        if self.source.available() < need:
             return False
         w = cfg.workers
         if w.on_stale == "wait" and w.max_staleness is not None:
@@ -184,7 +189,8 @@ class AsyncSession(Session):
         """
         cfg, c = self.cfg, self.counters
         if cfg.buffer.kind == "onpolicy":
-            return len(self.buffer) >= B
+            assert self.source is not None
+            return self.source.available() >= B
         if self.ratio is None or not self._has_usable_data(B):
             return False
         return self._pushed() >= (c.rollouts_sampled + B) / self.ratio + cfg.rollouts_per_step
@@ -205,7 +211,7 @@ class AsyncSession(Session):
         pids = {"learner/0": os.getpid(), **self.pool.pids()}
         atomic_write_json(self.run_dir / "workers.json", pids)
 
-    def stopping(self, stop: StopOnSigint) -> bool:
+    def stopping(self, stop: StopOnSignal) -> bool:
         return stop.requested or self.stop_requested()
 
     def stop_requested(self) -> bool:
@@ -213,15 +219,17 @@ class AsyncSession(Session):
         return False
 
     def learner_step(self, B: int) -> None:
+        """One step on a batch from the source (`B`: this learner's share of it)."""
         c, version = self.counters, self.learner.version
-        batch = self.buffer.sample(B, current_version=version)
-        c.rollouts_sampled += len(batch)
+        assert self.source is not None
+        self.source.before_step(self.learner, c, self.log)  # ReMix: reincarnation at step T
+        batch, epochs = self.source.sample(version, B)
+        c.rollouts_sampled += len(batch)  # the replay-ratio pace (`ready`) counts on it
         # re-decide before training: the batch just taken may free generators to work
         # during this step (otherwise an on-policy run never overlaps)
         assert self.pool is not None
         self.pool.set_hold(self.hold(B))
         self._stats = {}
-        epochs = self.cfg.train.epochs
         t_train = self.train_batch(batch, epochs, self.fresh, self._stats)
         self.learner_clock.rollouts += len(batch) * epochs
         self.learner_clock.tokens += sum(r.completion_ids.numel() for r in batch) * epochs
@@ -272,24 +280,24 @@ def run_async(s: AsyncSession) -> dict[str, Any]:
     progress = Progress(cfg.train.steps, c.step, cfg.logging.progress)
     pool = s.pool = s.pool_factory(s)
     pool.publish(s.model, s.learner.version)
-    stopped = False
+    stopped, signum = False, 0
     try:
         pool.start()
         s.write_pids()
-        with StopOnSigint() as stop:
+        with StopOnSignal() as stop:
             _learn_while_generating(s, pool, B, progress, stop)
-            stopped = s.stopping(stop)
+            stopped, signum = s.stopping(stop), stop.signum
     finally:
         s.ingest(pool.stop())  # everything delivered lands in the buffer
         s.save_clocks()
     if stopped:
-        s.interrupted(progress)
+        s.interrupted(progress, signum)
     progress.close()
     return s.finish()
 
 
 def _learn_while_generating(
-    s: AsyncSession, pool: GeneratorPool, B: int, progress: Progress, stop: StopOnSigint
+    s: AsyncSession, pool: GeneratorPool, B: int, progress: Progress, stop: StopOnSignal
 ) -> None:
     cfg, c = s.cfg, s.counters
     loop_t0, wall0, eval0 = time.perf_counter(), c.wall_seconds, c.eval_seconds

@@ -15,7 +15,7 @@ from replayrl.config.schema import Config
 from replayrl.data.design import cost_ratio, estimate_mu
 from replayrl.data.rollout import Rollout
 from replayrl.run.metrics import Progress
-from replayrl.run.session import Session, StopOnSigint
+from replayrl.run.session import Session, StopOnSignal
 
 
 def run_sync(s: Session) -> dict[str, Any]:
@@ -26,12 +26,12 @@ def run_sync(s: Session) -> dict[str, Any]:
     s.start()
     c = s.counters
     progress = Progress(s.cfg.train.steps, c.step, s.cfg.logging.progress)
-    with StopOnSigint() as stop:
+    with StopOnSignal() as stop:
         # a Python API callback may stop early: the run still finishes (eval, checkpoint)
         while c.step < s.cfg.train.steps and not s.hooks.stop_requested:
             sync_step(s, progress)
             if stop.requested:
-                s.interrupted(progress)  # between steps: the checkpoint is exact
+                s.interrupted(progress, stop.signum)  # between steps: the checkpoint is exact
     progress.close()
     return s.finish()
 

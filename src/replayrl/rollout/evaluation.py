@@ -1,4 +1,10 @@
-"""Held-out evaluation: greedy pass@1 and, optionally, pass@k at a sampling temperature."""
+"""Held-out evaluation: greedy pass@1 and, optionally, pass@k at a sampling temperature.
+
+`evaluate_policy` is the one evaluation every caller uses (the training session, the Python
+API's `evaluate()`, `replayrl eval` and the TRL peer in benchmarks), so that they measure the
+same thing from the same config: the first `eval.num_prompts` held-out rows (`held_out_rows`),
+`rollout.max_new_tokens`, `eval.pass_k` at `eval.temperature`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ from collections.abc import Callable
 from math import comb
 from typing import Any
 
+from replayrl.config.schema import Config
 from replayrl.rollout.generation import Generator, SamplingParams
 from replayrl.rollout.tasks import Task
 from replayrl.rollout.tasks.base import Row
@@ -49,3 +56,30 @@ def evaluate(
             hits[s.prompt_index] += task.is_correct(s.text, rows[s.prompt_index])
         out[f"eval/pass@{pass_k}"] = sum(pass_at_k(pass_k, c, pass_k) for c in hits) / len(rows)
     return out
+
+
+def held_out_rows(cfg: Config, task: Task) -> list[Row]:
+    """The rows a run evaluates on: the task's eval split, its first `eval.num_prompts`."""
+    rows = task.eval_rows()
+    return rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else rows
+
+
+def evaluate_policy(
+    cfg: Config,
+    generator: Generator,
+    task: Task,
+    rows: list[Row],
+    render: Callable[[Any], str] | None = None,
+) -> dict[str, float]:
+    """`evaluate` with the config's settings (`rollout.max_new_tokens`, `eval.pass_k`,
+    `eval.temperature`): the evaluation of a run, the API, the CLI and the TRL peer."""
+    e = cfg.eval
+    return evaluate(
+        generator,
+        task,
+        rows,
+        cfg.rollout.max_new_tokens,
+        pass_k=e.pass_k,
+        temperature=e.temperature,
+        render=render,
+    )

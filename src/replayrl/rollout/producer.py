@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from replayrl.algorithms import group_advantages
+from replayrl.algorithms import ADVANTAGES
+from replayrl.algorithms.advantages import group_means
 from replayrl.config.schema import Config
 from replayrl.data.rollout import Rollout
 from replayrl.errors import RunFailed
@@ -47,7 +48,8 @@ class Production:
 @dataclass
 class RolloutProducer:
     """Samples `prompts_per_step` prompts, generates G completions each, scores them and
-    turns them into rollouts carrying behaviour log-probs and group advantages."""
+    turns them into rollouts carrying behaviour log-probs and, for an estimator that runs at
+    generation (`algorithm.advantage`: grpo, rloo, ...), its advantages."""
 
     cfg: Config
     task: Any
@@ -91,6 +93,7 @@ class RolloutProducer:
             [completion_for_reward(s.text, row["prompt"]) for s, row in pairs],
             sample_rows,
             timeout_s=r.reward_timeout_s,
+            patience=self.cfg.train.failure_patience,  # a function failing every call: stop
         )
         if result.first_error and not self._reported_error:
             self._reported_error = True
@@ -142,6 +145,20 @@ class RolloutProducer:
         self.log(f"warning: all {n} prompts sampled for this step are {what}; step skipped")
         return Production([], {}, 0, 0, 0, n, None, time.perf_counter() - t0)
 
+    def _advantages(
+        self, rewards: torch.Tensor, group_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, group means) by the configured estimator; one the learner computes
+        per step (gae, with the critic) leaves 0 here."""
+        a = self.cfg.algorithm
+        estimate = ADVANTAGES.get(a.advantage).group
+        adv = (
+            torch.zeros_like(rewards)
+            if estimate is None
+            else estimate(rewards, group_ids, a.scale_rewards)
+        )
+        return adv, group_means(rewards, group_ids)
+
     def _to_rollouts(
         self,
         samples: list[Sample],
@@ -156,7 +173,7 @@ class RolloutProducer:
             return []
         group_ids = torch.tensor([group_base + samples[i].prompt_index for i in keep])
         reward_t = torch.tensor([float(rewards[i]) for i in keep])  # type: ignore[arg-type]
-        adv, means = group_advantages(reward_t, group_ids, self.cfg.algorithm.scale_rewards)
+        adv, means = self._advantages(reward_t, group_ids)
         out = []
         for j, i in enumerate(keep):
             s = samples[i]

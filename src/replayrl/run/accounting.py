@@ -2,7 +2,10 @@
 
 The ledger must balance: generated = dropped (reward error) + lost (worker died mid-batch)
 + in a buffer + evicted + consumed (removed by on-policy sampling) + dropped as stale
-+ discarded (ReMix's window at reincarnation). A run that does not balance says so.
++ discarded (ReMix's window at reincarnation) + filtered (group sources: groups without
+reward variance dropped or replaced, surplus groups beyond a full batch; never pushed to a
+buffer). Replayed rollouts are reuse, not generation: they appear in no ledger term (the
+summary's `rollouts_reused` counts them). A run that does not balance says so.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ def rollout_ledger(
     lost_worker_died: int,
     buffer_stats: Iterable[dict[str, float]],
     discarded: int = 0,
+    filtered_no_signal: int = 0,
+    filtered_surplus: int = 0,
 ) -> dict[str, Any]:
     """Sum the buffers' counters and check that generated rollouts are all accounted for."""
     totals = dict.fromkeys(BUFFER_KEYS, 0)
@@ -46,6 +51,8 @@ def rollout_ledger(
         + totals["consumed"]
         + totals["dropped_stale"]
         + discarded
+        + filtered_no_signal
+        + filtered_surplus
     )
     stored = totals["size"] + totals["evicted"] + totals["consumed"] + totals["dropped_stale"]
     return {
@@ -57,6 +64,8 @@ def rollout_ledger(
         "consumed": totals["consumed"],
         "dropped_stale": totals["dropped_stale"],
         "discarded_at_reincarnation": discarded,
+        "filtered_no_signal": filtered_no_signal,
+        "filtered_surplus": filtered_surplus,
         "pushed": totals["pushed"],
         "balanced": accounted == generated and stored + discarded == totals["pushed"],
     }
@@ -138,6 +147,12 @@ def format_accounting(ledger: dict[str, Any], summary: dict[str, Any]) -> str:
             if led["discarded_at_reincarnation"]
             else ""
         )
+        + (
+            f" + filtered without reward variance {led['filtered_no_signal']:,}"
+            if led.get("filtered_no_signal")
+            else ""
+        )
+        + (f" + surplus groups {led['filtered_surplus']:,}" if led.get("filtered_surplus") else "")
         + (" (balanced)" if led["balanced"] else "  NOT BALANCED: please report this")
     )
     return "\n".join(lines)

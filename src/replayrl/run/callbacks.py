@@ -1,6 +1,7 @@
 """Callbacks and injected objects: how a Python caller reaches inside the training loop.
 
-`ReplayCallback` is what users subclass (or pass plain functions for `on_step_end`). `RunHooks`
+`ReplayCallback` is what users subclass (or pass plain functions for `on_step_end`; the API
+wraps transformers `TrainerCallback`s into one, api/trl_compat.py). `RunHooks`
 is what the loop receives: objects to use instead of building them from the config (a task over
 in-memory rows, reward callables, a model object) and the callbacks to call. The loop only calls
 `RunHooks` methods; a callback returning True (or calling `RunHooks.request_stop`) makes the loop
@@ -77,7 +78,8 @@ def as_callbacks(callbacks: Sequence[ReplayCallback | StepFn] | None) -> list[Re
             out.append(_StepFunction(cb))
         else:
             raise TypeError(
-                f"callbacks: {cb!r} is neither a ReplayCallback nor a callable(step, metrics)"
+                f"callbacks: {cb!r} is neither a ReplayCallback, a transformers TrainerCallback "
+                "nor a callable(step, metrics)"
             )
     return out
 

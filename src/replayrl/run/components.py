@@ -21,9 +21,12 @@ from replayrl.algorithms import ADVANTAGES
 from replayrl.config.schema import Config
 from replayrl.data.batch_source import BatchSource, BufferSource, RemixSource
 from replayrl.data.buffer import Buffer, make_buffer
+from replayrl.data.buffer.groups import ScoredGroupBuffer
+from replayrl.data.group_sources import DynamicSamplingSource, GroupReplaySource
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
+from replayrl.rollout.evaluation import held_out_rows
 from replayrl.rollout.generation import Generator, make_generator
 from replayrl.rollout.producer import RolloutProducer
 from replayrl.rollout.prompts import PromptRenderer
@@ -70,7 +73,29 @@ def build_window(cfg: Config) -> Buffer | None:
     )
 
 
-def build_batch_source(cfg: Config, buffer: Buffer, window: Buffer | None) -> BatchSource:
+def build_batch_source(
+    cfg: Config,
+    buffer: Buffer,
+    window: Buffer | None,
+    producer: RolloutProducer | None = None,
+) -> BatchSource:
+    """`producer`: the run's own, for sources that generate more within a step (DAPO's
+    dynamic sampling calls it until its batch is full; without one it trains on the first
+    call's groups)."""
+    gs = cfg.groups
+    if gs.source == "dynamic_sampling":
+        ds = gs.dynamic_sampling
+        return DynamicSamplingSource(
+            buffer,
+            producer.produce if producer is not None else None,
+            ds.train_prompts or cfg.rollout.prompts_per_step,
+            cfg.rollout.prompts_per_step,
+            cfg.train.epochs,
+            ds,
+        )
+    if gs.source == "group_replay":
+        store = ScoredGroupBuffer(gs.group_replay.capacity, seed=cfg.train.seed + 3)
+        return GroupReplaySource(buffer, store, cfg.train.epochs, gs.group_replay)
     if cfg.remix.enabled:
         return RemixSource(buffer, window, cfg.batch_size, cfg.remix)
     return BufferSource(buffer, cfg.batch_size, cfg.train.epochs)
@@ -195,7 +220,6 @@ def build_components(
         cfg, model, tokenizer, model_path, prompt_rng, log, task, rewards, generator, render
     )
     shuffle_rng = np.random.default_rng(cfg.train.seed + 1)
-    rows = task.eval_rows()
     return Components(
         cfg=cfg,
         model=model,
@@ -208,10 +232,10 @@ def build_components(
         producer=producer,
         buffer=buffer,
         window=window,
-        source=build_batch_source(cfg, buffer, window) if buffer is not None else None,
+        source=build_batch_source(cfg, buffer, window, producer) if buffer is not None else None,
         prompt_rng=prompt_rng,
         shuffle_rng=shuffle_rng,
-        eval_rows=rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else rows,
+        eval_rows=held_out_rows(cfg, task),
         n_params=sum(p.numel() for p in model.parameters()),
         max_positions=getattr(model.config, "max_position_embeddings", None),
     )

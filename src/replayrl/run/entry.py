@@ -3,16 +3,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from replayrl.config.schema import Config, ConfigError, load_config
 from replayrl.run.callbacks import RunHooks
-from replayrl.run.folder import check_resume_config, new_run_folder, run_guard, write_config
+from replayrl.run.folder import (
+    check_layout,
+    check_resume_code,
+    check_resume_config,
+    new_run_folder,
+    record_origin,
+    run_guard,
+    run_lock,
+    write_config,
+)
+from replayrl.run.session import InterruptOnSignal
+from replayrl.storage.checkpoint import clean_leftovers
 from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
+
+# consent to run the reward code a resumed run folder names: the CLI always decides
+# (`--trust-run-code`, a context variable so that it reaches `resume` through the Python
+# API); None, a Python caller that did not decide, is consent with a warning in the log
+TRUST_RUN_CODE: ContextVar[bool | None] = ContextVar("replayrl_trust_run_code", default=None)
+
+
+@contextmanager
+def trusting_run_code(trust: bool | None = True) -> Iterator[None]:
+    token = TRUST_RUN_CODE.set(trust)
+    try:
+        yield
+    finally:
+        TRUST_RUN_CODE.reset(token)
 
 
 def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[str, Any]:
@@ -22,13 +49,17 @@ def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[
     check_hooks(cfg, hooks)
     quiet_transformers()
     run_dir = Path(cfg.logging.run_dir) / cfg.logging.name
-    # an overwritten run is moved aside, deleted only once this one has started (model,
-    # data, rewards loaded) and put back if the start fails
-    with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
-        write_config(run_dir, cfg)
-        start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)
-    with run_guard(run_dir, log=log):  # expected failures name the last good checkpoint
-        return start()
+    # SIGTERM / SIGHUP unwind like Ctrl-C (the loop itself stops after a step); one process
+    # per run folder, locked before anything is written
+    with InterruptOnSignal(), run_lock(run_dir):
+        # an overwritten run is moved aside, deleted only once this one has started (model,
+        # data, rewards loaded) and put back if the start fails
+        with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
+            write_config(run_dir, cfg)
+            record_origin(run_dir, cfg)  # where it started, the reward files' SHA-256
+            start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)
+        with run_guard(run_dir, log=log):  # expected failures name the last good checkpoint
+            return start()
 
 
 def resume(
@@ -43,14 +74,25 @@ def resume(
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
-    cfg = load_config(cfg_path, overrides)
-    check_hooks(cfg, hooks)
-    check_resume_config(load_config(cfg_path), cfg)  # before anything is written
-    # restores the checkpoint (not ray's)
-    start = _runtime(cfg, run_dir, log, resume=True, hooks=hooks)
-    write_config(run_dir, cfg)  # only once the checkpoint accepted the overrides
-    with run_guard(run_dir, log=log):
-        return start()
+    with InterruptOnSignal(), run_lock(run_dir):  # one process per run folder
+        cfg = load_config(cfg_path, overrides)
+        check_hooks(cfg, hooks)
+        # before anything is written: fixed keys against the checkpoint's record, then the
+        # code and paths the run folder names
+        check_resume_config(load_config(cfg_path), cfg, run_dir, log)
+        own = hooks is not None and hooks.rewards is not None
+        trust = TRUST_RUN_CODE.get()
+        specs = check_resume_code(run_dir, cfg, list(overrides or []), trust is not False, own)
+        if specs and trust is None:
+            log(f"warning: resuming runs reward code named by {run_dir}: {', '.join(specs)}")
+        check_layout(run_dir)
+        for left in clean_leftovers(run_dir):
+            log(f"removed {left}: the temp folder of a checkpoint write that was killed")
+        # restores the checkpoint (not ray's)
+        start = _runtime(cfg, run_dir, log, resume=True, hooks=hooks)
+        write_config(run_dir, cfg)  # only once the checkpoint accepted the overrides
+        with run_guard(run_dir, log=log):
+            return start()
 
 
 def check_hooks(cfg: Config, hooks: RunHooks | None) -> None:

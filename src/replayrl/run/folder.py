@@ -6,10 +6,21 @@
 - A resume checks its overrides against the run's saved config before anything is written,
   and the run's `config.yaml` is rewritten (atomically) only after the resumed trainer has
   restored its checkpoint, so a refused override never bricks later resumes.
+- One process per run folder: `run_lock` takes an exclusive lock (`.<name>.lock` beside the
+  folder, holding the owner's pid) before anything is written; a second start or resume of
+  the same folder is refused. The lock is a kernel `flock`, released when its process ends
+  however it ends, so a file left by a killed run is stale and never blocks.
+- Overwrite only ever replaces a replayrl run folder (`is_run_folder`), never a symlink, and
+  `logging.name` is a plain folder name (schema), so nothing outside `run_dir/<name>` is
+  deleted; a symlinked `checkpoints/` is refused (pruning would follow it into another run).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -17,9 +28,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from replayrl.config.schema import Config, ConfigError, config_to_yaml
 from replayrl.errors import RunFailed
-from replayrl.storage.checkpoint import CheckpointWriteError, find_checkpoints
+from replayrl.storage.checkpoint import CheckpointWriteError, find_checkpoints, manifest_config
 from replayrl.storage.io import atomic_write_text
 
 Log = Callable[[str], None]
@@ -63,7 +76,17 @@ def new_run_folder(run_dir: Path, overwrite: bool, log: Log = print) -> Iterator
             f"rename it back to {run_dir} to keep it, or delete it"
         )
     aside = None
+    if run_dir.is_symlink():
+        raise ConfigError(
+            f"run folder {run_dir} is a symlink: replayrl writes runs only into real folders "
+            "(pick another logging.name or logging.run_dir)"
+        )
     if run_dir.exists() and any(run_dir.iterdir()):
+        if overwrite and not is_run_folder(run_dir):
+            raise ConfigError(
+                f"{run_dir} is not a replayrl run folder (no replayrl config.yaml in it): "
+                "logging.overwrite=true only replaces runs; nothing was deleted"
+            )
         if not overwrite:
             raise ConfigError(
                 f"run folder {run_dir} already exists: resume it with `--resume {run_dir}`, "
@@ -86,6 +109,87 @@ def new_run_folder(run_dir: Path, overwrite: bool, log: Log = print) -> Iterator
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def is_run_folder(path: Path) -> bool:
+    """A folder replayrl wrote: a real folder whose config.yaml is a replayrl config (a
+    mapping with `train` and `logging` sections)."""
+    cfg = path / "config.yaml"
+    if not path.is_dir() or path.is_symlink() or not cfg.is_file():
+        return False
+    try:
+        if cfg.stat().st_size > 1_000_000:
+            return False
+        data = yaml.safe_load(cfg.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "train" in data and "logging" in data
+
+
+def check_layout(run_dir: Path) -> None:
+    """Refuse a run folder whose `checkpoints/` is a symlink: writing and pruning there
+    would act on whatever it points to (another run's checkpoints)."""
+    ck = run_dir / "checkpoints"
+    if ck.is_symlink():
+        raise ConfigError(
+            f"{ck} is a symlink (to {os.readlink(ck)}): checkpoints are written and pruned "
+            "only inside the run folder; replace it with a real folder"
+        )
+
+
+def lock_path(run_dir: Path) -> Path:
+    return run_dir.with_name(f".{run_dir.name}.lock")
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid = path.read_text().strip()
+    except OSError:
+        pid = ""
+    return f"pid {pid}" if pid.isdigit() else "another process"
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[Path]:
+    """Hold the run folder's lock for the body; RunFailed at once if a live process holds it.
+
+    The lock file sits beside the folder (so it also covers a start that moves the folder
+    aside) and holds the owner's pid for the message. It is unlinked before it is released;
+    a process that opened the old file in between sees that its inode is gone and retries.
+    """
+    path = lock_path(run_dir.resolve())  # the same lock however the folder is named
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(10):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunFailed(
+                f"run folder {run_dir} is in use by {_holder(path)} (lock {path}): one "
+                "process per run folder; wait for it to finish or stop it, or pick another "
+                "logging.name"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # locked a file its last owner had just removed: take the new one
+    else:
+        raise RunFailed(f"could not lock run folder {run_dir} ({path} keeps changing)")
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield path
+    finally:
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+
 def _get(data: dict[str, Any], dotted: str) -> Any:
     node: Any = data
     for part in dotted.split("."):
@@ -93,11 +197,29 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def check_resume_config(saved: Config, new: Config) -> None:
-    """ConfigError naming each key whose override a checkpoint cannot honour."""
-    a, b = saved.model_dump(mode="json"), new.model_dump(mode="json")
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def check_resume_config(
+    saved: Config, new: Config, run_dir: Path | None = None, log: Log | None = None
+) -> None:
+    """ConfigError naming each key fixed by the checkpoint that `new` changes, compared with
+    the checkpoint's own record (its manifest) when it has one, not with config.yaml (which
+    anyone can edit); any other change is accepted and logged."""
+    record = None
+    if run_dir is not None:
+        ckpt, _ = find_checkpoints(run_dir)
+        record = manifest_config(ckpt) if ckpt is not None else None
+    a = record if record is not None else saved.model_dump(mode="json")
+    b = new.model_dump(mode="json")
     bad = [
-        f"{k} (the run has {_get(a, k)!r}, the override asks {_get(b, k)!r})"
+        f"{k} (the checkpoint has {_get(a, k)!r}, now {_get(b, k)!r})"
         for k in FROZEN_ON_RESUME
         if _get(a, k) != _get(b, k)
     ]
@@ -107,6 +229,16 @@ def check_resume_config(saved: Config, new: Config) -> None:
             + "; ".join(bad)
             + " (nothing was written; start a new run to change them)"
         )
+    if log is None or record is None:
+        return
+    fa, fb = _flat(a), _flat(b)
+    changed = [
+        f"{k}: {fa.get(k)!r} -> {fb.get(k)!r}"
+        for k in sorted(set(fa) | set(fb))
+        if fa.get(k) != fb.get(k) and not k.startswith(("logging.run_dir", "logging.name"))
+    ]
+    if changed:
+        log("resume: settings changed since the checkpoint (accepted): " + "; ".join(changed))
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:
@@ -137,5 +269,131 @@ def run_guard(run_dir: Path, log: Log = print) -> Iterator[None]:
     except (OSError, RunFailed) as exc:
         if isinstance(exc, CheckpointWriteError):  # its message names the last good one
             raise RunFailed(str(exc)) from exc
-        what = "" if isinstance(exc, RunFailed) else f"{type(exc).__name__}: "
-        raise RunFailed(f"{what}{exc}; {last_good_checkpoint(run_dir)}") from exc
+        if isinstance(exc, RunFailed):  # keep its type (RewardFunctionFailed, ...)
+            exc.args = (f"{exc}; {last_good_checkpoint(run_dir)}",)
+            raise
+        raise RunFailed(f"{type(exc).__name__}: {exc}; {last_good_checkpoint(run_dir)}") from exc
+
+
+# -- code and paths a resumed run would use ----------------------------------------------------
+
+ORIGIN = "origin.json"  # where the run was started and the reward files' SHA-256
+
+
+def _file_target(spec: str) -> str | None:
+    """The file of a `path/to/file.py:fn` reward spec (None for built-ins and modules)."""
+    target, sep, _ = spec.rpartition(":")
+    if not sep or not target:
+        return None
+    return target if target.endswith(".py") or "/" in target or "\\\\" in target else None
+
+
+_SHIPPED = Path(__file__).resolve().parents[1]  # the replayrl package (preset reward files)
+
+
+def code_specs(cfg: Config) -> list[str]:
+    """Reward entries that name code (a file or `module:fn`) other than replayrl's own
+    (built-in names, reward files shipped with the presets, `replayrl.*` modules)."""
+    out = []
+    for r in cfg.rewards:
+        if ":" not in r.name or r.name.startswith("replayrl."):
+            continue
+        target = _file_target(r.name)
+        if target and Path(target).expanduser().resolve().is_relative_to(_SHIPPED):
+            continue
+        out.append(r.name)
+    return out
+
+
+def _anchor(cfg: Config, base: Path, rewards: bool, data: bool) -> None:
+    """Make relative reward files and data paths absolute against `base` (in place)."""
+    if rewards:
+        for r in cfg.rewards:
+            target = _file_target(r.name)
+            if target and not Path(target).expanduser().is_absolute():
+                fn = r.name.rpartition(":")[2]
+                r.name = f"{(base / target).resolve()}:{fn}"
+    if data:
+        t = cfg.task
+        for key in ("path", "eval_path"):
+            value = getattr(t, key, None)
+            if isinstance(value, str) and value and "://" not in value:
+                if not Path(value).expanduser().is_absolute() and (base / value).exists():
+                    setattr(t, key, str((base / value).resolve()))
+
+
+def _hashes(cfg: Config) -> dict[str, str]:
+    out = {}
+    for r in cfg.rewards:
+        target = _file_target(r.name)
+        if target and Path(target).is_file():
+            out[target] = hashlib.sha256(Path(target).read_bytes()).hexdigest()
+    return out
+
+
+def record_origin(run_dir: Path, cfg: Config) -> None:
+    """At a start: the folder it was started from and each reward file's SHA-256."""
+    anchored = cfg.model_copy(deep=True)
+    _anchor(anchored, Path.cwd(), rewards=True, data=False)  # keys: absolute paths
+    origin = {"cwd": os.getcwd(), "reward_files": _hashes(anchored)}
+    atomic_write_text(run_dir / ORIGIN, json.dumps(origin, indent=1))
+
+
+def _read_origin(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / ORIGIN
+    try:
+        if path.stat().st_size > 1_000_000:
+            return {}
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def check_resume_code(
+    run_dir: Path, cfg: Config, overrides: list[str], trusted: bool, own_rewards: bool
+) -> list[str]:
+    """Resume runs no code named by a run folder without consent (in place on `cfg`).
+
+    Relative paths resolve against the folder the run was started from (recorded in
+    origin.json), not the current one. Reward files or `module:fn` entries that come from
+    the run folder's config need `trusted` (`--trust-run-code`), or rewards given again
+    (`rewards=...` override, or reward objects from the Python API); a reward file whose
+    contents changed since the start is refused either way unless the rewards are given again.
+    Returns the run folder's code entries that the resume will run (none when given again).
+    """
+    given = own_rewards or any(o.split("=", 1)[0].strip().startswith("rewards") for o in overrides)
+    data_given = any(
+        o.split("=", 1)[0].strip() in ("task.path", "task.eval_path") for o in overrides
+    )
+    origin = _read_origin(run_dir)
+    base = Path(origin["cwd"]) if isinstance(origin.get("cwd"), str) else None
+    if given:
+        _anchor(cfg, Path.cwd(), rewards=True, data=False)  # typed now: relative to here
+    elif base is not None:
+        _anchor(cfg, base, rewards=True, data=False)
+    if base is not None and not data_given:
+        _anchor(cfg, base, rewards=False, data=True)
+    if given or own_rewards:
+        return []
+    specs = code_specs(cfg)
+    if specs and not trusted:
+        raise ConfigError(
+            f"{run_dir}/config.yaml names reward code ({', '.join(specs)}): a resume runs no "
+            "code from a run folder without consent; pass --trust-run-code if you trust it, "
+            "or give the rewards again (rewards=[...])"
+        )
+    recorded = origin.get("reward_files") or {}
+    now = _hashes(cfg)
+    for spec in specs:
+        target = _file_target(spec)
+        if target is None:
+            continue
+        old = recorded.get(target)
+        if old is not None and now.get(target) != old:
+            raise ConfigError(
+                f"reward file {target} changed since the run started (SHA-256 differs): "
+                "resuming would score with other code; give rewards=[...] again to use it "
+                "as it is now"
+            )
+    return specs

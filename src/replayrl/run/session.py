@@ -21,8 +21,9 @@ from replayrl.config.schema import Config, config_to_yaml
 from replayrl.data.batch_source import BatchSource
 from replayrl.data.buffer import Buffer, batch_stats
 from replayrl.data.rollout import Rollout
+from replayrl.errors import RunFailed, RunStopped
 from replayrl.models.loading import unwrap_model
-from replayrl.rollout.evaluation import evaluate
+from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.producer import Production
 from replayrl.run.accounting import format_accounting
 from replayrl.run.callbacks import RunHooks
@@ -73,6 +74,7 @@ class Session:
         self.n_params, self.max_positions = p.n_params, p.max_positions
         self.source: BatchSource | None = p.source
         self.counters = Counters()
+        self.failed_steps = 0  # steps in a row that trained nothing (check_training)
         # no silent non-learning: steps whose groups all have equal rewards (signal.py)
         self.reward_signal = RewardSignalMonitor(patience=cfg.logging.no_signal_patience)
         if ckpt is not None:
@@ -133,6 +135,7 @@ class Session:
             self.tokenizer,
             self._state(),
             keep_last=self.cfg.checkpoint.keep_last,
+            config=self.cfg.model_dump(mode="json"),  # resume checks against this record
         )
         self.hooks.checkpointed(self.counters.step, path)
         return path
@@ -161,19 +164,12 @@ class Session:
         self.counters.account(p)
 
     def evaluate(self) -> dict[str, float]:
-        e = self.cfg.eval
-        return evaluate(
-            self.generator,
-            self.task,
-            self.eval_rows,
-            self.cfg.rollout.max_new_tokens,
-            pass_k=e.pass_k,
-            temperature=e.temperature,
-            render=self.render,
-        )
+        return evaluate_policy(self.cfg, self.generator, self.task, self.eval_rows, self.render)
 
     def timed_eval(self) -> dict[str, float]:
         c = self.counters
+        if not self.eval_rows:  # nothing held out (task.eval_size=0, no eval file): no eval
+            return {}
         t0 = time.perf_counter()
         ev = self.evaluate()
         c.eval_seconds += time.perf_counter() - t0
@@ -202,6 +198,7 @@ class Session:
                 policy_frozen=c.step < cfg.critic.warmup_steps and self.learner.critic is not None,
             )
             stats.update({f"train/{k}": v for k, v in train_metrics.items()})
+            self.check_training(batch, train_metrics, c.step + 1)
             stats["reflection_rate"] = reflection_rate(
                 [r.completion_text for r in fresh], cfg.logging.reflection_words
             )
@@ -216,6 +213,33 @@ class Session:
             )
         return t_train
 
+    def check_training(self, batch: list[Rollout], m: dict[str, float], step: int) -> None:
+        """No silent non-training: `train.failure_patience` steps in a row whose updates were
+        all skipped (non-finite gradient) or whose gradient was exactly 0 although the batch
+        had non-zero advantages end the run with RunFailed naming the cause."""
+        k = self.cfg.train.failure_patience
+        if not k or not m:
+            return
+        cause = None
+        if m.get("skipped_updates", 0.0) >= 1.0:
+            cause = (
+                "every update was skipped because the gradient was not finite (NaN/inf): "
+                "damaged policy weights, rewards too large for the training dtype, or "
+                f"train.lr={self.cfg.train.lr:g} too high"
+            )
+        elif m.get("grad_norm") == 0.0 and any(abs(r.advantage) > 1e-6 for r in batch):
+            cause = (
+                "the gradient was exactly 0 although the batch's advantages were not: the "
+                "policy is saturated or its weights are wrecked (train.lr="
+                f"{self.cfg.train.lr:g} too high?)"
+            )
+        self.failed_steps = self.failed_steps + 1 if cause else 0
+        if cause and self.failed_steps >= k:
+            raise RunFailed(
+                f"nothing was trained for {self.failed_steps} steps in a row (up to step "
+                f"{step}): {cause}"
+            )
+
     # -- around the loop ---------------------------------------------------------------------
     def start(self) -> None:
         """Log the replay design and evaluate the starting policy (not on resume)."""
@@ -226,7 +250,7 @@ class Session:
                 f"replay: staleness horizon x = N/R = {cfg.buffer.capacity / R:.3g}, "  # type: ignore[operator]
                 f"replay ratio y = B/R = {B / R:.3g}"
             )
-        if c.step == 0 and not c.evals:
+        if c.step == 0 and not c.evals and self.eval_rows:
             first = self.timed_eval()
             self.metrics.log(0, first)
             self.log(
@@ -266,22 +290,23 @@ class Session:
         if ck and c.step % ck == 0 and c.step != cfg.train.steps:
             self.checkpoint()
 
-    def interrupted(self, progress: Progress) -> None:
-        """Checkpoint between steps (exactly an uninterrupted run's state) and stop."""
+    def interrupted(self, progress: Progress, signum: int = signal.SIGINT) -> None:
+        """Checkpoint between steps (exactly an uninterrupted run's state) and stop; raises
+        RunStopped(signum), which the CLI turns into exit code 128 + signum."""
         progress.close()
         path = self.checkpoint()
         self.metrics.close()
         self.log(
-            f"interrupted at step {self.counters.step}: checkpoint written to {path}; "
-            f"resume with --resume {self.run_dir}"
+            f"interrupted at step {self.counters.step} ({signal_name(signum)}): checkpoint "
+            f"written to {path}; resume with --resume {self.run_dir}"
         )
-        raise KeyboardInterrupt
+        raise RunStopped(signum)
 
     def finish(self) -> dict[str, Any]:
         """Final eval (unless the last step had one), checkpoint, summary, accounting."""
         c = self.counters
         last_eval_step = c.evals[-1]["step"] if c.evals else -1
-        if last_eval_step != c.step:
+        if last_eval_step != c.step and self.eval_rows:
             self.metrics.log(c.step, self.timed_eval())
         self.checkpoint()
         summary = self.summary()
@@ -315,27 +340,71 @@ class Session:
         return summary
 
 
-class StopOnSigint:
-    """First Ctrl-C asks the loop to stop after the current step; a second one aborts."""
+# what a scheduler sends before it kills a job: SLURM and Kubernetes SIGTERM, a closed
+# terminal or ssh session SIGHUP; each is handled like Ctrl-C (exit 128 + signal number)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class StopOnSignal:
+    """The first SIGINT / SIGTERM / SIGHUP asks the loop to stop after the current step (it
+    then checkpoints, even with `checkpoint.every=0`); a second one aborts at once."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous: Any = None
+        self.signum: int = signal.SIGINT
+        self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\nstopping after this step (Ctrl-C again to abort now)", flush=True)
+            raise RunStopped(signum)
+        self.requested, self.signum = True, signum
+        name = signal_name(signum)
+        print(f"\n{name}: stopping after this step (send it again to abort now)", flush=True)
 
-    def __enter__(self) -> StopOnSigint:
+    def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+
+StopOnSigint = StopOnSignal  # the name the runtimes imported first
+
+
+class InterruptOnSignal:
+    """Outside the loop (loading, the first eval, the final summary): SIGTERM and SIGHUP
+    raise `RunStopped` as SIGINT raises KeyboardInterrupt, so the cleanup that Ctrl-C runs
+    (putting back a replaced run, releasing the run folder's lock) runs for them too."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    @staticmethod
+    def _raise(signum: int, frame: object) -> None:
+        raise RunStopped(signum)
+
+    def __enter__(self) -> InterruptOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS[1:]:
+                self._previous[sig] = signal.signal(sig, self._raise)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
 
 def reflection_rate(texts: list[str], words: list[str]) -> float:

@@ -37,6 +37,12 @@ class Counters:
     rollouts_lost_worker_died: int = 0  # async: the batch a killed generator was producing
     rollouts_discarded: int = 0  # ReMix's window contents dropped at reincarnation
     retired_buffer_stats: list[dict[str, float]] = field(default_factory=list)
+    # group sources (data/group_sources.py): generated and scored, never trained on
+    rollouts_filtered_no_signal: int = 0  # groups without reward variance dropped / replaced
+    rollouts_filtered_surplus: int = 0  # groups beyond a full dynamic-sampling batch
+    rollouts_reused: int = 0  # replayed (not fresh) rollouts in training batches, per pass
+    generation_rounds: int = 0  # generation calls beyond each step's first (dynamic sampling)
+    short_steps: int = 0  # dynamic-sampling steps that hit max_rounds before a full batch
     roles: dict[str, dict[str, float]] = field(default_factory=dict)  # async role clocks
 
     def account(self, p: Any) -> None:
@@ -92,6 +98,8 @@ def ledger(c: Counters, buffers: list[Any]) -> dict[str, Any]:
         c.rollouts_lost_worker_died,
         [*(ledger_stats(b) for b in buffers), *c.retired_buffer_stats],
         c.rollouts_discarded,
+        filtered_no_signal=c.rollouts_filtered_no_signal,
+        filtered_surplus=c.rollouts_filtered_surplus,
     )
 
 
@@ -135,6 +143,9 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
         "eval_seconds": c.eval_seconds,
         "reward_seconds": c.reward_seconds,
         "rollouts_dropped_reward_timeout": c.rollouts_dropped_reward_timeout,
+        "rollouts_reused": c.rollouts_reused,
+        "generation_rounds_extra": c.generation_rounds,
+        "short_steps": c.short_steps,
         "mu_median": estimate_mu(c.mu_per_step),
         "design": c.design,
         "reincarnation_step": c.reincarnation_step,

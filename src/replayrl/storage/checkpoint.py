@@ -5,18 +5,23 @@ manifest.json}. The trainer state (optimizer, RNG, counters, buffer) is split by
 `safe_state` into tensors (safetensors) and everything else (JSON): nothing is unpickled
 on load, so resuming a run folder someone sent you cannot execute code.
 
-Each checkpoint is built in a temp folder, its files fsynced, `manifest.json` (every file
-and its size) written last, and the folder renamed into place; `latest` names the newest.
-Resume takes the newest checkpoint whose manifest matches the files on disk and says
-which newer ones it skipped and why (a truncated or missing file). Checkpoints of older
+Each checkpoint is built in a temp folder, its files fsynced, `manifest.json` (every file,
+its size and its SHA-256, and the run's config) written last, and the folder renamed into
+place; `latest` names the newest. Resume takes the newest checkpoint whose manifest matches
+the files on disk, contents included (a same-size corruption of the weights is caught), and
+says which newer ones it skipped and why. Pruning keeps the newest `keep_last` complete
+checkpoints and never the damaged ones in their place; temp folders left by a killed write
+are removed at the next start (`clean_leftovers`). Checkpoints of older
 versions (a pickled `state.pt`) are refused with a message, never silently unpickled.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -31,6 +36,8 @@ from replayrl.storage.io import atomic_write_text
 from replayrl.storage.safe_state import StateFormatError, load_state_files, save_state
 
 MANIFEST = "manifest.json"
+STEP_NAME = re.compile(r"step_\d{6,}")
+_HASH_CHUNK = 1 << 22
 
 
 class CheckpointError(ValueError):
@@ -65,6 +72,60 @@ def _files(folder: Path) -> dict[str, int]:
     }
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    """SHA-256 of each file (read back right after the write, from the page cache)."""
+    return {rel: _sha256(folder / rel) for rel in _files(folder)}
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """The checkpoint folders of `root`, oldest first: real folders named step_NNNNNN only
+    (a symlink or a stray folder is never read, pruned or followed)."""
+    if not root.is_dir() or root.is_symlink():
+        return []
+    return sorted(
+        p
+        for p in root.iterdir()
+        if STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+    )
+
+
+def clean_leftovers(run_dir: Path) -> list[Path]:
+    """Remove the temp folders of checkpoint writes that were killed (`.step_*.tmp-*`,
+    `.step_*.old-*`); call only while holding the run folder's lock."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir() or root.is_symlink():
+        return []
+    gone = [
+        p
+        for p in root.iterdir()
+        if re.fullmatch(r"\.step_\d+\.(tmp|old)-.+", p.name) and p.is_dir() and not p.is_symlink()
+    ]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+def _prune(root: Path, keep_last: int, name: str) -> None:
+    """Keep the newest `keep_last` complete checkpoints (the one just written among them);
+    damaged ones never count towards `keep_last` and older damaged ones are removed."""
+    complete = 0
+    for old in reversed(_step_dirs(root)):
+        if old.name > name:  # newer than the write (a resume fell back past it): keep
+            continue
+        if old.name == name or (complete < keep_last and check_checkpoint(old) is None):
+            complete += 1
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _fsync_tree(folder: Path) -> None:
     for p in folder.rglob("*"):
         if p.is_file():
@@ -79,7 +140,10 @@ def save_checkpoint(
     tokenizer: PreTrainedTokenizerBase,
     state: dict[str, Any],
     keep_last: int = 2,
+    config: dict[str, Any] | None = None,
 ) -> Path:
+    """Write checkpoint `step` atomically; `config`: the run's config (recorded in the
+    manifest, so a resume checks its settings against the checkpoint's own record)."""
     root = run_dir / "checkpoints"
     name = f"step_{step:06d}"
     dest = root / name
@@ -91,7 +155,14 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp / "policy")
         save_state(tmp, "state", {**state, "rng": rng_state(), "step": step})
         _fsync_tree(tmp)
-        manifest = {"format": 1, "step": step, "files": _files(tmp)}
+        manifest: dict[str, Any] = {
+            "format": 1,
+            "step": step,
+            "files": _files(tmp),
+            "sha256": _hashes(tmp),
+        }
+        if config is not None:
+            manifest["config"] = config
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
         if dest.exists():  # rewriting a step (a finished run resumed): keep it until replaced
             old = root / f".{name}.old-{os.getpid()}"
@@ -114,15 +185,13 @@ def save_checkpoint(
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    kept = sorted(p for p in root.glob("step_*") if p.is_dir())
-    for old in kept[:-keep_last]:
-        if old.name != name:
-            shutil.rmtree(old, ignore_errors=True)
+    _prune(root, keep_last, name)
     return dest
 
 
-def check_checkpoint(path: Path) -> str | None:
-    """None if `path` is a complete checkpoint, else why not (for the resume message)."""
+def check_checkpoint(path: Path, verify: bool = False) -> str | None:
+    """None if `path` is a complete checkpoint, else why not (for the resume message).
+    `verify`: also compare each file's SHA-256 with the manifest's (reads every byte)."""
     if (path / "state.pt").is_file() and not (path / MANIFEST).is_file():
         return "old pickle format (state.pt)"
     mpath = path / MANIFEST
@@ -131,8 +200,8 @@ def check_checkpoint(path: Path) -> str | None:
     try:
         manifest = json.loads(mpath.read_text())
         files = dict(manifest["files"])
-    except (ValueError, KeyError, TypeError) as exc:
-        return f"{MANIFEST} is unreadable ({exc})"
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        return f"{MANIFEST} is unreadable ({type(exc).__name__})"
     for rel, size in files.items():
         p = path / rel
         if not p.is_file():
@@ -140,17 +209,34 @@ def check_checkpoint(path: Path) -> str | None:
         actual = p.stat().st_size
         if actual != size:
             return f"truncated file {rel} ({actual} of {size} bytes)"
+    if verify:
+        hashes = manifest.get("sha256") or {}
+        for rel, digest in hashes.items():
+            if rel in files and _sha256(path / rel) != digest:
+                return f"damaged file {rel} (its contents do not match the manifest's SHA-256)"
     return None
 
 
-def find_checkpoints(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """(newest complete checkpoint, [(newer checkpoint skipped, why), ...])."""
+def manifest_config(path: Path) -> dict[str, Any] | None:
+    """The run config a checkpoint recorded when it was written (None for older ones)."""
+    try:
+        if (path / MANIFEST).stat().st_size > 10_000_000:
+            return None
+        cfg = json.loads((path / MANIFEST).read_text()).get("config")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def find_checkpoints(
+    run_dir: Path, verify: bool = False
+) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(newest complete checkpoint, [(newer checkpoint skipped, why), ...]); `verify`: check
+    contents too (SHA-256), as a resume does."""
     root = run_dir / "checkpoints"
     skipped: list[tuple[Path, str]] = []
-    if not root.is_dir():
-        return None, skipped
-    for path in sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True):
-        reason = check_checkpoint(path)
+    for path in reversed(_step_dirs(root)):
+        reason = check_checkpoint(path, verify=verify)
         if reason is None:
             return path, skipped
         skipped.append((path, reason))
@@ -163,7 +249,7 @@ def latest_checkpoint(run_dir: Path, log: Callable[[str], None] | None = None) -
     Raises CheckpointError when the newest checkpoint is in the old pickle format: falling
     back past it would silently lose progress, loading it would run pickle.
     """
-    path, skipped = find_checkpoints(run_dir)
+    path, skipped = find_checkpoints(run_dir, verify=True)
     for bad, reason in skipped:
         if reason.startswith("old pickle format"):
             raise CheckpointError(_legacy_message(bad))

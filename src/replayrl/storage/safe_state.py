@@ -31,6 +31,12 @@ from safetensors.torch import save as st_save
 _MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__", "__float__")
 
 
+# a state JSON is read only within these limits: a file edited to nest 200,000 lists deep
+# or to be absurdly large is a clear error, not a RecursionError or an exhausted memory
+MAX_DEPTH = 100
+MAX_JSON_BYTES = 8 << 30
+
+
 class StateFormatError(ValueError):
     """A state file that is not what `save_state` writes (truncated, edited, another format)."""
 
@@ -82,10 +88,13 @@ def encode(obj: Any, tensors: dict[str, torch.Tensor], where: str = "state") -> 
     )
 
 
-def decode(data: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    """Inverse of `encode`."""
+def decode(data: Any, tensors: dict[str, torch.Tensor], depth: int = 0) -> Any:
+    """Inverse of `encode`; StateFormatError past MAX_DEPTH levels of nesting."""
+    if depth > MAX_DEPTH:
+        raise StateFormatError(f"state nested more than {MAX_DEPTH} levels deep (edited?)")
+    d = depth + 1
     if isinstance(data, list):
-        return [decode(v, tensors) for v in data]
+        return [decode(v, tensors, d) for v in data]
     if not isinstance(data, dict):
         return data
     if len(data) == 1:
@@ -95,9 +104,9 @@ def decode(data: Any, tensors: dict[str, torch.Tensor]) -> Any:
                 raise StateFormatError(f"tensor {value!r} is missing from the tensor file")
             return tensors[value]
         if key == "__tuple__":
-            return tuple(decode(v, tensors) for v in value)
+            return tuple(decode(v, tensors, d) for v in value)
         if key == "__items__":
-            return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in value}
+            return {_hashable(decode(k, tensors, d)): decode(v, tensors, d) for k, v in value}
         if key == "__float__":
             return float(value)
         if key == "__ndarray__":
@@ -106,7 +115,7 @@ def decode(data: Any, tensors: dict[str, torch.Tensor]) -> Any:
                 raise StateFormatError(f"array of dtype {dtype} is not plain numbers")
             raw = base64.b64decode(value["data"])
             return np.frombuffer(raw, dtype=dtype).reshape(value["shape"]).copy()
-    return {k: decode(v, tensors) for k, v in data.items()}
+    return {k: decode(v, tensors, d) for k, v in data.items()}
 
 
 def _hashable(k: Any) -> Any:
@@ -138,6 +147,8 @@ def loads(text: bytes, blob: bytes, name: str = "state") -> Any:
         doc = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StateFormatError(f"{name}.json is not valid JSON (truncated?): {exc}") from None
+    except RecursionError:
+        raise StateFormatError(f"{name}.json is nested too deeply to read (edited?)") from None
     if not isinstance(doc, dict) or doc.get("format") != "replayrl-state":
         raise StateFormatError(f"{name}.json is not a replayrl state file")
     try:
@@ -173,6 +184,8 @@ def load_state_files(folder: Path, name: str) -> Any:
     for p in (js, st):
         if not p.is_file():
             raise StateFormatError(f"{p} is missing")
+    if js.stat().st_size > MAX_JSON_BYTES:
+        raise StateFormatError(f"{js} is larger than {MAX_JSON_BYTES >> 30} GiB (not a state)")
     return loads(js.read_bytes(), st.read_bytes(), name=str(folder / name))
 
 
@@ -205,4 +218,6 @@ def loads_single(blob: bytes, name: str = "state") -> Any:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise StateFormatError(f"{name}: damaged metadata: {exc}") from None
+    except RecursionError:
+        raise StateFormatError(f"{name}: metadata nested too deeply to read") from None
     return decode(doc["state"], tensors)

@@ -56,7 +56,7 @@ from transformers import TrainerCallback
 
 from replayrl.config.schema import Config, config_to_yaml, load_config
 from replayrl.data.design import cost_ratio, estimate_mu
-from replayrl.rollout.evaluation import evaluate
+from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
 from replayrl.rollout.generation import HFGenerator
 from replayrl.rollout.producer import completion_for_reward
 from replayrl.rollout.prompts import PromptRenderer, render_plain, to_messages
@@ -109,7 +109,9 @@ def _check_supported(cfg: Config) -> None:
     if cfg.algorithm.loss_type != "grpo_clip":
         problems.append(f"algorithm.loss_type={cfg.algorithm.loss_type} (only grpo_clip)")
     if cfg.algorithm.advantage != "grpo":
-        problems.append(f"algorithm.advantage={cfg.algorithm.advantage} (no critic in TRL GRPO)")
+        problems.append(
+            f"algorithm.advantage={cfg.algorithm.advantage} (TRL GRPO's is the group-relative one)"
+        )
     if cfg.train.epochs != 1:
         problems.append(f"train.epochs={cfg.train.epochs} (each rollout is used once)")
     if cfg.train.batch_size not in (None, R):
@@ -194,6 +196,12 @@ def trl_grpo_settings(cfg: Config) -> tuple[dict[str, Any], list[str]]:
         "dataloader_num_workers": 0,
         "log_completions": False,
     }
+    return kwargs, _unmatched(cfg)
+
+
+def _unmatched(cfg: Config) -> list[str]:
+    """What `trl_grpo_settings` could not match exactly, in words."""
+    r, a, R = cfg.rollout, cfg.algorithm, cfg.rollouts_per_step
     unmatched = [
         "advantage normalisation: TRL divides by (group std + 1e-4), replayrl by "
         "(group std + 1e-6)",
@@ -215,7 +223,7 @@ def trl_grpo_settings(cfg: Config) -> tuple[dict[str, Any], list[str]]:
             "entropy bonus: TRL's is always a token mean; replayrl aggregates it with "
             f"algorithm.loss_agg = {a.loss_agg}"
         )
-    return kwargs, unmatched
+    return unmatched
 
 
 def _param_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -329,16 +337,7 @@ class _Recorder(TrainerCallback):
             self.cfg.rollout.generation_batch_size,
             impl=self.cfg.rollout.generation_impl,
         )
-        e = self.cfg.eval
-        ev = evaluate(
-            generator,
-            self.task,
-            self.eval_rows,
-            self.cfg.rollout.max_new_tokens,
-            pass_k=e.pass_k,
-            temperature=e.temperature,
-            render=self.render,
-        )
+        ev = evaluate_policy(self.cfg, generator, self.task, self.eval_rows, self.render)
         self.eval_seconds += time.perf_counter() - t0
         self.evals.append(
             {
@@ -451,8 +450,7 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
         model, tokenizer, model_path = load_policy(cfg.model, cfg.task, log=log)
     n_params = sum(p.numel() for p in model.parameters())
     task = task_from_config(cfg.task)  # every task kind and knob (reasoning: op, terms, ...)
-    eval_rows = task.eval_rows()
-    eval_rows = eval_rows[: cfg.eval.num_prompts] if cfg.eval.num_prompts else eval_rows
+    eval_rows = held_out_rows(cfg, task)
     metrics = MetricsLogger.from_config(run_dir, cfg)
     recorder = _Recorder(cfg, task, eval_rows, tokenizer, metrics, n_params, log)
     recorder.train_rows = _train_rows(cfg, task)

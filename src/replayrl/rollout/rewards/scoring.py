@@ -12,6 +12,13 @@ left running in the background (counted by `abandoned_threads()`; it ends with t
 process). A call that timed out is never retried item by item, and the item-by-item
 isolation of a call that raised shares one `timeout_s` budget, so a slow function that
 raises costs at most about 2 x timeout_s per step, not one timeout per item.
+
+No silent non-training. Values, and each rollout's weighted sum, must be finite in float32
+(the learner's dtype: 1e39 is finite in float64 but inf there). A function that fails on every
+rollout of `patience` calls in a row (one call per step) ends the run with
+`RewardFunctionFailed` naming it and its first error. Functions get copies of their inputs
+(a function that empties `completions` cannot break scoring) and a `sys.exit` inside one is
+that call's error, not the end of the run.
 """
 
 from __future__ import annotations
@@ -23,9 +30,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from replayrl.errors import RewardFunctionFailed
+
 RewardFunction = Callable[..., Sequence[float | None]]
 
 DEFAULT_TIMEOUT_S = 60.0
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32 (torch.finfo(float32).max)
 _abandoned: list[threading.Thread] = []
 
 
@@ -34,6 +44,8 @@ class WeightedReward:
     name: str
     fn: RewardFunction
     weight: float = 1.0
+    failed_steps: int = 0  # consecutive calls in which it failed on every rollout
+    first_failure: str | None = None  # the first error of that streak
 
 
 @dataclass
@@ -87,8 +99,9 @@ def check_value(v: Any) -> float | None:
         f = float(v)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise RewardCallError("non_numeric", f"returned {v!r}, not a number ({exc})") from None
-    if not math.isfinite(f):
-        raise RewardCallError("non_finite", f"returned non-finite reward {v!r}")
+    if not math.isfinite(f) or abs(f) > FLOAT32_MAX:
+        what = "non-finite" if not math.isfinite(f) else "float32-overflowing (inf in training)"
+        raise RewardCallError("non_finite", f"returned {what} reward {v!r}")
     return f
 
 
@@ -96,7 +109,7 @@ def _run(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None, 
     if timeout is None:
         try:
             return fn(**kwargs)
-        except Exception as exc:  # noqa: BLE001 - user code: any error is the call's failure
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code: the call's failure
             raise RewardCallError("error", f"{type(exc).__name__}: {exc}") from exc
     box: dict[str, Any] = {}
 
@@ -129,7 +142,8 @@ def _call(
     rows: Sequence[dict[str, Any]],
     timeout: float | None,
 ) -> list[Any]:
-    kwargs = {"prompts": prompts, "completions": completions, **_columns(rows)}
+    # copies: a function that edits its inputs (clears `completions`) must not change ours
+    kwargs = {"prompts": list(prompts), "completions": list(completions), **_columns(rows)}
     out = _run(wr.fn, kwargs, timeout, wr.name)
     try:
         n = len(out)
@@ -146,9 +160,14 @@ class _Scorer:
         self.timeout = timeout
         self.failed: list[str | None] = [None] * n  # the reason each rollout is dropped
         self.result = ScoreResult(rewards=[None] * n, per_function={})
+        self.batch_error: RewardCallError | None = None  # the batch call's, while retrying
+        self.function_errors: dict[str, str] = {}  # each function's first error
 
     def fail(self, wr: WeightedReward, i: int, err: RewardCallError) -> None:
         r = self.result
+        if err.reason == "wrong_length" and self.batch_error is not None:
+            err = self.batch_error  # the real lengths (the batch's), not a retried item's
+        self.function_errors.setdefault(wr.name, f"{err} [{err.reason}]")
         r.error_counts[wr.name] = r.error_counts.get(wr.name, 0) + 1
         if self.failed[i] is None:
             self.failed[i] = err.reason
@@ -167,6 +186,7 @@ class _Scorer:
 
     def run(self, wr: WeightedReward, prompts, completions, rows) -> list[float | None]:
         n = len(completions)
+        self.batch_error = None
         try:
             raw = _call(wr, prompts, completions, rows, self.timeout)
             return self.values(wr, raw, list(range(n)))
@@ -176,6 +196,7 @@ class _Scorer:
                 for i in range(n):
                     self.fail(wr, i, err)
                 return [None] * n
+            self.batch_error = err if err.reason == "wrong_length" else None
         # the batch call raised or returned a bad shape: isolate the failing items, within
         # one shared time budget
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -207,10 +228,13 @@ def score(
     completions: list[str],
     rows: Sequence[dict[str, Any]],
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    patience: int = 0,
 ) -> ScoreResult:
     """Weighted sum of reward functions (None = not applicable, as in TRL's nansum).
 
     Each call gets `timeout_s` seconds (None: no timeout, called in this thread).
+    `patience` > 0: a function failing on every rollout of that many calls in a row raises
+    RewardFunctionFailed (its streak is kept on its WeightedReward).
     """
     t0 = time.perf_counter()
     n = len(completions)
@@ -219,11 +243,42 @@ def score(
     for wr in fns:
         result.per_function[wr.name] = s.run(wr, prompts, completions, rows)
     for i in range(n):
-        if s.failed[i] is not None:
-            result.reasons[s.failed[i]] = result.reasons.get(s.failed[i], 0) + 1
-            continue
-        vals = [(wr.weight, result.per_function[wr.name][i]) for wr in fns]
-        result.rewards[i] = sum(w * v for w, v in vals if v is not None)
+        if s.failed[i] is None:
+            vals = [(wr.weight, result.per_function[wr.name][i]) for wr in fns]
+            total = sum(w * v for w, v in vals if v is not None)
+            if math.isfinite(total) and abs(total) <= FLOAT32_MAX:
+                result.rewards[i] = total
+                continue
+            s.failed[i] = "non_finite"  # each value fits, their weighted sum does not
+            if result.first_error is None:
+                result.first_error = (
+                    f"weighted reward sum {total!r} is not finite in float32 (check the "
+                    "reward weights) [non_finite]"
+                )
+        reason = s.failed[i]
+        assert reason is not None
+        result.reasons[reason] = result.reasons.get(reason, 0) + 1
     result.errors = sum(f is not None for f in s.failed)
     result.seconds = time.perf_counter() - t0
+    if patience > 0 and n > 0:
+        _track_failures(fns, result, s.function_errors, n, patience)
     return result
+
+
+def _track_failures(
+    fns: Sequence[WeightedReward],
+    result: ScoreResult,
+    errors: dict[str, str],
+    n: int,
+    patience: int,
+) -> None:
+    """Count each function's calls in a row that failed on every rollout; raise at `patience`."""
+    for wr in fns:
+        if result.error_counts.get(wr.name, 0) >= n:
+            wr.failed_steps += 1
+            if wr.first_failure is None:
+                wr.first_failure = errors.get(wr.name, "unknown error")
+            if wr.failed_steps >= patience:
+                raise RewardFunctionFailed(wr.name, wr.first_failure, wr.failed_steps)
+        else:
+            wr.failed_steps, wr.first_failure = 0, None

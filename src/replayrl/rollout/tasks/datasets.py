@@ -51,6 +51,11 @@ BAD_MESSAGES = "bad_messages"
 MISSING_ANSWER = "missing_answer"
 UNPARSEABLE_ANSWER = "unparseable_answer"
 DUPLICATE_OF_EVAL = "duplicate_of_eval"
+TOO_LONG = "too_long"  # a prompt or answer past MAX_FIELD_CHARS: never tokenised
+
+# a cheap length check before anything is tokenised: 1M characters is far past any model's
+# context (several hundred thousand tokens), while tokenising one 50 MB row took ~20 GB
+MAX_FIELD_CHARS = 1_000_000
 
 
 class _Skip(Exception):
@@ -239,6 +244,15 @@ def _source_rows(source: Any, skipped: dict[str, int]) -> tuple[list[Any], str]:
 # --- row validation ---------------------------------------------------------------------
 
 
+def _chars(value: Any) -> int:
+    """Characters of a text field, or of a chat's message contents (cheap, no tokenising)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_chars(m.get("content")) if isinstance(m, Mapping) else 0 for m in value)
+    return 0
+
+
 def _is_missing(value: Any) -> bool:
     if value is None:
         return True
@@ -351,6 +365,7 @@ class DatasetTask:
         eval_size: int | None = None,
         seed: int = 0,
         name: str = "dataset",
+        require_answer: bool = True,
     ) -> None:
         if format not in FORMATS:
             raise ValueError(
@@ -362,6 +377,9 @@ class DatasetTask:
         self.format = format
         self.prompt_column, self.answer_column = prompt_column, answer_column
         self.solution_column = solution_column
+        # False: rows without an answer are kept (answer None) for reward functions that
+        # need none (format or judge rewards); the verifier then grades them wrong
+        self.require_answer = require_answer
         self.seed = seed
         self.skipped: dict[str, int] = {}
         self.skipped_by_source: dict[str, dict[str, int]] = {}
@@ -436,14 +454,21 @@ class DatasetTask:
     def _row(self, raw: Any) -> Row:
         if not isinstance(raw, Mapping):
             raise _Skip(NOT_A_MAPPING)
+        for col in (self.prompt_column, self.answer_column):
+            if _chars(raw.get(col)) > MAX_FIELD_CHARS:
+                raise _Skip(TOO_LONG)
         prompt = _prompt(raw.get(self.prompt_column))
-        answer = _answer(raw, self.format, self.answer_column, self.solution_column)
+        answer: str | None = None
+        columns = (self.answer_column, self.solution_column)
+        if self.require_answer or not all(_is_missing(raw.get(c)) for c in columns):
+            answer = _answer(raw, self.format, self.answer_column, self.solution_column)
         row: Row = {str(k): v for k, v in raw.items()}
         raw_answer = raw.get(self.answer_column)
         if self.format == "gsm8k" and isinstance(raw_answer, str) and raw_answer.strip() != answer:
             row.setdefault(self.solution_column, raw_answer)  # keep the worked solution
         row["prompt"] = prompt
-        row["answer"] = answer
+        if answer is not None:  # a prompt-only row: reward functions get no answer column
+            row["answer"] = answer
         return row
 
     # the Task protocol -----------------------------------------------------------------
@@ -476,7 +501,8 @@ class DatasetTask:
                 texts.append(p)
             else:
                 texts.extend(m["content"] for m in p)
-            texts.append(str(r["answer"]))
+            if r.get("answer") is not None:
+                texts.append(str(r["answer"]))
         return texts
 
     # reporting -------------------------------------------------------------------------

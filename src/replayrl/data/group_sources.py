@@ -1,0 +1,274 @@
+"""Batch sources that decide per group: DAPO's dynamic sampling and TRL's group replay.
+
+Both plug into the loop as any `BatchSource` (data/batch_source.py): the loop generates one
+call's fresh rollouts and asks for (batch, passes). What differs is what they do with groups
+that carry no signal (all rewards equal: zero advantage, no gradient, full generation cost):
+
+* `DynamicSamplingSource` (DAPO, arXiv 2503.14476, Algorithm 1 lines 4-8 and eq. 11) drops
+  them and calls a `produce` hook for more generation until N groups with variance are in
+  hand; surplus groups of the last call are dropped (verl's recipe keeps the first N), or
+  with `carry_surplus` (our option) trained first at the next step (`CarriedGroups`).
+* `GroupReplaySource` (TRL's former GRPOWithReplayBufferTrainer) trains on the step's groups
+  but replaces each zero-std group by a stored earlier group drawn by score
+  (`ScoredGroupBuffer`, `trl_group_score`).
+
+Every generated rollout is counted: fresh groups that are trained go through the run's
+on-policy queue (pushed, consumed), groups dropped or replaced and surplus groups are counted
+as filtered in the run's counters (`rollouts_filtered_*`, in the rollout ledger), extra
+generation calls through the same accounting as the first (`Counters.account`), and replayed
+rollouts as reused (`rollouts_reused`, per pass), never as generated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from replayrl.config.schema import DynamicSamplingConfig, GroupReplayConfig
+from replayrl.data.batch_source import BufferSource, Log
+from replayrl.data.buffer import Buffer
+from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
+from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
+from replayrl.data.groups import Group, flatten, split_groups
+from replayrl.data.rollout import Rollout
+
+GROUP_STRIDE = 1_000_000  # group ids of a step: step * stride + call offset + prompt index
+
+
+class Production(Protocol):
+    """What a generation call returns (`replayrl.rollout.producer.Production`)."""
+
+    rollouts: list[Rollout]
+    seconds: float
+    reward_seconds: float
+
+
+Produce = Callable[[int, int, int], Production]  # (version, step, group_base) -> Production
+
+
+class GroupCounters(Protocol):
+    """The run's counters a group source reads and adds to (`replayrl.run.state.Counters`)."""
+
+    step: int
+    reincarnation_step: int | None
+    generation_seconds: float
+    rollouts_filtered_no_signal: int
+    rollouts_filtered_surplus: int
+    rollouts_reused: int
+    generation_rounds: int
+    short_steps: int
+
+    def account(self, p: Any) -> None: ...
+    def retire(self, buffer: Any) -> None: ...
+
+
+def select_signal_groups(
+    groups: Sequence[Group], needed: int, tol: float = 0.0
+) -> tuple[list[Group], int, list[Group]]:
+    """DAPO's filter (arXiv 2503.14476 eq. 11: keep a group iff 0 < #correct < G, i.e. its
+    rewards vary): (the first `needed` groups with std > tol, number of rollouts without
+    variance, the variance groups beyond `needed`). Order is generation order."""
+    kept: list[Group] = []
+    surplus: list[Group] = []
+    no_signal = 0
+    for g in groups:
+        if not g.has_signal(tol):
+            no_signal += len(g)
+        elif len(kept) < needed:
+            kept.append(g)
+        else:
+            surplus.append(g)
+    return kept, no_signal, surplus
+
+
+class CarriedGroups:
+    """Surplus groups with variance kept for the next step (`carry_surplus`), with the
+    counters of an on-policy queue so the rollout ledger sees them: pushed when carried,
+    consumed when trained next step, evicted when the next step does not need them (a carried
+    group is never more than one policy version old)."""
+
+    kind = "onpolicy"
+
+    def __init__(self) -> None:
+        self.groups: list[Group] = []
+        self.pushed = self.consumed = self.evicted = 0
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    def take(self, needed: int) -> list[Group]:
+        """The first `needed` carried groups (consumed); the rest are evicted."""
+        used, rest = self.groups[:needed], self.groups[needed:]
+        self.consumed += sum(len(g) for g in used)
+        self.evicted += sum(len(g) for g in rest)
+        for r in flatten(used):
+            r.times_sampled += 1
+        self.groups = []
+        return used
+
+    def carry(self, groups: list[Group]) -> None:
+        self.groups += groups
+        self.pushed += sum(len(g) for g in groups)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "size": float(len(self)),
+            "pushed": float(self.pushed),
+            "consumed": float(self.consumed),
+            "evicted": float(self.evicted),
+            "dropped_stale": 0.0,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        table, order = encode_rollouts(flatten(self.groups))
+        return {
+            "rollouts": table,
+            "order": order,
+            "sizes": [len(g) for g in self.groups],
+            "counters": [self.pushed, self.consumed, self.evicted],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        flat = decode_rollouts(state["rollouts"], state["order"])
+        self.groups, at = [], 0
+        for k in state["sizes"]:
+            self.groups.append(Group(flat[at : at + int(k)]))
+            at += int(k)
+        self.pushed, self.consumed, self.evicted = (int(x) for x in state["counters"])
+
+
+class DynamicSamplingSource(BufferSource):
+    """DAPO dynamic sampling: a batch of `train_prompts` groups with reward variance, from as
+    many generation calls as it takes (at most `max_rounds` per step, the first the loop's).
+
+    `produce(version, step, group_base)` generates and scores one more call of
+    rollout.prompts_per_step prompts with the current weights (the run's producer); its cost is
+    added to the run's counters here, as the loop does for the first call.
+    """
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        produce: Produce | None,
+        train_prompts: int,
+        prompts_per_call: int,
+        epochs: int,
+        ds: DynamicSamplingConfig,
+    ) -> None:
+        super().__init__(buffer, 0, epochs)
+        self.produce, self.train_prompts, self.ds = produce, train_prompts, ds
+        self.prompts_per_call = prompts_per_call
+        # carry_surplus: not specified, our choice (off by default: DAPO/verl drop them)
+        self.carried = CarriedGroups() if ds.carry_surplus else None
+        self.counters: GroupCounters | None = None
+        self.log: Log = print
+
+    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
+        self.counters, self.log = counters, log
+
+    def _more(self, version: int, call: int) -> list[Rollout]:
+        """Generation call number `call` (>= 1) of this step, accounted like the first."""
+        c = self.counters
+        assert c is not None and self.produce is not None, "before_step binds the counters"
+        base = c.step * GROUP_STRIDE + call * self.prompts_per_call
+        t0 = time.perf_counter()
+        p = self.produce(version, c.step, base)
+        c.account(p)
+        # generation time as the loop measures it: the call minus time in reward functions
+        c.generation_seconds += max(0.0, time.perf_counter() - t0 - p.reward_seconds)
+        c.generation_rounds += 1
+        return p.rollouts
+
+    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
+        c = self.counters
+        assert c is not None, "before_step binds the counters"
+        # carried surplus of the last step first (trained once, one version later: not reuse)
+        carried = self.carried.take(self.train_prompts) if self.carried is not None else []
+        kept = list(carried)
+        rollouts, call = fresh, 0
+        while True:
+            more, no_signal, surplus = select_signal_groups(
+                split_groups(rollouts), self.train_prompts - len(kept), self.ds.std_tol
+            )
+            kept += more
+            c.rollouts_filtered_no_signal += no_signal
+            if self.carried is not None:
+                self.carried.carry(surplus)
+            else:
+                c.rollouts_filtered_surplus += sum(len(g) for g in surplus)
+            call += 1
+            if len(kept) >= self.train_prompts or call >= self.ds.max_rounds:
+                break
+            if self.produce is None:
+                break  # no hook (a unit test's source): train on what the first call gave
+            rollouts = self._more(version, call)
+        if len(kept) < self.train_prompts:
+            c.short_steps += 1
+        batch = flatten(kept[len(carried) :])
+        self.buffer.push(batch)  # fresh groups through the on-policy queue: pushed, consumed
+        fresh_batch = self.buffer.sample(len(batch), current_version=version)
+        return flatten(carried) + fresh_batch, self.epochs
+
+    def buffers(self) -> list[Any]:
+        return [self.buffer, *([self.carried] if self.carried is not None else [])]
+
+    def state_dict(self) -> dict[str, Any]:
+        carried = self.carried.state_dict() if self.carried is not None else None
+        return {**super().state_dict(), "carried_groups": carried}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.carried is not None and state.get("carried_groups") is not None:
+            self.carried.load_state_dict(state["carried_groups"])
+
+
+class GroupReplaySource(BufferSource):
+    """TRL's GRPO with replay buffer: the step's groups with reward variance are trained and
+    offered to a `ScoredGroupBuffer` (score `trl_group_score`); each zero-std group is replaced
+    by a stored group drawn with probability proportional to its score. With nothing stored
+    yet, zero-std groups stay in the batch (no gradient, as plain GRPO): TRL had no rule for
+    an empty store. Not specified: our choice."""
+
+    def __init__(
+        self, buffer: Buffer, store: ScoredGroupBuffer, epochs: int, gr: GroupReplayConfig
+    ) -> None:
+        super().__init__(buffer, 0, epochs)
+        self.store, self.gr = store, gr
+        self.counters: GroupCounters | None = None
+
+    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
+        self.counters = counters
+
+    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
+        c = self.counters
+        assert c is not None, "before_step binds the counters"
+        groups = split_groups(fresh)
+        signal = [g for g in groups if g.reward_std > self.gr.zero_std_tol]
+        zero = [g for g in groups if g.reward_std <= self.gr.zero_std_tol]
+        if self.gr.include_current:  # TRL's order: store first, then draw
+            self.store.add(signal, [trl_group_score(g) for g in signal])
+        replayed = self.store.sample(len(zero)) if zero else []
+        if not self.gr.include_current:
+            self.store.add(signal, [trl_group_score(g) for g in signal])
+        kept_zero = zero[len(replayed) :]  # replaced ones are dropped, counted
+        c.rollouts_filtered_no_signal += sum(len(g) for g in zero[: len(replayed)])
+        trained_fresh = flatten(signal + kept_zero)
+        self.buffer.push(trained_fresh)
+        batch = self.buffer.sample(len(trained_fresh), current_version=version)
+        old = flatten(replayed)
+        for r in old:
+            r.times_sampled += 1
+        c.rollouts_reused += len(old) * self.epochs
+        return batch + old, self.epochs
+
+    def buffers(self) -> list[Any]:
+        return [self.buffer]  # the store holds trained rollouts again: reuse, not the ledger
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "group_store": self.store.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("group_store") is not None:
+            self.store.load_state_dict(state["group_store"])

@@ -1,0 +1,495 @@
+"""Every config key that changes training is wired: set it, observe an effect.
+
+A table over the config schema. Each key is either OBSERVED (an observer, the value to set,
+and the context overrides under which the key matters) or NOT_OBSERVED with the reason (where
+it is tested instead, or why it cannot change training). A new key without an entry fails
+`test_every_schema_key_has_an_entry`. Observers are cheap: built components (buffers, the
+ReMix window, the batch source), two learner steps on a tiny model and fixed rollouts, the
+producer on a scripted generator, `auto` design with a fixed mu, evaluation on a scripted
+generator, the tiny model's construction.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import replayrl.recipes.sync as sync_recipe
+from replayrl.algorithms import ADVANTAGES, group_advantages
+from replayrl.config.schema import Config, load_config
+from replayrl.data.rollout import Rollout
+from replayrl.learner.critic import ValueModel
+from replayrl.learner.learner import Learner
+from replayrl.models.loading import build_tiny_model
+from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
+from replayrl.rollout.generation import Sample, SamplingParams
+from replayrl.rollout.producer import RolloutProducer
+from replayrl.rollout.prompts import PromptRenderer
+from replayrl.rollout.rewards import resolve_rewards
+from replayrl.rollout.tasks import task_from_config
+from replayrl.run.components import build_batch_source, build_buffer, build_window
+
+R_OVERRIDES = ("rollout.prompts_per_step=2", "rollout.num_generations=4")  # R = 8
+REMIX = ("remix.enabled=true", "algorithm.loss_type=mix_ppg", "remix.reincarnation_step=2")
+REPLAY = ("buffer.kind=replay", "buffer.capacity=16")
+CONVEX = ("kl.beta=0.5", "kl.target=convex", "kl.schedule.start=0", "kl.schedule.every=1")
+GAE = ("algorithm.advantage=gae",)
+
+
+# -- observers --------------------------------------------------------------------------------
+def _rollout(i: int, version: int, prompt: torch.Tensor | None = None) -> Rollout:
+    ids = torch.tensor([1, 2]) if prompt is None else prompt
+    return Rollout(
+        ids, torch.tensor([3, 4]), torch.zeros(2), float(i % 2), 0.0, i % 3 == 0, i, version, 0
+    )
+
+
+def observe_data(cfg: Config, _: Any) -> Any:
+    """The buffer's draws, the ReMix window's size and the batch source's (size, passes) over
+    four steps of R fresh rollouts each."""
+    R = cfg.rollouts_per_step
+    buf = build_buffer(cfg)
+    buf.push([_rollout(i, i // 8) for i in range(24)])
+    draws = [[r.group_id for r in buf.sample(6, current_version=3)] for _ in range(2)]
+    window = build_window(cfg)
+    if window is not None:
+        window.push([_rollout(i, i // R) for i in range(5 * R)])
+    source = build_batch_source(cfg, build_buffer(cfg), build_window(cfg))
+    counters = SimpleNamespace(step=0, reincarnation_step=None, retire=lambda b: None)
+    learner = SimpleNamespace(reincarnate=lambda: None)
+    batches = []
+    for step in range(4):
+        counters.step = step
+        source.before_step(learner, counters, lambda _: None)
+        batch, passes = source.next_batch([_rollout(i, step) for i in range(R)], step)
+        batches.append((len(batch), passes))
+    return draws, len(buf), None if window is None else len(window), batches
+
+
+class ScriptedGenerator:
+    """Completions of arithmetic prompts: the right sum for even samples, a wrong one for odd
+    (so groups have reward variance); records what it was asked."""
+
+    policy_version = 0
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], int, SamplingParams]] = []
+
+    def generate(self, prompts: list[str], n: int, params: SamplingParams) -> list[Sample]:
+        self.calls.append((prompts, n, params))
+        out = []
+        for i, p in enumerate(prompts):
+            answer = sum(int(x) for x in re.findall(r"[+-]?\d+", p.split("=")[0]))
+            for j in range(n):
+                text = str(answer) if j % 2 == 0 else str(answer + 1 + j)
+                ids = torch.arange(len(text) + 1)
+                out.append(Sample(i, torch.ones(3), ids, torch.zeros(len(ids)), text, False, 0))
+        return out
+
+
+def observe_producer(cfg: Config, tok: Any) -> Any:
+    """The producer on a scripted generator: what it asks for, the rewards and advantages it
+    stores; plus the task's held-out split."""
+    task = task_from_config(cfg.task)
+    rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
+    gen = ScriptedGenerator()
+    render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
+    producer = RolloutProducer(
+        cfg, task, rewards, tok, render, gen, None, np.random.default_rng(0), log=lambda _: None
+    )
+    p = producer.produce(version=0, step=0, group_base=0)
+    asked = [(prompts, n, params) for prompts, n, params in gen.calls]
+    stored = [(r.reward, round(r.advantage, 5)) for r in p.rollouts]
+    return asked, stored, [r["prompt"] for r in task.eval_rows()[:3]], len(task.eval_rows())
+
+
+def _fixed_rollouts(model: Any, tok: Any) -> list[Rollout]:
+    """8 rollouts of 2 prompts x 4 (greedy-free, seeded) with behaviour log-probs off by a
+    little (so importance ratios differ from 1 and clipping acts) and GRPO advantages."""
+    from replayrl.rollout.generation import HFGenerator
+
+    torch.manual_seed(0)
+    samples = HFGenerator(model, tok).generate(
+        ["12+34=", "7+80="], 4, SamplingParams(max_new_tokens=4)
+    )
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    groups = torch.tensor([s.prompt_index for s in samples])
+    adv, means = group_advantages(rewards, groups)
+    g = torch.Generator().manual_seed(1)
+    return [
+        Rollout(
+            s.prompt_ids,
+            s.completion_ids,
+            s.logprobs + 0.3 * torch.randn(s.logprobs.shape, generator=g),
+            float(rewards[i]),
+            float(adv[i]),
+            bool(rewards[i]),
+            s.prompt_index,
+            0,
+            0,
+            group_mean_reward=float(means[i]),
+        )
+        for i, s in enumerate(samples)
+    ]
+
+
+def observe_learner(cfg: Config, ctx: Any) -> Any:
+    """Policy (and critic) parameters after two learner steps (t = 4, 5) on fixed rollouts."""
+    model, tok, rollouts = ctx
+    critic = None
+    if ADVANTAGES.get(cfg.algorithm.advantage).needs_critic:
+        torch.manual_seed(2)
+        critic = ValueModel(copy.deepcopy(model.model), model.config.hidden_size)
+        torch.nn.init.normal_(critic.head.weight, std=0.5)
+    learner = Learner(copy.deepcopy(model), tok.pad_token_id, cfg, critic=critic)
+    learner.fuse_behaviour_recompute = False
+    rng = np.random.default_rng(0)
+    batch = copy.deepcopy(rollouts)  # a step may refresh log pi_old in place (extras too)
+    for step in (4, 5):
+        learner.train_step(batch, rng, step=step, stale=[step == 5] * len(batch))
+    parts = [learner.model] + ([critic] if critic is not None else [])
+    return torch.cat([p.detach().flatten() for m in parts for p in m.parameters()])
+
+
+def observe_design(cfg: Config, _: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`auto` N and B from a fixed mu = 4 (the warm-up's timing would make it noisy)."""
+    monkeypatch.setattr(sync_recipe, "estimate_mu", lambda mus: 4.0)
+    produced = []
+
+    def produce():
+        produced.append(1)
+        return [_rollout(i, 0) for i in range(cfg.rollouts_per_step)], {}
+
+    s = SimpleNamespace(
+        cfg=cfg,
+        produce=produce,
+        learner=SimpleNamespace(measure_backward=lambda rollouts: None),
+        counters=SimpleNamespace(generation_seconds=0.0),
+        log=lambda _: None,
+    )
+    new, _, record = sync_recipe.auto_design(s)  # type: ignore[arg-type]
+    return new.buffer.capacity, new.batch_size, len(produced)
+
+
+class EvalGenerator:
+    policy_version = 0
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, SamplingParams]] = []
+
+    def generate(self, prompts, n, params):
+        self.calls.append((len(prompts), n, params))
+        return [
+            Sample(i, torch.ones(2), torch.arange(3), torch.zeros(3), str(i + j), False, 0)
+            for i in range(len(prompts))
+            for j in range(n)
+        ]
+
+
+def observe_eval(cfg: Config, _: Any) -> Any:
+    task = task_from_config(cfg.task)
+    gen = EvalGenerator()
+    result = evaluate_policy(cfg, gen, task, held_out_rows(cfg, task))
+    return gen.calls, result
+
+
+def observe_model(cfg: Config, _: Any) -> Any:
+    model = build_tiny_model(cfg.model, vocab_size=20, seed=0)
+    return model.config.to_dict(), sum(p.numel() for p in model.parameters())
+
+
+OBSERVERS = {
+    "data": observe_data,
+    "producer": observe_producer,
+    "learner": observe_learner,
+    "design": observe_design,
+    "eval": observe_eval,
+    "model": observe_model,
+}
+
+# key -> (observer, value to set, context overrides under which the key matters[, overrides
+# set together with the key, for a key that does nothing alone])
+OBSERVED: dict[str, tuple[Any, ...]] = {
+    # the batch: buffers, ReMix's window and the batch source
+    "buffer.kind": ("data", "replay", ("buffer.capacity=16",)),
+    "buffer.capacity": ("data", 8, REPLAY),
+    # with delta = 0 positive bias is uniform by construction; delta alone is invalid
+    "buffer.sampler": ("data", "positive_bias", REPLAY, ("buffer.delta=0.9",)),
+    "buffer.delta": ("data", 0.9, (*REPLAY, "buffer.sampler=positive_bias")),
+    "buffer.with_replacement": ("data", True, REPLAY),
+    "buffer.num_shards": ("data", 2, REPLAY),
+    "buffer.max_staleness": ("data", 1, ()),
+    # x = N/R and y = B/R: N = round(x R), B = round(y R) at R = 8
+    "buffer.staleness_horizon": ("data", 1, ("buffer.kind=replay", "buffer.staleness_horizon=2")),
+    "buffer.replay_ratio": ("data", 0.5, REPLAY),
+    "train.seed": ("data", 7, REPLAY),
+    "train.batch_size": ("data", 4, ()),
+    "train.epochs": ("data", 2, ()),
+    "remix.enabled": ("data", True, ("algorithm.loss_type=mix_ppg",)),
+    "remix.off_policy_fraction": ("data", 0.6, REMIX),
+    "remix.num_policies": ("data", 3, REMIX),
+    "remix.utd": ("data", 3, REMIX),
+    "remix.reincarnation_step": ("data", 3, REMIX),
+    "remix.utd_after": ("data", 2, REMIX),
+    "rollout.prompts_per_step": ("producer", 3, ()),
+    "rollout.num_generations": ("producer", 2, ()),
+    "rollout.temperature": ("producer", 0.7, ()),
+    "rollout.top_p": ("producer", 0.9, ()),
+    "rollout.max_new_tokens": ("producer", 5, ()),
+    "rewards": ("producer", [{"name": "correctness", "weight": 2.0}], ()),
+    "algorithm.scale_rewards": ("producer", False, ()),
+    "algorithm.advantage": ("producer", "rloo", ()),
+    "task.name": ("producer", "reasoning", ()),
+    "task.digits": ("producer", 3, ()),
+    "task.op": ("producer", "sub", ("task.name=reasoning",)),
+    "task.min_digits": ("producer", 2, ("task.name=reasoning",)),
+    "task.terms": ("producer", 3, ("task.name=reasoning", "task.op=chain")),
+    "task.eval_size": ("producer", 50, ()),
+    "task.seed": ("producer", 5, ()),
+    "train.lr": ("learner", 0.05, ()),
+    "train.weight_decay": ("learner", 0.5, ()),
+    "train.max_grad_norm": ("learner", 0.001, ()),
+    "train.mini_batch_size": ("learner", 4, ()),
+    "algorithm.loss_type": ("learner", "asymre", ()),
+    "algorithm.epsilon": ("learner", 0.01, ()),
+    "algorithm.epsilon_high": ("learner", 0.5, ()),
+    "algorithm.loss_agg": ("learner", "seq_mean", ()),
+    "algorithm.asymre_delta_v": ("learner", 0.5, ("algorithm.loss_type=asymre",)),
+    "algorithm.entropy_coef": ("learner", 0.5, ()),
+    "kl.beta": ("learner", 0.5, ()),
+    "kl.estimator": ("learner", "k1", ("kl.beta=0.5",)),
+    "kl.target": ("learner", "convex", ("kl.beta=0.5", "kl.schedule.start=0")),
+    "kl.schedule.start": ("learner", 3, CONVEX),
+    "kl.schedule.every": ("learner", 2, CONVEX),
+    "kl.schedule.decrement": ("learner", 0.05, CONVEX),
+    "kl.schedule.floor": ("learner", 0.9, CONVEX),
+    "critic.lr": ("learner", 0.01, GAE),
+    "critic.value_clip": ("learner", 0.01, (*GAE, "train.epochs=2", "critic.lr=0.01")),
+    "critic.gamma": ("learner", 0.5, GAE),
+    "critic.lam": ("learner", 0.5, GAE),
+    "precision.learner_autocast": ("learner", "bfloat16", ()),
+    "precision.recompute_behaviour_logprobs": ("learner", "always", ()),
+    "precision.truncated_is_cap": (
+        "learner",
+        1.01,
+        ("precision.recompute_behaviour_logprobs=always",),
+    ),
+    # with the default 5% bar auto stays on-policy at mu = 4 (predicted saving 4.8%); at bar 0
+    # alpha = 0.05 moves x* above 1 (N = 81 instead of 8) and rho = 0.9 gives B = 12, not 13
+    "design.alpha": ("design", 0.05, ("design.min_saving=0",)),
+    "design.rho": ("design", 0.9, ("design.min_saving=0",)),
+    "design.min_saving": ("design", 0.0, ()),
+    "design.warmup_steps": ("design", 3, ()),
+    "eval.num_prompts": ("eval", 2, ()),
+    "eval.pass_k": ("eval", 3, ()),
+    "eval.temperature": ("eval", 0.5, ("eval.pass_k=2",)),
+    "model.tiny.num_layers": ("model", 1, ()),
+    "model.tiny.hidden_size": ("model", 64, ()),
+    "model.tiny.num_heads": ("model", 2, ()),
+    "model.tiny.intermediate_size": ("model", 256, ()),
+}
+
+ELSEWHERE = "tested end to end in"
+NOT_OBSERVED: dict[str, str] = {
+    "design.allow_y_below_one": "matters only where y*(1) < 1 (mu < 1 + rho), below the "
+    "observer's fixed mu = 4: tests/test_design.py::test_y_below_one_only_when_allowed",
+    "train.failure_patience": "ends a run after K failing steps: default K = 3 end to end and "
+    "score(patience=K) in tests/test_faults_reliability.py",
+    "groups.source": "which group batch source: tests/test_groups.py (CLI and API runs)",
+    **{
+        f"groups.dynamic_sampling.{k}": "DAPO's source, built from the config and run: "
+        "tests/test_groups.py (test_config_keys_reach_the_sources, max_rounds, carrying)"
+        for k in ("carry_surplus", "max_rounds", "std_tol", "train_prompts")
+    },
+    **{
+        f"groups.group_replay.{k}": "TRL's group replay, built from the config and run: "
+        "tests/test_groups.py (test_config_keys_reach_the_sources, zero_std_tol)"
+        for k in ("capacity", "include_current", "zero_std_tol")
+    },
+    **{
+        f"train.{k}": "the per-step learning rate in metrics.jsonl: tests/test_trl_lr.py"
+        for k in ("lr_scheduler", "warmup_ratio", "warmup_steps")
+    },
+    "runtime": f"which loop runs: {ELSEWHERE} tests/test_async_runtime.py",
+    "model.path": "which model folder loads: tests/test_smollm2.py, tests/test_api.py",
+    "model.dtype": "the policy's load dtype: tests/test_precision.py",
+    "model.gradient_checkpointing": "memory only (the same gradients)",
+    **{
+        f"model.lora.{k}": "needs peft and a model build: tests/test_chat_and_lora.py"
+        for k in ("enabled", "r", "alpha", "dropout", "target_modules")
+    },
+    **{
+        f"model.warmstart.{k}": "the tiny model's SFT warm start (seconds of training per "
+        "setting): tests/test_sft_warmup.py"
+        for k in (
+            "enabled",
+            "steps",
+            "batch_size",
+            "lr",
+            "mistake_steps",
+            "mistake_lr",
+            "teacher_carry_error",
+            "seed",
+        )
+    },
+    **{
+        f"model.sft.{k}": "supervised warm-up of a real model: tests/test_sft_warmup.py"
+        for k in ("steps", "batch_size", "lr", "teacher_error", "autocast", "lora_r", "seed")
+    },
+    **{
+        f"task.{k}": "local dataset tasks (files): tests/test_datasets.py, test_dataset_run.py"
+        for k in ("path", "eval_path", "prompt_column", "answer_column", "solution_column")
+    },
+    "task.format": "answer extraction of dataset tasks: tests/test_datasets.py",
+    "task.chat_template": "needs a tokenizer with a chat template: tests/test_chat_and_lora.py",
+    "task.system_prompt": "rendered with a chat template: tests/test_chat_and_lora.py",
+    **{
+        f"task.reasoning_gym.{k}": "needs the reasoning-gym package: tests/test_reasoning_gym.py"
+        for k in ("datasets", "size", "config", "weights")
+    },
+    "rollout.generation_batch_size": "decode batch (memory / speed): the same samples, "
+    "tests/test_generation.py",
+    "rollout.reward_timeout_s": "only a slow reward shows it: tests/test_rewards.py",
+    "rollout.backend": "vLLM needs a CUDA GPU: tests/test_vllm_backend.py",
+    "rollout.generation_impl": "same samples by design (oracle: fast decode == generate), "
+    "tests/test_generation_decoders.py",
+    "train.steps": f"run length: {ELSEWHERE} tests/test_run.py",
+    "train.micro_batch_size": "memory only: reproduces the full batch step, "
+    "tests/test_learner.py::test_micro_batches_reproduce_the_full_batch_step",
+    "train.threads": "speed only (torch threads)",
+    "train.logprobs_impl": "same log-probs by design: tests/test_logprobs.py",
+    "critic.warmup_steps": "read by the session (policy frozen while step < N): "
+    "benchmarks/equivalence.py's ppo case, tests/test_wiring.py",
+    "eval.every": f"evaluation schedule, not training: {ELSEWHERE} tests/test_run.py",
+    "eval.batch_size": "decode batch of `replayrl eval` (speed only)",
+    "precision.generation": "generation dtype: tests/test_precision.py",
+    "precision.fast_fp32_matmul": "a matmul precision hint (TF32 on GPUs; none on CPU)",
+    **{
+        f"logging.{k}": "outputs only (folders, sinks, progress bar, warnings), not training"
+        for k in (
+            "run_dir",
+            "name",
+            "overwrite",
+            "tensorboard",
+            "wandb",
+            "wandb_project",
+            "wandb_entity",
+            "progress",
+            "reflection_words",
+            "no_signal_patience",
+        )
+    },
+    "checkpoint.every": "checkpoints, not training: tests/test_checkpoint.py",
+    "checkpoint.keep_last": "checkpoints, not training: tests/test_checkpoint.py",
+    "workers.replay_ratio": "async pacing: tests/test_async_batch_source.py (tiny run)",
+    **{
+        f"workers.{k}": f"asynchronous runtimes (processes): {ELSEWHERE} "
+        "tests/test_async_runtime.py"
+        for k in (
+            "generators",
+            "learners",
+            "sync_every",
+            "max_staleness",
+            "on_stale",
+            "generator_threads",
+            "max_pending_batches",
+            "max_restarts",
+            "startup_timeout",
+        )
+    },
+    **{
+        f"ray.{k}": "Ray placement (resources), not training: tests/test_async_runtime.py"
+        for k in (
+            "address",
+            "num_cpus",
+            "generator_num_cpus",
+            "generator_num_gpus",
+            "learner_num_cpus",
+            "learner_num_gpus",
+            "buffer_num_cpus",
+        )
+    },
+    **{
+        f"vllm.{k}": "vLLM engine (CUDA GPU): tests/test_vllm_backend.py"
+        for k in (
+            "gpu_memory_utilization",
+            "tensor_parallel_size",
+            "enforce_eager",
+            "max_model_len",
+            "seed",
+        )
+    },
+}
+
+
+def schema_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in data.items():
+        if isinstance(v, dict) and v:  # a section (an empty mapping is a value)
+            out += schema_keys(v, f"{prefix}{k}.")
+        else:
+            out.append(prefix + k)
+    return out
+
+
+def test_every_schema_key_has_an_entry() -> None:
+    keys = set(schema_keys(load_config(None, []).model_dump(mode="json")))
+    assert not set(OBSERVED) & set(NOT_OBSERVED)
+    missing = sorted(keys - set(OBSERVED) - set(NOT_OBSERVED))
+    assert missing == [], f"config keys with no effect test and no reason: {missing}"
+    assert sorted((set(OBSERVED) | set(NOT_OBSERVED)) - keys) == []  # no stale entries
+
+
+# -- the table ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def learner_ctx(tiny_model, char_tokenizer):
+    return tiny_model, char_tokenizer, _fixed_rollouts(tiny_model, char_tokenizer)
+
+
+def _observe(name: str, overrides: list[str], ctx: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    extra = ["buffer.kind=replay", "buffer.capacity=auto", "train.batch_size=auto"]
+    cfg = load_config(None, [*R_OVERRIDES, *(extra if name == "design" else []), *overrides])
+    if name == "design":
+        return observe_design(cfg, ctx, monkeypatch)
+    return OBSERVERS[name](cfg, ctx)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _override(key: str, value: Any) -> str:
+    return f"{key}={json.dumps(value)}"
+
+
+@pytest.mark.parametrize("key", sorted(OBSERVED))
+def test_setting_a_key_changes_what_it_drives(
+    key: str, learner_ctx, char_tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name, value, context, *together = OBSERVED[key]
+    ctx = learner_ctx if name == "learner" else char_tokenizer
+    base = _observe(name, list(context), ctx, monkeypatch)
+    setting = [_override(key, value), *(together[0] if together else ())]
+    changed = _observe(name, [*context, *setting], ctx, monkeypatch)
+    assert not _same(base, changed), f"{key}={value!r} changed nothing the {name} observer sees"
+
+
+def test_the_observers_are_deterministic(learner_ctx, monkeypatch: pytest.MonkeyPatch) -> None:
+    # else a key could "change" what a noisy observer sees
+    for name in ("learner", "data", "producer", "design"):
+        ctx = learner_ctx if name == "learner" else learner_ctx[1]
+        a = _observe(name, list(CONVEX), ctx, monkeypatch)
+        assert _same(a, _observe(name, list(CONVEX), ctx, monkeypatch)), name

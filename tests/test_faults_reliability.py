@@ -1,0 +1,639 @@
+"""Fault injection, part 2 (issue 22), through the CLI: preemption, one process per run
+folder, no deletes outside a run, no silent non-training.
+
+Catalogue (each test names its case ids):
+  P1 SIGTERM mid-run (checkpoint.every=0): exit 143, checkpoint, resume == uninterrupted
+  P2 SIGHUP mid-run: exit 129, checkpoint, resume continues
+  P3 SIGTERM mid-run, runtime=async-local: exit 143, checkpoint
+  L1 second start (overwrite) of a running folder refused  L2 second resume refused
+  L3 lock file left by a dead process does not block
+  D1 logging.name=. / ../x / a/b refused   D2 overwrite of a folder that is not a run refused
+  D3 symlinked checkpoints/ refused on resume  D4 symlinked run folder never overwritten
+  S1 GRPO with num_generations=1 refused   S2 batch larger than the buffer refused
+  S3 reward raising on every call ends the run naming it (RewardFunctionFailed)
+  S4 reward of the wrong length on every call: real lengths in the error
+  S5 reward 1e39 (inf in float32) and 1e308 x weight 10 dropped, counted
+  S6 NaN policy weights: every update skipped -> error naming the cause
+  S7 train.lr=1e6: zero gradient with non-zero advantages -> error (or skipped updates)
+  R1 reward calling sys.exit with the timeout off   R2 reward clearing its completions
+  R3 non-daemon thread started by a reward: the program still exits
+  C1 resume of a run folder naming reward code: refused without --trust-run-code; relative
+     paths from the recorded start folder; a changed reward file refused
+  C2 fixed keys checked against the checkpoint's record; accepted changes printed
+  C3 same-size corruption (weights, safetensors header): fallback to the previous checkpoint
+  C4 leftover .step_*.tmp-* folders removed   C5 200,000-deep state JSON: a clear error
+  C6 pruning keeps complete checkpoints over damaged ones   C7 a 2 MB dataset row skipped
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from replayrl.cli.main import main
+from replayrl.errors import RewardFunctionFailed
+from replayrl.rollout.rewards import WeightedReward, score
+from replayrl.run.folder import lock_path, run_lock
+from replayrl.run.metrics import read_metrics
+from replayrl.storage.checkpoint import latest_checkpoint, load_state
+from tiny import TINY_RUN
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+BASE = [*TINY_RUN, "train.threads=1", "buffer.kind=replay", "buffer.capacity=16"]
+# a reward with variance (parity of the text; the tiny warm start is never right) that also
+# sleeps, so that a signal lands mid-run on any machine
+SLOW_REWARD = (
+    "import time\n"
+    "def slow(completions, **kw):\n"
+    "    time.sleep({s})\n"
+    "    return [float(sum(map(ord, c)) % 2) for c in completions]\n"
+)
+
+
+def args(run_root: Path, name: str, *extra: str) -> list[str]:
+    return [*BASE, f"logging.run_dir={run_root}", f"logging.name={name}", *extra]
+
+
+def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_error_line(err: str) -> str:
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": SRC, "PYTHONUNBUFFERED": "1"}
+
+
+def records(run: Path) -> dict[int, dict]:
+    """Step metrics without timings (the only fields that differ between identical runs)."""
+    out = {}
+    for r in read_metrics(run / "metrics.jsonl"):
+        if "reward/mean" in r:
+            out[r["step"]] = {
+                k: v for k, v in r.items() if not k.startswith("time/") and "seconds" not in k
+            }
+    return out
+
+
+def slow_rewards(tmp_path: Path, seconds: float) -> str:
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW_REWARD.format(s=seconds))
+    return f"rewards=[{{name: '{path}:slow'}}]"
+
+
+def start(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "replayrl.cli.main", "train", *argv],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_step(run: Path, proc: subprocess.Popen, step: int) -> None:
+    """Until metrics.jsonl has a record of `step` (the step marker)."""
+    deadline = time.monotonic() + 240
+    while True:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        path = run / "metrics.jsonl"
+        if path.is_file() and any(
+            r.get("step", 0) >= step and "reward/mean" in r for r in read_metrics(path)
+        ):
+            return
+        time.sleep(0.05)
+
+
+# -- preemption ----------------------------------------------------------------------------
+
+
+def test_sigterm_checkpoints_and_resumes_like_an_uninterrupted_run(
+    tmp_path: Path, capsys
+):  # P1, L1, L2
+    steps = 12
+    extra = [f"train.steps={steps}", "checkpoint.every=0", slow_rewards(tmp_path, 0.25)]
+    proc = start(args(tmp_path, "stopped", *extra))
+    run = tmp_path / "stopped"
+    try:
+        wait_for_step(run, proc, 2)
+        # L1, L2: while it runs, a second start or resume of the folder is refused
+        code, _, err = cli(["train", *args(tmp_path, "stopped", "logging.overwrite=true")], capsys)
+        line = one_error_line(err)
+        assert code == 2 and f"in use by pid {proc.pid}" in line
+        code, _, err = cli(["train", "--resume", str(run)], capsys)
+        assert code == 2 and f"in use by pid {proc.pid}" in one_error_line(err)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "interrupted (SIGTERM)" in err
+    stopped = latest_checkpoint(run)
+    assert stopped is not None  # written although checkpoint.every=0
+    at = load_state(stopped)["counters"]["step"]
+    assert 2 <= at < steps and f"interrupted at step {at} (SIGTERM): checkpoint written" in out
+    assert not lock_path(run).exists()  # released
+    code, _, err = cli(["train", "--resume", str(run), "--trust-run-code"], capsys)
+    assert code == 0, err
+    code, _, err = cli(["train", *args(tmp_path, "straight", *extra)], capsys)
+    assert code == 0, err
+    a, b = records(tmp_path / "straight"), records(run)
+    assert sorted(a) == sorted(b) == list(range(1, steps + 1))
+    assert a == b  # the same trajectory, step for step
+    assert a[steps]["train/loss"] != a[steps - 1]["train/loss"]  # not trivially equal
+
+
+def test_sighup_stops_after_the_step_with_a_checkpoint(tmp_path: Path, capsys):  # P2
+    proc = start(args(tmp_path, "hup", "train.steps=400", slow_rewards(tmp_path, 0.05)))
+    run = tmp_path / "hup"
+    try:
+        wait_for_step(run, proc, 1)
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 129 and "Traceback" not in err, err[-3000:]
+    at = load_state(latest_checkpoint(run))["counters"]["step"]
+    argv = ["train", "--resume", str(run), f"train.steps={at + 1}", "--trust-run-code"]
+    code, _, err = cli(argv, capsys)
+    assert code == 0, err
+    assert sorted(records(run)) == list(range(1, at + 2))
+
+
+def test_sigterm_in_async_local(tmp_path: Path):  # P3
+    """SIGTERM to the whole process group, as SLURM sends it: the workers leave the stop to
+    the learner (none dies and is restarted), which checkpoints and exits 143."""
+    extra = ["runtime=async-local", "train.batch_size=8", "train.steps=400"]
+    argv = args(tmp_path, "async", *extra, slow_rewards(tmp_path, 0.05))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replayrl.cli.main", "train", *argv],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, workers included
+    )
+    run = tmp_path / "async"
+    try:
+        wait_for_step(run, proc, 1)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and "(SIGTERM): checkpoint written" in out
+    counters = load_state(ckpt)["counters"]
+    assert counters["step"] >= 1
+    # no worker was killed by the signal: none died, none lost the batch it was producing
+    assert "died" not in out + err and counters["rollouts_lost_worker_died"] == 0
+
+
+# -- one process per run folder -------------------------------------------------------------
+
+
+def test_stale_lock_file_does_not_block(tmp_path: Path):  # L3
+    run = tmp_path / "r"
+    lock_path(run).parent.mkdir(parents=True, exist_ok=True)
+    lock_path(run).write_text("999999999\n")  # left by a process killed with -9
+    with run_lock(run) as path:
+        assert path.read_text().strip() == str(os.getpid())
+        with pytest.raises(Exception, match=f"in use by pid {os.getpid()}"):
+            with run_lock(tmp_path / "." / "r"):  # the same folder named another way
+                pass
+    assert not path.exists()
+
+
+# -- no deletes outside a run -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [".", "..", "../x", "a/b", "", ".hidden"])
+def test_logging_name_must_be_a_plain_folder_name(tmp_path: Path, capsys, name: str):  # D1
+    root = tmp_path / "runs"
+    (root / "other").mkdir(parents=True)
+    (root / "other" / "config.yaml").write_text("train: {}\nlogging: {}\n")
+    (tmp_path / "x").mkdir()
+    argv = ["train", *args(root, name, "logging.overwrite=true")]
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "logging.name" in err and "Traceback" not in err
+    assert (root / "other" / "config.yaml").is_file() and (tmp_path / "x").is_dir()
+
+
+def test_overwrite_only_replaces_a_run_folder(tmp_path: Path, capsys):  # D2, D4
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "thesis.tex").write_text("years of work")
+    code, _, err = cli(["train", *args(tmp_path, "notes", "logging.overwrite=true")], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "not a replayrl run folder" in line and "nothing was deleted" in line
+    assert (tmp_path / "notes" / "thesis.tex").read_text() == "years of work"
+    (tmp_path / "link").symlink_to(tmp_path / "notes")
+    code, _, err = cli(["train", *args(tmp_path, "link", "logging.overwrite=true")], capsys)
+    assert code == 2 and "is a symlink" in one_error_line(err)
+    assert (tmp_path / "notes" / "thesis.tex").is_file()
+
+
+def test_symlinked_checkpoints_folder_is_refused(tmp_path: Path, capsys):  # D3
+    code, _, err = cli(["train", *args(tmp_path, "a", "train.steps=1")], capsys)
+    assert code == 0, err
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints")
+    (tmp_path / "b" / "checkpoints").symlink_to(tmp_path / "a" / "checkpoints")
+    before = sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir())
+    code, _, err = cli(["train", "--resume", str(tmp_path / "b"), "train.steps=4"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "checkpoints is a symlink" in line
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == before
+
+
+# -- no silent non-training ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["rollout.num_generations=1"], "a group of one completion has advantage 0"),  # S1
+        (["buffer.capacity=1"], "is larger than buffer.capacity=1"),  # S2
+        (["train.batch_size=32"], "B=32 is larger than buffer.capacity=16"),  # S2
+    ],
+)
+def test_settings_that_train_nothing_are_refused(tmp_path, capsys, extra, message):
+    code, _, err = cli(["train", *args(tmp_path, "x", *extra)], capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_reward_failing_on_every_call_ends_the_run(tmp_path: Path, capsys):  # S3, S4
+    rewards = tmp_path / "bad.py"
+    rewards.write_text(
+        "def boom(completions, **kw):\n    raise KeyError('answer_col')\n"
+        "def short(completions, **kw):\n    return [1.0] * (len(completions) + 3)\n"
+    )
+    for fn, first in (
+        ("boom", "KeyError: 'answer_col' [error]"),
+        ("short", "returned list of 11 values for 8 completions [wrong_length]"),
+    ):
+        argv = args(tmp_path, fn, "train.steps=6", f"rewards=[{{name: '{rewards}:{fn}'}}]")
+        code, _, err = cli(["train", *argv], capsys)
+        line = one_error_line(err)
+        assert code == 2, err
+        assert f"reward function '{rewards}:{fn}' failed on every call for 3 steps" in line
+        assert f"first error: {first}" in line
+        assert not (tmp_path / fn / "summary.json").exists()
+
+
+def test_reward_failure_streak_is_a_run_failed_subclass():  # S3 (unit: the API relies on it)
+    wr = WeightedReward("f", lambda completions, **_: [1.0] * (len(completions) + 1))
+    ok = WeightedReward("g", lambda completions, **_: [0.0] * len(completions))
+    for _ in range(2):
+        score([wr, ok], ["p", "q"], ["a", "b"], [{}, {}], timeout_s=None, patience=3)
+    with pytest.raises(RewardFunctionFailed) as info:
+        score([wr, ok], ["p", "q"], ["a", "b"], [{}, {}], timeout_s=None, patience=3)
+    assert info.value.name == "f" and info.value.steps == 3
+    assert "returned list of 3 values for 2 completions" in info.value.first_error
+    assert ok.failed_steps == 0
+    # one call that succeeds somewhere resets the streak
+    wr.fn = lambda completions, **_: [1.0, None] if len(completions) == 2 else [1.0]
+    score([wr], ["p", "q"], ["a", "b"], [{}, {}], timeout_s=None, patience=3)
+    assert wr.failed_steps == 0
+
+
+@pytest.mark.parametrize(
+    ("values", "weight", "kept", "why"),
+    [
+        # S5: finite in float64, inf in float32 (the learner's dtype)
+        ([1e39, 1.0], 1.0, [None, 1.0], "returned float32-overflowing (inf in training)"),
+        ([1e308, 1.0], 10.0, [None, 10.0], "float32-overflowing"),
+        # S5: each value fits float32, the weighted sum does not
+        ([3e38, 1.0], 10.0, [None, 10.0], "weighted reward sum 3e+39 is not finite in float32"),
+        ([3e38, 1.0], 1.0, [3e38, 1.0], None),  # the largest float32s still pass
+    ],
+)
+def test_rewards_are_checked_after_weighting_in_float32(values, weight, kept, why):
+    res = score([WeightedReward("f", lambda **_: values, weight)], ["p"] * 2, ["a"] * 2, [{}] * 2)
+    assert res.rewards == kept
+    assert res.reasons.get("non_finite", 0) == kept.count(None) == res.errors
+    assert (why is None and res.first_error is None) or why in res.first_error
+
+
+def test_nan_policy_weights_end_the_run(tmp_path: Path, capsys):  # S6
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    code, _, err = cli(["train", *args(tmp_path, "src", "train.steps=1")], capsys)
+    assert code == 0, err
+    policy = tmp_path / "nan_policy"
+    shutil.copytree(latest_checkpoint(tmp_path / "src") / "policy", policy)
+    weights = load_file(policy / "model.safetensors")
+    weights = {k: torch.full_like(v, float("nan")) for k, v in weights.items()}
+    save_file(weights, policy / "model.safetensors", metadata={"format": "pt"})
+    argv = args(tmp_path, "nan", f"model.path={policy}", "train.steps=10")
+    code, _, err = cli(["train", *argv], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "nothing was trained for 3 steps in a row" in line
+    assert "gradient was not finite" in line
+    assert not (tmp_path / "nan" / "summary.json").exists()
+
+
+def test_wrecking_learning_rate_ends_the_run(tmp_path: Path, capsys):  # S7
+    # a reward with variance (the tiny warm start is never right): advantages are not 0
+    rewards = tmp_path / "parity.py"
+    rewards.write_text(
+        "def parity(completions, **kw):\n"
+        "    return [float(sum(map(ord, c)) % 2) for c in completions]\n"
+    )
+    reward = f"rewards=[{{name: '{rewards}:parity'}}]"
+    argv = args(tmp_path, "lr", "train.lr=1e6", "train.steps=30", reward)
+    code, _, err = cli(["train", *argv], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "nothing was trained for 3 steps in a row" in line
+    assert "gradient was exactly 0 although the batch's advantages were not" in line
+    assert "train.lr=1e+06" in line
+    steps = [r["step"] for r in read_metrics(tmp_path / "lr" / "metrics.jsonl") if r["step"]]
+    assert max(steps) < 30
+
+
+# -- reward-function hazards -----------------------------------------------------------------
+
+
+def test_reward_hazards_do_not_end_the_run(tmp_path: Path, capsys):  # R1, R2
+    rewards = tmp_path / "hazards.py"
+    rewards.write_text(
+        "import sys\n"
+        "def leave(completions, **kw):\n    sys.exit(3)\n"
+        "def clear(prompts, completions, **kw):\n"
+        "    n = len(completions)\n    completions.clear()\n    prompts.clear()\n"
+        "    return [1.0] * n\n"
+    )
+    argv = args(
+        tmp_path,
+        "hz",
+        "train.steps=2",
+        "rollout.reward_timeout_s=null",
+        f"rewards=[{{name: '{rewards}:leave', weight: 1.0}}, {{name: '{rewards}:clear'}}]",
+    )
+    code, out, err = cli(["train", *argv], capsys)
+    assert code == 0, err
+    s = json.loads((tmp_path / "hz" / "summary.json").read_text())
+    assert s["rollouts_dropped_reward_error"] == 16
+    assert "SystemExit: 3" in s["first_reward_error"]
+
+
+# -- resume runs no foreign code; fixed keys against the checkpoint ---------------------------
+
+CANARY_REWARD = (
+    "from pathlib import Path\n"
+    "Path({canary!r}).touch()\n"  # importing this file is running foreign code
+    "def fn(completions, **kw):\n"
+    "    return [0.0] * len(completions)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def coded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step run started in `start/` with a relative reward file (parity.py)."""
+    root = tmp_path_factory.mktemp("coded")
+    (root / "start").mkdir()
+    (root / "start" / "parity.py").write_text(
+        "def parity(completions, **kw):\n"
+        "    return [float(sum(map(ord, c)) % 2) for c in completions]\n"
+    )
+    old = Path.cwd()
+    os.chdir(root / "start")
+    try:
+        argv = args(root, "coded", "train.steps=2", "rewards=[{name: 'parity.py:parity'}]")
+        assert main(["train", *argv]) == 0
+    finally:
+        os.chdir(old)
+    return root / "coded"
+
+
+def test_resume_runs_no_code_from_the_run_folder_without_consent(
+    coded_run: Path, tmp_path: Path, capsys, monkeypatch
+):  # C1
+    run = copy_run(coded_run, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    canary = tmp_path / "foreign_code_ran"
+    # a different parity.py where the resume is run from: must never be imported
+    (elsewhere / "parity.py").write_text(CANARY_REWARD.format(canary=str(canary)))
+    monkeypatch.chdir(elsewhere)
+    code, _, err = cli(["train", "--resume", str(run), "train.steps=3"], capsys)
+    line = one_error_line(err)
+    started = str(coded_run.parent / "start" / "parity.py")  # the recorded folder's file
+    assert code == 2 and f"names reward code ({started}:parity)" in line
+    assert "--trust-run-code" in line
+    # consent: the file the run was started with (recorded folder), not ./parity.py
+    argv = ["train", "--resume", str(run), "train.steps=3", "--trust-run-code"]
+    code, _, err = cli(argv, capsys)
+    assert code == 0, err
+    assert not canary.exists()
+    assert f"{started}:parity" in (run / "config.yaml").read_text()
+    # a config.yaml edited to name other code is refused without consent, never imported
+    evil = tmp_path / "evil.py"
+    evil.write_text(CANARY_REWARD.format(canary=str(canary)))
+    text = (run / "config.yaml").read_text().replace(f"{started}:parity", f"{evil}:fn")
+    (run / "config.yaml").write_text(text)
+    code, _, err = cli(["train", "--resume", str(run), "train.steps=4"], capsys)
+    assert code == 2 and "evil.py:fn" in one_error_line(err)
+    assert not canary.exists()
+
+
+def test_reward_file_changed_since_the_start_is_refused(coded_run: Path, tmp_path: Path, capsys):
+    run = copy_run(coded_run, tmp_path)  # C1: content hash recorded at start
+    origin = json.loads((run / "origin.json").read_text())
+    started = coded_run.parent / "start" / "parity.py"
+    assert origin["reward_files"] == {
+        str(started): __import__("hashlib").sha256(started.read_bytes()).hexdigest()
+    }
+    origin["reward_files"][str(started)] = "0" * 64  # as if the file had changed since
+    (run / "origin.json").write_text(json.dumps(origin))
+    argv = ["train", "--resume", str(run), "train.steps=3", "--trust-run-code"]
+    code, _, err = cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 2 and f"reward file {started} changed since the run started" in line
+    # giving the rewards again is consent to the file as it is now
+    argv = [
+        "train",
+        "--resume",
+        str(run),
+        "train.steps=3",
+        f"rewards=[{{name: '{started}:parity'}}]",
+    ]
+    code, _, err = cli(argv, capsys)
+    assert code == 0, err
+
+
+def test_fixed_keys_are_checked_against_the_checkpoint_record(
+    coded_run: Path, tmp_path: Path, capsys
+):  # C2
+    run = copy_run(coded_run, tmp_path)
+    cfg_text = (run / "config.yaml").read_text()
+    assert "hidden_size: 32" in cfg_text
+    (run / "config.yaml").write_text(cfg_text.replace("hidden_size: 32", "hidden_size: 64"))
+    code, _, err = cli(["train", "--resume", str(run), "--trust-run-code"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "model.tiny" in line and "'hidden_size': 32" in line
+    # an accepted change (here the loss, edited into config.yaml) is printed
+    edited = cfg_text.replace("loss_type: grpo_clip", "loss_type: asymre")
+    assert edited != cfg_text
+    (run / "config.yaml").write_text(edited)
+    argv = ["train", "--resume", str(run), "--trust-run-code", "train.steps=3"]
+    code, out, err = cli(argv, capsys)
+    assert code == 0, err
+    assert "settings changed since the checkpoint (accepted)" in out
+    assert "algorithm.loss_type: 'grpo_clip' -> 'asymre'" in out
+    assert "train.steps: 2 -> 3" in out
+
+
+# -- checkpoints: contents, leftovers, pruning ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 4-step run with complete checkpoints at steps 2 and 4."""
+    root = tmp_path_factory.mktemp("ckpt")
+    argv = args(root, "base", "train.steps=4", "checkpoint.every=2")
+    assert main(["train", *argv]) == 0
+    return root / "base"
+
+
+def copy_run(base: Path, tmp_path: Path, name: str = "run") -> Path:
+    dest = tmp_path / name
+    shutil.copytree(base, dest)
+    return dest
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("file", "offset"),
+    [
+        ("policy/model.safetensors", -5),  # C3: same-size corruption of the weights
+        ("state.safetensors", 3),  # C3: a damaged safetensors header, same size
+    ],
+)
+def test_same_size_corruption_falls_back_to_the_previous_checkpoint(
+    base_run: Path, tmp_path: Path, capsys, file: str, offset: int
+):
+    run = copy_run(base_run, tmp_path)
+    last = run / "checkpoints/step_000004"
+    size = (last / file).stat().st_size
+    _flip_byte(last / file, offset)
+    assert (last / file).stat().st_size == size
+    code, out, err = cli(["train", "--resume", str(run), "train.steps=5"], capsys)
+    assert code == 0, err
+    assert f"skipping checkpoint {last}: damaged file {file}" in out
+    assert "resumed from" in out and "step_000002" in out
+
+
+def test_leftover_temp_folders_are_removed_at_the_next_start(
+    base_run: Path, tmp_path: Path, capsys
+):  # C4
+    run = copy_run(base_run, tmp_path)
+    left = run / "checkpoints/.step_000005.tmp-abc123"
+    (left / "policy").mkdir(parents=True)
+    (left / "policy/model.safetensors").write_bytes(b"x" * 1000)
+    keep = run / "checkpoints/.notes"  # not a checkpoint temp folder: left alone
+    keep.mkdir()
+    code, out, err = cli(["train", "--resume", str(run), "train.steps=5"], capsys)
+    assert code == 0, err
+    assert not left.exists() and keep.is_dir()
+    assert f"removed {left}" in out
+
+
+def test_deeply_nested_state_json_is_a_clear_error(base_run: Path, tmp_path: Path, capsys):
+    run = copy_run(base_run, tmp_path)  # C5
+    for ckpt in (run / "checkpoints").glob("step_*"):
+        deep = '{"format": "replayrl-state", "version": 1, "state": ' + "[" * 200_000
+        deep += "]" * 200_000 + "}"
+        (ckpt / "state.json").write_text(deep)
+        manifest = json.loads((ckpt / "manifest.json").read_text())  # a consistent manifest
+        manifest["files"]["state.json"] = len(deep)
+        manifest["sha256"].pop("state.json")
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli(["train", "--resume", str(run), "train.steps=5"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "nested too deeply" in line and "Traceback" not in err
+
+
+def _fake_checkpoint(root: Path, step: int, complete: bool) -> Path:
+    path = root / f"step_{step:06d}"
+    path.mkdir(parents=True)
+    (path / "w").write_bytes(b"weights")
+    size = 7 if complete else 99  # a manifest that does not match: damaged
+    (path / "manifest.json").write_text(json.dumps({"format": 1, "files": {"w": size}}))
+    return path
+
+
+def test_pruning_keeps_complete_checkpoints_over_damaged_ones(tmp_path: Path):  # C6
+    from replayrl.storage.checkpoint import _prune
+
+    root = tmp_path / "checkpoints"
+    old_damaged = _fake_checkpoint(root, 1, complete=False)
+    good = _fake_checkpoint(root, 2, complete=True)
+    _fake_checkpoint(root, 3, complete=True)  # just written (a resume fell back to step 2)
+    newer_damaged = _fake_checkpoint(root, 4, complete=False)
+    _prune(root, keep_last=2, name="step_000003")
+    # the damaged step 4 does not count towards keep_last: step 2 (complete) stays
+    assert good.is_dir() and newer_damaged.is_dir() and not old_damaged.exists()
+    _prune(root, keep_last=1, name="step_000003")
+    assert not good.exists() and (root / "step_000003").is_dir()
+
+
+def test_huge_dataset_row_is_skipped_before_tokenising(base_run: Path, tmp_path: Path, capsys):
+    data = tmp_path / "d.jsonl"  # C7: one 2 MB prompt among normal rows
+    lines = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(20)]
+    lines[7] = json.dumps({"prompt": "1" * 2_000_000 + "+1=", "answer": "2"})
+    data.write_text("\n".join(lines) + "\n")
+    model = base_run / "checkpoints/step_000004/policy"  # a model folder with a tokenizer
+    argv = args(tmp_path, "ds", "task.name=dataset", f"task.path={data}", "task.eval_size=4")
+    code, out, err = cli(["train", *argv, f"model.path={model}", "train.steps=1"], capsys)
+    assert code == 0, err
+    assert "too_long=1" in out, out
+
+
+def test_stray_non_daemon_thread_does_not_hang_the_program(tmp_path: Path):  # R3
+    rewards = tmp_path / "stray.py"
+    rewards.write_text(
+        "import threading, time\n"
+        "def stray(completions, **kw):\n"
+        "    threading.Thread(target=time.sleep, args=(3600,), name='sleeper').start()\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    argv = args(
+        tmp_path,
+        "stray",
+        "train.steps=1",
+        "rollout.reward_timeout_s=null",  # called in the main thread: its threads are not daemons
+        f"rewards=[{{name: '{rewards}:stray'}}]",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "replayrl", "train", *argv],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=240,  # without the fix: never returns (the thread sleeps an hour)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exiting without waiting for 1 non-daemon thread(s)" in proc.stderr
+    assert "sleeper" in proc.stderr
+    assert json.loads((tmp_path / "stray" / "summary.json").read_text())["steps"] == 1
