@@ -147,7 +147,9 @@ def test_rounding_at_a_small_r_warns() -> None:
     # x = 0.2 at R = 2: N = round(0.4) = 0 -> at least 1, i.e. x = 0.5 (2.5x the intent)
     base = ["buffer.kind=replay", "rollout.prompts_per_step=1", "rollout.num_generations=2"]
     with pytest.warns(UserWarning, match="N/R"):
-        cfg = load_config(None, [*base, "buffer.staleness_horizon=0.2"])
+        cfg = load_config(
+            None, [*base, "buffer.staleness_horizon=0.2", "buffer.with_replacement=true"]
+        )
     assert cfg.buffer.capacity == 1
 
 
