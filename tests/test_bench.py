@@ -463,3 +463,241 @@ def test_modelled_compute_is_mu_times_generated_plus_trained() -> None:
     run["accounting"] = {"roles": {"learner/0": {"rollouts": 50, "tokens": 250}}}
     assert modelled_compute_to(run, 0.5, 1.0) == pytest.approx(100 + 200)
     assert math.isnan(modelled_compute_to({"evals": run["evals"]}, 0.5, None))
+
+
+# -- gain-threshold targets (issue #24): hand-computed on synthetic runs ----------------------
+def _curve(accs: list[float], per_eval: int, reuse: int) -> dict:
+    """A run evaluated every `per_eval` generated rollouts, training on `reuse` x them."""
+    evals = [
+        {
+            "eval/accuracy": a,
+            "rollouts_generated": i * per_eval,
+            "rollouts_trained": i * per_eval * reuse,
+            "wall_seconds": float(i),
+        }
+        for i, a in enumerate(accs)
+    ]
+    return {
+        "evals": evals,
+        "final_eval_accuracy": accs[-1],
+        "best_eval_accuracy": max(accs),
+        "rollouts_generated": (len(accs) - 1) * per_eval,
+        "wall_seconds": float(len(accs) - 1),
+        "run_dir": "x",
+        "final_entropy": 0.1,
+        "mu_median": 1.0,
+    }
+
+
+GAIN_RESULTS = {
+    # start median 0.2, final median (0.8 + 1.0) / 2 = 0.9: gain 0.7, 90% target 0.83
+    "grpo": [
+        _curve([0.2, 0.5, 0.7, 0.85, 0.8], 100, 1),
+        _curve([0.2, 0.4, 0.6, 0.9, 1.0], 100, 1),
+    ],
+    # reaches 0.83 at 100 and 150 rollouts; final median 0.895: within one point
+    "replay": [
+        _curve([0.2, 0.6, 0.85, 0.88, 0.88], 50, 2),
+        _curve([0.2, 0.5, 0.7, 0.9, 0.91], 50, 2),
+    ],
+    # fast, but ends at 0.85: five points below
+    "replay-auto": [_curve([0.2, 0.84, 0.85], 100, 2), _curve([0.2, 0.84, 0.85], 100, 2)],
+}
+GAIN_SUITE = {
+    "name": "g",
+    "path": "g.yaml",
+    "baseline": "grpo",
+    "variants": {k: {} for k in GAIN_RESULTS},
+}
+
+
+def test_gain_targets_costs_auc_and_verdict_by_hand(tmp_path: Path) -> None:
+    from replayrl.bench.suite import summarise
+
+    rows = summarise(GAIN_SUITE, GAIN_RESULTS, [0, 1], tmp_path, quick=False)["variants"]
+    r = rows["replay"]
+    assert (r["start"], r["final"]) == pytest.approx((0.2, 0.9))
+    t = r["to_gain"]
+    assert [t[k]["accuracy"] for k in ("0.5", "0.8", "0.9", "0.95")] == pytest.approx(
+        [0.55, 0.76, 0.83, 0.865]
+    )
+    g = t["0.9"]
+    assert g["rollouts"]["median"] == pytest.approx(125)  # (100 + 150) / 2
+    assert g["baseline_rollouts"]["median"] == pytest.approx(300)
+    assert g["rollouts_ratio"] == pytest.approx(125 / 300)
+    # mu = 5.3: (5.3 x 100 + 200 + 5.3 x 150 + 300) / 2 = 912.5 vs 5.3 x 300 + 300 = 1890
+    assert g["compute_paper_mu_ratio"] == pytest.approx(912.5 / 1890)
+    # measured mu = 1: (300 + 450) / 2 = 375 vs 600
+    assert g["compute_measured_mu_ratio"] == pytest.approx(375 / 600)
+    assert g["wall_seconds_ratio"] == pytest.approx(2.5 / 3)
+    # 0.95 of the gain (0.865): grpo seed 0 never gets there (0.85 then 0.8): median never
+    assert math.isinf(t["0.95"]["baseline_rollouts"]["median"])
+    assert math.isnan(t["0.95"]["rollouts_ratio"])
+    # AUC over H = 200 (the shortest run): grpo (0.475, 0.4), replay (0.7175, 0.66375)
+    assert r["auc_horizon"] == 200
+    assert rows["grpo"]["auc"]["median"] == pytest.approx((0.475 + 0.4) / 2)
+    assert r["auc"]["median"] == pytest.approx((0.7175 + 0.66375) / 2)
+    assert r["final_minus_baseline"] == pytest.approx(-0.005) and r["non_inferior"]
+    auto = rows["replay-auto"]
+    assert auto["to_gain"]["0.9"]["rollouts_ratio"] == pytest.approx(100 / 300)
+    assert not auto["non_inferior"]  # 0.85 < 0.9 - 0.01
+    table = (tmp_path / "table.md").read_text()
+    # 50% (0.55): 50 and 100 -> 75; 80% (0.76): 100, 150 -> 125; 95% (0.865): 150, 150
+    assert (
+        "| replay | 0.200 -> 0.900 | 125 (2/2) | 0.42 | 0.48 | 0.62 | 0.83 | 75 / 125 / 150 |"
+        in (table)
+    )
+    assert "| replay-auto |" in table and "INFERIOR" in table
+
+
+def test_gain_targets_over_tasks_and_the_issue_verdict(tmp_path: Path) -> None:
+    from replayrl.bench.suite import summarise, summarise_tasks
+
+    for t in ("a", "b"):
+        (tmp_path / t).mkdir()
+    per_task = {
+        t: summarise(GAIN_SUITE, GAIN_RESULTS, [0, 1], tmp_path / t, quick=False)
+        for t in ("a", "b")
+    }
+    s = summarise_tasks(GAIN_SUITE, per_task, [0, 1], tmp_path, quick=False)
+    over = s["median_over_tasks"]
+    assert over["replay"]["gain90_rollouts_ratio"]["median"] == pytest.approx(125 / 300)
+    assert over["replay"]["non_inferior"] and over["replay"]["non_inferior_tasks"] == 2
+    assert not over["replay-auto"]["non_inferior"]
+    # replay-auto is faster (1/3) but inferior: the best non-inferior variant is replay
+    assert "`replay`" in s["verdict"][0] and "0.42 x" in s["verdict"][0]
+    assert "target <= 0.33: not met" in s["verdict"][0]
+    assert "target <= 0.5: met" in s["verdict"][0]
+    assert "`replay-auto`: median final -0.050" in s["verdict"][1] and "WORSE" in s["verdict"][1]
+    table = (tmp_path / "table.md").read_text()
+    assert (
+        "| **median over 2 tasks** | replay | 2/4 | 0.895 [0.895, 0.895] | 0.42 | 0.48 |" in table
+    )
+    assert "non-inferior (2/2 tasks)" in table and "Issue #24's targets" in table
+
+
+def test_tuning_choice_is_the_same_rule_for_every_method(tmp_path: Path) -> None:
+    from replayrl.bench.suite import summarise
+
+    results = {
+        "grpo.a": GAIN_RESULTS["grpo"],  # the baseline: 300 to 90% of its gain, final 0.9
+        "grpo.b": GAIN_RESULTS["replay"],  # 125, final 0.895: within 0.01 of grpo's best
+        "replay.a": GAIN_RESULTS["replay"],  # 125, final 0.895 (the best replay final)
+        "replay.b": GAIN_RESULTS["replay-auto"],  # 100 but final 0.85: not within 0.01
+    }
+    suite = {"name": "t", "path": "t.yaml", "baseline": "grpo.a", "tuning": True}
+    suite["variants"] = {k: {} for k in results}
+    s = summarise(suite, results, [0, 1], tmp_path, quick=False)
+    choice = s["tuning_choice"]
+    assert choice["grpo"]["setting"] == "grpo.b" and choice["grpo"]["settings_tried"] == 2
+    assert choice["replay"]["setting"] == "replay.a"  # faster replay.b ends 4.5 points lower
+    assert choice["replay"]["rollouts_to_90_gain"] == pytest.approx(125)
+    assert "- replay: `replay.a` of 2 settings" in (tmp_path / "table.md").read_text()
+
+
+def test_quick_final_overrides_beat_a_variants_own(tmp_path: Path) -> None:
+    suite = load_suite("xy-grid")
+    from replayrl.bench.suite import variant_config
+
+    full = variant_config(suite, "x2-y4", 0, tmp_path)
+    assert (full.buffer.capacity, full.batch_size, full.train.steps) == (128, 256, 108)
+    assert full.buffer.with_replacement  # B > N: the theory's i.i.d. draws
+    quick = variant_config(suite, "x2-y4", 0, tmp_path, quick=True)
+    assert (quick.buffer.capacity, quick.batch_size, quick.train.steps) == (16, 32, 2)
+
+
+def test_new_suites_hold_equal_budgets() -> None:
+    from replayrl.bench.suite import planned_runs
+
+    # xy-grid: every cell within 2% of grpo's modelled compute 80 x 128 x 6.3 at mu = 5.3
+    grid = planned_runs(load_suite("xy-grid"), [0], Path("/tmp/unused"))
+    budget = {
+        label: c.train.steps * c.rollouts_per_step * (5.3 + c.batch_size / c.rollouts_per_step)
+        for label, c, _, _ in grid
+    }
+    assert len(budget) == 13
+    assert all(abs(v / budget["grpo-s0"] - 1) < 0.02 for v in budget.values())
+    # tuning: four settings per method, each method's generated budget the same as its preset's
+    tuning = planned_runs(load_suite("tuning"), [0], Path("/tmp/unused"))
+    methods: dict[str, int] = {}
+    for label, c, _, _ in tuning:
+        methods[label.split(".")[0]] = methods.get(label.split(".")[0], 0) + 1
+        gen = c.train.steps * c.rollouts_per_step
+        assert gen == (10240 if label.startswith("grpo") else 7680), label
+    assert set(methods.values()) == {4} and len(methods) == 4
+    held = load_suite("heldout")
+    assert {"add6", "sub6", "chain7"} <= set(held["tasks"])
+
+
+def test_rollouts_to_script_reads_fractions_of_the_gain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    for name, runs in GAIN_RESULTS.items():
+        for i, s in enumerate(runs):
+            (tmp_path / f"{name}-s{i}").mkdir()
+            (tmp_path / f"{name}-s{i}" / "summary.json").write_text(json.dumps(s))
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "rollouts_to.py"
+    spec = importlib.util.spec_from_file_location("rollouts_to_script", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(tmp_path), "--gain", "0.5", "0.9"]) == 0
+    out = capsys.readouterr().out
+    assert "grpo: start 0.200 -> final 0.900" in out
+    assert "| replay | 2 | 75 | 125 |" in out and "| grpo | 2 | 200 | 300 |" in out
+
+
+def test_xy_grid_script_fits_the_theory_and_draws_the_heat_map(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from replayrl.data.design import objective, power_law_variance
+
+    s2 = power_law_variance(0.2)
+    variants = {}
+    for x in (1, 2, 4, 8):
+        for y in (1, 2, 4):
+            cost = 7.0 * float(objective(x, y, 5.3, 0.3, s2))  # J at alpha 0.2, rho 0.3
+            variants[f"x{x}-y{y}"] = {
+                "to_gain": {
+                    "0.9": {"rollouts": {"median": cost / 2}, "compute_paper_mu": {"median": cost}}
+                },
+                "non_inferior": True,
+            }
+    variants["x8-y4"]["to_gain"]["0.9"]["compute_paper_mu"]["median"] = None  # never reached
+    variants["grpo"] = {"to_gain": {}, "non_inferior": True}  # not a cell: skipped
+    (tmp_path / "summary.json").write_text(json.dumps({"variants": variants}))
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "xy_grid.py"
+    spec = importlib.util.spec_from_file_location("xy_grid_script", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Fitted on 11 of 12 cells: alpha = 0.20, rho = 0.30" in out
+    # the cheapest cell: J(2, 2) = 2^0.4 (1 + 2/5.3)(1/2 + 1/2 + 0.3) = 2.3627 (next: J(2, 4)
+    # = 2.4311)
+    assert "Measured best cell (modelled compute to 90% of grpo's gain): x2-y2" in out
+    assert (tmp_path / "xy_heatmap.png").stat().st_size > 1000
+    assert (tmp_path / "xy_grid.md").read_text() == out
+
+
+def test_heldout_tasks_fit_the_tiny_model_and_are_harder() -> None:
+    """Every held-out task's prompts plus its completion budget fit the tiny model's 128
+    positions (one token per character, plus BOS): a task that does not fit skips every
+    prompt as too long (sub6 at 128 tokens did)."""
+    from replayrl.bench.suite import planned_runs
+    from replayrl.rollout.tasks import task_from_config
+
+    seen = set()
+    for label, cfg, _, _ in planned_runs(load_suite("heldout"), [0], Path("/tmp/unused")):
+        task = label.split("/")[0]
+        if task in seen:
+            continue
+        seen.add(task)
+        longest = max(len(r["prompt"]) for r in task_from_config(cfg.task).eval_rows())
+        assert longest + 1 + cfg.rollout.max_new_tokens <= 128, (task, longest)
+    assert seen == {"add6", "sub6", "chain7", "add", "sub"}

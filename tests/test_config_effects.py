@@ -226,6 +226,9 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
     "buffer.with_replacement": ("data", True, REPLAY),
     "buffer.num_shards": ("data", 2, REPLAY),
     "buffer.max_staleness": ("data", 1, ()),
+    # x = N/R and y = B/R: N = round(x R), B = round(y R) at R = 8
+    "buffer.staleness_horizon": ("data", 1, ("buffer.kind=replay", "buffer.staleness_horizon=2")),
+    "buffer.replay_ratio": ("data", 0.5, REPLAY),
     "train.seed": ("data", 7, REPLAY),
     "train.batch_size": ("data", 4, ()),
     "train.epochs": ("data", 2, ()),
@@ -278,8 +281,11 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
         1.01,
         ("precision.recompute_behaviour_logprobs=always",),
     ),
-    "design.alpha": ("design", 0.4, ()),
-    "design.rho": ("design", 0.9, ()),
+    # with the default 5% bar auto stays on-policy at mu = 4 (predicted saving 4.8%); at bar 0
+    # alpha = 0.05 moves x* above 1 (N = 81 instead of 8) and rho = 0.9 gives B = 12, not 13
+    "design.alpha": ("design", 0.05, ("design.min_saving=0",)),
+    "design.rho": ("design", 0.9, ("design.min_saving=0",)),
+    "design.min_saving": ("design", 0.0, ()),
     "design.warmup_steps": ("design", 3, ()),
     "eval.num_prompts": ("eval", 2, ()),
     "eval.pass_k": ("eval", 3, ()),
@@ -292,6 +298,8 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
 
 ELSEWHERE = "tested end to end in"
 NOT_OBSERVED: dict[str, str] = {
+    "design.allow_y_below_one": "matters only where y*(1) < 1 (mu < 1 + rho), below the "
+    "observer's fixed mu = 4: tests/test_design.py::test_y_below_one_only_when_allowed",
     "train.failure_patience": "ends a run after K failing steps: default K = 3 end to end and "
     "score(patience=K) in tests/test_faults_reliability.py",
     "groups.source": "which group batch source: tests/test_groups.py (CLI and API runs)",

@@ -15,9 +15,12 @@ from replayrl.data.design import (
     DesignReport,
     buffer_design,
     closed_form_power_law,
+    constrained_optimum,
     cost_ratio,
     design,
     estimate_mu,
+    feasible_design,
+    fit_alpha_rho,
     format_report,
     gamma,
     interpolated_variance,
@@ -383,3 +386,114 @@ def test_design_bad_input():
         design(4.0, 0.6, 0.5)
     with pytest.raises(ValueError, match="tau"):
         design(4.0, 0.25, 0.5, tau=0.0)
+
+
+# --------------------------------------------------------------------------- feasible design
+# Hand values: J(x, y) = sqrt(x) (1 + y/mu) (1/y + 1/x + rho) at alpha = 1/4, rho = 1/2.
+
+
+def test_issue_example_mu_0_6_stays_on_policy_not_a_buffer_smaller_than_a_step():
+    # unconstrained: x* = 0.35, y* = 0.42, i.e. N = 22 < R = 64 (issue #24)
+    fd = feasible_design(0.6, 0.25, 0.5, 64)
+    assert fd.x_unconstrained == pytest.approx(0.3484, abs=1e-4)
+    assert fd.y_unconstrained == pytest.approx(0.4220, abs=1e-4)
+    # for x >= 1 and y >= 1: y*(x) = sqrt(0.6 / (0.5 + 1/x)) < 1 until x = 10, and
+    # J(x, 1) = (8/3)(1.5 sqrt(x) + 1/sqrt(x)) grows for x > 2/3: the optimum is x = y = 1
+    assert fd.on_policy and (fd.N, fd.B) == (64, 64) and fd.saving == 0.0
+    assert "stay on-policy" in fd.reason and "0.0%" in fd.reason
+
+
+def test_issue_example_mu_5_3_keeps_n_at_least_r():
+    # unconstrained x* = 0.9626 -> N = 62 < R = 64; feasible: x = 1, y*(1) = sqrt(5.3/1.5)
+    # = 1.8797 -> B = round(120.3) = 120; J(1, 1.875) = (1 + 1.875/5.3)(1/1.875 + 1.5)
+    # = 2.752673, J(1, 1) = (1 + 1/5.3)(2.5) = 2.971698: saving 7.370%
+    fd = feasible_design(5.3, 0.25, 0.5, 64)
+    assert fd.x_unconstrained == pytest.approx(0.96261, abs=1e-4)
+    assert not fd.on_policy and (fd.N, fd.B) == (64, 120)
+    assert fd.saving == pytest.approx(1 - 2.7526730 / 2.9716981, abs=1e-6)
+    # the same case with a 10% bar: reuse does not pay, stay on-policy
+    strict = feasible_design(5.3, 0.25, 0.5, 64, min_saving=0.10)
+    assert strict.on_policy and (strict.N, strict.B) == (64, 64)
+    assert "7.4%" in strict.reason
+
+
+def test_y_below_one_only_when_allowed():
+    # mu = 0.6, allowed: y*(1) = sqrt(0.6/1.5) = 0.6325 -> B = round(40.5) = 40, y = 0.625;
+    # J(1, 0.625) = (1 + 0.625/0.6)(1.6 + 1.5) = 6.329167, J(1, 1) = 20/3: saving 5.0625%
+    fd = feasible_design(0.6, 0.25, 0.5, 64, allow_y_below_one=True, min_saving=0.0)
+    assert (fd.N, fd.B) == (64, 40)
+    assert fd.saving == pytest.approx(1 - 6.3291667 / (20 / 3), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("mu", "alpha", "rho", "r"),
+    [(0.6, 0.25, 0.5, 64), (5.3, 0.25, 0.5, 64), (5.3, 0.1, 0.1, 4), (20, 0.3, 1.0, 8)],
+)
+def test_feasible_design_never_below_one_step_and_beats_every_feasible_grid_cell(mu, alpha, rho, r):
+    fd = feasible_design(mu, alpha, rho, r, min_saving=0.0)
+    assert fd.N >= r and fd.B >= r
+    s2 = power_law_variance(alpha)
+    xs, ys = np.meshgrid(np.linspace(1, 30, 300), np.linspace(1, 30, 300))
+    x, y = constrained_optimum(mu, rho, s2)
+    assert objective(x, y, mu, rho, s2) <= np.min(objective(xs, ys, mu, rho, s2)) + 1e-9
+
+
+def test_unconstrained_optimum_inside_the_feasible_set_is_kept():
+    # mu = 10: closed form x* = 1.1492, y* = 2.7016 are feasible; N = round(73.55) = 74
+    fd = feasible_design(10, 0.25, 0.5, 64)
+    assert fd.x_unconstrained == pytest.approx(1.14922, abs=1e-4)
+    assert (fd.N, fd.B) == (74, round(2.70156 * 64))
+
+
+def test_feasible_design_bad_input():
+    with pytest.raises(ValueError, match="rollouts_per_step"):
+        feasible_design(5.3, 0.25, 0.5, 0)
+    with pytest.raises(ValueError, match="min_saving"):
+        feasible_design(5.3, 0.25, 0.5, 64, min_saving=1.0)
+    with pytest.raises(ValueError, match="no finite optimum"):
+        feasible_design(5.3, 0.0, 0.0, 64)
+
+
+def test_cli_design_prints_the_feasible_decision(capsys):
+    from replayrl.cli.main import main
+
+    main(["design", "--mu", "0.6", "--rollouts-per-step", "64"])
+    out = capsys.readouterr().out
+    assert "stay on-policy" in out and "N = B = R = 64" in out
+    main(["design", "--mu", "5.3", "--rollouts-per-step", "64"])
+    out = capsys.readouterr().out
+    assert "N = 64, B = 120" in out and "7.4%" in out
+
+
+def test_auto_run_never_resolves_a_buffer_smaller_than_a_step(tmp_path):
+    from replayrl.run.entry import train
+    from tiny import tiny_config
+
+    for bar in (0.0, 0.99):  # 0.99: no design saves that much, so the run stays on-policy
+        cfg = tiny_config(
+            tmp_path,
+            f"logging.name=auto{bar}",
+            "buffer.kind=replay",
+            "buffer.capacity=auto",
+            "train.batch_size=auto",
+            "train.steps=1",
+            "design.warmup_steps=1",
+            f"design.min_saving={bar}",
+        )
+        d = train(cfg)["design"]
+        assert d["N"] >= 8 and d["B"] >= 8  # R = 8
+        assert d["alpha"] == 0.25 and d["rho"] == 0.5  # the config's, reported as such
+        if bar == 0.99:
+            assert d["on_policy"] and d["N"] == d["B"] == 8 and d["predicted_saving"] == 0.0
+
+
+def test_fit_alpha_rho_recovers_the_parameters_of_synthetic_costs():
+    # costs made from J itself at alpha = 0.2, rho = 0.3 (scale 7): the fit recovers them
+    xs, ys = np.meshgrid([1.0, 2.0, 4.0, 8.0], [1.0, 2.0, 4.0])
+    xs, ys = xs.ravel(), ys.ravel()
+    costs = 7.0 * objective(xs, ys, 5.3, 0.3, power_law_variance(0.2))
+    costs[0] = math.inf  # a cell that never reached the target is left out
+    alpha, rho, rms = fit_alpha_rho(xs, ys, costs, 5.3)
+    assert (alpha, rho) == pytest.approx((0.2, 0.3), abs=1e-9) and rms < 1e-9
+    with pytest.raises(ValueError, match="at least 3 cells"):
+        fit_alpha_rho([1, 2, 4], [1, 1, 1], [1.0, math.inf, -1.0], 5.3)

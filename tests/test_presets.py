@@ -3,10 +3,12 @@
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
+from replayrl.api.config import ReplayConfig
 from replayrl.config.catalog import (
     listing,
     preset_names,
@@ -110,3 +112,51 @@ def test_package_data_globs_cover_every_shipped_file() -> None:
     assert shipped
     missing = [f for f in shipped if not any(fnmatch.fnmatch(f, g) for g in globs)]
     assert not missing, f"not in [tool.setuptools.package-data]: {missing}"
+
+
+# -- x = N/R and y = B/R (paper 1's parameters) ------------------------------------------------
+def _no_warning(preset: str | None, overrides: list[str]):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return load_config(preset, overrides)
+
+
+def test_replay_preset_is_written_in_ratios_and_scales_with_r() -> None:
+    cfg = _no_warning("replay", [])  # R = 8 x 8 = 64
+    assert (cfg.buffer.staleness_horizon, cfg.buffer.replay_ratio) == (4, 2)
+    assert (cfg.buffer.capacity, cfg.batch_size) == (256, 128)
+    # a TRL user's 4 rollouts per step (issue #24): N = 16, B = 8, not 256 and 128
+    small = _no_warning("replay", ["rollout.prompts_per_step=1", "rollout.num_generations=4"])
+    assert (small.buffer.capacity, small.batch_size) == (16, 8)
+    api = ReplayConfig("replay", num_generations=4, generation_batch_size=4).to_config()
+    assert (api.buffer.capacity, api.batch_size) == (16, 8)
+
+
+def test_absolute_n_and_b_still_win_and_warn_when_far_from_the_ratio() -> None:
+    # within 2x of the intent (x = 4, y = 2 at R = 64): accepted silently
+    near = _no_warning("replay", ["buffer.capacity=128", "train.batch_size=64"])
+    assert (near.buffer.capacity, near.batch_size) == (128, 64)
+    with pytest.warns(UserWarning, match=r"buffer.capacity=1024 .* 16 = N/R.*staleness_horizon=4"):
+        far = load_config("replay", ["buffer.capacity=1024"])
+    assert far.buffer.capacity == 1024 and far.batch_size == 128
+    with pytest.warns(UserWarning, match=r"train.batch_size=32 .* 0.5 = B/R.*replay_ratio=2"):
+        load_config("replay", ["train.batch_size=32"])
+
+
+def test_rounding_at_a_small_r_warns() -> None:
+    # x = 0.2 at R = 2: N = round(0.4) = 0 -> at least 1, i.e. x = 0.5 (2.5x the intent)
+    base = ["buffer.kind=replay", "rollout.prompts_per_step=1", "rollout.num_generations=2"]
+    with pytest.warns(UserWarning, match="N/R"):
+        cfg = load_config(
+            None, [*base, "buffer.staleness_horizon=0.2", "buffer.with_replacement=true"]
+        )
+    assert cfg.buffer.capacity == 1
+
+
+def test_ratios_need_replay_and_leave_auto_to_the_design() -> None:
+    with pytest.raises(ConfigError, match="buffer.replay_ratio needs buffer.kind=replay"):
+        load_config(None, ["buffer.replay_ratio=2"])
+    with pytest.raises(ConfigError, match="greater than 0"):
+        load_config("replay", ["buffer.staleness_horizon=0"])
+    cfg = _no_warning("replay", ["buffer.capacity=auto", "train.batch_size=auto"])
+    assert cfg.buffer.capacity == "auto" and cfg.train.batch_size == "auto"

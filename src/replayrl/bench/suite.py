@@ -13,7 +13,8 @@ suite-level `eval_every_rollouts: K` puts every variant on the same grid: each v
 `eval.every = K / R` (R = rollout.prompts_per_step x rollout.num_generations of its resolved
 config, added as the last override, so it is part of the run's saved config); K must be a
 multiple of every variant's R (ConfigError otherwise). `quick_eval_every_rollouts` replaces K
-under `--quick` (default: K itself).
+under `--quick` (default: K itself). `quick_final_overrides` apply under `--quick` after each
+variant's own overrides (a grid whose cells set their own train.steps).
 """
 
 from __future__ import annotations
@@ -25,9 +26,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
+from replayrl.bench.targets import (
+    HEADLINE,
+    PAPER_MU,
+    gain_table,
+    over_tasks,
+    score_against_gain,
+    stats,
+    trained_rollouts_at,
+    tuning_choice,
+    tuning_lines,
+    verdict,
+)
 from replayrl.config.schema import ConfigError, config_to_yaml, load_config
 from replayrl.run.metrics import read_metrics
 from replayrl.storage.io import atomic_write_text
@@ -70,9 +82,6 @@ def load_suite(name_or_path: str) -> dict[str, Any]:
     return suite
 
 
-PAPER_MU = 5.3  # paper 1's measured generation / training cost per rollout (arXiv 2604.08706)
-
-
 def first_reaching(summary: dict[str, Any], target: float) -> dict[str, float]:
     """Rollouts, tokens and wall seconds at the first eval with accuracy >= target (inf: never)."""
     for e in summary.get("evals", []):
@@ -83,20 +92,6 @@ def first_reaching(summary: dict[str, Any], target: float) -> dict[str, float]:
                 "wall_seconds": float(e["wall_seconds"]),
             }
     return {"rollouts": math.inf, "tokens": math.inf, "wall_seconds": math.inf}
-
-
-def trained_rollouts_at(summary: dict[str, Any], e: dict[str, Any]) -> float:
-    """Rollouts trained on (counting repeats and epochs) by the time of eval `e`: recorded in
-    the eval when the loop records it, else its trained tokens x the run's trained rollouts
-    per trained token (from the run's learner accounting)."""
-    if e.get("rollouts_trained") is not None:
-        return float(e["rollouts_trained"])
-    roles = (summary.get("accounting") or {}).get("roles") or {}
-    learners = [r for k, r in roles.items() if k.startswith("learner")]
-    n, tokens = sum(r["rollouts"] for r in learners), sum(r["tokens"] for r in learners)
-    if not tokens or e.get("tokens_trained") is None:
-        return math.nan
-    return float(e["tokens_trained"]) * n / tokens
 
 
 def modelled_compute_to(summary: dict[str, Any], target: float, mu: float | None) -> float:
@@ -110,17 +105,6 @@ def modelled_compute_to(summary: dict[str, Any], target: float, mu: float | None
         if e["eval/accuracy"] >= target - 1e-9:
             return mu * float(e["rollouts_generated"]) + trained_rollouts_at(summary, e)
     return math.inf
-
-
-def stats(xs: list[float]) -> dict[str, float]:
-    """Median and quartiles; an unreached target (inf) counts as the largest value."""
-    a = np.asarray([x for x in xs if x is not None and not math.isnan(x)], dtype=float)
-    if a.size == 0:
-        return {"median": math.nan, "q25": math.nan, "q75": math.nan, "n": 0}
-    # with an unreached target (inf) take the upper neighbour: never an optimistic median
-    method = "higher" if np.isinf(a).any() else "linear"
-    q25, med, q75 = np.percentile(a, [25, 50, 75], method=method)
-    return {"median": float(med), "q25": float(q25), "q75": float(q75), "n": int(a.size)}
 
 
 def finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
@@ -173,6 +157,8 @@ def variant_config(
         *(suite["tasks"][task].get("overrides", []) if task is not None else []),
         *(suite.get("quick_overrides", []) if quick else []),
         *v.get("overrides", []),
+        # --quick: overrides that must beat the variant's own (a grid cell's train.steps)
+        *(suite.get("quick_final_overrides", []) if quick else []),
         f"train.seed={seed}",
         f"logging.run_dir={out}",
         f"logging.name={name}-s{seed}",
@@ -503,6 +489,10 @@ def summarise(
     }
     for row in table.values():
         _add_baseline_ratios(row, results[row["baseline"]])
+    # below the plateau (issue #24): fractions of the baseline's gain, AUC on a common horizon
+    horizon = min(float(s["rollouts_generated"]) for rs in results.values() for s in rs)
+    for name, row in table.items():
+        row.update(score_against_gain(results[name], results[row["baseline"]], horizon))
     summary = {
         "suite": suite["name"],
         "suite_file": suite["path"],
@@ -512,6 +502,8 @@ def summarise(
         "quick": quick,
         "variants": table,
     }
+    if suite.get("tuning"):  # a tuning suite: each method's chosen setting (equal budgets)
+        summary["tuning_choice"] = tuning_choice(table)
     (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, default=str))
     (out / "table.md").write_text(markdown_table(summary))
     return summary
@@ -565,7 +557,10 @@ def markdown_table(summary: dict[str, Any]) -> str:
             f"{_fmt(r['best_eval_accuracy'])} | {_fmt(r['generation_seconds'])} | "
             f"{_fmt(r['training_seconds'])} | {_fmt(r['mu'])} | {_fmt(r['final_entropy'])} |"
         )
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n\n" + gain_table(summary["variants"])
+    if summary.get("tuning_choice"):
+        text += tuning_lines(summary["tuning_choice"])
+    return text
 
 
 def _finite_or_inf(x: Any) -> float:
@@ -610,6 +605,7 @@ def summarise_tasks(
                 )
             },
             "mu": stats([r["mu"]["median"] for r in rows.values()]),
+            **over_tasks(rows),  # below the plateau: 90% of the gain, AUC, non-inferiority
         }
     summary = {
         "suite": suite["name"],
@@ -620,6 +616,7 @@ def summarise_tasks(
         "paper_mu": PAPER_MU,
         "tasks": per_task,
         "median_over_tasks": over,
+        "verdict": verdict(over, suite["baseline"]),
     }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "summary.json", json.dumps(_json_safe(summary), indent=2, default=str))
@@ -642,15 +639,26 @@ def multi_task_table(summary: dict[str, Any]) -> str:
         "compute (paper 1's cost model, not measured): mu x generated rollouts + trained "
         f"rollouts, at each run's measured mu and at mu = {summary['paper_mu']}.",
         "",
-        "| task | variant | reached | final acc | rollouts ratio | wall ratio | modelled ratio "
+        "Gain columns (issue #24): ratios to the baseline at 90% of the baseline's median gain "
+        "(start + 0.9 x (final - start); the headline), AUC (mean accuracy over the task's "
+        "shortest run), and the verdict: non-inferior when the median final accuracy is within "
+        "0.01 of the baseline's. The ratio columns before them are to the baseline's final.",
+        "",
+        "| task | variant | reached | final acc | **rollouts ratio to 90% gain** | modelled "
+        f"ratio to 90% gain (mu={summary['paper_mu']}) | wall ratio to 90% gain | AUC | verdict "
+        "| rollouts ratio | wall ratio | modelled ratio "
         f"(measured mu) | modelled ratio (mu={summary['paper_mu']}) | mu |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, s in summary["tasks"].items():
         for name, r in s["variants"].items():
+            g = r["to_gain"][str(HEADLINE)]
             lines.append(
                 f"| {task} | {name} | {r['reached_target']}/{r['final_eval_accuracy']['n']} | "
-                f"{_fmt(r['final_eval_accuracy'])} | {_ratio(r['rollouts_ratio'])} | "
+                f"{_fmt(r['final_eval_accuracy'])} | {_ratio(g['rollouts_ratio'])} | "
+                f"{_ratio(g['compute_paper_mu_ratio'])} | {_ratio(g['wall_seconds_ratio'])} | "
+                f"{_fmt(r['auc'])} | {'non-inferior' if r['non_inferior'] else 'INFERIOR'} | "
+                f"{_ratio(r['rollouts_ratio'])} | "
                 f"{_ratio(r['wall_ratio'])} | {_ratio(r['compute_ratio_measured_mu'])} | "
                 f"{_ratio(r['compute_ratio_paper_mu'])} | {_fmt(r['mu'])} |"
             )
@@ -658,8 +666,14 @@ def multi_task_table(summary: dict[str, Any]) -> str:
         lines.append(
             f"| **median over {len(r['tasks'])} tasks** | {name} | "
             f"{r['reached_target']}/{r['runs']} | {_fmt(r['final_eval_accuracy'])} | "
+            f"{_ratio(r['gain90_rollouts_ratio']['median'])} | "
+            f"{_ratio(r['gain90_compute_paper_mu_ratio']['median'])} | "
+            f"{_ratio(r['gain90_wall_seconds_ratio']['median'])} | {_fmt(r['auc'])} | "
+            f"{'non-inferior' if r['non_inferior'] else 'INFERIOR'} "
+            f"({r['non_inferior_tasks']}/{len(r['tasks'])} tasks) | "
             f"{_ratio(r['rollouts_ratio']['median'])} | {_ratio(r['wall_ratio']['median'])} | "
             f"{_ratio(r['compute_ratio_measured_mu']['median'])} | "
             f"{_ratio(r['compute_ratio_paper_mu']['median'])} | {_fmt(r['mu'])} |"
         )
-    return "\n".join(lines) + "\n"
+    targets = ["", "Issue #24's targets (medians over tasks):", *summary.get("verdict", [])]
+    return "\n".join(lines + targets) + "\n"

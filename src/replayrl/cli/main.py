@@ -117,6 +117,18 @@ def _cmd_design(args: argparse.Namespace) -> int:
         trainers=args.trainers,
     )
     print(format_report(report))
+    if args.rollouts_per_step is not None:  # what `auto` would use: N >= R, y >= 1 unless allowed
+        from replayrl.data.design import feasible_design, format_feasible
+
+        fd = feasible_design(
+            args.mu,
+            args.alpha,
+            args.rho,
+            args.rollouts_per_step,
+            allow_y_below_one=args.allow_y_below_one,
+            min_saving=args.min_saving,
+        )
+        print(format_feasible(fd, args.rollouts_per_step))
     return 0
 
 
@@ -236,6 +248,12 @@ def _add_design(sub: Any) -> None:
     p.add_argument("--rollouts-per-step", type=int, help="R, to turn x*, y* into N and B")
     p.add_argument("--workers", type=int, help="W inference workers (for gamma)")
     p.add_argument("--trainers", type=int, help="T trainers (for gamma)")
+    p.add_argument(
+        "--allow-y-below-one", action="store_true", help="let B < R (train on fewer than fresh)"
+    )
+    p.add_argument(
+        "--min-saving", type=float, default=0.05, help="stay on-policy below this predicted saving"
+    )
     p.set_defaults(func=_cmd_design)
 
 

@@ -6,6 +6,7 @@ loss_type, kl_estimator) so users coming from those tools recognise them.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -273,14 +274,66 @@ class BufferConfig(_Section):
     max_staleness: int | None = Field(
         None, ge=0, description="drop rollouts older than this many policy versions; None: keep"
     )
+    # paper 1's ratios (arXiv 2604.08706): an explicit capacity / train.batch_size wins over
+    # them, with a warning when it is more than 2x from the ratio's intent
+    staleness_horizon: float | None = Field(
+        None,
+        gt=0,
+        description="x = N / R: N = round(x R) for this run's R, so a preset scales with the "
+        "batch (unset: use capacity)",
+    )
+    replay_ratio: float | None = Field(
+        None,
+        gt=0,
+        description="y = B / R, average uses per rollout: train.batch_size = round(y R) when unset",
+    )
 
     @model_validator(mode="after")
     def _replay_needs_capacity(self) -> BufferConfig:
-        if self.kind == "replay" and self.capacity is None:
-            raise ValueError("buffer.capacity must be set for buffer.kind=replay")
-        if self.kind == "onpolicy" and self.capacity == "auto":
-            raise ValueError("buffer.capacity=auto needs buffer.kind=replay")
+        if self.kind == "replay" and self.capacity is None and self.staleness_horizon is None:
+            raise ValueError(
+                "buffer.capacity (or buffer.staleness_horizon) must be set for buffer.kind=replay"
+            )
+        if self.kind == "onpolicy":
+            if self.capacity == "auto":
+                raise ValueError("buffer.capacity=auto needs buffer.kind=replay")
+            for key in ("staleness_horizon", "replay_ratio"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"buffer.{key} needs buffer.kind=replay")
         return self
+
+
+RATIO_TOLERANCE = 2.0  # resolved x or y more than this factor from the set ratio: warn
+
+
+def resolve_ratios(cfg: Config) -> None:
+    """Fill buffer.capacity / train.batch_size from buffer.staleness_horizon / replay_ratio
+    (N = round(x R), B = round(y R), at least 1) where they are unset, and warn when the
+    resolved x = N/R or y = B/R is far from the ratio asked for (an absolute N or B that does
+    not scale with R, or rounding at a small R). `auto` is left to the run's design."""
+    import warnings
+
+    b, r = cfg.buffer, cfg.rollouts_per_step
+    pairs = (("staleness_horizon", "buffer.capacity"), ("replay_ratio", "train.batch_size"))
+    for key, target in pairs:
+        want = getattr(b, key)
+        section, field = target.split(".")
+        owner = getattr(cfg, section)
+        have = getattr(owner, field)
+        if want is None or have == "auto":
+            continue
+        if have is None:
+            setattr(owner, field, max(1, math.floor(want * r + 0.5)))
+            have = getattr(owner, field)
+        got = have / r
+        if got > want * RATIO_TOLERANCE or got < want / RATIO_TOLERANCE:
+            warnings.warn(
+                f"{target}={have} with R = {r} rollouts per step gives {got:.3g} = "
+                f"{'N' if section == 'buffer' else 'B'}/R, more than {RATIO_TOLERANCE:g}x from "
+                f"buffer.{key}={want:g}: unset {target} to derive it from the ratio",
+                UserWarning,
+                stacklevel=2,
+            )
 
 
 class DesignConfig(_Section):
@@ -289,6 +342,10 @@ class DesignConfig(_Section):
     alpha: float = Field(0.25, ge=0, lt=0.5)  # power-law exponent of sigma(x)
     rho: float = Field(0.5, ge=0, le=1)  # correlation between buffer items
     warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu
+    # the feasible set `auto` searches: N >= R always; B >= R unless this is true
+    allow_y_below_one: bool = False
+    # predicted compute saving (vs on-policy) below which `auto` stays on-policy (N = B = R)
+    min_saving: float = Field(0.05, ge=0, lt=1)
 
 
 class AlgorithmConfig(_Section):
@@ -569,6 +626,7 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
+        resolve_ratios(self)  # N, B from x, y first: every check below sees integers
         mini = self.train.mini_batch_size
         if self.train.batch_size == "auto":
             if self.buffer.kind != "replay":

@@ -42,11 +42,17 @@ import numpy as np
 
 __all__ = [
     "DesignReport",
+    "FeasibleDesign",
     "buffer_design",
     "closed_form_power_law",
+    "constrained_optimum",
+    "constrained_y",
     "cost_ratio",
     "design",
     "estimate_mu",
+    "feasible_design",
+    "fit_alpha_rho",
+    "format_feasible",
     "format_report",
     "gamma",
     "interpolated_variance",
@@ -417,11 +423,14 @@ def format_report(report: DesignReport) -> str:
     ]
     if r.N is not None and r.B is not None:
         lines.append(
-            f"  R = {r.rollouts_per_step}: buffer size N = round(x* R) = {r.N}, "
+            f"  R = {r.rollouts_per_step}, unconstrained: N = round(x* R) = {r.N}, "
             f"batch B = round(y* R) = {r.B} samples per step"
         )
         if r.rollouts_per_step is not None and r.rollouts_per_step > r.N:
-            lines.append("    note: N < R, some fresh rollouts are evicted before being sampled")
+            lines.append(
+                "    note: N < R, some fresh rollouts would be evicted before being sampled "
+                "(not buildable: see the feasible design)"
+            )
         if r.B > r.N:
             lines.append("    note: B > N, the batch must be drawn with replacement")
     if r.gamma is not None:
@@ -432,3 +441,190 @@ def format_report(report: DesignReport) -> str:
     if math.isinf(r.x_star):
         lines.append("  note: alpha = 0, x* is unbounded: use the largest buffer you can afford")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- feasible design
+
+ON_POLICY = (1.0, 1.0)  # x = N/R = 1, y = B/R = 1: each fresh rollout trained on once
+
+
+def constrained_y(x: ArrayLike, mu: float, rho: float, y_min: float) -> ArrayLike:
+    """Best replay ratio for a horizon with y >= y_min: max(y_min, y*(x)) (arXiv 2604.08706).
+
+    For fixed x, J is (1 + y/mu)(1/y + c) with c = 1/x + rho, i.e. 1/y + c y/mu + const:
+    convex in y > 0, so the constrained minimiser is the unconstrained one clipped to y_min.
+    """
+    return np.maximum(y_min, optimal_y(x, mu, rho))
+
+
+def constrained_optimum(
+    mu: float,
+    rho: float,
+    sigma2: VarianceFn,
+    x_min: float = 1.0,
+    y_min: float = 1.0,
+    x_max: float = 1e6,
+    grid_points: int = 2001,
+) -> tuple[float, float]:
+    """argmin J(x, y) over x >= x_min, y >= y_min (arXiv 2604.08706's objective, feasible set).
+
+    A buffer must hold at least one step (x = N/R >= 1: otherwise fresh rollouts are evicted
+    before they are sampled) and, unless the user allows it, train on at least the fresh
+    rollouts (y = B/R >= 1). y is eliminated with `constrained_y`; the remaining 1-D problem
+    in log x is solved by a log grid on [x_min, x_max] refined by golden-section search.
+    """
+    mu = _check_mu(mu)
+    rho = _check_rho(rho)
+    if not (0.0 < x_min < x_max < math.inf) or not (math.isfinite(y_min) and y_min > 0):
+        raise ValueError(
+            f"need 0 < x_min < x_max < inf and y_min > 0, got {x_min}, {x_max}, {y_min}"
+        )
+
+    def f(u: np.ndarray) -> np.ndarray:
+        x = np.exp(u)
+        return np.log(np.asarray(objective(x, constrained_y(x, mu, rho, y_min), mu, rho, sigma2)))
+
+    grid = np.linspace(math.log(x_min), math.log(x_max), grid_points)
+    vals = f(grid)
+    i = int(np.argmin(vals))
+    a, b = grid[max(i - 1, 0)], grid[min(i + 1, grid_points - 1)]
+    for _ in range(200):  # golden section on [a, b]; 200 halvings reach float precision
+        c, d = b - _INV_PHI * (b - a), a + _INV_PHI * (b - a)
+        if f(np.array([c]))[0] <= f(np.array([d]))[0]:
+            b = d
+        else:
+            a = c
+        if b - a < 1e-13:
+            break
+    u = 0.5 * (a + b)
+    if vals[i] < f(np.array([u]))[0]:
+        u = float(grid[i])
+    x = float(min(max(math.exp(u), x_min), x_max))
+    return x, float(constrained_y(x, mu, rho, y_min))
+
+
+@dataclass(frozen=True)
+class FeasibleDesign:
+    """The buffer `auto` should use, or the explicit decision to stay on-policy.
+
+    `saving` is the predicted fraction of compute saved against on-policy training
+    (x = y = 1) at the same gradient variance: 1 - J(x, y) / J(1, 1), evaluated at the
+    integer (N, B) actually used. J is compute per step (mu R + B, i.e. R (mu + y)) times
+    gradient variance, so for a fixed variance target compute scales with J.
+    """
+
+    on_policy: bool
+    x: float  # N / R actually used
+    y: float  # B / R actually used
+    N: int
+    B: int
+    saving: float
+    x_unconstrained: float
+    y_unconstrained: float
+    reason: str
+
+
+def feasible_design(
+    mu: float,
+    alpha: float,
+    rho: float,
+    rollouts_per_step: int,
+    allow_y_below_one: bool = False,
+    min_saving: float = 0.05,
+    tau: float = 1.0,
+) -> FeasibleDesign:
+    """Paper 1's design restricted to buildable buffers, with "stay on-policy" as an outcome.
+
+    N >= R always (x >= 1); B >= R (y >= 1) unless `allow_y_below_one` (then B >= 1). When
+    the best feasible (N, B) is predicted to save less than `min_saving` of the on-policy
+    compute (the model is approximate: a small predicted gain does not pay for staleness),
+    the result is on-policy: N = B = R, which a FIFO sampled without replacement trains on
+    exactly the fresh rollouts once, i.e. the on-policy baseline.
+    """
+    r = int(rollouts_per_step)
+    if r != rollouts_per_step or r < 1:
+        raise ValueError(
+            f"rollouts_per_step (R) must be a positive integer, got {rollouts_per_step!r}"
+        )
+    if not (math.isfinite(min_saving) and 0.0 <= min_saving < 1.0):
+        raise ValueError(f"min_saving must be in [0, 1), got {min_saving!r}")
+    sigma2 = power_law_variance(alpha, tau)
+    rho = _check_rho(rho)
+    if alpha == 0.0 and rho == 0.0:
+        closed_form_power_law(mu, alpha, rho)  # raises the no-finite-optimum error
+    try:
+        xu, yu = closed_form_power_law(mu, alpha, rho)
+    except ValueError:
+        xu = yu = math.nan
+    y_min = 1.0 / r if allow_y_below_one else 1.0
+    x, y = constrained_optimum(mu, rho, sigma2, x_min=1.0, y_min=y_min)
+    n = max(r, math.floor(x * r + 0.5))
+    b = max(math.ceil(y_min * r - 1e-9), math.floor(y * r + 0.5))
+    j_on = float(objective(1.0, 1.0, mu, rho, sigma2))
+    saving = 1.0 - float(objective(n / r, b / r, mu, rho, sigma2)) / j_on
+    if saving < min_saving:
+        reason = (
+            f"stay on-policy: the best feasible buffer (x = {n / r:.3g}, y = {b / r:.3g}) is "
+            f"predicted to save {saving:.1%} of compute, below the {min_saving:.0%} that pays "
+            "for staleness"
+        )
+        return FeasibleDesign(True, 1.0, 1.0, r, r, 0.0, xu, yu, reason)
+    reason = f"replay: predicted to save {saving:.1%} of compute against on-policy"
+    return FeasibleDesign(False, n / r, b / r, n, b, saving, xu, yu, reason)
+
+
+def format_feasible(fd: FeasibleDesign, rollouts_per_step: int) -> str:
+    """Lines `replayrl design` prints for the feasible design (N >= R; y >= 1 unless allowed)."""
+    r = rollouts_per_step
+    if fd.on_policy:
+        return (
+            f"  feasible (N >= R): {fd.reason}\n"
+            f"    -> on-policy: N = B = R = {r} (each fresh rollout trained on once)"
+        )
+    return (
+        f"  feasible (N >= R): x = {fd.x:.4g}, y = {fd.y:.4g} -> N = {fd.N}, B = {fd.B} (R = {r})"
+        f"\n    {fd.reason}"
+    )
+
+
+def fit_alpha_rho(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    costs: Sequence[float],
+    mu: float,
+    alphas: np.ndarray | None = None,
+    rhos: np.ndarray | None = None,
+) -> tuple[float, float, float]:
+    """Fit the power-law exponent alpha and correlation rho of arXiv 2604.08706's objective to
+    measured costs on an (x, y) grid: least squares on log cost = log c + log J(x, y).
+
+    J is compute per step times gradient variance, so the compute a cell needs to reach a fixed
+    accuracy is modelled as c J(x, y) with one unknown scale c (closed form for given alpha,
+    rho: the mean log residual). alpha and rho are searched on a grid (default alpha in
+    [0, 0.49] by 0.01, rho in [0, 1] by 0.01; alpha = rho = 0 is skipped: no finite optimum).
+    Cells with a non-finite or non-positive cost (target never reached) are left out; at least
+    three are needed. Returns (alpha, rho, rms of the log residuals).
+    """
+    mu = _check_mu(mu)
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    c = np.asarray(costs, dtype=float)
+    if not (x.shape == y.shape == c.shape and x.ndim == 1):
+        raise ValueError("xs, ys and costs must be 1-D and of the same length")
+    ok = np.isfinite(c) & (c > 0)
+    if ok.sum() < 3:
+        raise ValueError(f"need at least 3 cells with a finite cost to fit, got {int(ok.sum())}")
+    x, y, logc = x[ok], y[ok], np.log(c[ok])
+    alphas = np.arange(0.0, 0.495, 0.01) if alphas is None else np.asarray(alphas, dtype=float)
+    rhos = np.linspace(0.0, 1.0, 101) if rhos is None else np.asarray(rhos, dtype=float)
+    best = (math.inf, math.nan, math.nan)
+    for a in alphas:
+        base = 2.0 * a * np.log(x) + np.log1p(y / mu)  # log sigma^2(x) (1 + y/mu)
+        for r in rhos:
+            if a == 0.0 and r == 0.0:
+                continue
+            resid = logc - base - np.log(1.0 / y + 1.0 / x + r)
+            rms = float(np.sqrt(np.mean((resid - resid.mean()) ** 2)))
+            if rms < best[0]:
+                best = (rms, float(a), float(r))
+    return best[1], best[2], best[0]

@@ -64,7 +64,7 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
     (real, version 0: they go into the buffer) and the design record. The training passes
     used for timing take no optimizer step.
     """
-    from replayrl.data.design import design
+    from replayrl.data.design import feasible_design
 
     cfg, R = s.cfg, s.cfg.rollouts_per_step
     mus, produced = [], []
@@ -86,17 +86,25 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
     if mu is None:
         raise ValueError("auto design: every warm-up rollout was dropped; cannot measure mu")
     d = cfg.design
-    rep = design(mu, d.alpha, d.rho, rollouts_per_step=R)
+    # alpha and rho are the config's (defaults 0.25, 0.5), not measured: the warm-up takes no
+    # optimizer step, so it has no stale rollouts to measure sigma^2(x) on
+    rep = feasible_design(mu, d.alpha, d.rho, R, d.allow_y_below_one, d.min_saving)
     new = resolve_design(cfg, rep.N, rep.B)
     s.log(
-        f"auto design: measured mu = {mu:.3g} -> x* = {rep.x_star:.3g}, y* = {rep.y_star:.3g}"
-        f" -> buffer.capacity N = {new.buffer.capacity}, train.batch_size B = "
+        f"auto design: measured mu = {mu:.3g}, alpha = {d.alpha:g}, rho = {d.rho:g} (config) -> "
+        f"{rep.reason} -> buffer.capacity N = {new.buffer.capacity}, train.batch_size B = "
         f"{new.batch_size} (R = {R})"
     )
     record = {
         "mu": mu,
-        "x_star": rep.x_star,
-        "y_star": rep.y_star,
+        "alpha": d.alpha,
+        "rho": d.rho,
+        "x_star": rep.x_unconstrained,
+        "y_star": rep.y_unconstrained,
+        "x": rep.x,
+        "y": rep.y,
+        "on_policy": rep.on_policy,
+        "predicted_saving": rep.saving,
         "N": new.buffer.capacity,
         "B": new.batch_size,
     }
