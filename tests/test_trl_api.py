@@ -70,9 +70,11 @@ def test_batch_terms_and_updates_per_step() -> None:
     # one update per generation: no mini-batch
     one = ReplayConfig("grpo", num_generations=4, per_device_train_batch_size=8).to_config()
     assert one.rollout.prompts_per_step == 2 and one.train.mini_batch_size is None
-    # a replay preset keeps its batch B: TRL's batch terms set what is generated
-    replay = ReplayConfig("replay", num_generations=4, per_device_train_batch_size=32)
-    assert replay.to_config().rollouts_per_step == 32 and replay.to_config().train.batch_size == 128
+    # a replay preset keeps its ratios (x = 4, y = 2): TRL's batch terms set what is generated,
+    # B = y R and N = x R follow
+    replay = ReplayConfig("replay", num_generations=4, per_device_train_batch_size=32).to_config()
+    assert replay.rollouts_per_step == 32
+    assert (replay.train.batch_size, replay.buffer.capacity) == (64, 128)
 
 
 def test_num_iterations_is_remix_utd_under_remix() -> None:

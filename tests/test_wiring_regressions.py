@@ -36,9 +36,10 @@ def _rollout(i: int, version: int) -> Rollout:
 def test_auto_design_puts_x_star_r_in_the_buffer_and_y_star_r_in_the_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # mu = 4, alpha = 0.25, rho = 0.5: x* and y* from the closed form (computed here, not read
-    # from the run's record); R = 8
-    mu, R = 4.0, 8
+    # mu = 5.3, alpha = 0.25, rho = 0.5, R = 8, by hand (not read from the run's record): the
+    # closed form's x* = 0.96 < 1 is clamped to the feasible x = 1 (N = R = 8), and y at x = 1
+    # is sqrt(mu / (rho + 1/x)) = sqrt(5.3 / 1.5) = 1.88, so B = round(1.88 * 8) = 15
+    mu, R = 5.3, 8
     monkeypatch.setattr(sync_recipe, "estimate_mu", lambda mus: mu)
     cfg = load_config(
         None,
@@ -58,12 +59,15 @@ def test_auto_design_puts_x_star_r_in_the_buffer_and_y_star_r_in_the_batch(
         log=lambda _: None,
     )
     new, warmup, record = sync_recipe.auto_design(s)  # type: ignore[arg-type]
-    x, y = closed_form_power_law(mu, 0.25, 0.5)
-    N, B = round(x * R), round(y * R)
-    assert N != B  # else a swap would go unseen
+    x_free, _ = closed_form_power_law(mu, 0.25, 0.5)
+    assert x_free < 1  # so the buffer is clamped to one step
+    y = math.sqrt(mu / (0.5 + 1 / 1.0))  # at the feasible x = 1
+    N, B = R, round(y * R)
+    assert (N, B) == (8, 15)  # N != B: a swap would be seen
     assert (new.buffer.capacity, new.batch_size) == (N, B)
     assert (record["N"], record["B"]) == (N, B)
-    assert math.isclose(record["x_star"], x) and math.isclose(record["y_star"], y)
+    assert math.isclose(record["x"], N / R) and math.isclose(record["y"], B / R)
+    assert math.isclose(record["x_star"], x_free)
     assert len(warmup) == cfg.design.warmup_steps * R
 
 

@@ -16,6 +16,8 @@ from replayrl.api.trl_args import Translation
 from replayrl.config.schema import Config, ConfigError, apply_overrides, build_config, load_yaml
 
 # paper 1's replay ratio y = B / R and staleness horizon x = N / R -> B and N for R rollouts a step
+# paper 1's ratios by name: they set the config's ratio keys, and the absolute size they
+# replace is cleared so it is derived from the ratio (N = round(x R), B = round(y R))
 PAPER_TERMS = {"replay_ratio": "train.batch_size", "staleness_horizon": "buffer.capacity"}
 
 
@@ -253,12 +255,12 @@ class ReplayConfig:
                 f"{', '.join(self.paper_terms)} need a replay buffer: use the 'replay' preset "
                 "or buffer__kind='replay'"
             )
-        R = cfg.rollouts_per_step
         for name, value in self.paper_terms.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"{name}={value!r} must be a positive number")
+            data.setdefault("buffer", {})[name] = float(value)
             section, key = PAPER_TERMS[name].split(".")
-            data.setdefault(section, {})[key] = max(1, round(value * R))
+            data.setdefault(section, {})[key] = None
         return build_config(data)
 
     def sets(self, key: str) -> bool:
