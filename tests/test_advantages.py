@@ -170,3 +170,11 @@ def test_the_learner_calls_the_registered_token_estimator_with_gamma_and_lam(
     learner.train_step(batch, np.random.default_rng(0), step=1)
     assert calls == [(0.9, 0.7)]
     assert seen and all(torch.all(a == 3.0) for a in seen)  # not the stored 0.5, not GAE
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "rloo"])
+def test_a_group_estimator_with_one_completion_per_prompt_is_refused(advantage: str) -> None:
+    from replayrl.config.schema import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="a group of one completion has advantage 0"):
+        load_config(None, [f"algorithm.advantage={advantage}", "rollout.num_generations=1"])

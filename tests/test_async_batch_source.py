@@ -99,3 +99,23 @@ def test_remix_pending_deliveries_survive_a_checkpoint_and_count_in_the_ledger()
     again.load_state_dict(src.state_dict())
     batch, passes = again.sample(version=1)
     assert len(batch) == 3 and passes == cfg.remix.utd and again.available() == 0
+
+
+def test_remix_pending_deliveries_past_the_staleness_bound_are_dropped_and_counted() -> None:
+    from types import SimpleNamespace
+
+    from replayrl.run.state import Counters, ledger
+
+    cfg = load_config(None, ["remix.enabled=true", "algorithm.loss_type=mix_ppg"])
+    queue = make_buffer("onpolicy", None, max_staleness=1)
+    src = RemixSource(queue, make_buffer("replay", 16), 8, cfg.remix)
+    src.push([_rollout(0) for _ in range(3)] + [_rollout(4) for _ in range(2)])
+    c = Counters(rollouts_generated=5)
+    src.before_step(SimpleNamespace(version=5), c, lambda _: None)  # bound 1: version >= 4
+    batch, _ = src.sample(version=5)
+    assert [r.policy_version for r in batch] == [4, 4]
+    led = ledger(c, src.buffers())
+    assert led["dropped_stale"] == 3 and led["balanced"]
+    again = RemixSource(make_buffer("onpolicy", None, max_staleness=1), None, 8, cfg.remix)
+    again.load_state_dict(src.state_dict())
+    assert again.pending_dropped_stale == 3

@@ -506,3 +506,52 @@ def test_crash_and_resume_equals_the_uninterrupted_run(
     for key in ("rollouts_generated", "rollouts_reused", "generation_rounds_extra"):
         assert resumed[key] == whole[key]
     assert resumed["accounting"]["ledger"] == whole["accounting"]["ledger"]
+
+
+# -- review fixes: limits a group source needs, and what resume may not change ------------------
+def test_dynamic_sampling_batch_larger_than_the_queue_is_refused() -> None:
+    over = ["buffer.capacity=16", "groups.dynamic_sampling.train_prompts=4"]
+    over.append("rollout.prompts_per_step=4")
+    with pytest.raises(ConfigError, match="smaller than the 32 rollouts"):
+        load_config("dapo", [*over, "rollout.num_generations=8"])
+    load_config("dapo", [*over, "rollout.num_generations=4"])  # 16 fits
+
+
+@pytest.mark.parametrize(
+    ("preset", "override"),
+    [
+        ("group-replay", "groups.group_replay.capacity=5"),
+        ("group-replay", "groups.source=none"),
+        ("dapo", "groups.dynamic_sampling.carry_surplus=true"),
+    ],
+)
+def test_group_state_keys_are_fixed_on_resume(preset: str, override: str) -> None:
+    from replayrl.run.folder import check_resume_config
+
+    saved = load_config(preset)
+    check_resume_config(saved, load_config(preset))  # unchanged: accepted
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        check_resume_config(saved, load_config(preset, [override]))
+
+
+def test_a_record_without_the_group_keys_resumes_with_their_defaults() -> None:
+    from replayrl.run.folder import check_resume_config
+
+    saved = load_config("grpo")
+    saved_dump = saved.model_dump(mode="json")
+    del saved_dump["groups"]  # a checkpoint written before the group sources existed
+
+    class Old:
+        def model_dump(self, mode: str = "json") -> dict:
+            return saved_dump
+
+    check_resume_config(Old(), load_config("grpo"))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="groups.source"):
+        check_resume_config(Old(), load_config("group-replay"))  # type: ignore[arg-type]
+
+
+def test_a_rollout_twice_in_a_batch_is_refreshed_once() -> None:
+    from replayrl.learner.logprobs import fresh_rollouts
+
+    a, b = grp(0, [1, 0], version=3)
+    assert fresh_rollouts([a, b, a, b], 3) == [a, b]

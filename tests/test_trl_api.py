@@ -13,7 +13,7 @@ import torch
 
 from replayrl.api.config import ReplayConfig
 from replayrl.api.trainer import ReplayTrainer
-from replayrl.config.schema import ConfigError
+from replayrl.config.schema import ConfigError, load_config
 from replayrl.rollout.tasks import ArithmeticTask
 from tiny import TINY_MODEL
 
@@ -238,6 +238,9 @@ def test_replay_ratio_and_staleness_horizon_by_name() -> None:
     args = ReplayConfig("replay", replay_ratio=1.5, staleness_horizon=3)
     cfg = args.to_config()
     assert cfg.rollouts_per_step == 64 and (cfg.train.batch_size, cfg.buffer.capacity) == (96, 192)
+    # the same run through override strings (what a resume passes): the same N and B
+    again = load_config("replay", args.override_strings())
+    assert (again.train.batch_size, again.buffer.capacity) == (96, 192)
     with pytest.raises(ConfigError, match="need a replay buffer"):
         ReplayConfig("grpo", replay_ratio=2).to_config()
     with pytest.raises(ConfigError, match="positive number"):

@@ -228,6 +228,8 @@ class ReplayConfig:
             out += [f"{k}={json.dumps(v)}" for k, v in self.overrides.items()]
         else:
             out += list(self.overrides)
+        for name, value in self.paper_terms.items():  # x or y, with the size it derives cleared
+            out += [f"buffer.{name}={json.dumps(value)}", f"{PAPER_TERMS[name]}=null"]
         return out
 
     def data(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -653,9 +653,10 @@ class Config(_Section):
 
     def _check_signal(self) -> None:
         """Settings that would train nothing, or less than the log says, are refused."""
-        if self.algorithm.advantage == "grpo" and self.rollout.num_generations < 2:
+        if self.algorithm.advantage in ("grpo", "rloo") and self.rollout.num_generations < 2:
             raise ValueError(
-                "rollout.num_generations=1 with algorithm.advantage=grpo: a group of one "
+                f"rollout.num_generations=1 with algorithm.advantage={self.algorithm.advantage}: "
+                "a group of one "
                 "completion has advantage 0, so nothing would be learned; use >= 2 "
                 "completions per prompt (or algorithm.advantage=gae with a critic)"
             )
@@ -685,6 +686,13 @@ class Config(_Section):
                     f"train.batch_size={self.train.batch_size}: dynamic sampling trains on "
                     f"groups.dynamic_sampling.train_prompts x rollout.num_generations = "
                     f"{n * r.num_generations} rollouts (leave train.batch_size unset)"
+                )
+            cap = self.buffer.capacity
+            if isinstance(cap, int) and cap < n * r.num_generations:
+                raise ValueError(
+                    f"buffer.capacity={cap} is smaller than the {n * r.num_generations} rollouts "
+                    "dynamic sampling trains on each step (train_prompts x num_generations): "
+                    "the queue would evict part of the batch"
                 )
             if ds.max_rounds * r.prompts_per_step >= 1_000_000:
                 raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")

@@ -84,12 +84,12 @@ class PendingRollouts:
 
     kind = "pending"
 
-    def __init__(self, items: list[Rollout]) -> None:
-        self.items = items
+    def __init__(self, items: list[Rollout], dropped_stale: int = 0) -> None:
+        self.items, self.dropped_stale = items, dropped_stale
 
     def stats(self) -> dict[str, float]:
-        n = float(len(self.items))
-        return {"size": n, "pushed": n}
+        n, d = float(len(self.items)), float(self.dropped_stale)
+        return {"size": n, "pushed": n + d, "dropped_stale": d}
 
 
 class RemixSource(BufferSource):
@@ -106,9 +106,11 @@ class RemixSource(BufferSource):
         self.window, self.rm = window, rm
         self.step = 0  # the step about to run (set by before_step)
         self.pending: list[Rollout] = []  # pushed while mixing, not yet in a batch
+        self.pending_dropped_stale = 0  # pending rollouts past the buffer's staleness bound
 
     def before_step(self, learner: Any, counters: Counters, log: Log) -> None:
         self.step = step = counters.step
+        self._drop_stale_pending(getattr(learner, "version", None))
         if step == self.rm.reincarnation_step and counters.reincarnation_step is None:
             learner.reincarnate()
             if self.window is not None:
@@ -118,6 +120,17 @@ class RemixSource(BufferSource):
             super().push(self.pending)  # delivered before T: the on-policy queue's now
             self.pending = []
             log(f"policy reincarnation at step {step}: pi_base <- pi_{step}, p = 0")
+
+    def _drop_stale_pending(self, version: int | None) -> None:
+        """An asynchronous generator may deliver rollouts more than `max_staleness` versions
+        behind the learner: the bound holds for every trained rollout, pending ones included
+        (dropped and counted, as the buffer drops its own)."""
+        bound = getattr(self.buffer, "max_staleness", None)  # the sharded and plain buffers
+        if bound is None or version is None or not self.pending:
+            return
+        keep = [r for r in self.pending if r.policy_version >= version - bound]
+        self.pending_dropped_stale += len(self.pending) - len(keep)
+        self.pending = keep
 
     @property
     def mixing(self) -> bool:
@@ -148,7 +161,9 @@ class RemixSource(BufferSource):
 
     def buffers(self) -> list[Any]:
         held = [b for b in (self.buffer, self.window) if b is not None]
-        return [*held, PendingRollouts(self.pending)] if self.pending else held
+        if self.pending or self.pending_dropped_stale:
+            return [*held, PendingRollouts(self.pending, self.pending_dropped_stale)]
+        return held
 
     def state_dict(self) -> dict[str, Any]:
         out = {
@@ -158,12 +173,15 @@ class RemixSource(BufferSource):
         if self.pending:  # only an asynchronous run stops with deliveries not yet trained on
             table, order = encode_rollouts(self.pending)
             out["pending"] = {"rollouts": table, "order": order}
+        if self.pending_dropped_stale:
+            out["pending_dropped_stale"] = self.pending_dropped_stale
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         pending = state.get("pending")
         self.pending = decode_rollouts(pending["rollouts"], pending["order"]) if pending else []
+        self.pending_dropped_stale = int(state.get("pending_dropped_stale", 0))
         if state.get("window") is None:
             self.window = None  # after reincarnation
         elif self.window is not None:

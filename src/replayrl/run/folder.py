@@ -54,6 +54,9 @@ FROZEN_ON_RESUME = (
     "remix.num_policies",
     "runtime",
     "workers.learners",
+    "groups.source",  # the group store / carried groups live in the checkpoint
+    "groups.group_replay.capacity",
+    "groups.dynamic_sampling.carry_surplus",
 )
 
 
@@ -197,6 +200,10 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def _is_default(dotted: str, value: Any) -> bool:
+    return _get(Config().model_dump(mode="json"), dotted) == value
+
+
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(data, dict):
         return {prefix: data}
@@ -221,7 +228,8 @@ def check_resume_config(
     bad = [
         f"{k} (the checkpoint has {_get(a, k)!r}, now {_get(b, k)!r})"
         for k in FROZEN_ON_RESUME
-        if _get(a, k) != _get(b, k)
+        # a key the checkpoint's record predates (added since) is compared with its default
+        if _get(a, k) != _get(b, k) and not (_get(a, k) is None and _is_default(k, _get(b, k)))
     ]
     if bad:
         raise ConfigError(
