@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import replayrl
 from replayrl.api.trainer import ReplayConfig, ReplayTrainer
@@ -234,6 +235,23 @@ def test_objects_in_the_api_train_like_files_and_names_in_the_cli(tmp_path: Path
     # evaluate() on other rows: every usable row is graded
     other = trainer.evaluate(_rows(12, seed=5))
     assert 0.0 <= other["eval/accuracy"] <= 1.0
+    # evaluate() generates in the precision the run chose (precision: auto), not always fp32
+    import replayrl.rollout.generation as generation
+    from replayrl.models import precision
+
+    seen: list[object] = []
+
+    class Spy(generation.HFGenerator):
+        def __init__(self, *a, **kw) -> None:
+            seen.append(kw.get("dtype"))
+            super().__init__(*a, **kw)
+
+    bf16 = precision.PrecisionChoice(torch.bfloat16, None, "forced in the test")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(generation, "HFGenerator", Spy)
+        mp.setattr(precision, "choose_for", lambda p, m: bf16)
+        trainer.evaluate(_rows(4, seed=6))
+    assert seen == [torch.bfloat16]
 
 
 def test_same_config_gives_the_same_metrics_from_cli_and_api(tmp_path: Path) -> None:

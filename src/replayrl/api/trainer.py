@@ -594,6 +594,7 @@ class ReplayTrainer:
         eval split, the first `eval.num_prompts` of it (what the training loop evaluates).
         Returns {"eval/accuracy": ..., "eval/completion_length": ..., ...}.
         """
+        from replayrl.models import precision
         from replayrl.models.loading import unwrap_model
         from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
         from replayrl.rollout.generation import HFGenerator
@@ -620,6 +621,8 @@ class ReplayTrainer:
             unwrap_model(model),
             tok,
             cfg.rollout.generation_batch_size,
+            # the precision the run generates (and evaluates) in: precision: auto's choice
+            dtype=precision.choose_for(cfg.precision, unwrap_model(model)).generation,
             impl=cfg.rollout.generation_impl,
         )
         render = PromptRenderer(tok, t.chat_template, t.system_prompt)

@@ -49,6 +49,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from replayrl.models.loading import unwrap_model
+    from replayrl.models.precision import choose_for
     from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
     from replayrl.rollout.generation import HFGenerator
     from replayrl.rollout.prompts import PromptRenderer
@@ -67,7 +68,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     task = task_from_config(cfg.task)
     rows = held_out_rows(cfg, task)
     gen = HFGenerator(
-        unwrap_model(model), tok, cfg.eval.batch_size, impl=cfg.rollout.generation_impl
+        unwrap_model(model),
+        tok,
+        cfg.eval.batch_size,
+        dtype=choose_for(cfg.precision, unwrap_model(model)).generation,  # as a run would
+        impl=cfg.rollout.generation_impl,
     )
     render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
     res = evaluate_policy(cfg, gen, task, rows, render)
