@@ -77,6 +77,20 @@ def test_batch_terms_and_updates_per_step() -> None:
     assert (replay.train.batch_size, replay.buffer.capacity) == (64, 128)
 
 
+def test_trl_step_counts_use_the_batch_a_replay_preset_trains_on() -> None:
+    # replay (y = 2): R = 64 generated, B = 128 trained per step in mini-batches of 8 = 16
+    # updates a step, so TRL's max_steps=800 updates are 50 steps (not 100: B != R)
+    common = {"per_device_train_batch_size": 8, "generation_batch_size": 64, "num_generations": 8}
+    cfg = ReplayConfig("replay", **common, max_steps=800).to_config()
+    assert (cfg.rollouts_per_step, cfg.batch_size, cfg.train.mini_batch_size) == (64, 128, 8)
+    assert cfg.train.steps == 50
+    # replay_ratio=0.5: B = 32, 4 updates a step -> 200 steps
+    half = ReplayConfig("replay", **common, max_steps=800, replay_ratio=0.5).to_config()
+    assert (half.batch_size, half.train.steps) == (32, 200)
+    # on-policy: B = R = 64, 8 updates a step -> 100 steps
+    assert ReplayConfig("grpo", **common, max_steps=800).to_config().train.steps == 100
+
+
 def test_num_iterations_is_remix_utd_under_remix() -> None:
     remix = ReplayConfig("remix-grpo", num_iterations=3).to_config()
     assert remix.remix.utd == 3 and remix.train.epochs == 1

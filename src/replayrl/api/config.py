@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -204,7 +205,26 @@ class ReplayConfig:
         remix = self._sections.get("remix.enabled", remix)
         group = dict(base.get("rollout") or {}).get("num_generations")
         group = self._sections.get("rollout.num_generations", group)
-        return trl_args.translate(values, {"num_generations": group}, bool(remix))
+        return trl_args.translate(
+            values, {"num_generations": group, "batch_of": self._replay_batch(base)}, bool(remix)
+        )
+
+    def _replay_batch(self, base: dict[str, Any]) -> Callable[[int], int] | None:
+        """B as a function of R under a replay buffer (its own B or y R), so TRL's step
+        counts (max_steps, save_steps, eval_steps count optimizer updates) use the batch the
+        learner really trains on; None: B = R."""
+        buffer, train = dict(base.get("buffer") or {}), dict(base.get("train") or {})
+        if self._sections.get("buffer.kind", buffer.get("kind")) != "replay":
+            return None
+        y = self.paper_terms.get("replay_ratio")
+        if y is None:
+            fixed = self._sections.get("train.batch_size", train.get("batch_size"))
+            if isinstance(fixed, int) and not isinstance(fixed, bool):
+                return lambda R: fixed
+            y = self._sections.get("buffer.replay_ratio", buffer.get("replay_ratio"))
+        if isinstance(y, (int, float)) and not isinstance(y, bool) and y > 0:
+            return lambda R: max(1, math.floor(y * R + 0.5))
+        return None  # auto (decided by the run's design) or on-policy sized
 
     @property
     def _dotted(self) -> dict[str, Any]:

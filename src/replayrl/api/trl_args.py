@@ -24,7 +24,7 @@ import dataclasses
 import difflib
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,7 +336,9 @@ def _refuse(values: Mapping[str, Any]) -> None:
         raise ConfigError("ReplayConfig: " + "; ".join(bad))
 
 
-def _batch_terms(v: Mapping[str, Any], group: int, t: Translation) -> None:
+def _batch_terms(
+    v: Mapping[str, Any], group: int, t: Translation, batch_of: Callable[[int], int] | None = None
+) -> None:
     """TRL's batch terms -> prompts per step, mini-batch and updates per step.
 
     TRL generates generation_batch_size = per_device_train_batch_size * steps_per_generation
@@ -344,7 +346,8 @@ def _batch_terms(v: Mapping[str, Any], group: int, t: Translation) -> None:
     takes one optimizer step per per_device * accumulation completions, num_iterations times
     over each generation. Here one step generates them all and trains on them: R =
     generation_batch_size, mini-batch = per_device * accumulation, epochs = num_iterations.
-    A replay preset keeps its own batch B (its replay ratio B / R).
+    A replay preset keeps its own batch B (or its replay ratio y = B / R): `batch_of(R)` gives
+    B, and a step then takes ceil(B / mini-batch) updates, which TRL's step counts divide by.
     """
     given = [k for k in ("per_device_train_batch_size", "generation_batch_size") if k in v]
     if not given and "steps_per_generation" not in v and "gradient_accumulation_steps" not in v:
@@ -371,7 +374,8 @@ def _batch_terms(v: Mapping[str, Any], group: int, t: Translation) -> None:
             f"gradient_accumulation_steps = {per_update} (each update takes {per_update})"
         )
     t.dotted["rollout.prompts_per_step"] = gbs // group
-    updates = gbs // per_update
+    trained = batch_of(gbs) if batch_of is not None else gbs  # B: what one step trains on
+    updates = math.ceil(trained / per_update)
     t.dotted["train.mini_batch_size"] = per_update if updates > 1 else None
     t.updates_per_step *= updates
     t.completions_per_update = per_update
@@ -489,7 +493,7 @@ def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -
     _refuse(values)
     t = Translation()
     group = int(values.get("num_generations") or base.get("num_generations") or 8)
-    _batch_terms({**values, "num_generations": group}, group, t)
+    _batch_terms({**values, "num_generations": group}, group, t, base.get("batch_of"))
     if "num_iterations" in values:
         n = int(values["num_iterations"])
         if n < 1:
