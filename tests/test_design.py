@@ -497,3 +497,12 @@ def test_fit_alpha_rho_recovers_the_parameters_of_synthetic_costs():
     assert (alpha, rho) == pytest.approx((0.2, 0.3), abs=1e-9) and rms < 1e-9
     with pytest.raises(ValueError, match="at least 3 cells"):
         fit_alpha_rho([1, 2, 4], [1, 1, 1], [1.0, math.inf, -1.0], 5.3)
+
+
+@pytest.mark.parametrize("half", [["buffer.capacity=auto"], ["train.batch_size=auto"]])
+def test_half_auto_is_refused(half: list[str]) -> None:
+    from replayrl.config.schema import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="go together"):
+        load_config("replay", half)
+    load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])  # both: fine

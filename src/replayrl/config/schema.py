@@ -626,6 +626,13 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
+        if (self.buffer.capacity == "auto") != (self.train.batch_size == "auto"):
+            # the design picks N and B jointly; with one fixed it would report a design
+            # (even "stay on-policy") other than the run
+            raise ValueError(
+                "buffer.capacity=auto and train.batch_size=auto go together (paper 1's design "
+                "picks N and B jointly): set both to auto, or neither"
+            )
         resolve_ratios(self)  # N, B from x, y first: every check below sees integers
         mini = self.train.mini_batch_size
         if self.train.batch_size == "auto":
