@@ -125,3 +125,13 @@ def test_step_moves_logprob_in_the_direction_of_the_advantage(
     learner.train_step([r], np.random.default_rng(0))
     after = _seq_logprob(learner.model, r, pad)
     assert (after - before) * advantage > 0
+
+
+def test_a_resume_with_a_new_weight_decay_uses_it(tiny_model, char_tokenizer) -> None:
+    # the optimizer state restores the saved run's param groups; train.weight_decay changed on
+    # resume is accepted, so it must be the value the optimizer uses after loading
+    pad = char_tokenizer.pad_token_id
+    saved = _learner(tiny_model, pad, "train.weight_decay=0.0").state_dict()
+    resumed = _learner(tiny_model, pad, "train.weight_decay=0.1")
+    resumed.load_state_dict(saved)
+    assert {g["weight_decay"] for g in resumed.optimizer.param_groups} == {0.1}

@@ -607,6 +607,8 @@ class Learner:
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        for group in self.optimizer.param_groups:  # the saved groups carry the old run's
+            group["weight_decay"] = self.cfg.train.weight_decay  # value: a resume sets it anew
         self.version = int(state["version"])  # type: ignore[call-overload]
         self.updates = int(state["updates"])  # type: ignore[call-overload]
         self.base_model = restore_frozen(self.model, self.base_model, state.get("base_model"))
