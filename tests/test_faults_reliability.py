@@ -44,6 +44,7 @@ from replayrl.rollout.rewards import WeightedReward, score
 from replayrl.run.folder import lock_path, run_lock
 from replayrl.run.metrics import read_metrics
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
+from test_faults import cli, one_error_line
 from tiny import TINY_RUN
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -62,16 +63,6 @@ def args(run_root: Path, name: str, *extra: str) -> list[str]:
     return [*BASE, f"logging.run_dir={run_root}", f"logging.name={name}", *extra]
 
 
-def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def one_error_line(err: str) -> str:
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 def env() -> dict[str, str]:
