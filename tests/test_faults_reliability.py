@@ -63,8 +63,6 @@ def args(run_root: Path, name: str, *extra: str) -> list[str]:
     return [*BASE, f"logging.run_dir={run_root}", f"logging.name={name}", *extra]
 
 
-
-
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": SRC, "PYTHONUNBUFFERED": "1"}
 
