@@ -112,6 +112,17 @@ def test_unknown_key_is_named():
     assert "got 1" in msg
 
 
+def test_old_decode_batch_name_is_read_with_a_warning_and_both_refused():
+    # rollout.generation_batch_size (before 0.3) is rollout.decode_batch_size: TRL's
+    # generation_batch_size means completions per step, so the old name misled TRL users
+    with pytest.warns(UserWarning, match="decode_batch_size"):
+        cfg = load_config(None, ["rollout.generation_batch_size=7"])
+    assert cfg.rollout.decode_batch_size == 7
+    assert "generation_batch_size" not in config_to_yaml(cfg)
+    msg = _error(["rollout.generation_batch_size=7", "rollout.decode_batch_size=8"])
+    assert "decode_batch_size" in msg and "old name" in msg
+
+
 def test_unknown_section_is_named():
     msg = _error(["trian.lr=1"])
     assert "trian" in msg

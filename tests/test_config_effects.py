@@ -354,7 +354,7 @@ NOT_OBSERVED: dict[str, str] = {
         f"task.reasoning_gym.{k}": "needs the reasoning-gym package: tests/test_reasoning_gym.py"
         for k in ("datasets", "size", "config", "weights")
     },
-    "rollout.generation_batch_size": "decode batch (memory / speed): the same samples, "
+    "rollout.decode_batch_size": "decode batch (memory / speed): the same samples, "
     "tests/test_generation.py",
     "rollout.reward_timeout_s": "only a slow reward shows it: tests/test_rewards.py",
     "rollout.backend": "vLLM needs a CUDA GPU: tests/test_vllm_backend.py",

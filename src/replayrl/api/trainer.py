@@ -620,7 +620,7 @@ class ReplayTrainer:
         gen = HFGenerator(
             unwrap_model(model),
             tok,
-            cfg.rollout.generation_batch_size,
+            cfg.rollout.decode_batch_size,
             # the precision the run generates (and evaluates) in: precision: auto's choice
             dtype=precision.choose_for(cfg.precision, unwrap_model(model)).generation,
             impl=cfg.rollout.generation_impl,

@@ -7,6 +7,7 @@ loss_type, kl_estimator) so users coming from those tools recognise them.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -217,6 +218,27 @@ class RewardSpec(_Section):
 
 
 class RolloutConfig(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_decode_batch_size(cls, data: Any) -> Any:
+        """`generation_batch_size` (before 0.3) is `decode_batch_size`: read the old name with a
+        warning, refuse both (TRL uses the old name for completions per step)."""
+        if not isinstance(data, dict) or "generation_batch_size" not in data:
+            return data
+        if "decode_batch_size" in data:
+            raise ValueError(
+                "rollout.generation_batch_size is the old name of rollout.decode_batch_size: "
+                "give only decode_batch_size"
+            )
+        warnings.warn(
+            "rollout.generation_batch_size is now rollout.decode_batch_size (sequences decoded "
+            "at once); the old name is read this time",
+            stacklevel=2,
+        )
+        data = dict(data)
+        data["decode_batch_size"] = data.pop("generation_batch_size")
+        return data
+
     prompts_per_step: int = Field(
         16, ge=1, description="prompts per step; R = prompts_per_step x num_generations"
     )
@@ -226,8 +248,10 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(
         8, ge=1, description="completion length cap (TRL: max_completion_length)"
     )
-    generation_batch_size: int = Field(
-        256, ge=1, description="sequences generated at once (memory only)"
+    # sequences decoded at once (memory only; not TRL's generation_batch_size, which is the
+    # completions per step R). Named generation_batch_size before 0.3: still read, with a warning
+    decode_batch_size: int = Field(
+        256, ge=1, description="sequences decoded at once (memory only)"
     )
     # seconds one reward-function call may take before its rollouts are dropped (reason
     # "timeout"; the call is abandoned in a background thread); null: no timeout
@@ -311,7 +335,6 @@ def resolve_ratios(cfg: Config) -> None:
     (N = round(x R), B = round(y R), at least 1) where they are unset, and warn when the
     resolved x = N/R or y = B/R is far from the ratio asked for (an absolute N or B that does
     not scale with R, or rounding at a small R). `auto` is left to the run's design."""
-    import warnings
 
     b, r = cfg.buffer, cfg.rollouts_per_step
     pairs = (("staleness_horizon", "buffer.capacity"), ("replay_ratio", "train.batch_size"))

@@ -213,10 +213,10 @@ def _unmatched(cfg: Config) -> list[str]:
         "tokens stay in the loss normaliser; replayrl drops the rollout",
         "non-finite gradient norm: replayrl skips the optimizer step, the HF Trainer applies it",
     ]
-    if R > r.generation_batch_size:
+    if R > r.decode_batch_size:
         unmatched.append(
             f"generation chunking: TRL generates all R = {R} rollouts in one `generate` call; "
-            f"replayrl in chunks of rollout.generation_batch_size = {r.generation_batch_size}"
+            f"replayrl in chunks of rollout.decode_batch_size = {r.decode_batch_size}"
         )
     if a.entropy_coef > 0 and a.loss_agg != "token_mean":
         unmatched.append(
@@ -334,7 +334,7 @@ class _Recorder(TrainerCallback):
         generator = HFGenerator(
             model,
             self.tokenizer,
-            self.cfg.rollout.generation_batch_size,
+            self.cfg.rollout.decode_batch_size,
             impl=self.cfg.rollout.generation_impl,
         )
         ev = evaluate_policy(self.cfg, generator, self.task, self.eval_rows, self.render)

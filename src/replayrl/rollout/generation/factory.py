@@ -34,7 +34,7 @@ def make_generator(
         return HFGenerator(
             model,
             tokenizer,
-            cfg.rollout.generation_batch_size,
+            cfg.rollout.decode_batch_size,
             dtype=dtype,
             impl=cfg.rollout.generation_impl,
         )
