@@ -250,9 +250,7 @@ class RolloutConfig(_Section):
     )
     # sequences decoded at once (memory only; not TRL's generation_batch_size, which is the
     # completions per step R). Named generation_batch_size before 0.3: still read, with a warning
-    decode_batch_size: int = Field(
-        256, ge=1, description="sequences decoded at once (memory only)"
-    )
+    decode_batch_size: int = Field(256, ge=1, description="sequences decoded at once (memory only)")
     # seconds one reward-function call may take before its rollouts are dropped (reason
     # "timeout"; the call is abandoned in a background thread); null: no timeout
     reward_timeout_s: float | None = Field(60.0, gt=0)
