@@ -116,3 +116,60 @@ def test_bad_input_is_a_clear_error():
     bad[0, 0] = np.nan
     with pytest.raises(ValueError, match="finite"):
         estimate_alpha_rho(bad, s, c)
+
+
+# -- the run's side: per-sample gradients and how the config's values combine with them ---------
+def test_sample_gradients_are_each_rollouts_own_policy_gradient(tiny_model, char_tokenizer):
+    import copy
+    import dataclasses
+
+    import torch
+
+    from replayrl.config.schema import load_config
+    from replayrl.data.rollout import Rollout
+    from replayrl.learner.grad_probe import sample_gradients
+    from replayrl.learner.learner import Learner
+    from replayrl.rollout.generation import HFGenerator, SamplingParams
+
+    torch.manual_seed(0)
+    (s,) = HFGenerator(tiny_model, char_tokenizer).generate(
+        ["12+34="], 1, SamplingParams(max_new_tokens=4)
+    )
+    base = Rollout(s.prompt_ids, s.completion_ids, s.logprobs, 1.0, 1.0, True, 0, 0, 0)
+    rows = [dataclasses.replace(base, advantage=a) for a in (1.0, 2.0, 0.0, -1.0)]
+    cfg = load_config(None, ["algorithm.loss_type=grpo_clip"])
+    learner = Learner(copy.deepcopy(tiny_model), char_tokenizer.pad_token_id, cfg)
+    learner.model.train()
+    g = sample_gradients(learner, rows, dims=256)
+    assert g.shape == (4, 256) and np.abs(g[0]).max() > 0
+    # on-policy (ratio 1, inside the clip) the loss is -A * mean log pi: linear in A
+    np.testing.assert_allclose(g[1], 2 * g[0], rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(g[3], -g[0], rtol=1e-5, atol=1e-9)
+    assert not np.any(g[2])
+    assert learner.model.training  # mode and gradients left as they were
+    assert all(p.grad is None for p in learner.model.parameters())
+
+
+def test_measured_values_replace_only_the_keys_that_ask_for_them():
+    from replayrl.config.schema import load_config
+    from replayrl.data.staleness import AlphaRhoEstimate
+    from replayrl.recipes.design_probe import resolve_alpha_rho
+
+    est = AlphaRhoEstimate(0.1, 0.2, (1.0, 2.0, 3.0), (1.0, 1.1, 1.2), 96)
+    both = load_config(None, [])
+    a, r, rec, line = resolve_alpha_rho(both, est, None)
+    assert (a, r, rec["alpha_source"], rec["rho_source"], line) == (
+        0.1, 0.2, "measured", "measured", None
+    )  # fmt: skip
+    assert rec["staleness_sigma2"] == [1.0, 1.1, 1.2] and rec["probe_samples"] == 96
+    one = load_config(None, ["design.rho=0.7"])
+    a, r, rec, _ = resolve_alpha_rho(one, est, None)
+    assert (a, r, rec["rho_source"]) == (0.1, 0.7, "config")
+    numbers = load_config(None, ["design.alpha=0.3", "design.rho=0.4"])
+    assert resolve_alpha_rho(numbers, None, None)[:2] == (0.3, 0.4)
+    # ill-conditioned, or the degenerate alpha = rho = 0 (no finite optimum): the fallback
+    for bad in (AlphaRhoEstimate(None, None, reason="too few"), AlphaRhoEstimate(0.0, 0.0)):
+        a, r, rec, line = resolve_alpha_rho(both, bad, None)
+        assert (a, r, rec["alpha_source"]) == (0.25, 0.5, "fallback")
+        assert line is not None and "alpha and rho not measured" in line
+        assert "using alpha = 0.25, rho = 0.5 (fallback)" in line
