@@ -605,3 +605,11 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)  # ... and were undone
     assert s.learner.version == 0 and s.learner.updates == 0
     assert s.learner.optimizer.state_dict()["state"] == {}  # no Adam moments carried over
+    # the whole warm-up: only the first (version 0) batch goes on into the buffer
+    from replayrl.recipes import sync as sync_recipe
+
+    _, warmup, record = sync_recipe.auto_design(s)
+    assert len(warmup) == 32 and {r.policy_version for r in warmup} == {0}
+    assert record["probe_rollouts_not_kept"] == 32 and s.learner.version == 0
+    after = s.learner.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
