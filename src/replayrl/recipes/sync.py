@@ -110,7 +110,7 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
         "B": new.batch_size,
         **how,
     }
-    return new, produced, record  # type: ignore[return-value]
+    return new, produced, record
 
 
 def _start_probe(s: Session) -> tuple[WarmupProbe | None, str | None]:
