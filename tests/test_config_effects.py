@@ -455,6 +455,9 @@ def learner_ctx(tiny_model, char_tokenizer):
 
 def _observe(name: str, overrides: list[str], ctx: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     extra = ["buffer.kind=replay", "buffer.capacity=auto", "train.batch_size=auto"]
+    # numbers, not the default `measured`: the scripted session has no learner to probe
+    # (alpha = rho = measured end to end: tests/test_design.py::test_auto_run_measures_*)
+    extra += ["design.alpha=0.25", "design.rho=0.5"]
     cfg = load_config(None, [*R_OVERRIDES, *(extra if name == "design" else []), *overrides])
     if name == "design":
         return observe_design(cfg, ctx, monkeypatch)

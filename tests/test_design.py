@@ -479,10 +479,13 @@ def test_auto_run_never_resolves_a_buffer_smaller_than_a_step(tmp_path):
             "train.steps=1",
             "design.warmup_steps=1",
             f"design.min_saving={bar}",
+            "design.alpha=0.25",
+            "design.rho=0.5",
         )
         d = train(cfg)["design"]
         assert d["N"] >= 8 and d["B"] >= 8  # R = 8
         assert d["alpha"] == 0.25 and d["rho"] == 0.5  # the config's, reported as such
+        assert d["alpha_source"] == d["rho_source"] == "config" and "probe_samples" not in d
         if bar == 0.99:
             assert d["on_policy"] and d["N"] == d["B"] == 8 and d["predicted_saving"] == 0.0
 
@@ -506,3 +509,107 @@ def test_half_auto_is_refused(half: list[str]) -> None:
     with pytest.raises(ConfigError, match="go together"):
         load_config("replay", half)
     load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])  # both: fine
+
+
+# -- alpha and rho measured on the run's own warm-up (recipes/design_probe.py) -----------------
+def _auto_cli(tmp_path, name: str, *extra: str) -> tuple[dict, str]:
+    """A tiny `auto` run through the CLI: R = 8 prompts x 4 = 32, one training step; the
+    digits_format reward varies within groups even for a barely warm-started model (the
+    gradient signal the probe needs). Returns the summary and the run's log."""
+    import contextlib
+    import io
+    import json
+
+    from replayrl.cli.main import main
+    from tiny import TINY_RUN
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(
+            [
+                "train",
+                *TINY_RUN,
+                f"logging.run_dir={tmp_path}",
+                f"logging.name={name}",
+                "rollout.prompts_per_step=8",
+                "rewards=[{name: digits_format}]",
+                "buffer.kind=replay",
+                "buffer.capacity=auto",
+                "train.batch_size=auto",
+                "train.steps=1",
+                *extra,
+            ]
+        )
+    assert rc == 0
+    return json.loads((tmp_path / name / "summary.json").read_text()), out.getvalue()
+
+
+def test_auto_run_measures_alpha_and_rho_on_its_warmup(tmp_path):
+    # default design.alpha = design.rho = measured; 2 warm-up steps -> staleness 0, 1, 2
+    summary, log = _auto_cli(tmp_path, "measured", "design.warmup_steps=2")
+    d = summary["design"]
+    assert d["alpha_source"] == d["rho_source"] == "measured", d.get("measure_failed")
+    assert 0.0 <= d["alpha"] <= 0.49 and 0.0 <= d["rho"] <= 1.0
+    assert (d["alpha"], d["rho"]) != (0.25, 0.5)  # not the fallback
+    assert d["staleness_horizons"] == [1.0, 2.0, 3.0] and len(d["staleness_sigma2"]) == 3
+    assert d["probe_samples"] == 3 * 32  # two warm-up batches and the probe's fresh one
+    # the probe's policies are undone: only the first (version 0) batch is kept, and every
+    # generated rollout is counted (2 warm-up + 1 probe + 1 training step)
+    assert d["probe_rollouts_not_kept"] == 32
+    assert summary["rollouts_generated"] == 4 * 32
+    assert f"alpha = {d['alpha']:.3g} (measured), rho = {d['rho']:.3g} (measured)" in log
+    from replayrl.config.schema import load_config
+
+    saved = load_config(tmp_path / "measured" / "config.yaml")
+    assert (saved.buffer.capacity, saved.train.batch_size) == (d["N"], d["B"])
+
+
+def test_too_short_a_warmup_falls_back_and_says_so(tmp_path):
+    summary, log = _auto_cli(tmp_path, "short", "design.warmup_steps=1", "design.rho=0.7")
+    d = summary["design"]
+    assert (d["alpha"], d["alpha_source"]) == (0.25, "fallback")
+    assert (d["rho"], d["rho_source"]) == (0.7, "config")  # a number is never replaced
+    assert "design.warmup_steps >= 2" in d["measure_failed"]
+    assert "auto design: alpha not measured (design.warmup_steps = 1" in log
+    assert "using alpha = 0.25 (fallback)" in log
+    assert summary["rollouts_generated"] == 2 * 32  # no probe batch
+
+
+def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
+    import torch
+
+    from replayrl.recipes.design_probe import WarmupProbe
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "rollout.prompts_per_step=8",
+        "rewards=[{name: digits_format}]",
+        "buffer.kind=replay",
+        "buffer.capacity=auto",
+        "train.batch_size=auto",
+        "design.warmup_steps=2",
+    )
+    (tmp_path / "probe").mkdir()
+    s = Session(cfg, tmp_path / "probe", log=lambda _: None)
+    before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
+    probe = WarmupProbe(s)
+    for _ in range(2):
+        probe.update(s.produce()[0])
+    assert s.learner.version == 2 and s.learner.updates == 2
+    moved = any(not torch.equal(before[k], v) for k, v in s.learner.model.state_dict().items())
+    assert moved  # the probe's updates really changed the policy ...
+    probe.finish()
+    after = s.learner.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # ... and were undone
+    assert s.learner.version == 0 and s.learner.updates == 0
+    assert s.learner.optimizer.state_dict()["state"] == {}  # no Adam moments carried over
+    # the whole warm-up: only the first (version 0) batch goes on into the buffer
+    from replayrl.recipes import sync as sync_recipe
+
+    _, warmup, record = sync_recipe.auto_design(s)
+    assert len(warmup) == 32 and {r.policy_version for r in warmup} == {0}
+    assert record["probe_rollouts_not_kept"] == 32 and s.learner.version == 0
+    after = s.learner.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)

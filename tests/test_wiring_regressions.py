@@ -49,6 +49,8 @@ def test_auto_design_puts_x_star_r_in_the_buffer_and_y_star_r_in_the_batch(
             "buffer.kind=replay",
             "buffer.capacity=auto",
             "train.batch_size=auto",
+            "design.alpha=0.25",  # numbers: the scripted session has no learner to probe
+            "design.rho=0.5",
         ],
     )
     s = SimpleNamespace(

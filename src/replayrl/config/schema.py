@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -357,12 +357,19 @@ def resolve_ratios(cfg: Config) -> None:
             )
 
 
+# what `measured` alpha / rho fall back to when the warm-up cannot measure them (logged)
+DESIGN_FALLBACK = {"alpha": 0.25, "rho": 0.5}
+
+
 class DesignConfig(_Section):
     """Inputs of paper 1's cost model, used when capacity or batch size is `auto`."""
 
-    alpha: float = Field(0.25, ge=0, lt=0.5)  # power-law exponent of sigma(x)
-    rho: float = Field(0.5, ge=0, le=1)  # correlation between buffer items
-    warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu
+    # power-law exponent of sigma(x) and correlation between buffer items: a number, or
+    # `measured` on the warm-up's per-sample gradients at staleness 0 .. warmup_steps
+    # (replayrl/data/staleness.py; DESIGN_FALLBACK, logged, when that is ill-conditioned)
+    alpha: Annotated[float, Field(ge=0, lt=0.5)] | Literal["measured"] = "measured"
+    rho: Annotated[float, Field(ge=0, le=1)] | Literal["measured"] = "measured"
+    warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu (and alpha, rho)
     # the feasible set `auto` searches: N >= R always; B >= R unless this is true
     allow_y_below_one: bool = False
     # predicted compute saving (vs on-policy) below which `auto` stays on-policy (N = B = R)

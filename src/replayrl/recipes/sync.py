@@ -14,6 +14,12 @@ from typing import Any
 from replayrl.config.schema import Config
 from replayrl.data.design import cost_ratio, estimate_mu
 from replayrl.data.rollout import Rollout
+from replayrl.recipes.design_probe import (
+    WarmupProbe,
+    measured_keys,
+    probe_blocker,
+    resolve_alpha_rho,
+)
 from replayrl.run.metrics import Progress
 from replayrl.run.session import Session, StopOnSignal
 
@@ -58,47 +64,42 @@ def sync_step(s: Session, progress: Progress) -> None:
 
 
 def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
-    """Resolve `auto` N / B: measure mu on warm-up batches, then apply paper 1's optimum.
+    """Resolve `auto` N / B: measure mu (and `measured` alpha, rho) on warm-up batches, then
+    apply paper 1's feasible optimum.
 
     Returns the resolved config (the session's own is not changed), the warm-up rollouts
     (real, version 0: they go into the buffer) and the design record. The training passes
-    used for timing take no optimizer step.
+    used for timing take no optimizer step; the alpha / rho probe's updates are undone
+    (recipes/design_probe.py).
     """
     from replayrl.data.design import feasible_design
 
     cfg, R = s.cfg, s.cfg.rollouts_per_step
-    mus, produced = [], []
-    for _ in range(cfg.design.warmup_steps):
-        t0 = time.perf_counter()
-        rollouts, stats = s.produce()
-        t_gen = time.perf_counter() - t0 - stats.get("time/reward_s", 0.0)  # not rewards
-        produced.extend(rollouts)
-        if not rollouts:
-            continue
-        t1 = time.perf_counter()
-        s.learner.measure_backward(rollouts)
-        t_train = time.perf_counter() - t1
-        mu = cost_ratio(t_gen, len(rollouts), t_train, len(rollouts))
-        if mu is not None:
-            mus.append(mu)
-        s.counters.generation_seconds += t_gen
+    probe, why_not = _start_probe(s)
+    mus, produced = _warmup(s, probe)
     mu = estimate_mu(mus)
     if mu is None:
         raise ValueError("auto design: every warm-up rollout was dropped; cannot measure mu")
+    est = probe.finish() if probe is not None else None
+    alpha, rho, how, fallback = resolve_alpha_rho(cfg, est, why_not)
+    if fallback:
+        s.log(fallback)
+    if probe is not None:
+        kept = [r for r in produced if r.policy_version == 0]
+        how.update(probe_seconds=probe.seconds, probe_rollouts_not_kept=len(produced) - len(kept))
+        produced = kept  # later batches came from the probe's undone policies
     d = cfg.design
-    # alpha and rho are the config's (defaults 0.25, 0.5), not measured: the warm-up takes no
-    # optimizer step, so it has no stale rollouts to measure sigma^2(x) on
-    rep = feasible_design(mu, d.alpha, d.rho, R, d.allow_y_below_one, d.min_saving)
+    rep = feasible_design(mu, alpha, rho, R, d.allow_y_below_one, d.min_saving)
     new = resolve_design(cfg, rep.N, rep.B)
     s.log(
-        f"auto design: measured mu = {mu:.3g}, alpha = {d.alpha:g}, rho = {d.rho:g} (config) -> "
-        f"{rep.reason} -> buffer.capacity N = {new.buffer.capacity}, train.batch_size B = "
-        f"{new.batch_size} (R = {R})"
+        f"auto design: measured mu = {mu:.3g}, alpha = {alpha:.3g} ({how['alpha_source']}), "
+        f"rho = {rho:.3g} ({how['rho_source']}) -> {rep.reason} -> buffer.capacity N = "
+        f"{new.buffer.capacity}, train.batch_size B = {new.batch_size} (R = {R})"
     )
     record = {
         "mu": mu,
-        "alpha": d.alpha,
-        "rho": d.rho,
+        "alpha": alpha,
+        "rho": rho,
         "x_star": rep.x_unconstrained,
         "y_star": rep.y_unconstrained,
         "x": rep.x,
@@ -107,8 +108,39 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
         "predicted_saving": rep.saving,
         "N": new.buffer.capacity,
         "B": new.batch_size,
+        **how,
     }
-    return new, produced, record  # type: ignore[return-value]
+    return new, produced, record
+
+
+def _start_probe(s: Session) -> tuple[WarmupProbe | None, str | None]:
+    """The alpha / rho probe when the config measures either, or why it cannot run."""
+    if not measured_keys(s.cfg):
+        return None, None
+    why = probe_blocker(s.cfg, s.learner.advantage.at_generation)
+    return (None, why) if why else (WarmupProbe(s), None)
+
+
+def _warmup(s: Session, probe: WarmupProbe | None) -> tuple[list[float], list[Rollout]]:
+    """`design.warmup_steps` timed batches: per-step mu, and the rollouts produced."""
+    mus: list[float] = []
+    produced: list[Rollout] = []
+    for _ in range(s.cfg.design.warmup_steps):
+        t0 = time.perf_counter()
+        rollouts, stats = s.produce()
+        t_gen = time.perf_counter() - t0 - stats.get("time/reward_s", 0.0)  # not rewards
+        produced.extend(rollouts)
+        if rollouts:
+            t1 = time.perf_counter()
+            s.learner.measure_backward(rollouts)
+            t_train = time.perf_counter() - t1
+            mu = cost_ratio(t_gen, len(rollouts), t_train, len(rollouts))
+            if mu is not None:
+                mus.append(mu)
+            s.counters.generation_seconds += t_gen
+        if probe is not None:
+            probe.update(rollouts)
+    return mus, produced
 
 
 def resolve_design(cfg: Config, N: int, B: int) -> Config:

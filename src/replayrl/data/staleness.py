@@ -1,0 +1,182 @@
+"""alpha and rho of arXiv 2604.08706's design objective, measured on per-sample gradients.
+
+The theory section of arXiv 2604.08706 models the replay buffer's gradient estimate with
+
+    J(x, y) = sigma^2(x) * (1 + y/mu) * (1/y + 1/x + rho),   sigma(x) = (x/tau)^alpha,
+
+where sigma^2(x) is the variance of one buffer item's gradient estimate when the buffer holds
+the last x = N/R steps, and rho the correlation between buffer items (the part of the
+variance that more items do not average away). The paper states neither how to measure them
+(not specified: our choice), so this module gives them an operational definition on
+per-sample policy-gradient vectors g_i (a fixed low-dimensional projection is fine: both
+quantities are ratios, unchanged by a common scale), each computed with the *current* policy's
+loss on a rollout of staleness s_i (the number of policy updates since it was generated) and
+tagged with its cluster (one prompt's group of one batch).
+
+Definitions (m = expected fresh-rollout gradient, e_i = g_i - m):
+
+* per-item variance at staleness s: v(s) = E ||e_i||^2 over items of staleness s (spread and
+  staleness bias together: the error of a stale sample against the on-policy gradient);
+* sigma^2(x) = (1/x) sum_{s < x} v(s): the mean item error in a FIFO buffer of horizon x,
+  which holds one step of each staleness 0 .. x-1 (the synchronous model);
+* alpha = half the least-squares slope of log sigma^2(x) against log x, x = 1 .. S+1,
+  clipped into [0, ALPHA_MAX] (the power law needs 0 <= alpha < 1/2);
+* rho = the mean over pairs i != j of buffer items of E<e_i, e_j> / (sqrt(v(s_i) v(s_j))),
+  clipped into [0, 1]: the exchangeable correlation that makes the variance of a mean of n
+  items sigma^2 (rho + (1 - rho)/n), i.e. the floor the objective's `+ rho` term stands for.
+  Items share error through a common staleness bias (all items of one old policy) and a
+  common prompt (one group).
+
+Estimation: m is unknown, so the fresh items are split by cluster into a reference half (every
+other cluster in sorted order) whose mean of cluster means is m_hat, and the rest (the
+"buffer": the other fresh clusters and every stale item). Against m_hat, E||g_i - m_hat||^2 =
+v(s_i) + V and E<g_i - m_hat, g_j - m_hat> = c_ij + V for buffer items (independent of the
+reference), with V = E||m_hat - m||^2 estimated from the spread of the reference cluster means
+(clusters are independent; items within one are not). Subtracting V makes both unbiased.
+Using a fresh reference rather than all items keeps the fresh buffer items' errors from
+being forced to sum to zero (the centred-Gram trap: a sample's own mean makes the
+off-diagonal mean exactly -1/(n-1) whatever the truth).
+
+Ill-conditioned (returns no estimate, with the reason): fewer than MIN_LEVELS staleness levels
+(0, 1, 2, ... contiguous), a level with fewer than 2 items, fewer than 4 fresh clusters, or a
+sigma^2(x) not above the reference noise (no gradient signal to fit a power law on).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+ALPHA_MAX = 0.49  # the power law needs alpha < 1/2; the design's optimum diverges at 1/2
+MIN_LEVELS = 3  # staleness 0, 1, 2 at least: two points always fit a line exactly
+MIN_FRESH_CLUSTERS = 4  # two for the reference mean's spread, the rest in the buffer
+
+__all__ = [
+    "ALPHA_MAX",
+    "MIN_LEVELS",
+    "AlphaRhoEstimate",
+    "estimate_alpha_rho",
+    "fit_power_alpha",
+    "horizon_variance",
+]
+
+
+@dataclass(frozen=True)
+class AlphaRhoEstimate:
+    """alpha, rho and the curve they came from; `reason` says why they are None."""
+
+    alpha: float | None
+    rho: float | None
+    horizons: tuple[float, ...] = ()  # x = 1 .. S+1
+    sigma2: tuple[float, ...] = ()  # sigma^2(x), on the projection's scale
+    samples: int = 0
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.alpha is not None and self.rho is not None
+
+
+def horizon_variance(item_variance: np.ndarray) -> np.ndarray:
+    """sigma^2(x) = (1/x) sum_{s<x} v(s), x = 1 .. len(v): a FIFO of horizon x holds one step of
+    each staleness 0 .. x-1 (arXiv 2604.08706, synchronous model)."""
+    v = np.asarray(item_variance, dtype=float)
+    if v.ndim != 1 or v.size == 0:
+        raise ValueError("item_variance must be a non-empty 1-D array (one value per staleness)")
+    return np.cumsum(v) / np.arange(1, v.size + 1)
+
+
+def fit_power_alpha(xs: np.ndarray, sigma2: np.ndarray) -> float:
+    """alpha of sigma(x) = (x/tau)^alpha (arXiv 2604.08706): half the least-squares slope of
+    log sigma^2 on log x, clipped into [0, ALPHA_MAX] (tau drops out of the design)."""
+    x, s2 = np.asarray(xs, dtype=float), np.asarray(sigma2, dtype=float)
+    ok = x.shape == s2.shape and x.ndim == 1 and x.size >= 2
+    if not ok or not np.all(np.isfinite(x) & np.isfinite(s2) & (x > 0) & (s2 > 0)):
+        raise ValueError("need >= 2 points with x > 0 and sigma^2 > 0 to fit a power law")
+    lx, ls = np.log(x), np.log(s2)
+    if np.ptp(lx) == 0:
+        raise ValueError("all x are equal: the slope is undefined")
+    slope = float(np.polyfit(lx, ls, 1)[0])
+    return min(max(slope / 2.0, 0.0), ALPHA_MAX)
+
+
+def _check(grads: np.ndarray, staleness: np.ndarray, clusters: np.ndarray) -> None:
+    if grads.ndim != 2 or grads.shape[0] != staleness.shape[0] or staleness.ndim != 1:
+        raise ValueError("grads must be (n, d) and staleness (n,), one per sample")
+    if clusters.shape != staleness.shape:
+        raise ValueError("clusters must be (n,), one per sample")
+    if not np.all(np.isfinite(grads)):
+        raise ValueError("grads must be finite")
+    if np.any(staleness < 0) or np.any(staleness != np.round(staleness)):
+        raise ValueError("staleness must be whole numbers >= 0")
+
+
+def _reference(
+    grads: np.ndarray, fresh: np.ndarray, clusters: np.ndarray
+) -> tuple[np.ndarray, float, np.ndarray] | str:
+    """(m_hat, V_hat, reference mask) from every other fresh cluster, or why not."""
+    ids = np.unique(clusters[fresh])
+    if ids.size < MIN_FRESH_CLUSTERS:
+        return f"{ids.size} fresh prompt groups, need {MIN_FRESH_CLUSTERS}"
+    ref_ids = ids[::2]
+    ref = fresh & np.isin(clusters, ref_ids)
+    means = np.stack([grads[ref & (clusters == k)].mean(axis=0) for k in ref_ids])
+    m_hat = means.mean(axis=0)
+    k = means.shape[0]
+    v_hat = float(((means - m_hat) ** 2).sum() / (k * (k - 1)))
+    return m_hat, v_hat, ref
+
+
+def _rho(err: np.ndarray, level_of: np.ndarray, v_level: np.ndarray, v_ref: float) -> float:
+    """mean_{i != j} (<e_i, e_j> - V) / sqrt(v(s_i) v(s_j)), clipped into [0, 1]."""
+    n = err.shape[0]
+    w = 1.0 / np.sqrt(v_level[level_of])  # 1 / sigma of each item's level
+    z = err * w[:, None]
+    cross = float((z.sum(axis=0) ** 2).sum() - (z**2).sum())  # sum over i != j of <z_i, z_j>
+    ref = v_ref * float(w.sum() ** 2 - (w**2).sum())  # sum over i != j of V w_i w_j
+    return min(max((cross - ref) / (n * (n - 1)), 0.0), 1.0)
+
+
+def estimate_alpha_rho(
+    grads: np.ndarray, staleness: np.ndarray, clusters: np.ndarray
+) -> AlphaRhoEstimate:
+    """alpha and rho from per-sample gradients (definitions and estimator: module docstring,
+    after arXiv 2604.08706's theory); None for both, with the reason, when ill-conditioned."""
+    g = np.asarray(grads, dtype=float)
+    s = np.asarray(staleness, dtype=float)
+    cl = np.asarray(clusters)
+    _check(g, s, cl)
+    n = g.shape[0]
+    levels = int(s.max()) + 1 if n else 0
+    counts = np.bincount(s.astype(int), minlength=levels) if n else np.zeros(0, int)
+    if levels < MIN_LEVELS or np.any(counts == 0):
+        return AlphaRhoEstimate(
+            None,
+            None,
+            samples=n,
+            reason=f"staleness levels {sorted(set(s.astype(int)))}, "
+            f"need 0 .. {MIN_LEVELS - 1} at least, none missing",
+        )
+    ref = _reference(g, s == 0, cl)
+    if isinstance(ref, str):
+        return AlphaRhoEstimate(None, None, samples=n, reason=ref)
+    m_hat, v_ref, in_ref = ref
+    buf = ~in_ref
+    err, lev = g[buf] - m_hat, s[buf].astype(int)
+    per_level = np.bincount(lev, minlength=levels)
+    if np.any(per_level < 2):
+        return AlphaRhoEstimate(None, None, samples=n, reason="a staleness level has < 2 items")
+    sq = np.bincount(lev, weights=(err**2).sum(axis=1), minlength=levels) / per_level
+    v_level = sq - v_ref
+    xs = np.arange(1, levels + 1, dtype=float)
+    sig = horizon_variance(v_level)
+    if np.any(v_level <= 0) or not math.isfinite(float(sig.sum())):
+        return AlphaRhoEstimate(
+            None, None, tuple(xs), tuple(sig), n,
+            "a level's gradient spread is not above the reference's noise (no signal)",
+        )  # fmt: skip
+    alpha = fit_power_alpha(xs, sig)
+    rho = _rho(err, lev, v_level, v_ref)
+    return AlphaRhoEstimate(alpha, rho, tuple(float(x) for x in xs), tuple(map(float, sig)), n)

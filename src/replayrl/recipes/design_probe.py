@@ -1,0 +1,151 @@
+"""`design.alpha` / `design.rho` = measured: the warm-up probe that measures them.
+
+The `auto` warm-up (recipes/sync.py: auto_design) generates `design.warmup_steps` batches to
+time mu. To see staleness it also needs policy updates, so when alpha or rho is `measured` the
+warm-up takes one on-policy update after each of its batches (the run's own loss, learning
+rate schedule of steps 1, 2, ...; a separate shuffle generator), generates one more batch
+with the last policy, and computes at that policy the per-sample gradients of every batch:
+staleness W, W-1, ..., 1 and 0 for W warm-up steps (learner/grad_probe.py). alpha and rho
+come from data/staleness.py. Then the weights, optimizer and learner state are put back
+exactly as they were: the run starts from the same policy as without the probe, and its
+buffer holds only the first batch (version 0, on-policy for that policy); the other probe
+batches came from policies that no longer exist and are not kept (counted as generated).
+
+Ill-conditioned (fewer than two warm-up steps: staleness 0, 1, 2 are the minimum; advantages
+from a critic; too few prompt groups; no gradient signal): the configured fallback values
+are used and the log says so and why.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from replayrl.config.schema import DESIGN_FALLBACK, Config
+from replayrl.data.rollout import Rollout
+from replayrl.data.staleness import MIN_LEVELS, AlphaRhoEstimate, estimate_alpha_rho
+from replayrl.learner.grad_probe import sample_gradients
+from replayrl.models.loading import unwrap_model
+from replayrl.run.session import Session
+
+MEASURED = "measured"
+
+
+def measured_keys(cfg: Config) -> list[str]:
+    """Which of alpha, rho the config asks to measure."""
+    return [k for k in ("alpha", "rho") if getattr(cfg.design, k) == MEASURED]
+
+
+def probe_blocker(cfg: Config, advantage_at_generation: bool) -> str | None:
+    """Why the warm-up cannot measure alpha and rho at all, or None."""
+    if cfg.design.warmup_steps < MIN_LEVELS - 1:
+        return (
+            f"design.warmup_steps = {cfg.design.warmup_steps} gives staleness 0 .. "
+            f"{cfg.design.warmup_steps}; the fit needs 0 .. {MIN_LEVELS - 1} "
+            f"(design.warmup_steps >= {MIN_LEVELS - 1})"
+        )
+    if not advantage_at_generation:
+        return "per-sample gradients need advantages stored at generation (grpo, rloo), not gae"
+    return None
+
+
+@dataclass
+class WarmupProbe:
+    """The warm-up's policy updates, on the learner's real weights, undone by `finish`."""
+
+    s: Session
+    model_state: dict[str, torch.Tensor] = field(init=False)
+    learner_state: dict[str, object] = field(init=False)
+    batches: list[list[Rollout]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        model = self.s.learner.model
+        self.model_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.learner_state = copy.deepcopy(self.s.learner.state_dict())
+        self.rng = np.random.default_rng(self.s.cfg.train.seed + 7919)  # not the run's
+
+    def update(self, rollouts: list[Rollout]) -> None:
+        """One on-policy update on a warm-up batch (its policy version is the staleness key)."""
+        t0 = time.perf_counter()
+        self.batches.append(rollouts)
+        learner = self.s.learner
+        if rollouts:
+            learner.train_step(rollouts, self.rng, step=len(self.batches))
+        else:
+            learner.version += 1
+        self._sync_generator()
+        self.seconds += time.perf_counter() - t0
+
+    def finish(self) -> AlphaRhoEstimate:
+        """Generate a fresh batch, take per-sample gradients at the last policy, restore."""
+        s = self.s
+        try:
+            t0 = time.perf_counter()
+            fresh, stats = s.produce()
+            s.counters.generation_seconds += (
+                time.perf_counter() - t0 - stats.get("time/reward_s", 0.0)
+            )
+            t1 = time.perf_counter()
+            rows = [r for batch in [*self.batches, fresh] for r in batch]
+            version = s.learner.version
+            grads = sample_gradients(s.learner, rows, seed=s.cfg.train.seed)
+            staleness = np.array([version - r.policy_version for r in rows])
+            # one prompt's group within one batch (warm-up batches share group ids)
+            clusters = np.array([r.policy_version * 1_000_003 + r.group_id for r in rows])
+            est = estimate_alpha_rho(grads, staleness, clusters)
+            self.seconds += time.perf_counter() - t1
+            return est
+        finally:
+            self.restore()
+
+    def restore(self) -> None:
+        learner = self.s.learner
+        learner.model.load_state_dict(self.model_state)
+        learner.load_state_dict(self.learner_state)
+        learner.optimizer.zero_grad(set_to_none=True)
+        self._sync_generator()
+
+    def _sync_generator(self) -> None:
+        gen = self.s.generator
+        if hasattr(gen, "load_weights"):  # an engine with its own copy (vLLM)
+            gen.load_weights(unwrap_model(self.s.model).named_parameters(), self.s.learner.version)
+
+
+def resolve_alpha_rho(
+    cfg: Config, est: AlphaRhoEstimate | None, why_not: str | None
+) -> tuple[float, float, dict[str, Any], str | None]:
+    """(alpha, rho, record fields, fallback log line or None) from the config and a probe."""
+    d, keys = cfg.design, measured_keys(cfg)
+    if est is not None and est.ok and not (est.alpha == 0.0 and est.rho == 0.0):
+        got = {"alpha": est.alpha, "rho": est.rho}
+        why = None
+    else:
+        got = {}
+        why = why_not or (est.reason if est is not None and not est.ok else None)
+        why = why or "measured alpha = rho = 0: the design has no finite optimum"
+    values: dict[str, float] = {}
+    record: dict[str, Any] = {}
+    for k in ("alpha", "rho"):
+        configured = getattr(d, k)
+        if k not in keys:
+            values[k], record[f"{k}_source"] = float(configured), "config"
+        elif k in got:
+            values[k], record[f"{k}_source"] = float(got[k]), MEASURED  # type: ignore[arg-type]
+        else:
+            values[k], record[f"{k}_source"] = DESIGN_FALLBACK[k], "fallback"
+    line = None
+    if keys and not got:
+        shown = ", ".join(f"{k} = {DESIGN_FALLBACK[k]:g}" for k in keys)
+        line = f"auto design: {' and '.join(keys)} not measured ({why}); using {shown} (fallback)"
+        record["measure_failed"] = why
+    if est is not None:
+        record["staleness_horizons"] = list(est.horizons)
+        record["staleness_sigma2"] = list(est.sigma2)
+        record["probe_samples"] = est.samples
+    return values["alpha"], values["rho"], record, line
