@@ -214,9 +214,7 @@ class Ar3poSource(BufferSource):
         cap = self.ar.max_rounds * self.per_round
         for rnd in range(1, self.ar.max_rounds):
             correct = [sum(r.correct for r in m) for m in members]
-            alloc = round_allocation(
-                correct, generated, self.per_round, self.ar.stop_correct, cap
-            )
+            alloc = round_allocation(correct, generated, self.per_round, self.ar.stop_correct, cap)
             active = [i for i, n in enumerate(alloc) if n]
             if not active or self.produce is None:
                 break
