@@ -314,6 +314,18 @@ NOT_OBSERVED: dict[str, str] = {
         for k in ("capacity", "include_current", "zero_std_tol")
     },
     **{
+        f"groups.ar3po.{k}": "AR3PO's source, built from the config and run: tests/test_ar3po.py "
+        "(test_config_keys_reach_the_source and each key's own test)"
+        for k in (
+            "max_rounds",
+            "stop_correct",
+            "reuse",
+            "store_per_prompt",
+            "store_prompts",
+            "reuse_logprobs",
+        )
+    },
+    **{
         f"train.{k}": "the per-step learning rate in metrics.jsonl: tests/test_trl_lr.py"
         for k in ("lr_scheduler", "warmup_ratio", "warmup_steps")
     },

@@ -487,14 +487,40 @@ class GroupReplayConfig(_Section):
     zero_std_tol: float = Field(1e-8, ge=0)
 
 
+class Ar3poConfig(_Section):
+    """AR3PO (arXiv 2509.25808; data/ar3po.py): adaptive rollout in rounds of
+    rollout.num_generations responses per prompt, and reuse of a stored correct response for
+    a group with none."""
+
+    # rounds per step, the loop's first call included: a prompt gets at most
+    # max_rounds x rollout.num_generations responses (the paper's cap on stages; its value
+    # here is not specified: our choice)
+    max_rounds: int = Field(4, ge=1)
+    # a prompt stops receiving responses once it has this many correct ones (the paper: one)
+    stop_correct: int = Field(1, ge=1)
+    # stored correct responses reused per group without a correct one; 0 = adaptive rollout only
+    reuse: int = Field(1, ge=0)
+    # correct responses kept per prompt (newest kept) and prompts kept (least recently
+    # updated dropped first). Not specified: our choice
+    store_per_prompt: int = Field(1, ge=1)
+    store_prompts: int = Field(10_000, ge=1)
+    # a reused response's old log-probs: current = the policy's at the step it is reused
+    # (ratio 1 at the first pass, trained as if pi_old had sampled it); behaviour = those
+    # stored when it was generated (true importance ratio, clipped as any token). Not
+    # specified in what we could read of the paper: our choice, configurable
+    reuse_logprobs: Literal["current", "behaviour"] = "current"
+
+
 class GroupsConfig(_Section):
     """Group-level batch sources (issue 25; data/group_sources.py): what the learner trains
     on is decided per group (a prompt and its G completions), not per rollout."""
 
-    # none: the buffer's batches; dynamic_sampling: DAPO; group_replay: TRL's replay trainer
-    source: Literal["none", "dynamic_sampling", "group_replay"] = "none"
+    # none: the buffer's batches; dynamic_sampling: DAPO; group_replay: TRL's replay trainer;
+    # ar3po: AR3PO's adaptive rollout and response reuse
+    source: Literal["none", "dynamic_sampling", "group_replay", "ar3po"] = "none"
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     group_replay: GroupReplayConfig = GroupReplayConfig()
+    ar3po: Ar3poConfig = Ar3poConfig()
 
 
 class CriticConfig(_Section):
@@ -731,11 +757,30 @@ class Config(_Section):
                 )
             if ds.max_rounds * r.prompts_per_step >= 1_000_000:
                 raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
+        elif src == "ar3po":
+            self._check_ar3po()
         elif self.train.batch_size not in (None, self.rollouts_per_step):
             raise ValueError(
                 f"train.batch_size={self.train.batch_size}: group replay trains on the step's "
                 f"R = {self.rollouts_per_step} rollouts (leave train.batch_size unset)"
             )
+
+    def _check_ar3po(self) -> None:
+        a, r = self.groups.ar3po, self.rollout
+        most = r.prompts_per_step * (a.max_rounds * r.num_generations + a.reuse)
+        if self.train.batch_size is not None:
+            raise ValueError(
+                f"train.batch_size={self.train.batch_size}: AR3PO trains on every response of "
+                "the step's rounds plus reused ones (leave train.batch_size unset)"
+            )
+        cap = self.buffer.capacity
+        if isinstance(cap, int) and cap < most:
+            raise ValueError(
+                f"buffer.capacity={cap} is smaller than the {most} rollouts an AR3PO step can "
+                "train on (prompts_per_step x (max_rounds x num_generations + reuse))"
+            )
+        if a.max_rounds * r.prompts_per_step >= 1_000_000:
+            raise ValueError("groups.ar3po.max_rounds x prompts_per_step >= 1e6")
 
     def _check_async(self) -> None:
         rt, w = self.runtime, self.workers

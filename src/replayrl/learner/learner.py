@@ -229,6 +229,10 @@ class Learner:
                     out[i] = lp
         return out
 
+    def current_logprobs(self, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
+        """Per-token log-probs of each completion under the policy now (no gradient)."""
+        return self._per_rollout(self.model, rollouts)
+
     def _gae_fields(self, rollouts: Sequence[Rollout]) -> TokenFields:
         """Critic values of the batch, then the registered token estimator's advantages and
         returns per token (gae: whitened GAE, `algorithm.advantage`)."""

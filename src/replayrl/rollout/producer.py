@@ -62,6 +62,9 @@ class RolloutProducer:
     log: Log = print
     _reported_error: bool = field(default=False, init=False)
     _empty_steps: int = field(default=0, init=False)  # consecutive steps with no prompt left
+    # the rows of the latest call that sampled prompts, by the text generated from: what a
+    # later call of the same step (AR3PO's rounds) generates for again
+    _recent_rows: dict[str, Any] = field(default_factory=dict, init=False)
 
     def fits(self, prompt: str) -> bool:
         if not self.max_positions:
@@ -69,13 +72,34 @@ class RolloutProducer:
         n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         return n + self.cfg.rollout.max_new_tokens <= self.max_positions
 
-    def produce(self, version: int, step: int, group_base: int) -> Production:
-        """Generate with weights of `version`; group ids are `group_base + prompt index`."""
-        t0 = time.perf_counter()
-        r = self.cfg.rollout
-        rows = self.task.sample_train(r.prompts_per_step, self.prompt_rng)
+    def _rows(self, again: list[str] | None) -> tuple[list[Any], list[str]]:
+        """(rows, texts generated from): newly sampled, or `again`'s from the latest call."""
+        if again is not None:
+            missing = [t for t in again if t not in self._recent_rows]
+            if missing:
+                raise ValueError(f"no prompt of the latest call renders as {missing[0]!r}")
+            return [self._recent_rows[t] for t in again], list(again)
+        rows = self.task.sample_train(self.cfg.rollout.prompts_per_step, self.prompt_rng)
         # the text generated from (chat template); rows keep their prompt for reward functions
         texts = [self.render(row["prompt"]) for row in rows]
+        self._recent_rows = dict(zip(texts, rows, strict=True))
+        return rows, texts
+
+    def produce(
+        self,
+        version: int,
+        step: int,
+        group_base: int,
+        again: list[str] | None = None,
+        num_generations: int | None = None,
+    ) -> Production:
+        """Generate with weights of `version`; group ids are `group_base + prompt index`.
+        `again`: prompt texts of the latest call to generate for once more (AR3PO's rounds)
+        instead of sampling new prompts; `num_generations`: completions per prompt (default
+        rollout.num_generations)."""
+        t0 = time.perf_counter()
+        r = self.cfg.rollout
+        rows, texts = self._rows(again)
         fits = [self.fits(t) for t in texts]
         kept = [row for row, ok in zip(rows, fits, strict=True) if ok]
         kept_texts = [t for t, ok in zip(texts, fits, strict=True) if ok]
@@ -84,7 +108,7 @@ class RolloutProducer:
         self._empty_steps = 0
         params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens)
         self.generator.policy_version = version
-        samples = self.generator.generate(kept_texts, r.num_generations, params)
+        samples = self.generator.generate(kept_texts, num_generations or r.num_generations, params)
         sample_rows = [kept[s.prompt_index] for s in samples]
         pairs = list(zip(samples, sample_rows, strict=True))
         result = score(

@@ -19,6 +19,7 @@ import torch
 
 from replayrl.algorithms import ADVANTAGES
 from replayrl.config.schema import Config
+from replayrl.data.ar3po import Ar3poSource, CorrectResponseStore
 from replayrl.data.batch_source import BatchSource, BufferSource, RemixSource
 from replayrl.data.buffer import Buffer, make_buffer
 from replayrl.data.buffer.groups import ScoredGroupBuffer
@@ -96,9 +97,27 @@ def build_batch_source(
     if gs.source == "group_replay":
         store = ScoredGroupBuffer(gs.group_replay.capacity, seed=cfg.train.seed + 3)
         return GroupReplaySource(buffer, store, cfg.train.epochs, gs.group_replay)
+    if gs.source == "ar3po":
+        return build_ar3po(cfg, buffer, producer)
     if cfg.remix.enabled:
         return RemixSource(buffer, window, cfg.batch_size, cfg.remix)
     return BufferSource(buffer, cfg.batch_size, cfg.train.epochs)
+
+
+def build_ar3po(cfg: Config, buffer: Buffer, producer: RolloutProducer | None) -> Ar3poSource:
+    """AR3PO: rounds of rollout.num_generations responses through the run's producer (again
+    for the same prompts), a per-prompt store of correct responses."""
+    ar = cfg.groups.ar3po
+    return Ar3poSource(
+        buffer,
+        None if producer is None else (lambda v, s, b, t, k: producer.produce(v, s, b, t, k)),
+        CorrectResponseStore(ar.store_per_prompt, ar.store_prompts),
+        cfg.rollout.num_generations,
+        cfg.rollout.prompts_per_step,
+        cfg.train.epochs,
+        cfg.algorithm.scale_rewards,
+        ar,
+    )
 
 
 def build_learner(cfg: Config, model: Any, pad_id: int, model_path: str) -> Learner:

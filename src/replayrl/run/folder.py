@@ -57,6 +57,7 @@ FROZEN_ON_RESUME = (
     "groups.source",  # the group store / carried groups live in the checkpoint
     "groups.group_replay.capacity",
     "groups.dynamic_sampling.carry_surplus",
+    "groups.ar3po.store_per_prompt",
 )
 
 

@@ -1,0 +1,269 @@
+"""AR3PO (Zhang et al., arXiv 2509.25808): adaptive rollout and response reuse.
+
+GRPO spends G responses on every prompt, and a group whose responses are all right or all
+wrong has zero advantage. AR3PO attacks both ends:
+
+* adaptive rollout (sec. 3, "adaptive rollout"): responses are generated in rounds of k
+  (here rollout.num_generations) per prompt; after each round a prompt that already has a
+  correct response stops receiving more, the others get another k, up to `max_rounds`
+  rounds. Easy prompts cost k responses, hard ones up to max_rounds x k. The rule is the pure
+  function `round_allocation`.
+* response reuse (sec. 3, "response reuse"): a prompt that still has no correct response
+  after the last round gets a correct response generated for it at an earlier step, from a
+  per-prompt store (`CorrectResponseStore`), so its group has reward variance and a
+  gradient. The rule is the pure function `responses_to_reuse`.
+
+The pieces compose as any batch source: `round_allocation` is the rollout allocator,
+`CorrectResponseStore` the store, `Ar3poSource` the batch source that drives the rounds
+through the run's producer (`produce(..., again=texts)`) and trains every response of the
+step's rounds plus the reused ones.
+
+Choices the parts of the paper we could read leave open, marked "not specified: our choice"
+where they are made and configurable in `groups.ar3po`: the number of rounds, how many
+correct responses stop a prompt (the paper: one), how many stored responses are kept and
+reused, and the reused response's old log-probs (`reuse_logprobs`). A prompt's advantages are
+computed once, over all its rounds' responses plus the reused ones (GRPO's group
+normalisation, `algorithm.scale_rewards`), so a group of n wrong answers and one reused right
+one gets A = (r - mean) / std over n + 1 members.
+
+Accounting: every round's responses are generated (`rollouts_generated`, the extra calls in
+`generation_rounds`) and trained through the run's on-policy queue (pushed, consumed); reused
+responses are counted in `rollouts_reused` per pass, never as generated; the store holds
+references to rollouts already trained on, so it is not a ledger buffer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from replayrl.algorithms.advantages import group_advantages
+from replayrl.config.schema import Ar3poConfig
+from replayrl.data.batch_source import BufferSource, Log
+from replayrl.data.buffer import Buffer
+from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
+from replayrl.data.group_sources import GROUP_STRIDE, GroupCounters, Production
+from replayrl.data.groups import split_groups
+from replayrl.data.rollout import Rollout
+
+# (version, step, group_base, prompt texts again, completions per prompt) -> Production
+ProduceAgain = Callable[[int, int, int, list[str], int], Production]
+
+
+def round_allocation(
+    correct: Sequence[int],
+    generated: Sequence[int],
+    per_round: int,
+    stop_correct: int,
+    max_responses: int,
+) -> list[int]:
+    """Responses each prompt gets in the next round (arXiv 2509.25808, adaptive rollout: a
+    prompt keeps being sampled, k responses a round, until it has a correct response or its
+    budget is spent): `per_round` for a prompt with fewer than `stop_correct` correct
+    responses whose `generated` + `per_round` stays within `max_responses`; 0 otherwise."""
+    if len(correct) != len(generated):
+        raise ValueError(f"{len(correct)} correct counts but {len(generated)} generated counts")
+    if per_round < 1 or stop_correct < 1:
+        raise ValueError(f"per_round={per_round} and stop_correct={stop_correct} must be >= 1")
+    return [
+        per_round if c < stop_correct and n + per_round <= max_responses else 0
+        for c, n in zip(correct, generated, strict=True)
+    ]
+
+
+def responses_to_reuse(num_correct: int, stored: Sequence[Rollout], reuse: int) -> list[Rollout]:
+    """Stored responses a group gets (arXiv 2509.25808, response reuse: a prompt whose
+    responses are all wrong gets a previously generated correct one): the newest `reuse` of
+    `stored` (newest last) when the group has no correct response, none otherwise. How many
+    and which: not specified: our choice (`groups.ar3po.reuse`, newest first)."""
+    if reuse < 0:
+        raise ValueError(f"reuse={reuse} must be >= 0")
+    if num_correct > 0 or reuse == 0:
+        return []
+    return list(stored[-reuse:])
+
+
+def regroup(members: Sequence[Rollout], group_id: int, scale_rewards: bool) -> None:
+    """One prompt's final group, all rounds and reused responses together: one group id and
+    GRPO's group-normalised advantage over every member (`group_advantages`), set in place."""
+    rewards = torch.tensor([r.reward for r in members], dtype=torch.float64)
+    adv, means = group_advantages(rewards, torch.zeros(len(members)), scale_rewards)
+    for r, a, m in zip(members, adv.tolist(), means.tolist(), strict=True):
+        r.group_id, r.advantage, r.group_mean_reward = group_id, float(a), float(m)
+
+
+class CorrectResponseStore:
+    """Per prompt text, its newest `per_prompt` correct responses (newest last); at most
+    `max_prompts` prompts, the least recently updated dropped first (not specified: our
+    choice). Holds references to rollouts already trained on: reuse, not generation."""
+
+    kind = "ar3po_store"
+
+    def __init__(self, per_prompt: int, max_prompts: int) -> None:
+        if per_prompt < 1 or max_prompts < 1:
+            raise ValueError(f"per_prompt={per_prompt}, max_prompts={max_prompts}: must be >= 1")
+        self.per_prompt, self.max_prompts = per_prompt, max_prompts
+        self._by_prompt: OrderedDict[str, list[Rollout]] = OrderedDict()
+        self.added = self.reused = self.dropped = 0
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_prompt.values())
+
+    def get(self, prompt_text: str) -> list[Rollout]:
+        return list(self._by_prompt.get(prompt_text, []))
+
+    def add(self, rollouts: Sequence[Rollout]) -> None:
+        """Keep the correct ones among `rollouts` (in order: the last is the newest)."""
+        for r in rollouts:
+            if not r.correct:
+                continue
+            kept = self._by_prompt.setdefault(r.prompt_text, [])
+            kept.append(r)
+            self.added += 1
+            self.dropped += max(0, len(kept) - self.per_prompt)
+            del kept[: max(0, len(kept) - self.per_prompt)]
+            self._by_prompt.move_to_end(r.prompt_text)
+            while len(self._by_prompt) > self.max_prompts:
+                self.dropped += len(self._by_prompt.popitem(last=False)[1])
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "prompts": float(len(self._by_prompt)),
+            "responses": float(len(self)),
+            "added": float(self.added),
+            "reused": float(self.reused),
+            "dropped": float(self.dropped),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        table, order = encode_rollouts(r for v in self._by_prompt.values() for r in v)
+        return {
+            "per_prompt": self.per_prompt,
+            "prompts": list(self._by_prompt),
+            "sizes": [len(v) for v in self._by_prompt.values()],
+            "rollouts": table,
+            "order": order,
+            "counters": [self.added, self.reused, self.dropped],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        flat = decode_rollouts(state["rollouts"], state["order"])
+        self._by_prompt, at = OrderedDict(), 0
+        for p, k in zip(state["prompts"], state["sizes"], strict=True):
+            self._by_prompt[str(p)] = flat[at : at + int(k)]
+            at += int(k)
+        self.added, self.reused, self.dropped = (int(x) for x in state["counters"])
+
+
+class Ar3poSource(BufferSource):
+    """AR3PO's batch: the loop's first call is round 1 (k = rollout.num_generations per
+    prompt); rounds 2..max_rounds generate k more for the prompts `round_allocation` keeps;
+    a prompt still without a correct response gets `responses_to_reuse` from the store; every
+    prompt's group is regrouped (`regroup`) and trained, `epochs` passes.
+
+    `produce(version, step, group_base, texts, k)` generates k more completions for the
+    latest call's prompts `texts` with the current weights (the run's producer); None (a unit
+    test's source): one round only.
+    """
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        produce: ProduceAgain | None,
+        store: CorrectResponseStore,
+        per_round: int,
+        prompts_per_call: int,
+        epochs: int,
+        scale_rewards: bool,
+        ar: Ar3poConfig,
+    ) -> None:
+        super().__init__(buffer, 0, epochs)
+        self.produce, self.store, self.ar = produce, store, ar
+        self.per_round, self.prompts_per_call = per_round, prompts_per_call
+        self.scale_rewards = scale_rewards
+        self.counters: GroupCounters | None = None
+        self.learner: Any = None
+        self.log: Log = print
+
+    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
+        self.learner, self.counters, self.log = learner, counters, log
+
+    def _round(self, version: int, rnd: int, texts: list[str]) -> tuple[int, list[Rollout]]:
+        """Round `rnd` (>= 1 after the loop's first) for `texts`, accounted like the first:
+        (its group base, its rollouts)."""
+        c = self.counters
+        assert c is not None and self.produce is not None, "before_step binds the counters"
+        base = c.step * GROUP_STRIDE + rnd * self.prompts_per_call
+        t0 = time.perf_counter()
+        p = self.produce(version, c.step, base, texts, self.per_round)
+        c.account(p)
+        c.generation_seconds += max(0.0, time.perf_counter() - t0 - p.reward_seconds)
+        c.generation_rounds += 1
+        return base, p.rollouts
+
+    def _rounds(self, fresh: list[Rollout], version: int) -> list[list[Rollout]]:
+        """Every prompt's responses over the step's rounds (the first is the loop's call)."""
+        members = [list(g.rollouts) for g in split_groups(fresh)]
+        texts = [m[0].prompt_text for m in members]
+        generated = [self.per_round] * len(members)
+        cap = self.ar.max_rounds * self.per_round
+        for rnd in range(1, self.ar.max_rounds):
+            correct = [sum(r.correct for r in m) for m in members]
+            alloc = round_allocation(correct, generated, self.per_round, self.ar.stop_correct, cap)
+            active = [i for i, n in enumerate(alloc) if n]
+            if not active or self.produce is None:
+                break
+            base, more = self._round(version, rnd, [texts[i] for i in active])
+            for i in active:
+                generated[i] += self.per_round
+            for r in more:  # the call's prompt index j is active[j] (all fit in round 1)
+                members[active[r.group_id - base]].append(r)
+        return members
+
+    def _reuse(self, members: list[list[Rollout]]) -> list[Rollout]:
+        """The reused copies for prompts without a correct response, appended to `members`."""
+        copies: list[Rollout] = []
+        for m in members:
+            picked = responses_to_reuse(
+                sum(r.correct for r in m), self.store.get(m[0].prompt_text), self.ar.reuse
+            )
+            for old in picked:
+                old.times_sampled += 1
+                new = dataclasses.replace(old, extras=dict(old.extras))
+                m.append(new)
+                copies.append(new)
+        if copies and self.ar.reuse_logprobs == "current" and self.learner is not None:
+            for r, lp in zip(copies, self.learner.current_logprobs(copies), strict=True):
+                r.behaviour_logprobs = lp.detach().float().cpu()
+        self.store.reused += len(copies)
+        return copies
+
+    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
+        c = self.counters
+        assert c is not None, "before_step binds the counters"
+        members = self._rounds(fresh, version)
+        generated = [r for m in members for r in m]
+        copies = self._reuse(members)
+        for m in members:
+            regroup(m, m[0].group_id, self.scale_rewards)
+        self.store.add(generated)  # after the look-ups: reuse is of earlier steps' responses
+        self.buffer.push(generated)  # fresh responses through the on-policy queue
+        batch = self.buffer.sample(len(generated), current_version=version)
+        c.rollouts_reused += len(copies) * self.epochs
+        return batch + copies, self.epochs
+
+    def buffers(self) -> list[Any]:
+        return [self.buffer]  # the store holds trained rollouts again: reuse, not the ledger
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "ar3po_store": self.store.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("ar3po_store") is not None:
+            self.store.load_state_dict(state["ar3po_store"])
