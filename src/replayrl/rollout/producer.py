@@ -24,6 +24,8 @@ from replayrl.rollout.generation import Generator, Sample, SamplingParams
 from replayrl.rollout.prompts import PromptRenderer, is_conversational
 from replayrl.rollout.rewards import score
 
+Row = dict[str, Any]  # a task row: prompt and answer columns
+
 Log = Callable[[str], None]
 
 MAX_EMPTY_STEPS = 5  # consecutive steps whose prompts are all too long before the run stops
@@ -62,6 +64,7 @@ class RolloutProducer:
     log: Log = print
     _reported_error: bool = field(default=False, init=False)
     _empty_steps: int = field(default=0, init=False)  # consecutive steps with no prompt left
+    last_rows: dict[int, Row] = field(default_factory=dict, init=False)  # of the last call
 
     def fits(self, prompt: str) -> bool:
         if not self.max_positions:
@@ -69,11 +72,22 @@ class RolloutProducer:
         n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         return n + self.cfg.rollout.max_new_tokens <= self.max_positions
 
-    def produce(self, version: int, step: int, group_base: int) -> Production:
-        """Generate with weights of `version`; group ids are `group_base + prompt index`."""
+    def produce(
+        self,
+        version: int,
+        step: int,
+        group_base: int,
+        rows: list[Row] | None = None,
+        num_generations: int | None = None,
+    ) -> Production:
+        """Generate with weights of `version`; group ids are `group_base + prompt index`.
+        `rows` / `num_generations`: these task rows (default: prompts_per_step sampled) and
+        completions per prompt (default G), for sources that revisit questions (ExGRPO);
+        `last_rows` maps the call's group ids to their rows."""
         t0 = time.perf_counter()
         r = self.cfg.rollout
-        rows = self.task.sample_train(r.prompts_per_step, self.prompt_rng)
+        if rows is None:
+            rows = self.task.sample_train(r.prompts_per_step, self.prompt_rng)
         # the text generated from (chat template); rows keep their prompt for reward functions
         texts = [self.render(row["prompt"]) for row in rows]
         fits = [self.fits(t) for t in texts]
@@ -82,9 +96,10 @@ class RolloutProducer:
         if not kept:
             return self._all_too_long(len(rows), t0)
         self._empty_steps = 0
+        self.last_rows = {group_base + i: row for i, row in enumerate(kept)}
         params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens)
         self.generator.policy_version = version
-        samples = self.generator.generate(kept_texts, r.num_generations, params)
+        samples = self.generator.generate(kept_texts, num_generations or r.num_generations, params)
         sample_rows = [kept[s.prompt_index] for s in samples]
         pairs = list(zip(samples, sample_rows, strict=True))
         result = score(
