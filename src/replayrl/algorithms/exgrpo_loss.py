@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from replayrl.algorithms.aggregation import aggregate
-from replayrl.algorithms.losses import _per_token, ratio_metrics, register_policy_loss
+from replayrl.algorithms.losses import ratio_metrics, register_policy_loss
 
 
 def policy_shaping(w: torch.Tensor, beta: float) -> torch.Tensor:
@@ -50,7 +50,7 @@ def exgrpo_loss(
     eps_high = epsilon if epsilon_high is None else epsilon_high
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
-    adv = _per_token(advantages, logprobs)
+    adv = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).to(logprobs.dtype)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv
     on = -torch.minimum(unclipped, clipped)
