@@ -317,6 +317,7 @@ def test_source_state_round_trip_draws_the_same_questions() -> None:
     c = Counters(step=1)
     src.before_step(None, c, lambda _: None)
     src.next_batch(_first_call(producer, src, c, list("abcd")), version=5)
+    sample_questions(src.store.eligible(), 4, 2, 1.0, src.rng)  # the generator moves on
     state = _checkpointed(src.state_dict())
     again = _source(FakeProducer(truth))
     again.load_state_dict(state)
@@ -374,8 +375,15 @@ def test_exgrpo_trains_through_the_cli_and_replays(tmp_path: Path, monkeypatch) 
     led = s["accounting"]["ledger"]
     assert s["steps"] == 3 and led["balanced"] and led["generated"] == led["consumed"]
     assert s["rollouts_generated"] == led["generated"] and s["rollouts_reused"] > 0
-    # replayed trajectories are reused, never generated: trained = generated + reused
-    assert s["tokens_trained"] > 0
+    # every batch: 2 fresh + 2 replayed-or-filled questions x K = 4 (a replayed one: 3 fresh
+    # completions and its stored trajectory), so generated = trained - reused
+    assert s["evals"][-1]["rollouts_trained"] == 3 * 4 * 4
+    assert s["rollouts_generated"] == 3 * 4 * 4 - s["rollouts_reused"]
+    # the learner marks the replayed trajectories: the loss shaped their ratio
+    from replayrl.run.metrics import read_metrics
+
+    rows = read_metrics(tmp_path / "ex" / "metrics.jsonl")
+    assert max(r.get("train/off_policy/shaped_ratio_mean", 0.0) for r in rows) > 0.5
 
 
 def test_exgrpo_trains_and_resumes_through_the_python_api(tmp_path: Path, monkeypatch) -> None:

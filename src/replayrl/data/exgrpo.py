@@ -302,7 +302,6 @@ class ExgrpoSource(BufferSource):
         self.mixing = False
         self.counters: GroupCounters | None = None
         self.log: Log = print
-        self.last: dict[str, float] = {}
 
     def before_step(self, learner: Any, counters: Any, log: Log) -> None:
         self.counters, self.log = counters, log
@@ -375,7 +374,6 @@ class ExgrpoSource(BufferSource):
         self.buffer.push(trained_fresh)
         batch = self.buffer.sample(len(trained_fresh), current_version=version)
         c.rollouts_reused += len(replayed) * self.epochs
-        self.last = {"replayed": float(len(replayed)), **self.store.stats()}
         return batch + replayed, self.epochs
 
     def state_dict(self) -> dict[str, Any]:
