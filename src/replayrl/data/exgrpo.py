@@ -271,7 +271,7 @@ class ExgrpoSource(BufferSource):
     """ExGRPO's batch: the step's fresh groups (rollout.prompts_per_step questions, the share
     1 - rho) plus `replay_count` replayed questions, each with K - 1 fresh rollouts generated
     now and its selected stored trajectory. Until mixing starts (the first step whose fresh
-    accuracy exceeds `start_accuracy`, the code's delayed start) or while the store holds too
+    accuracy reaches `start_accuracy`, the code's delayed start) or while the store holds too
     few questions, the missing groups are fresh questions instead, so every batch has the same
     number of groups.
 
