@@ -326,6 +326,12 @@ NOT_OBSERVED: dict[str, str] = {
         )
     },
     **{
+        f"groups.exgrpo.{k}": "ExGRPO's source and loss, built from the config and run: "
+        "tests/test_exgrpo.py (test_config_keys_reach_the_exgrpo_source, the sampler, selection, "
+        "start and loss tests)"
+        for k in ("ratio", "sigma", "selection", "start_accuracy", "shaping_beta")
+    },
+    **{
         f"train.{k}": "the per-step learning rate in metrics.jsonl: tests/test_trl_lr.py"
         for k in ("lr_scheduler", "warmup_ratio", "warmup_steps")
     },

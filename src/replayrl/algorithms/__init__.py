@@ -1,6 +1,7 @@
 """Advantage estimators, policy losses, aggregations and the objective (pure tensor functions
 in registries)."""
 
+from replayrl.algorithms import exgrpo_loss  # noqa: F401  (registers loss "exgrpo")
 from replayrl.algorithms.advantages import ADVANTAGES, group_advantages
 from replayrl.algorithms.aggregation import AGGREGATIONS, aggregate, batch_normaliser
 from replayrl.algorithms.losses import (

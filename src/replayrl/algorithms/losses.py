@@ -22,8 +22,8 @@ PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 # tensors a loss may ask for besides (logprobs, old_logprobs, advantages, mask), and the
 # config knobs it may take; a loss receives exactly the ones it declares
-LOSS_INPUTS = ("anchor_logprobs", "rewards", "baselines")
-LOSS_KNOBS = ("epsilon", "epsilon_high", "delta_v")
+LOSS_INPUTS = ("anchor_logprobs", "rewards", "baselines", "stale")
+LOSS_KNOBS = ("epsilon", "epsilon_high", "delta_v", "shaping_beta")
 
 
 @dataclass(frozen=True)

@@ -511,16 +511,36 @@ class Ar3poConfig(_Section):
     reuse_logprobs: Literal["current", "behaviour"] = "current"
 
 
+class ExgrpoConfig(_Section):
+    """ExGRPO (arXiv 2510.02245; data/exgrpo.py): per-question experience of successful
+    trajectories, bucketed replay preferring medium difficulty, lowest-entropy selection,
+    retirement of always-solved questions, and a mixed batch/objective."""
+
+    # rho: share of a batch's questions replayed from experience (the paper's 0.5);
+    # rollout.prompts_per_step is the fresh share, so a batch has prompts_per_step / (1 - rho)
+    ratio: float = Field(0.5, ge=0, lt=1)
+    # the Gaussian bucket weight's sigma on the count scale (k of K correct; the code's 1)
+    sigma: float = Field(1.0, gt=0)
+    # entropy: the lowest-entropy successful trajectory (the paper); random: the code's ablation
+    selection: Literal["entropy", "random"] = "entropy"
+    # the code's delayed start: mixing and collection begin after the first step whose fresh
+    # accuracy reaches this (its run script: > 0.35; ours >= so that 0 starts at once)
+    start_accuracy: float = Field(0.35, ge=0, le=1)
+    # beta of the policy shaping f(w) = w / (w + beta) on replayed tokens (loss exgrpo; 0.1)
+    shaping_beta: float = Field(0.1, gt=0)
+
+
 class GroupsConfig(_Section):
     """Group-level batch sources (issue 25; data/group_sources.py): what the learner trains
     on is decided per group (a prompt and its G completions), not per rollout."""
 
     # none: the buffer's batches; dynamic_sampling: DAPO; group_replay: TRL's replay trainer;
-    # ar3po: AR3PO's adaptive rollout and response reuse
-    source: Literal["none", "dynamic_sampling", "group_replay", "ar3po"] = "none"
+    # ar3po: AR3PO's adaptive rollout and response reuse; exgrpo: ExGRPO's experience replay
+    source: Literal["none", "dynamic_sampling", "group_replay", "ar3po", "exgrpo"] = "none"
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     group_replay: GroupReplayConfig = GroupReplayConfig()
     ar3po: Ar3poConfig = Ar3poConfig()
+    exgrpo: ExgrpoConfig = ExgrpoConfig()  # source exgrpo: ExGRPO (arXiv 2510.02245)
 
 
 class CriticConfig(_Section):
@@ -759,6 +779,23 @@ class Config(_Section):
                 raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
         elif src == "ar3po":
             self._check_ar3po()
+        elif src == "exgrpo":
+            if self.train.batch_size is not None:
+                raise ValueError(
+                    "groups.source=exgrpo sizes its own batch (rollout.prompts_per_step / "
+                    "(1 - groups.exgrpo.ratio) groups): leave train.batch_size unset"
+                )
+            cap, ex = self.buffer.capacity, self.groups.exgrpo
+            n = (
+                self.rollouts_per_step
+                + round(self.rollout.prompts_per_step * ex.ratio / (1 - ex.ratio))
+                * self.rollout.num_generations
+            )
+            if isinstance(cap, int) and cap < n:
+                raise ValueError(
+                    f"buffer.capacity={cap} is smaller than the fresh rollouts an ExGRPO step can "
+                    f"train (up to {n}): the queue would evict part of the batch"
+                )
         elif self.train.batch_size not in (None, self.rollouts_per_step):
             raise ValueError(
                 f"train.batch_size={self.train.batch_size}: group replay trains on the step's "

@@ -233,6 +233,23 @@ class Learner:
         """Per-token log-probs of each completion under the policy now (no gradient)."""
         return self._per_rollout(self.model, rollouts)
 
+    def mean_entropies(self, rollouts: Sequence[Rollout]) -> list[float]:
+        """Per rollout: the current policy's mean token entropy over its completion (ExGRPO's
+        trajectory selection, arXiv 2510.02245 sec. 3.1), no grad."""
+        out: list[float] = []
+        with torch.no_grad():
+            for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
+                b = collate(rollouts[sl], self.pad_id)
+                _, ent = token_logprobs(
+                    self.model,
+                    b,
+                    self.cfg.rollout.temperature,
+                    autocast=self.autocast,
+                    full=self.full_logprobs,
+                )
+                out += [float(e.mean()) if e.numel() else 0.0 for e in unpad(ent, b["mask"])]
+        return out
+
     def _gae_fields(self, rollouts: Sequence[Rollout]) -> TokenFields:
         """Critic values of the batch, then the registered token estimator's advantages and
         returns per token (gae: whitened GAE, `algorithm.advantage`)."""
@@ -462,8 +479,9 @@ class Learner:
             adv = apply_token_weights(adv, b["tis_weights"])
         a = self.cfg.algorithm
         knobs = {"epsilon": a.epsilon, "epsilon_high": a.epsilon_high, "delta_v": a.asymre_delta_v}
+        knobs["shaping_beta"] = self.cfg.groups.exgrpo.shaping_beta  # loss exgrpo
         inputs = {k: b.get(k) for k in ("anchor_logprobs", "base_logprobs", "prev_logprobs")}
-        inputs.update(rewards=b["rewards"], baselines=b["baselines"])
+        inputs.update(rewards=b["rewards"], baselines=b["baselines"], stale=b["stale"])
         terms = policy_objective(
             self.loss_type,
             logps,

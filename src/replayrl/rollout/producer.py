@@ -24,6 +24,8 @@ from replayrl.rollout.generation import Generator, Sample, SamplingParams
 from replayrl.rollout.prompts import PromptRenderer, is_conversational
 from replayrl.rollout.rewards import score
 
+Row = dict[str, Any]  # a task row: prompt and answer columns
+
 Log = Callable[[str], None]
 
 MAX_EMPTY_STEPS = 5  # consecutive steps whose prompts are all too long before the run stops
@@ -65,6 +67,7 @@ class RolloutProducer:
     # the rows of the latest call that sampled prompts, by the text generated from: what a
     # later call of the same step (AR3PO's rounds) generates for again
     _recent_rows: dict[str, Any] = field(default_factory=dict, init=False)
+    last_rows: dict[int, Row] = field(default_factory=dict, init=False)  # of the last call
 
     def fits(self, prompt: str) -> bool:
         if not self.max_positions:
@@ -72,14 +75,19 @@ class RolloutProducer:
         n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         return n + self.cfg.rollout.max_new_tokens <= self.max_positions
 
-    def _rows(self, again: list[str] | None) -> tuple[list[Any], list[str]]:
-        """(rows, texts generated from): newly sampled, or `again`'s from the latest call."""
+    def _rows(
+        self, again: list[str] | None, given: list[Row] | None
+    ) -> tuple[list[Any], list[str]]:
+        """(rows, texts generated from): `again`'s from the latest call, the `given` task rows,
+        or newly sampled ones."""
         if again is not None:
             missing = [t for t in again if t not in self._recent_rows]
             if missing:
                 raise ValueError(f"no prompt of the latest call renders as {missing[0]!r}")
             return [self._recent_rows[t] for t in again], list(again)
-        rows = self.task.sample_train(self.cfg.rollout.prompts_per_step, self.prompt_rng)
+        rows = given
+        if rows is None:
+            rows = self.task.sample_train(self.cfg.rollout.prompts_per_step, self.prompt_rng)
         # the text generated from (chat template); rows keep their prompt for reward functions
         texts = [self.render(row["prompt"]) for row in rows]
         self._recent_rows = dict(zip(texts, rows, strict=True))
@@ -92,20 +100,23 @@ class RolloutProducer:
         group_base: int,
         again: list[str] | None = None,
         num_generations: int | None = None,
+        rows: list[Row] | None = None,
     ) -> Production:
         """Generate with weights of `version`; group ids are `group_base + prompt index`.
         `again`: prompt texts of the latest call to generate for once more (AR3PO's rounds)
-        instead of sampling new prompts; `num_generations`: completions per prompt (default
-        rollout.num_generations)."""
+        instead of sampling new prompts; `rows`: these task rows instead (sources that revisit
+        questions: ExGRPO); `num_generations`: completions per prompt (default
+        rollout.num_generations). `last_rows` maps the call's group ids to their rows."""
         t0 = time.perf_counter()
         r = self.cfg.rollout
-        rows, texts = self._rows(again)
+        rows, texts = self._rows(again, rows)
         fits = [self.fits(t) for t in texts]
         kept = [row for row, ok in zip(rows, fits, strict=True) if ok]
         kept_texts = [t for t, ok in zip(texts, fits, strict=True) if ok]
         if not kept:
             return self._all_too_long(len(rows), t0)
         self._empty_steps = 0
+        self.last_rows = {group_base + i: row for i, row in enumerate(kept)}
         params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens)
         self.generator.policy_version = version
         samples = self.generator.generate(kept_texts, num_generations or r.num_generations, params)

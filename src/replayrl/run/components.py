@@ -23,6 +23,7 @@ from replayrl.data.ar3po import Ar3poSource, CorrectResponseStore
 from replayrl.data.batch_source import BatchSource, BufferSource, RemixSource
 from replayrl.data.buffer import Buffer, make_buffer
 from replayrl.data.buffer.groups import ScoredGroupBuffer
+from replayrl.data.exgrpo import ExgrpoSource, ExperienceStore
 from replayrl.data.group_sources import DynamicSamplingSource, GroupReplaySource
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
@@ -79,6 +80,7 @@ def build_batch_source(
     buffer: Buffer,
     window: Buffer | None,
     producer: RolloutProducer | None = None,
+    learner: Learner | None = None,
 ) -> BatchSource:
     """`producer`: the run's own, for sources that generate more within a step (DAPO's
     dynamic sampling calls it until its batch is full; without one it trains on the first
@@ -99,6 +101,8 @@ def build_batch_source(
         return GroupReplaySource(buffer, store, cfg.train.epochs, gs.group_replay)
     if gs.source == "ar3po":
         return build_ar3po(cfg, buffer, producer)
+    if gs.source == "exgrpo":
+        return build_exgrpo_source(cfg, buffer, producer, learner)
     if cfg.remix.enabled:
         return RemixSource(buffer, window, cfg.batch_size, cfg.remix)
     return BufferSource(buffer, cfg.batch_size, cfg.train.epochs)
@@ -117,6 +121,28 @@ def build_ar3po(cfg: Config, buffer: Buffer, producer: RolloutProducer | None) -
         cfg.train.epochs,
         cfg.algorithm.scale_rewards,
         ar,
+    )
+
+
+def build_exgrpo_source(
+    cfg: Config, buffer: Buffer, producer: RolloutProducer | None, learner: Learner | None
+) -> ExgrpoSource:
+    """ExGRPO (arXiv 2510.02245): the producer generates for stored questions, the learner
+    scores trajectories by entropy (without them: no extra calls, random selection)."""
+    store = ExperienceStore(cfg.rollout.num_generations)
+    return ExgrpoSource(
+        buffer,
+        store,
+        producer.produce if producer is not None else None,
+        (lambda: producer.last_rows) if producer is not None else dict,
+        (lambda n: producer.task.sample_train(n, producer.prompt_rng))
+        if producer is not None
+        else (lambda n: []),
+        learner.mean_entropies if learner is not None else None,
+        cfg.train.epochs,
+        cfg.groups.exgrpo,
+        cfg.algorithm.scale_rewards,
+        cfg.train.seed + 4,
     )
 
 
@@ -251,7 +277,9 @@ def build_components(
         producer=producer,
         buffer=buffer,
         window=window,
-        source=build_batch_source(cfg, buffer, window, producer) if buffer is not None else None,
+        source=build_batch_source(cfg, buffer, window, producer, learner)
+        if buffer is not None
+        else None,
         prompt_rng=prompt_rng,
         shuffle_rng=shuffle_rng,
         eval_rows=held_out_rows(cfg, task),

@@ -1,0 +1,392 @@
+"""ExGRPO (Zhan et al., arXiv 2510.02245): experience management and a mixed batch.
+
+Sec. 3.1 of the paper (and the public code, LUFFY repository, ExGRPO/ folder) as components:
+
+* experience: per question, its successful trajectories and its latest correctness rate
+  Acc(q) = k / K (`ExperienceStore.update`); a question solved by every rollout (k = K) is
+  retired: removed and never stored again (`question_action`);
+* partition and sampling: questions are bucketed by their latest k, a bucket is drawn with
+  probability proportional to a Gaussian weight N(k; K/2, sigma) (`bucket_weights`, medium
+  difficulty first; the code's `normal` weighting, sigma = 1 on the count scale), then
+  questions uniformly without replacement inside it (`bucket_counts`, `sample_questions`);
+* selection: per replayed question the successful trajectory with the lowest mean token
+  entropy under the current policy (`select_trajectory`);
+* the batch (sec. 3.2): a share rho of the batch's questions come from experience, each with
+  K - 1 fresh rollouts plus the replayed trajectory in one group (advantages over the mixed
+  group, `mixed_group_advantages`); the rest are fresh questions with K fresh rollouts.
+
+The loss (on-policy clipped term + shaped importance-weighted term for replayed trajectories)
+is the registered policy loss `exgrpo` (algorithms/exgrpo_loss.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from replayrl.algorithms.advantages import group_advantages
+from replayrl.config.schema import ExgrpoConfig
+from replayrl.data.batch_source import BufferSource, Log
+from replayrl.data.buffer import Buffer
+from replayrl.data.buffer.base import decode_rollouts, encode_rollouts, make_rng
+from replayrl.data.group_sources import GROUP_STRIDE, GroupCounters
+from replayrl.data.groups import Group, flatten, split_groups
+from replayrl.data.rollout import Rollout
+
+__all__ = [
+    "ExgrpoSource",
+    "ExperienceStore",
+    "bucket_counts",
+    "bucket_weights",
+    "mixed_group_advantages",
+    "question_action",
+    "replay_count",
+    "sample_questions",
+    "select_trajectory",
+]
+
+
+# -- pure functions --------------------------------------------------------------------------
+
+
+def question_action(num_correct: int, size: int) -> str:
+    """ExGRPO's collection rule for one fresh group (arXiv 2510.02245 sec. 3.1; the code's
+    `experience_lbound=0 < k <= experience_rbound=K-1`): "retire" when every rollout is
+    correct (k = K), "skip" when none is (k = 0: nothing to store, the question keeps its
+    stored entry), else "store" (its successful trajectories, latest rate k / K)."""
+    if size < 1 or not 0 <= num_correct <= size:
+        raise ValueError(f"num_correct={num_correct} of a group of {size}")
+    if num_correct == size:
+        return "retire"
+    return "skip" if num_correct == 0 else "store"
+
+
+def bucket_weights(keys: Sequence[float], group_size: int, sigma: float) -> list[float]:
+    """Gaussian bucket weight w(k) = exp(-(k - K/2)^2 / (2 sigma^2)) / sqrt(2 pi sigma^2), k
+    the number of correct rollouts out of K (arXiv 2510.02245 sec. 3.1, p(q) proportional to
+    N(Acc(q); mu = 0.5, sigma); the code's `_normal_mapping` with mu = K/2, sigma = 1 on the
+    count scale, which is what we follow)."""
+    if sigma <= 0:
+        raise ValueError(f"sigma={sigma}: must be > 0")
+    mu = group_size / 2
+    c = 1 / math.sqrt(2 * math.pi * sigma**2)
+    return [c * math.exp(-((k - mu) ** 2) / (2 * sigma**2)) for k in keys]
+
+
+def bucket_counts(
+    sizes: Sequence[int], weights: Sequence[float], n: int, rng: np.random.Generator
+) -> list[int]:
+    """How many questions to draw from each bucket (the code's `WeightedBucketSampler.sample`):
+    one multinomial draw of n over bucket probabilities weight / sum(weights) (per bucket, not
+    per question), counts capped at the bucket's size, and each excess draw re-assigned one at
+    a time to a bucket with room, with the original probabilities renormalised over those.
+    Total = min(n, sum(sizes))."""
+    if len(sizes) != len(weights):
+        raise ValueError(f"{len(sizes)} buckets but {len(weights)} weights")
+    if n < 0 or any(s < 0 for s in sizes) or any(not w >= 0 for w in weights):
+        raise ValueError("bucket_counts: n, sizes and weights must be >= 0")
+    live = [i for i, s in enumerate(sizes) if s > 0]
+    total_w = sum(weights[i] for i in live)
+    if n == 0 or not live:
+        return [0] * len(sizes)
+    if total_w <= 0:
+        raise ValueError("every non-empty bucket has weight 0")
+    p = np.array([weights[i] / total_w for i in live])
+    drawn = rng.multinomial(n, p / p.sum())
+    counts = [0] * len(sizes)
+    excess = 0
+    for j, i in enumerate(live):
+        counts[i] = min(int(drawn[j]), sizes[i])
+        excess += int(drawn[j]) - counts[i]
+    while excess > 0:
+        room = [j for j, i in enumerate(live) if counts[i] < sizes[i]]
+        if not room:
+            break
+        q = p[room] / p[room].sum()
+        counts[live[room[int(rng.choice(len(room), p=q))]]] += 1
+        excess -= 1
+    return counts
+
+
+def sample_questions(
+    rates: dict[str, float], group_size: int, n: int, sigma: float, rng: np.random.Generator
+) -> list[str]:
+    """n questions (at most all) from `rates` (question -> latest correctness rate): bucketed
+    by k = round(rate * K), buckets drawn by `bucket_counts` with `bucket_weights`, questions
+    uniformly without replacement within a bucket (arXiv 2510.02245 sec. 3.1). Buckets and
+    questions are visited in sorted order so a seeded draw is reproducible."""
+    buckets: dict[int, list[str]] = {}
+    for q in sorted(rates):
+        buckets.setdefault(round(rates[q] * group_size), []).append(q)
+    keys = sorted(buckets)
+    counts = bucket_counts(
+        [len(buckets[k]) for k in keys], bucket_weights(keys, group_size, sigma), n, rng
+    )
+    out: list[str] = []
+    for k, c in zip(keys, counts, strict=True):
+        if c:
+            idx = rng.choice(len(buckets[k]), size=c, replace=False)
+            out += [buckets[k][int(i)] for i in sorted(idx)]
+    return out
+
+
+def select_trajectory(entropies: Sequence[float], mode: str, rng: np.random.Generator) -> int:
+    """Index of the trajectory to replay: "entropy" = the lowest mean token entropy under the
+    current policy (arXiv 2510.02245 sec. 3.1, the code's `exp_metric=ent`,
+    `exp_select_mode=argmin`; the first on ties), "random" = uniform (the code's ablation)."""
+    if not entropies:
+        raise ValueError("select_trajectory: no trajectories")
+    if mode == "entropy":
+        return int(np.argmin(np.asarray(entropies, dtype=np.float64)))
+    if mode == "random":
+        return int(rng.integers(len(entropies)))
+    raise ValueError(f"selection mode {mode!r}: must be 'entropy' or 'random'")
+
+
+def replay_count(fresh_groups: int, ratio: float) -> int:
+    """Replayed questions next to `fresh_groups` fresh ones so that they are a share `ratio`
+    of the batch (arXiv 2510.02245 sec. 3.2, rho): round(fresh * rho / (1 - rho))."""
+    if not 0 <= ratio < 1:
+        raise ValueError(f"ratio={ratio}: must be in [0, 1)")
+    return int(round(fresh_groups * ratio / (1 - ratio)))
+
+
+def mixed_group_advantages(
+    fresh: Sequence[Rollout], replayed: Rollout, group_id: int, scale_rewards: bool
+) -> list[Rollout]:
+    """One replayed question's group: its K - 1 fresh rollouts and the replayed trajectory,
+    advantages over all K (GRPO's group normalisation, arXiv 2510.02245 sec. 3.2). Returns new
+    rollouts (the stored trajectory is not changed); the replayed one keeps its behaviour
+    log-probs and version, so the learner sees it as stale (off-policy)."""
+    members = [*fresh, replayed]
+    adv, means = group_advantages(
+        torch.tensor([r.reward for r in members], dtype=torch.float32),
+        torch.zeros(len(members), dtype=torch.long),
+        scale_rewards,
+    )
+    return [
+        dataclasses.replace(
+            r, advantage=float(a), group_mean_reward=float(m), group_id=group_id, extras=r.extras
+        )
+        for r, a, m in zip(members, adv, means, strict=True)
+    ]
+
+
+# -- the experience store --------------------------------------------------------------------
+
+
+class ExperienceStore:
+    """Question -> (task row, latest correctness rate, successful trajectories); the retired
+    set. Holds references to rollouts already trained once: reuse, never in the ledger."""
+
+    kind = "experience"
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.rates: dict[str, float] = {}
+        self.trajectories: dict[str, list[Rollout]] = {}
+        self.retired: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def update(self, groups: Sequence[Group], rows: dict[int, dict[str, Any]]) -> None:
+        """Apply `question_action` to each fresh group (`rows`: group_id -> its task row)."""
+        for g in groups:
+            q = g.prompt_text
+            if q in self.retired:
+                continue
+            action = question_action(g.num_correct, len(g))
+            if action == "retire":
+                self.retired.add(q)
+                for d in (self.rows, self.rates, self.trajectories):
+                    d.pop(q, None)
+                continue
+            if action == "skip" or g.group_id not in rows:
+                continue
+            row = rows[g.group_id]
+            try:
+                json.dumps(row)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"ExGRPO stores task rows as JSON; this one is not: {e}") from e
+            self.rows[q], self.rates[q] = row, g.accuracy
+            kept = self.trajectories.setdefault(q, [])
+            seen = {tuple(r.completion_ids.tolist()) for r in kept}
+            for r in g.rollouts:
+                key = tuple(r.completion_ids.tolist())
+                if r.correct and key not in seen:
+                    kept.append(r)
+                    seen.add(key)
+
+    def eligible(self) -> dict[str, float]:
+        return {q: self.rates[q] for q in self.trajectories if self.trajectories[q]}
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "questions": float(len(self.trajectories)),
+            "trajectories": float(sum(len(v) for v in self.trajectories.values())),
+            "retired": float(len(self.retired)),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        qs = sorted(self.trajectories)
+        table, order = encode_rollouts(r for q in qs for r in self.trajectories[q])
+        return {
+            "questions": qs,
+            "rows": [self.rows[q] for q in qs],
+            "rates": [self.rates[q] for q in qs],
+            "sizes": [len(self.trajectories[q]) for q in qs],
+            "rollouts": table,
+            "order": order,
+            "retired": sorted(self.retired),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        flat = decode_rollouts(state["rollouts"], state["order"])
+        self.rows, self.rates, self.trajectories, at = {}, {}, {}, 0
+        for q, row, rate, k in zip(
+            state["questions"], state["rows"], state["rates"], state["sizes"], strict=True
+        ):
+            self.rows[q], self.rates[q] = dict(row), float(rate)
+            self.trajectories[q] = flat[at : at + int(k)]
+            at += int(k)
+        self.retired = set(state["retired"])
+
+
+# -- the batch source ------------------------------------------------------------------------
+
+Produce = Callable[..., Any]  # (version, step, group_base, rows=...) -> Production
+Entropies = Callable[[list[Rollout]], list[float]]
+
+
+class ExgrpoSource(BufferSource):
+    """ExGRPO's batch: the step's fresh groups (rollout.prompts_per_step questions, the share
+    1 - rho) plus `replay_count` replayed questions, each with K - 1 fresh rollouts generated
+    now and its selected stored trajectory. Until mixing starts (the first step whose fresh
+    accuracy reaches `start_accuracy`, the code's delayed start) or while the store holds too
+    few questions, the missing groups are fresh questions instead, so every batch has the same
+    number of groups.
+
+    `produce(version, step, group_base, rows=...)` generates for given task rows (the run's
+    producer; `rows()` its last call's group_id -> row); `entropies(rollouts)` the current
+    policy's mean token entropy per rollout (the learner's). Extra calls are accounted like
+    the loop's; fresh rollouts go through the on-policy queue; replayed ones count as reused.
+    """
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        store: ExperienceStore,
+        produce: Produce | None,
+        rows: Callable[[], dict[int, dict[str, Any]]],
+        sample_rows: Callable[[int], list[dict[str, Any]]],
+        entropies: Entropies | None,
+        epochs: int,
+        ex: ExgrpoConfig,
+        scale_rewards: bool,
+        seed: int,
+    ) -> None:
+        super().__init__(buffer, 0, epochs)
+        self.store, self.ex, self.scale_rewards = store, ex, scale_rewards
+        self.produce, self.rows, self.sample_rows = produce, rows, sample_rows
+        self.entropies = entropies
+        self.rng = make_rng(seed)
+        self.mixing = False
+        self.counters: GroupCounters | None = None
+        self.log: Log = print
+
+    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
+        self.counters, self.log = counters, log
+
+    def _call(self, version: int, call: int, rows: list[dict[str, Any]], k: int) -> list[Rollout]:
+        """Extra generation call `call` (>= 1) of this step for `rows`, k completions each,
+        accounted as the loop accounts its own."""
+        c = self.counters
+        assert c is not None and self.produce is not None, "before_step binds the counters"
+        base = c.step * GROUP_STRIDE + call * (GROUP_STRIDE // 16)
+        t0 = time.perf_counter()
+        p = self.produce(version, c.step, base, rows=rows, num_generations=k)
+        c.account(p)
+        c.generation_seconds += max(0.0, time.perf_counter() - t0 - p.reward_seconds)
+        c.generation_rounds += 1
+        return list(p.rollouts)
+
+    def _replayed_groups(self, version: int, n: int) -> tuple[list[Group], list[Rollout]]:
+        """(mixed groups, their replayed rollouts) of n replayed questions: K - 1 fresh
+        rollouts and the selected trajectory each, advantages over the mixed group."""
+        c = self.counters
+        assert c is not None
+        qs = sample_questions(
+            self.store.eligible(), self.store.group_size, n, self.ex.sigma, self.rng
+        )
+        if not qs:
+            return [], []
+        fresh = self._call(version, 1, [self.store.rows[q] for q in qs], self.store.group_size - 1)
+        by_q: dict[str, list[Rollout]] = {}
+        for r in fresh:
+            by_q.setdefault(r.prompt_text, []).append(r)
+        groups, old = [], []
+        for j, q in enumerate(qs):
+            cands = self.store.trajectories[q]
+            use_entropy = self.entropies is not None and self.ex.selection == "entropy"
+            ents = self.entropies(cands) if use_entropy else [0.0] * len(cands)  # type: ignore[misc]
+            pick = cands[select_trajectory(ents, self.ex.selection, self.rng)]
+            pick.times_sampled += 1
+            gid = c.step * GROUP_STRIDE + GROUP_STRIDE // 2 + j
+            mixed = mixed_group_advantages(by_q.get(q, []), pick, gid, self.scale_rewards)
+            groups.append(Group(mixed))
+            old.append(mixed[-1])
+        return groups, old
+
+    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
+        c = self.counters
+        assert c is not None, "before_step binds the counters"
+        rows = dict(self.rows())  # the loop's call: group_id -> task row
+        groups = split_groups(fresh)
+        acc = sum(g.num_correct for g in groups) / max(1, sum(len(g) for g in groups))
+        target = replay_count(len(groups), self.ex.ratio)
+        mixed: list[Group] = []
+        replayed: list[Rollout] = []
+        if self.mixing and target and self.produce is not None:
+            mixed, replayed = self._replayed_groups(version, target)
+        missing = target - len(replayed)
+        if missing and self.produce is not None:  # fill with fresh questions
+            extra = self._call(version, 2, self.sample_rows(missing), self.store.group_size)
+            rows.update(self.rows())
+            groups += split_groups(extra)
+        if not self.mixing and acc >= self.ex.start_accuracy:
+            self.mixing = True
+            self.log(f"ExGRPO: mixing starts (fresh accuracy {acc:.3f} >= start_accuracy)")
+        if self.mixing:  # the code collects experience once mixed training has started
+            mixed_rows = {g.group_id: self.store.rows[g.prompt_text] for g in mixed}
+            self.store.update(groups + mixed, {**rows, **mixed_rows})
+        replayed_ids = {id(r) for r in replayed}
+        replay_fresh = [r for g in mixed for r in g.rollouts if id(r) not in replayed_ids]
+        trained_fresh = flatten(groups) + replay_fresh
+        self.buffer.push(trained_fresh)
+        batch = self.buffer.sample(len(trained_fresh), current_version=version)
+        c.rollouts_reused += len(replayed) * self.epochs
+        return batch + replayed, self.epochs
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "experience": self.store.state_dict(),
+            "exgrpo_mixing": self.mixing,
+            "exgrpo_rng": dict(self.rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("experience") is not None:
+            self.store.load_state_dict(state["experience"])
+            self.mixing = bool(state["exgrpo_mixing"])
+            self.rng.bit_generator.state = state["exgrpo_rng"]
