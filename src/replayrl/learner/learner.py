@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,7 +75,9 @@ def token_logprobs(
     return logprobs.token_logprobs(model, batch, temperature, entropy_grad, autocast, full)
 
 
-def _advantage_abs_max(batch: Sequence[Rollout], fields: TokenFields) -> float:
+def _advantage_abs_max(
+    batch: Sequence[Rollout], fields: Mapping[str, Sequence[torch.Tensor]]
+) -> float:
     """The largest |advantage| the loss saw: per token for a critic's estimator (GAE), else
     per rollout (the no-silent-non-training check compares it with the gradient)."""
     token = fields.get("token_advantages")
