@@ -375,6 +375,8 @@ NOT_OBSERVED: dict[str, str] = {
     "rollout.decode_batch_size": "decode batch (memory / speed): the same samples, "
     "tests/test_generation.py",
     "rollout.reward_timeout_s": "only a slow reward shows it: tests/test_rewards.py",
+    "rollout.reward_isolation": "only a reward that ends or hangs its process shows it: "
+    "tests/test_faults_reliability.py (I1-I4, R3 with both values)",
     "rollout.backend": "vLLM needs a CUDA GPU: tests/test_vllm_backend.py",
     "rollout.generation_impl": "same samples by design (oracle: fast decode == generate), "
     "tests/test_generation_decoders.py",

@@ -339,6 +339,8 @@ def test_async_worker_dying_past_max_restarts(tmp_path: Path, capsys):  # F17 (e
         "workers.max_restarts=0",
         "train.batch_size=8",
         "train.steps=3",
+        # in the worker's own process (a reward worker process would only lose that call)
+        "rollout.reward_isolation=thread",
         f"rewards=[{{name: '{rewards}:die'}}]",
     )
     code, _, err = cli(["train", *argv], capsys)

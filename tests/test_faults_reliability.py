@@ -23,6 +23,15 @@ Catalogue (each test names its case ids):
   C3 same-size corruption (weights, safetensors header): fallback to the previous checkpoint
   C4 leftover .step_*.tmp-* folders removed   C5 200,000-deep state JSON: a clear error
   C6 pruning keeps complete checkpoints over damaged ones   C7 a 2 MB dataset row skipped
+  I1 a reward calling os._exit(0), segfaulting or hanging on every call (its own worker
+     process): RewardFunctionFailed saying how the worker ended, exit 2, no summary
+  I2 a worker that dies once is restarted; only that call's rollouts are dropped
+  I3 Python callables from the API run isolated with no pickling (closures)
+  I4 a stray thread lives and ends in the worker process (R3 with reward_isolation=process)
+  A1 async-local: RewardFunctionFailed keeps its type and message, exit 2 as in sync
+  Y1 Ray driver stopped by SIGTERM exits 143 (a stand-in for ray; no cluster here)
+  C8 checkpoints written before content hashes: a damaged header or JSON falls back
+  S8 zero gradient with non-zero advantages under GAE (PPO) ends the run
 """
 
 from __future__ import annotations
@@ -600,7 +609,8 @@ def test_huge_dataset_row_is_skipped_before_tokenising(base_run: Path, tmp_path:
     assert "too_long=1" in out, out
 
 
-def test_stray_non_daemon_thread_does_not_hang_the_program(tmp_path: Path):  # R3
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_stray_non_daemon_thread_does_not_hang_the_program(tmp_path: Path, isolation: str):  # R3
     rewards = tmp_path / "stray.py"
     rewards.write_text(
         "import threading, time\n"
@@ -613,6 +623,7 @@ def test_stray_non_daemon_thread_does_not_hang_the_program(tmp_path: Path):  # R
         "stray",
         "train.steps=1",
         "rollout.reward_timeout_s=null",  # called in the main thread: its threads are not daemons
+        f"rollout.reward_isolation={isolation}",
         f"rewards=[{{name: '{rewards}:stray'}}]",
     )
     proc = subprocess.run(
@@ -623,6 +634,236 @@ def test_stray_non_daemon_thread_does_not_hang_the_program(tmp_path: Path):  # R
         timeout=240,  # without the fix: never returns (the thread sleeps an hour)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "exiting without waiting for 1 non-daemon thread(s)" in proc.stderr
-    assert "sleeper" in proc.stderr
+    if isolation == "thread":
+        assert "exiting without waiting for 1 non-daemon thread(s)" in proc.stderr
+        assert "sleeper" in proc.stderr
+    else:  # I4: the thread lived in the reward's worker process, which ended with the run
+        assert "non-daemon" not in proc.stderr
     assert json.loads((tmp_path / "stray" / "summary.json").read_text())["steps"] == 1
+
+
+# -- reward functions in worker processes (rollout.reward_isolation=process) -----------------
+
+ENDINGS = {
+    # I1: each ends or stalls the reward's worker process on every call
+    "leave": ("import os\ndef leave(completions, **kw):\n    os._exit(0)\n", []),
+    "crash": (
+        "import ctypes\ndef crash(completions, **kw):\n    ctypes.string_at(0)\n",
+        [],
+    ),
+    "hang": (
+        "import time\ndef hang(completions, **kw):\n    time.sleep(3600)\n",
+        ["rollout.reward_timeout_s=0.5"],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("fn", "first"),
+    [
+        ("leave", "its worker process exited with code 0 (os._exit"),
+        ("crash", "its worker process was killed by SIGSEGV (a crash in native code)"),
+        ("hang", "did not return within 0.5 s (its worker process was stopped"),
+    ],
+)
+def test_reward_ending_its_process_ends_the_run_with_a_clear_error(
+    tmp_path: Path, fn: str, first: str
+):  # I1
+    source, extra = ENDINGS[fn]
+    rewards = tmp_path / f"{fn}.py"
+    rewards.write_text(source)
+    argv = args(tmp_path, fn, "train.steps=6", *extra, f"rewards=[{{name: '{rewards}:{fn}'}}]")
+    proc = subprocess.run(
+        [sys.executable, "-m", "replayrl", "train", *argv],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    # a subprocess: without isolation os._exit(0) ends this very program with status 0
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    line = one_error_line(proc.stderr)
+    assert f"reward function '{rewards}:{fn}' failed on every call for 3 steps" in line
+    assert first in line
+    assert not (tmp_path / fn / "summary.json").exists()
+
+
+def test_reward_worker_that_dies_once_is_restarted(tmp_path: Path, capsys):  # I2
+    rewards = tmp_path / "once.py"
+    marker = tmp_path / "died_once"
+    rewards.write_text(
+        "import os\nfrom pathlib import Path\n"
+        "def once(completions, **kw):\n"
+        f"    if not Path({str(marker)!r}).exists():\n"
+        f"        Path({str(marker)!r}).touch()\n"
+        "        os._exit(7)\n"
+        "    return [float(len(c) % 2) for c in completions]\n"
+    )
+    argv = args(tmp_path, "once", "train.steps=3", f"rewards=[{{name: '{rewards}:once'}}]")
+    code, out, err = cli(["train", *argv], capsys)
+    assert code == 0, err
+    s = json.loads((tmp_path / "once" / "summary.json").read_text())
+    assert s["steps"] == 3 and s["rollouts_generated"] == 24
+    assert s["rollouts_dropped_reward_error"] == 8  # the first call's, and only those
+    assert "exited with code 7" in s["first_reward_error"]
+    assert "[worker_died]" in s["first_reward_error"]
+
+
+def test_python_callable_rewards_run_isolated_without_pickling(tmp_path: Path):  # I3
+    from replayrl.api.trainer import ReplayConfig, ReplayTrainer
+
+    bonus = 0.5  # a closure: cannot be pickled, needs no pickling with fork
+
+    def closure(completions, **kw):
+        return [bonus] * len(completions)
+
+    def leave(completions, **kw):
+        os._exit(0)
+
+    tiny = [*TINY_RUN, "train.threads=1", "train.steps=2"]
+    args_ = ReplayConfig("grpo", output_dir=str(tmp_path / "ok"), overrides=tiny)
+    summary = ReplayTrainer(reward_funcs=[closure], args=args_).train()
+    assert summary["rollouts_dropped_reward_error"] == 0
+    records = read_metrics(tmp_path / "ok" / "metrics.jsonl")
+    assert [r["reward/mean"] for r in records if "reward/mean" in r] == [0.5, 0.5]
+    args_ = ReplayConfig("grpo", output_dir=str(tmp_path / "bad"), overrides=[*tiny[:-1]])
+    with pytest.raises(RewardFunctionFailed) as info:  # the test process is still here
+        ReplayTrainer(reward_funcs=[leave], args=args_).train()
+    assert info.value.name == "leave" and "exited with code 0" in info.value.first_error
+
+
+def test_reward_isolation_unit_cases():  # I1-I3 (unit: the scorer itself)
+    import ctypes
+
+    fns = {
+        "ok": lambda completions, **_: [float(len(c)) for c in completions],
+        "leave": lambda completions, **_: os._exit(4),
+        "crash": lambda completions, **_: ctypes.string_at(0),
+        "exit": lambda completions, **_: sys.exit(3),
+        "text": lambda completions, **_: ["1.0", float("nan")],
+    }
+    out = {}
+    for name, fn in fns.items():
+        wr = WeightedReward(name, fn)
+        res = score([wr], ["p", "q"], ["ab", "c"], [{}, {}], timeout_s=5, isolation="process")
+        out[name] = (res.rewards, res.reasons, res.first_error)
+        if name == "ok":
+            assert wr.worker is not None and wr.worker.pid != os.getpid()
+    assert out["ok"][:2] == ([2.0, 1.0], {})
+    assert out["leave"][1] == {"worker_died": 2} and "exited with code 4" in out["leave"][2]
+    assert out["crash"][1] == {"worker_died": 2} and "SIGSEGV" in out["crash"][2]
+    assert out["exit"][1] == {"error": 2} and "SystemExit: 3" in out["exit"][2]
+    assert out["text"][1] == {"non_numeric": 1, "non_finite": 1}
+    # built-ins stay in this process
+    from replayrl.rollout.rewards import resolve_rewards
+
+    (builtin,) = resolve_rewards([("digits_format", 1.0)])
+    score([builtin], ["p"], ["12"], [{"answer": "12"}], isolation="process")
+    assert builtin.builtin and builtin.worker is None
+
+
+# -- async-local, Ray ---------------------------------------------------------------------------
+
+
+def test_async_reward_failure_keeps_its_type_and_message(tmp_path: Path, capsys):  # A1
+    rewards = tmp_path / "bad.py"
+    rewards.write_text("def boom(completions, **kw):\n    raise KeyError('answer_col')\n")
+    argv = args(
+        tmp_path,
+        "async",
+        "runtime=async-local",
+        "train.batch_size=8",
+        "train.steps=6",
+        f"rewards=[{{name: '{rewards}:boom'}}]",
+    )
+    code, _, err = cli(["train", *argv], capsys)
+    line = one_error_line(err)
+    assert code == 2  # as in sync
+    assert line.startswith(
+        f"error: reward function '{rewards}:boom' failed on every call for 3 steps"
+    ), line
+    assert "first error: KeyError: 'answer_col' [error]" in line
+    assert "generator worker" not in line and "restarts" not in line
+
+
+def test_async_pool_raises_the_workers_reward_failure(tmp_path: Path):  # A1 (unit)
+    from types import SimpleNamespace
+
+    from replayrl.distributed.local import LocalGeneratorPool
+
+    pool = LocalGeneratorPool.__new__(LocalGeneratorPool)
+    pool.spool = tmp_path
+    slot = SimpleNamespace(worker_id=0, incarnation=2)
+    fatal = {"name": "f.py:g", "first_error": "KeyError: 'x' [error]", "steps": 3}
+    (tmp_path / "fatal-w000-i02").write_text(json.dumps(fatal))
+    with pytest.raises(RewardFunctionFailed) as info:
+        pool._raise_fatal(slot)
+    assert (info.value.name, info.value.steps) == ("f.py:g", 3)
+
+
+def test_sigterm_to_a_ray_driver_exits_143(tmp_path: Path, capsys, monkeypatch):  # Y1
+    """The Ray driver through the CLI with a stand-in for `ray` (a real cluster does not fit
+    a test here): the stop asked for by SIGTERM ends with 143, like sync and async-local."""
+    from replayrl.distributed import ray_runtime
+    from test_async_runtime import _FakeRay
+
+    class _TermRay(_FakeRay):
+        def _poll(self) -> bool:
+            self.polls += 1
+            if self.polls == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return self.stop_requested or self.polls >= 50
+
+    fake = _TermRay()
+    monkeypatch.setattr(ray_runtime, "_ray", lambda: fake)
+    argv = args(tmp_path, "ray", "runtime=ray", "train.batch_size=8", "ray.num_cpus=2")
+    code, out, err = cli(["train", *argv], capsys)
+    assert code == 143, err
+    assert fake.stop_requested and "interrupted at step 3 (SIGTERM)" in out
+    assert "interrupted (SIGTERM)" in err
+
+
+# -- checkpoints written before content hashes; GAE ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("file", "offset"),
+    [
+        ("state.safetensors", 3),  # C8: the header length
+        ("policy/model.safetensors", 20),  # C8: inside the header's JSON
+        ("state.json", 0),  # C8: the state's JSON
+    ],
+)
+def test_damaged_checkpoint_without_hashes_falls_back(
+    base_run: Path, tmp_path: Path, capsys, file: str, offset: int
+):
+    run = copy_run(base_run, tmp_path)
+    for ckpt in (run / "checkpoints").glob("step_*"):  # as written before content hashes
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        del manifest["sha256"]
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    last = run / "checkpoints/step_000004"
+    _flip_byte(last / file, offset)
+    code, out, err = cli(["train", "--resume", str(run), "train.steps=5"], capsys)
+    assert code == 0, err
+    assert f"skipping checkpoint {last}: damaged file {file}" in out
+    assert "no SHA-256 in this older manifest" in out
+    assert "resumed from" in out and "step_000002" in out
+
+
+def test_zero_gradient_check_covers_gae(tmp_path: Path, capsys):  # S8
+    rewards = tmp_path / "parity.py"
+    rewards.write_text(
+        "def parity(completions, **kw):\n"
+        "    return [float(sum(map(ord, c)) % 2) for c in completions]\n"
+    )
+    reward = f"rewards=[{{name: '{rewards}:parity'}}]"
+    argv = args(
+        tmp_path, "gae", "algorithm.advantage=gae", "train.lr=1e6", "train.steps=30", reward
+    )
+    code, _, err = cli(["train", *argv], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "nothing was trained for 3 steps in a row" in line
+    assert "gradient was exactly 0 although the batch's advantages were not" in line
+    steps = [r["step"] for r in read_metrics(tmp_path / "gae" / "metrics.jsonl") if r["step"]]
+    assert max(steps) < 30

@@ -239,7 +239,13 @@ def test_prompt_only_rows_train_with_a_reward_that_needs_no_answer(tmp_path: Pat
         calls.append(set(kwargs))
         return [float(len(c) < 3) for c in completions]
 
-    args = ReplayConfig(output_dir=str(tmp_path / "r"), max_steps=1, **TINY_TRL)
+    # `calls` is this process's list: the function runs here, not in a worker process
+    args = ReplayConfig(
+        output_dir=str(tmp_path / "r"),
+        max_steps=1,
+        rollout__reward_isolation="thread",
+        **TINY_TRL,
+    )
     trainer = ReplayTrainer(reward_funcs=short, args=args, train_dataset=rows, log=lambda _: None)
     assert trainer.train()["steps"] == 1
     assert calls and "answer" not in calls[0]

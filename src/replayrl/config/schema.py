@@ -254,6 +254,11 @@ class RolloutConfig(_Section):
     # seconds one reward-function call may take before its rollouts are dropped (reason
     # "timeout"; the call is abandoned in a background thread); null: no timeout
     reward_timeout_s: float | None = Field(60.0, gt=0)
+    # process: each reward function of yours (file.py:fn, module:fn, a Python callable) runs
+    # in a forked worker process, so os._exit, a crash, a hang or a stray thread in it cannot
+    # end or hang the run (a timeout kills the worker); thread: in the trainer's process (a
+    # function that must share state with it, or use its CUDA context). Built-ins: in-process
+    reward_isolation: Literal["process", "thread"] = "process"
     # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`)
     backend: Literal["hf", "vllm"] = "hf"
     # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling, an

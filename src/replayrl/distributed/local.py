@@ -7,6 +7,7 @@ nothing, and the batch it was producing is counted as lost, never silently.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import shutil
@@ -25,7 +26,7 @@ import yaml
 from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.weights import SharedWeights
 from replayrl.distributed.worker import Delivery, GeneratorWorker
-from replayrl.errors import RunFailed
+from replayrl.errors import RewardFunctionFailed, RunFailed
 from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
@@ -86,6 +87,13 @@ def _worker_main(
             d.save(spool_dir / f"d-{tag}-{d.seq:07d}.pt")
             inflight[1] = 0
             idle_since = time.perf_counter()
+    except RewardFunctionFailed as exc:
+        # the run's end, not this worker's: the learner raises it as it is (a restart would
+        # only fail again). Written before the traceback, which marks the worker as dead
+        fatal = {"name": exc.name, "first_error": exc.first_error, "steps": exc.steps}
+        (spool_dir / f"fatal-{tag}").write_text(json.dumps(fatal))
+        (spool_dir / f"error-{tag}").write_text(traceback.format_exc())
+        raise SystemExit(1) from None
     except BaseException:
         (spool_dir / f"error-{tag}").write_text(traceback.format_exc())
         raise SystemExit(1) from None
@@ -206,6 +214,7 @@ class LocalGeneratorPool:
             if s.process.is_alive() or self.stop_event.is_set():
                 continue
             delivered += self.poll()  # whatever it finished before dying
+            self._raise_fatal(s)
             seq, planned = int(s.inflight[0]), int(s.inflight[1])
             lost = planned if planned and seq > s.delivered_seq else 0
             self.lost += lost
@@ -223,6 +232,16 @@ class LocalGeneratorPool:
             self.slots[i] = new
             self._wait_ready([new])
         return delivered
+
+    def _raise_fatal(self, s: _Slot) -> None:
+        """A worker that ended the run (a reward function failing on every call): its error,
+        type and message as in the synchronous runtime."""
+        path = self.spool / f"fatal-{self._tag(s)}"
+        if path.is_file():
+            fatal = json.loads(path.read_text())
+            raise RewardFunctionFailed(
+                str(fatal["name"]), str(fatal["first_error"]), int(fatal["steps"])
+            )
 
     def restarts(self) -> dict[str, int]:
         return {f"generator/{s.worker_id}": s.restarts for s in self.slots}

@@ -10,6 +10,7 @@ per sync. The run folder must be on a filesystem the learner's node can write.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -24,11 +25,11 @@ from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.ddp import data_parallel, free_port, init_group, weights_digest
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
-from replayrl.errors import RunFailed
+from replayrl.errors import RunFailed, RunStopped
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
 from replayrl.run.accounting import RoleClock, format_accounting
 from replayrl.run.components import buffer_kwargs, build_learner
-from replayrl.run.session import StopOnSigint
+from replayrl.run.session import StopOnSigint, signal_name
 from replayrl.storage.checkpoint import latest_checkpoint
 from replayrl.storage.io import quiet_transformers
 
@@ -444,6 +445,7 @@ class RayDriver:
 
     def __init__(self, cfg: Config, run_dir: Path, log: Log = print, resume: bool = False):
         self.cfg, self.run_dir, self.log, self.resume = cfg, run_dir, log, resume
+        self.signum: int = signal.SIGINT  # the signal that asked the run to stop
 
     def run(self) -> dict[str, Any]:
         ray = _ray()
@@ -466,10 +468,12 @@ class RayDriver:
             result = self._wait(ray, actor, actor.run.remote())
             if result.get("interrupted"):
                 self.log(  # here, not only in the actor: its last lines can be cut at shutdown
-                    f"interrupted at step {result['step']}: checkpoint written to "
-                    f"{result['ckpt']}; resume with --resume {self.run_dir}"
+                    f"interrupted at step {result['step']} ({signal_name(self.signum)}): "
+                    f"checkpoint written to {result['ckpt']}; resume with --resume "
+                    f"{self.run_dir}"
                 )
-                raise KeyboardInterrupt
+                # the signal that stopped it: the CLI exits 128 + signum (143 for SIGTERM)
+                raise RunStopped(self.signum)
             acc = result["accounting"]
             self.log(format_accounting(acc["ledger"], acc))  # the actor's own print may be cut
             return result
@@ -489,6 +493,7 @@ class RayDriver:
         with StopOnSigint() as stop:
             while not ray.wait([ref], timeout=_POLL_S)[0]:
                 if stop.requested and not sent:
+                    self.signum = stop.signum
                     self.log("stopping the Ray run after this step (checkpointing)")
                     ray.get(actor.request_stop.remote())
                     sent = True

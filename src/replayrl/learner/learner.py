@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,6 +73,17 @@ def token_logprobs(
     # completion positions only, head applied in chunks; `autocast`: e.g. bf16 matmuls
     # with fp32 master weights (replayrl/learner/logprobs.py)
     return logprobs.token_logprobs(model, batch, temperature, entropy_grad, autocast, full)
+
+
+def _advantage_abs_max(
+    batch: Sequence[Rollout], fields: Mapping[str, Sequence[torch.Tensor]]
+) -> float:
+    """The largest |advantage| the loss saw: per token for a critic's estimator (GAE), else
+    per rollout (the no-silent-non-training check compares it with the gradient)."""
+    token = fields.get("token_advantages")
+    if token:
+        return max(float(t.abs().max()) if t.numel() else 0.0 for t in token)
+    return max((abs(float(r.advantage)) for r in batch), default=0.0)
 
 
 def _nanmean(values: list[float]) -> float:
@@ -380,6 +391,7 @@ class Learner:
         out.update(kl_lambda=self.kl_lambda(step), kl_coef_base=w_base, kl_coef_prev=w_prev)
         out.update(refreshed)
         out.update(self._fused_stats)
+        out["advantage_abs_max"] = _advantage_abs_max(batch, fields)
         if self.tis_cap is not None and fields["tis_weights"]:
             w_all = torch.cat(fields["tis_weights"])
             out.update(weight_stats(w_all, torch.ones_like(w_all), self.tis_cap))

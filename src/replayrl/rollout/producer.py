@@ -129,6 +129,7 @@ class RolloutProducer:
             sample_rows,
             timeout_s=r.reward_timeout_s,
             patience=self.cfg.train.failure_patience,  # a function failing every call: stop
+            isolation=r.reward_isolation,
         )
         if result.first_error and not self._reported_error:
             self._reported_error = True

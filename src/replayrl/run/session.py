@@ -228,7 +228,7 @@ class Session:
                 "damaged policy weights, rewards too large for the training dtype, or "
                 f"train.lr={self.cfg.train.lr:g} too high"
             )
-        elif m.get("grad_norm") == 0.0 and any(abs(r.advantage) > 1e-6 for r in batch):
+        elif m.get("grad_norm") == 0.0 and _advantages_nonzero(batch, m):
             cause = (
                 "the gradient was exactly 0 although the batch's advantages were not: the "
                 "policy is saturated or its weights are wrecked (train.lr="
@@ -340,6 +340,14 @@ class Session:
         summary["no_signal_steps"] = self.reward_signal.total
         summary["precision"] = self.learner.precision_choice.as_dict()
         return summary
+
+
+def _advantages_nonzero(batch: list[Rollout], m: dict[str, float]) -> bool:
+    """Did the loss see a non-zero advantage? The learner's `advantage_abs_max` covers GAE's
+    per-token advantages (PPO), where each rollout's own `advantage` field stays 0."""
+    if "advantage_abs_max" in m:
+        return m["advantage_abs_max"] > 1e-6
+    return any(abs(r.advantage) > 1e-6 for r in batch)
 
 
 # what a scheduler sends before it kills a job: SLURM and Kubernetes SIGTERM, a closed

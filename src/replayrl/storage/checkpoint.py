@@ -211,9 +211,59 @@ def check_checkpoint(path: Path, verify: bool = False) -> str | None:
             return f"truncated file {rel} ({actual} of {size} bytes)"
     if verify:
         hashes = manifest.get("sha256") or {}
-        for rel, digest in hashes.items():
-            if rel in files and _sha256(path / rel) != digest:
+        for rel in files:
+            digest = hashes.get(rel) if isinstance(hashes, dict) else None
+            if digest is None:  # written before content hashes: can it be loaded at all?
+                why = unloadable(path / rel)
+                if why:
+                    return f"damaged file {rel} ({why}; no SHA-256 in this older manifest)"
+            elif _sha256(path / rel) != digest:
                 return f"damaged file {rel} (its contents do not match the manifest's SHA-256)"
+    return None
+
+
+def unloadable(path: Path) -> str | None:
+    """Why a checkpoint file whose manifest has no SHA-256 cannot be loaded (None: it can).
+
+    A cheaper, weaker check than a hash: a safetensors file's header must parse and its
+    tensors' byte ranges fill the file exactly; a JSON file must parse. A same-size change
+    inside the tensor data is not caught (only a hash would catch it)."""
+    if path.suffix == ".json":
+        try:
+            json.loads(path.read_bytes())
+        except RecursionError:
+            return "nested too deeply"
+        except ValueError as exc:
+            return f"not valid JSON: {exc}"
+        return None
+    if path.suffix != ".safetensors":
+        return None
+    return _safetensors_damage(path)
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > size - 8 or n > 100_000_000:
+            return "safetensors header length out of range"
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, RecursionError):
+            return "safetensors header is not valid JSON"
+    if not isinstance(header, dict):
+        return "safetensors header is not a table"
+    ends = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            return f"safetensors entry {name!r} has no byte range"
+        ends.append(offsets[1])
+    if max(ends, default=0) != size - 8 - n:
+        return "safetensors byte ranges do not match the file size"
     return None
 
 
@@ -261,8 +311,9 @@ def latest_checkpoint(run_dir: Path, log: Callable[[str], None] | None = None) -
 
 
 def describe_missing(run_dir: Path) -> str:
-    """Why there is nothing to resume under `run_dir` (for the error message)."""
-    _, skipped = find_checkpoints(run_dir)
+    """Why there is nothing to resume under `run_dir` (for the error message); the reasons
+    are a resume's (contents checked), so a checkpoint skipped as damaged is named as such."""
+    _, skipped = find_checkpoints(run_dir, verify=True)
     if not skipped:
         return f"no complete checkpoint under {run_dir / 'checkpoints'} to resume"
     why = "; ".join(f"{p.name}: {r}" for p, r in skipped)

@@ -21,10 +21,12 @@ __all__ = [
 
 
 def resolve_rewards(specs: list[tuple[str, float]]) -> list[WeightedReward]:
-    """Built-in reward names, or `file.py:function` / `package.module:function` of the user's."""
+    """Built-in reward names, or `file.py:function` / `package.module:function` of the user's
+    (only the user's run in a worker process under `rollout.reward_isolation=process`)."""
     out = []
     for name, weight in specs:
-        if name in BUILTIN_REWARDS:
+        builtin = name in BUILTIN_REWARDS
+        if builtin:
             fn = BUILTIN_REWARDS[name]
         elif ":" in name:
             fn = load_reward_function(name)
@@ -34,5 +36,5 @@ def resolve_rewards(specs: list[tuple[str, float]]) -> list[WeightedReward]:
                 f"rewards: unknown reward function {name!r} (built-in: {known}; or give your "
                 f"own as path/to/file.py:function)"
             )
-        out.append(WeightedReward(name=name, fn=fn, weight=weight))
+        out.append(WeightedReward(name=name, fn=fn, weight=weight, builtin=builtin))
     return out

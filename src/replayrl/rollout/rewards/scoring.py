@@ -19,23 +19,40 @@ rollout of `patience` calls in a row (one call per step) ends the run with
 `RewardFunctionFailed` naming it and its first error. Functions get copies of their inputs
 (a function that empties `completions` cannot break scoring) and a `sys.exit` inside one is
 that call's error, not the end of the run.
+
+Isolation (`isolation="process"`, the CLI's default for user functions): each function that
+is not built in runs in a worker process of its own (rewards/isolation.py), so `os._exit`, a
+segfault or a hang ends or stalls that worker, never the run: the call fails with reason
+`worker_died` (or `timeout`, and the worker is killed rather than abandoned), is not retried
+item by item, and counts towards `patience` like any failing call. "thread": the behaviour
+above, in this process.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from replayrl.errors import RewardFunctionFailed
+from replayrl.rollout.rewards.isolation import RewardWorker
+from replayrl.rollout.rewards.values import (
+    FLOAT32_MAX,
+    RewardCallError,
+    check_shape,
+    check_value,
+)
 
 RewardFunction = Callable[..., Sequence[float | None]]
 
 DEFAULT_TIMEOUT_S = 60.0
-FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32 (torch.finfo(float32).max)
+Isolation = Literal["process", "thread"]
+# reasons whose call is never retried item by item: each retry could cost as much again
+_NOT_RETRIED = ("timeout", "worker_died")
 _abandoned: list[threading.Thread] = []
 
 
@@ -46,6 +63,14 @@ class WeightedReward:
     weight: float = 1.0
     failed_steps: int = 0  # consecutive calls in which it failed on every rollout
     first_failure: str | None = None  # the first error of that streak
+    builtin: bool = False  # replayrl's own (registered name): always called in-process
+    worker: RewardWorker | None = field(default=None, repr=False, compare=False)
+
+    def call_isolated(self, kwargs: dict[str, Any], timeout: float | None) -> list[Any]:
+        """One call in this function's worker process (started at the first call)."""
+        if self.worker is None:
+            self.worker = RewardWorker(self.fn, self.name)
+        return self.worker.call(kwargs, timeout)
 
 
 @dataclass
@@ -68,14 +93,6 @@ class ScoreResult:
         return out
 
 
-class RewardCallError(Exception):
-    """One reward call's failure and its reason (timeout, error, wrong_length, ...)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 def abandoned_threads() -> int:
     """Reward calls abandoned after a timeout whose threads are still running."""
     _abandoned[:] = [t for t in _abandoned if t.is_alive()]
@@ -85,24 +102,6 @@ def abandoned_threads() -> int:
 def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     keys = [k for k in rows[0] if k != "prompt"] if rows else []
     return {k: [r.get(k) for r in rows] for k in keys}
-
-
-def check_value(v: Any) -> float | None:
-    """A reward value as a float; None stays None (not applicable). Numbers (bool counts as
-    0/1, numpy scalars, one-element tensors) are accepted; text such as "1.0" is not a
-    number and raises RewardCallError, as does NaN or inf."""
-    if v is None:
-        return None
-    if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):
-        raise RewardCallError("non_numeric", f"returned {type(v).__name__} {v!r}, not a number")
-    try:
-        f = float(v)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise RewardCallError("non_numeric", f"returned {v!r}, not a number ({exc})") from None
-    if not math.isfinite(f) or abs(f) > FLOAT32_MAX:
-        what = "non-finite" if not math.isfinite(f) else "float32-overflowing (inf in training)"
-        raise RewardCallError("non_finite", f"returned {what} reward {v!r}")
-    return f
 
 
 def _run(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None, what: str) -> Any:
@@ -141,23 +140,18 @@ def _call(
     completions: list[str],
     rows: Sequence[dict[str, Any]],
     timeout: float | None,
+    isolated: bool,
 ) -> list[Any]:
     # copies: a function that edits its inputs (clears `completions`) must not change ours
     kwargs = {"prompts": list(prompts), "completions": list(completions), **_columns(rows)}
-    out = _run(wr.fn, kwargs, timeout, wr.name)
-    try:
-        n = len(out)
-    except TypeError:
-        n = None
-    if out is None or n != len(completions) or isinstance(out, (str, bytes)):
-        got = "None" if out is None else f"{type(out).__name__} of {n} values"
-        raise RewardCallError("wrong_length", f"returned {got} for {len(completions)} completions")
-    return list(out)
+    if isolated:
+        return check_shape(wr.call_isolated(kwargs, timeout), len(completions))
+    return check_shape(_run(wr.fn, kwargs, timeout, wr.name), len(completions))
 
 
 class _Scorer:
-    def __init__(self, n: int, timeout: float | None) -> None:
-        self.timeout = timeout
+    def __init__(self, n: int, timeout: float | None, isolation: Isolation) -> None:
+        self.timeout, self.isolation = timeout, isolation
         self.failed: list[str | None] = [None] * n  # the reason each rollout is dropped
         self.result = ScoreResult(rewards=[None] * n, per_function={})
         self.batch_error: RewardCallError | None = None  # the batch call's, while retrying
@@ -187,12 +181,13 @@ class _Scorer:
     def run(self, wr: WeightedReward, prompts, completions, rows) -> list[float | None]:
         n = len(completions)
         self.batch_error = None
+        isolated = self.isolation == "process" and not wr.builtin
         try:
-            raw = _call(wr, prompts, completions, rows, self.timeout)
+            raw = _call(wr, prompts, completions, rows, self.timeout, isolated)
             return self.values(wr, raw, list(range(n)))
         except RewardCallError as err:
-            if err.reason == "timeout":  # never retried: it could cost n more timeouts
-                self.result.timeouts += 1
+            if err.reason in _NOT_RETRIED:  # it could cost n more timeouts (or deaths)
+                self.result.timeouts += err.reason == "timeout"
                 for i in range(n):
                     self.fail(wr, i, err)
                 return [None] * n
@@ -211,11 +206,12 @@ class _Scorer:
                 values.append(None)
                 continue
             try:
-                raw = _call(wr, prompts[i : i + 1], completions[i : i + 1], rows[i : i + 1], left)
+                one = (prompts[i : i + 1], completions[i : i + 1], rows[i : i + 1])
+                raw = _call(wr, *one, left, isolated)
                 values.extend(self.values(wr, raw, [i]))
             except RewardCallError as err:
-                if err.reason == "timeout":
-                    self.result.timeouts += 1
+                if err.reason in _NOT_RETRIED:
+                    self.result.timeouts += err.reason == "timeout"
                     deadline = time.monotonic()  # stop retrying this function
                 self.fail(wr, i, err)
                 values.append(None)
@@ -229,16 +225,24 @@ def score(
     rows: Sequence[dict[str, Any]],
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
     patience: int = 0,
+    isolation: Isolation = "thread",
 ) -> ScoreResult:
     """Weighted sum of reward functions (None = not applicable, as in TRL's nansum).
 
     Each call gets `timeout_s` seconds (None: no timeout, called in this thread).
     `patience` > 0: a function failing on every rollout of that many calls in a row raises
     RewardFunctionFailed (its streak is kept on its WeightedReward).
+    `isolation="process"`: each function that is not built in runs in its worker process.
     """
+    if isolation not in ("process", "thread"):
+        raise ValueError(f"reward isolation must be 'process' or 'thread', not {isolation!r}")
+    if isolation == "process" and not hasattr(os, "fork"):
+        raise ValueError(
+            "rollout.reward_isolation=process needs os.fork (Linux, macOS); set it to thread"
+        )
     t0 = time.perf_counter()
     n = len(completions)
-    s = _Scorer(n, timeout_s)
+    s = _Scorer(n, timeout_s, isolation)
     result = s.result
     for wr in fns:
         result.per_function[wr.name] = s.run(wr, prompts, completions, rows)
