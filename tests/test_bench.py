@@ -617,16 +617,20 @@ def test_new_suites_hold_equal_budgets() -> None:
     }
     assert len(budget) == 13
     assert all(abs(v / budget["grpo-s0"] - 1) < 0.02 for v in budget.values())
-    # tuning: three settings per method, each method's generated budget the same as its preset's
-    # (dapo's is the fresh budget per step count: its extra calls come on top, and are counted)
+    # tuning: three settings per method, GRPO included; each method's nominal generated budget
+    # (steps x R) the same for its three settings (dapo's and ar3po's extra rounds come on top
+    # and are counted; exgrpo's replayed questions get K - 1 fresh completions each)
     tuning = planned_runs(load_suite("tuning"), [0], Path("/tmp/unused"))
-    methods: dict[str, int] = {}
+    methods: dict[str, set[int]] = {}
+    counts: dict[str, int] = {}
     for label, c, _, _ in tuning:
-        methods[label.split(".")[0]] = methods.get(label.split(".")[0], 0) + 1
-        gen = c.train.steps * c.rollouts_per_step
-        on_policy = label.split(".")[0] in ("grpo", "dapo", "group-replay")
-        assert gen == (10240 if on_policy else 7680), label
-    assert set(methods.values()) == {3} and len(methods) == 5
+        method = label.split(".")[0]
+        counts[method] = counts.get(method, 0) + 1
+        methods.setdefault(method, set()).add(c.train.steps * c.rollouts_per_step)
+    assert set(counts.values()) == {3} and len(counts) == 7, counts
+    assert all(len(budgets) == 1 for budgets in methods.values()), methods
+    assert methods["grpo"] == methods["dapo"] == methods["group-replay"] == {10240}
+    assert methods["replay-posbias"] == methods["remix-grpo"] == {7680}
     held = load_suite("heldout")
     assert {"add6", "sub6", "chain7"} <= set(held["tasks"])
 
