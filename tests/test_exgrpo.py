@@ -294,6 +294,9 @@ def test_source_mixes_replayed_questions_and_counts_every_rollout() -> None:
     # the lowest "entropy" (last token id) among a question's stored successes: (3, 4)
     assert all(r.completion_ids.tolist() == [3, 4] for r in old)
     assert c.rollouts_reused == 2 * 2  # two replayed trajectories, two passes
+    # a replayed question's latest rate is its fresh completions' (2 of 3), not counting the
+    # stored trajectory (which would read 3 of 4)
+    assert [src.store.rates[q] for q in replayed_qs] == pytest.approx([2 / 3, 2 / 3])
     assert c.rollouts_generated == 16 + 8 + 6 and c.generation_rounds == 2
     led = ledger(c, src.buffers())
     assert led["balanced"] and led["consumed"] == led["generated"] == 30

@@ -365,10 +365,14 @@ class ExgrpoSource(BufferSource):
         if not self.mixing and acc >= self.ex.start_accuracy:
             self.mixing = True
             self.log(f"ExGRPO: mixing starts (fresh accuracy {acc:.3f} >= start_accuracy)")
+        replayed_ids = {id(r) for r in replayed}
         if self.mixing:  # the code collects experience once mixed training has started
             mixed_rows = {g.group_id: self.store.rows[g.prompt_text] for g in mixed}
-            self.store.update(groups + mixed, {**rows, **mixed_rows})
-        replayed_ids = {id(r) for r in replayed}
+            # a replayed question's rate and successes come from its K - 1 fresh completions
+            # only: the stored trajectory is always correct and is not the policy's success now
+            fresh_of = ([r for r in g.rollouts if id(r) not in replayed_ids] for g in mixed)
+            mixed_fresh = [Group(f) for f in fresh_of if f]
+            self.store.update(groups + mixed_fresh, {**rows, **mixed_rows})
         replay_fresh = [r for g in mixed for r in g.rollouts if id(r) not in replayed_ids]
         trained_fresh = flatten(groups) + replay_fresh
         self.buffer.push(trained_fresh)
