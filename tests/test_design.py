@@ -554,9 +554,13 @@ def test_auto_run_measures_alpha_and_rho_on_its_warmup(tmp_path):
     assert d["staleness_horizons"] == [1.0, 2.0, 3.0] and len(d["staleness_sigma2"]) == 3
     assert d["probe_samples"] == 3 * 32  # two warm-up batches and the probe's fresh one
     # the probe's policies are undone: only the first (version 0) batch is kept, and every
-    # generated rollout is counted (2 warm-up + 1 probe + 1 training step)
-    assert d["probe_rollouts_not_kept"] == 32
+    # generated rollout is counted (2 warm-up + 1 probe + 1 training step); the second
+    # warm-up batch and the probe's own are a ledger term of their own
+    assert d["probe_rollouts_not_kept"] == 2 * 32
     assert summary["rollouts_generated"] == 4 * 32
+    led = summary["accounting"]["ledger"]
+    assert led["discarded_probe"] == 2 * 32 and led["balanced"], led
+    assert "discarded by the design probe 64" in log and "NOT BALANCED" not in log
     assert f"alpha = {d['alpha']:.3g} (measured), rho = {d['rho']:.3g} (measured)" in log
     from replayrl.config.schema import load_config
 
@@ -610,6 +614,7 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
 
     _, warmup, record = sync_recipe.auto_design(s)
     assert len(warmup) == 32 and {r.policy_version for r in warmup} == {0}
-    assert record["probe_rollouts_not_kept"] == 32 and s.learner.version == 0
+    assert record["probe_rollouts_not_kept"] == 2 * 32 and s.learner.version == 0
+    assert s.counters.rollouts_discarded_probe == 2 * 32
     after = s.learner.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)

@@ -8,8 +8,9 @@ with the last policy, and computes at that policy the per-sample gradients of ev
 staleness W, W-1, ..., 1 and 0 for W warm-up steps (learner/grad_probe.py). alpha and rho
 come from data/staleness.py. Then the weights, optimizer and learner state are put back
 exactly as they were: the run starts from the same policy as without the probe, and its
-buffer holds only the first batch (version 0, on-policy for that policy); the other probe
-batches came from policies that no longer exist and are not kept (counted as generated).
+buffer holds only the first batch (version 0, on-policy for that policy); the other warm-up
+batches and the probe's own batch came from policies that no longer exist and are not kept
+(counted as generated, and in the ledger's `discarded_probe`).
 
 Ill-conditioned (fewer than two warm-up steps: staleness 0, 1, 2 are the minimum; advantages
 from a critic; too few prompt groups; no gradient signal): the configured fallback values
@@ -63,6 +64,7 @@ class WarmupProbe:
     learner_state: dict[str, object] = field(init=False)
     batches: list[list[Rollout]] = field(default_factory=list)
     seconds: float = 0.0
+    finish_rollouts: int = 0  # the probe's own batch (generated, never kept)
 
     def __post_init__(self) -> None:
         model = self.s.learner.model
@@ -88,6 +90,7 @@ class WarmupProbe:
         try:
             t0 = time.perf_counter()
             fresh, stats = s.produce()
+            self.finish_rollouts = len(fresh)
             s.counters.generation_seconds += (
                 time.perf_counter() - t0 - stats.get("time/reward_s", 0.0)
             )

@@ -86,8 +86,11 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
         s.log(fallback)
     if probe is not None:
         kept = [r for r in produced if r.policy_version == 0]
-        how.update(probe_seconds=probe.seconds, probe_rollouts_not_kept=len(produced) - len(kept))
-        produced = kept  # later batches came from the probe's undone policies
+        # later warm-up batches and the probe's own came from its undone policies
+        not_kept = len(produced) - len(kept) + probe.finish_rollouts
+        s.counters.rollouts_discarded_probe += not_kept  # a ledger term: generated, not kept
+        how.update(probe_seconds=probe.seconds, probe_rollouts_not_kept=not_kept)
+        produced = kept
     d = cfg.design
     rep = feasible_design(mu, alpha, rho, R, d.allow_y_below_one, d.min_saving)
     new = resolve_design(cfg, rep.N, rep.B)

@@ -4,7 +4,8 @@ The ledger must balance: generated = dropped (reward error) + lost (worker died 
 + in a buffer + evicted + consumed (removed by on-policy sampling) + dropped as stale
 + discarded (ReMix's window at reincarnation) + filtered (group sources: groups without
 reward variance dropped or replaced, surplus groups beyond a full batch; never pushed to a
-buffer). Replayed rollouts are reuse, not generation: they appear in no ledger term (the
+buffer) + discarded by the `auto` design's alpha / rho probe (its warm-up batches after the
+first and its own batch came from policies it undoes; never pushed). Replayed rollouts are reuse, not generation: they appear in no ledger term (the
 summary's `rollouts_reused` counts them). A run that does not balance says so.
 """
 
@@ -37,6 +38,7 @@ def rollout_ledger(
     discarded: int = 0,
     filtered_no_signal: int = 0,
     filtered_surplus: int = 0,
+    discarded_probe: int = 0,
 ) -> dict[str, Any]:
     """Sum the buffers' counters and check that generated rollouts are all accounted for."""
     totals = dict.fromkeys(BUFFER_KEYS, 0)
@@ -53,6 +55,7 @@ def rollout_ledger(
         + discarded
         + filtered_no_signal
         + filtered_surplus
+        + discarded_probe
     )
     stored = totals["size"] + totals["evicted"] + totals["consumed"] + totals["dropped_stale"]
     return {
@@ -66,6 +69,7 @@ def rollout_ledger(
         "discarded_at_reincarnation": discarded,
         "filtered_no_signal": filtered_no_signal,
         "filtered_surplus": filtered_surplus,
+        "discarded_probe": discarded_probe,
         "pushed": totals["pushed"],
         "balanced": accounted == generated and stored + discarded == totals["pushed"],
     }
@@ -153,6 +157,11 @@ def format_accounting(ledger: dict[str, Any], summary: dict[str, Any]) -> str:
             else ""
         )
         + (f" + surplus groups {led['filtered_surplus']:,}" if led.get("filtered_surplus") else "")
+        + (
+            f" + discarded by the design probe {led['discarded_probe']:,}"
+            if led.get("discarded_probe")
+            else ""
+        )
         + (" (balanced)" if led["balanced"] else "  NOT BALANCED: please report this")
     )
     return "\n".join(lines)

@@ -40,6 +40,8 @@ class Counters:
     # group sources (data/group_sources.py): generated and scored, never trained on
     rollouts_filtered_no_signal: int = 0  # groups without reward variance dropped / replaced
     rollouts_filtered_surplus: int = 0  # groups beyond a full dynamic-sampling batch
+    # `auto` design's alpha / rho probe: batches of the policies it undoes (recipes/sync.py)
+    rollouts_discarded_probe: int = 0
     rollouts_reused: int = 0  # replayed (not fresh) rollouts in training batches, per pass
     generation_rounds: int = 0  # generation calls beyond each step's first (dynamic sampling)
     short_steps: int = 0  # dynamic-sampling steps that hit max_rounds before a full batch
@@ -100,6 +102,7 @@ def ledger(c: Counters, buffers: list[Any]) -> dict[str, Any]:
         c.rollouts_discarded,
         filtered_no_signal=c.rollouts_filtered_no_signal,
         filtered_surplus=c.rollouts_filtered_surplus,
+        discarded_probe=c.rollouts_discarded_probe,
     )
 
 
