@@ -5,8 +5,9 @@ The ledger must balance: generated = dropped (reward error) + lost (worker died 
 + discarded (ReMix's window at reincarnation) + filtered (group sources: groups without
 reward variance dropped or replaced, surplus groups beyond a full batch; never pushed to a
 buffer) + discarded by the `auto` design's alpha / rho probe (its warm-up batches after the
-first and its own batch came from policies it undoes; never pushed). Replayed rollouts are reuse, not generation: they appear in no ledger term (the
-summary's `rollouts_reused` counts them). A run that does not balance says so.
+first and its own batch came from policies it undoes; never pushed). Replayed rollouts
+are reuse, not generation: they appear in no ledger term (the summary's `rollouts_reused`
+counts them). A run that does not balance says so.
 """
 
 from __future__ import annotations
