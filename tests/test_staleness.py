@@ -183,3 +183,40 @@ def test_measured_values_replace_only_the_keys_that_ask_for_them():
         assert (a, r, rec["alpha_source"]) == (0.25, 0.5, "fallback")
         assert line is not None and "alpha and rho not measured" in line
         assert "using alpha = 0.25, rho = 0.5 (fallback)" in line
+
+
+def test_sample_gradients_serve_every_registered_loss_and_mark_stale_rollouts(
+    tiny_model, char_tokenizer
+):
+    """The probe gives each loss every input and knob it declares (review: `exgrpo` crashed
+    without `stale` and `shaping_beta`), and marks a rollout of an earlier policy as a training
+    step does: on exgrpo, at ratio w = 1 the shaped term -f(w) A, f(w) = w / (w + beta), has
+    gradient f'(1) = beta / (1 + beta)^2 times the clipped (fresh) term's."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from replayrl.algorithms.losses import POLICY_LOSSES
+    from replayrl.config.schema import load_config
+    from replayrl.data.rollout import Rollout
+    from replayrl.learner.grad_probe import sample_gradients
+    from replayrl.learner.learner import Learner
+    from replayrl.rollout.generation import HFGenerator, SamplingParams
+
+    torch.manual_seed(0)
+    (s,) = HFGenerator(tiny_model, char_tokenizer).generate(
+        ["12+34="], 1, SamplingParams(max_new_tokens=4)
+    )
+    fresh = Rollout(s.prompt_ids, s.completion_ids, s.logprobs, 1.0, 1.0, True, 0, 1, 0)
+    stale = dataclasses.replace(fresh, policy_version=0)  # same tokens, one version older
+    cfg = load_config("exgrpo", ["groups.exgrpo.shaping_beta=0.25"])
+    learner = Learner(copy.deepcopy(tiny_model), char_tokenizer.pad_token_id, cfg)
+    learner.version = 1
+    for name in POLICY_LOSSES:
+        learner.loss_type = name
+        g = sample_gradients(learner, [fresh, stale], dims=256)
+        assert g.shape == (2, 256) and np.all(np.isfinite(g)) and np.abs(g[0]).max() > 0, name
+    learner.loss_type = "exgrpo"
+    g = sample_gradients(learner, [fresh, stale], dims=256)
+    np.testing.assert_allclose(g[1], 0.25 / 1.25**2 * g[0], rtol=1e-4, atol=1e-9)

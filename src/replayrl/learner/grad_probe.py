@@ -4,12 +4,14 @@
 Each rollout's gradient is that of the learner's own policy loss (its `algorithm.loss_type`,
 clip and aggregation; no KL or entropy term: the design models the policy gradient's noise)
 at the current weights, with the rollout's stored behaviour log-probs and advantage, i.e.
-what a training step on that rollout would follow. Projection (not specified: our choice):
-the gradient w.r.t. the output embedding (LM head) when it trains, else every trainable
-tensor, read at a fixed random subset of at most `dims` coordinates. A coordinate subset
-keeps inner products and squared norms unbiased up to one common scale, which neither alpha
-(a log-log slope) nor rho (a correlation) sees; the head alone is cheap (its gradient needs no
-backward through the layers when untied) and carries the whole loss's token-level signal.
+what a training step on that rollout would follow: the loss gets every input and knob it
+declares (a rollout of an earlier policy is `stale`, as the training step marks it).
+Projection (not specified: our choice): the gradient w.r.t. the output embedding (LM head)
+when it trains, else every trainable tensor, read at a fixed random subset of at most `dims`
+coordinates. A coordinate subset keeps inner products and squared norms unbiased up to one
+common scale, which neither alpha (a log-log slope) nor rho (a correlation) sees; the head
+alone is cheap (its gradient needs no backward through the layers when untied) and carries
+the whole loss's token-level signal.
 """
 
 from __future__ import annotations
@@ -70,8 +72,7 @@ def sample_gradients(
     params = probe_parameters(model)
     total = sum(p.numel() for p in params)
     idx = coordinate_subset(total, dims, seed)
-    a = cfg.algorithm
-    knobs = {"epsilon": a.epsilon, "epsilon_high": a.epsilon_high, "delta_v": a.asymre_delta_v}
+    knobs = learner.loss_knobs()
     was_training = model.training
     model.eval()  # no dropout noise in a variance measurement
     out = np.empty((len(rollouts), idx.numel()), dtype=np.float64)
@@ -84,9 +85,12 @@ def sample_gradients(
             # the Mix-PPG clip centre is the current policy: pi_k = pi_theta here
             avail = {"anchor_logprobs": logps.detach(), "rewards": b["rewards"]}
             avail["baselines"] = b["baselines"]
+            # an earlier policy's rollout, marked as a training step marks it (exgrpo)
+            stale = float(r.policy_version < learner.version)
+            avail["stale"] = torch.full_like(b["mask"], stale, dtype=logps.dtype)
             loss, _ = call_policy_loss(
                 learner.loss_type, logps, b["old_logprobs"], b["advantages"], b["mask"],
-                avail, knobs, a.loss_agg, learner.normaliser([r]),
+                avail, knobs, cfg.algorithm.loss_agg, learner.normaliser([r]),
             )  # fmt: skip
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             flat = torch.cat(

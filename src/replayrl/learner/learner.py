@@ -407,6 +407,18 @@ class Learner:
             return False
         return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
 
+    def loss_knobs(self) -> dict[str, float | None]:
+        """Every config knob a registered policy loss may declare (`LOSS_KNOBS`): the loss
+        takes the ones it names. One place, so the training step and the alpha / rho probe
+        (learner/grad_probe.py) give a loss the same values."""
+        a = self.cfg.algorithm
+        return {
+            "epsilon": a.epsilon,
+            "epsilon_high": a.epsilon_high,
+            "delta_v": a.asymre_delta_v,
+            "shaping_beta": self.cfg.groups.exgrpo.shaping_beta,  # loss exgrpo
+        }
+
     def normaliser(self, minibatch: Sequence[Rollout]) -> float:
         """The loss denominator of this mini-batch, over all data-parallel ranks."""
         return batch_normaliser(
@@ -489,9 +501,7 @@ class Learner:
         adv = b["token_advantages"] if not self.advantage.at_generation else b["advantages"]
         if "tis_weights" in b:  # truncated IS: w * loss_t == loss_t with w * A_t
             adv = apply_token_weights(adv, b["tis_weights"])
-        a = self.cfg.algorithm
-        knobs = {"epsilon": a.epsilon, "epsilon_high": a.epsilon_high, "delta_v": a.asymre_delta_v}
-        knobs["shaping_beta"] = self.cfg.groups.exgrpo.shaping_beta  # loss exgrpo
+        knobs = self.loss_knobs()
         inputs = {k: b.get(k) for k in ("anchor_logprobs", "base_logprobs", "prev_logprobs")}
         inputs.update(rewards=b["rewards"], baselines=b["baselines"], stale=b["stale"])
         terms = policy_objective(
