@@ -407,3 +407,26 @@ def test_exgrpo_trains_and_resumes_through_the_python_api(tmp_path: Path, monkey
     second = trainer(3).train(resume_from_checkpoint=True)  # the experience comes back
     led = second["accounting"]["ledger"]
     assert second["steps"] == 3 and led["balanced"] and second["rollouts_reused"] > 0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],  # the grpo preset: no group source
+        ["buffer.kind=replay", "buffer.capacity=64"],  # a replay buffer's stale rollouts
+        ["groups.source=ar3po"],  # AR3PO's reused copies
+    ],
+)
+def test_exgrpo_loss_without_its_source_is_refused(extra: list[str]) -> None:
+    # the shaped, unclipped term would change every other stale rollout's objective silently
+    with pytest.raises(ConfigError, match="loss_type=exgrpo needs groups.source=exgrpo"):
+        load_config("grpo", [*extra, "algorithm.loss_type=exgrpo"])
+
+
+def test_exgrpo_source_with_another_loss_warns(recwarn: pytest.WarningsRecorder) -> None:
+    with pytest.warns(UserWarning, match="without ExGRPO's policy shaping"):
+        cfg = load_config("exgrpo", ["algorithm.loss_type=grpo_clip"])
+    assert cfg.groups.source == "exgrpo"  # an ablation: allowed
+    recwarn.clear()
+    load_config("exgrpo")  # the preset pairs them: no warning
+    assert not [w for w in recwarn if "policy shaping" in str(w.message)]

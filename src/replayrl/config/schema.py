@@ -730,12 +730,34 @@ class Config(_Section):
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
+        self._check_exgrpo_pair()
         if self.groups.source != "none":
             self._check_groups()
         self._check_signal()  # after the group checks: theirs name the cause more precisely
         if self.runtime != "sync":
             self._check_async()
         return self
+
+    def _check_exgrpo_pair(self) -> None:
+        """Loss `exgrpo` shapes every stale token's ratio (f(w) A, unclipped): meant for
+        ExGRPO's replayed trajectories, it would silently change the objective of any other
+        stale rollout (a replay buffer's, AR3PO's reused copies, async lag): refused without
+        groups.source=exgrpo. The source with another loss trains its replayed trajectories
+        under that loss (e.g. clipped, the paper's ablation without policy shaping): allowed,
+        with a warning, since it is not ExGRPO's objective."""
+        loss, src = self.algorithm.loss_type, self.groups.source
+        if loss == "exgrpo" and src != "exgrpo":
+            raise ValueError(
+                f"algorithm.loss_type=exgrpo needs groups.source=exgrpo (got {src}): it shapes "
+                "every stale rollout's ratio (f(w) A, not clipped), which is ExGRPO's objective "
+                "for its replayed trajectories only; use another loss here (e.g. grpo_clip)"
+            )
+        if src == "exgrpo" and loss != "exgrpo":
+            warnings.warn(
+                f"groups.source=exgrpo with algorithm.loss_type={loss}: replayed trajectories "
+                f"are trained under {loss}, without ExGRPO's policy shaping (loss exgrpo)",
+                stacklevel=2,
+            )
 
     def _check_signal(self) -> None:
         """Settings that would train nothing, or less than the log says, are refused."""
