@@ -618,3 +618,56 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
     assert s.counters.rollouts_discarded_probe == 2 * 32
     after = s.learner.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_probe_updates_at_the_learning_rate_after_the_lr_warm_up(tmp_path):
+    # inside a 5-step LR warm-up the first probe update would have lr 0 (staleness 0 and 1
+    # from one policy) and the second 0.2 lr: the probe takes steps 6, 7 instead (full lr)
+    from replayrl.recipes.design_probe import WarmupProbe, probe_lr_steps
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "rollout.prompts_per_step=8",
+        "rewards=[{name: digits_format}]",
+        "buffer.kind=replay",
+        "buffer.capacity=auto",
+        "train.batch_size=auto",
+        "design.warmup_steps=2",
+        "train.steps=20",
+        "train.warmup_steps=5",
+        "train.lr=3e-4",
+    )
+    assert probe_lr_steps(cfg) == [6, 7]
+    (tmp_path / "probe").mkdir()
+    s = Session(cfg, tmp_path / "probe", log=lambda _: None)
+    probe = WarmupProbe(s)
+    lrs = []
+    for _ in range(2):
+        probe.update(s.produce()[0])
+        lrs.append(s.learner.optimizer.param_groups[0]["lr"])
+    assert lrs == pytest.approx([3e-4, 3e-4])
+    probe.restore()
+
+
+@pytest.mark.parametrize(
+    ("extra", "steps", "blocked"),
+    [
+        ([], [1, 2], False),  # no LR warm-up: steps 1, 2 as before
+        (["train.warmup_ratio=0.5"], [6, 7], False),  # ceil(0.5 x 10) = 5 steps of warm-up
+        (["train.warmup_steps=10"], [11, 12], False),  # constant: lr after the warm-up
+        (["train.warmup_steps=10", "train.lr_scheduler=linear"], [11, 12], True),  # 0 by then
+        (["train.lr_scheduler=linear", "train.steps=1"], [1, 2], True),  # decayed to 0 at 2
+    ],
+)
+def test_a_probe_update_at_learning_rate_zero_blocks_the_measurement(extra, steps, blocked):
+    from replayrl.config.schema import load_config
+    from replayrl.recipes.design_probe import probe_blocker, probe_lr_steps
+
+    cfg = load_config("replay", ["train.steps=10", "design.warmup_steps=2", *extra])
+    assert probe_lr_steps(cfg) == steps
+    why = probe_blocker(cfg, advantage_at_generation=True)
+    assert (why is not None) == blocked, why
+    if blocked:
+        assert "learning rate of the probe's update at schedule step" in why

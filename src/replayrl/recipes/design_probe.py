@@ -2,19 +2,20 @@
 
 The `auto` warm-up (recipes/sync.py: auto_design) generates `design.warmup_steps` batches to
 time mu. To see staleness it also needs policy updates, so when alpha or rho is `measured` the
-warm-up takes one on-policy update after each of its batches (the run's own loss, learning
-rate schedule of steps 1, 2, ...; a separate shuffle generator), generates one more batch
-with the last policy, and computes at that policy the per-sample gradients of every batch:
-staleness W, W-1, ..., 1 and 0 for W warm-up steps (learner/grad_probe.py). alpha and rho
-come from data/staleness.py. Then the weights, optimizer and learner state are put back
-exactly as they were: the run starts from the same policy as without the probe, and its
-buffer holds only the first batch (version 0, on-policy for that policy); the other warm-up
-batches and the probe's own batch came from policies that no longer exist and are not kept
-(counted as generated, and in the ledger's `discarded_probe`).
+warm-up takes one on-policy update after each of its batches (the run's own loss; the learning
+rate of the schedule's first steps after its LR warm-up, `probe_lr_steps`; a separate shuffle
+generator), generates one more batch with the last policy, and computes at that policy the
+per-sample gradients of every batch: staleness W, W-1, ..., 1 and 0 for W warm-up steps
+(learner/grad_probe.py). alpha and rho come from data/staleness.py. Then the weights,
+optimizer and learner state are put back exactly as they were: the run starts from the same
+policy as without the probe, and its buffer holds only the first batch (version 0, on-policy
+for that policy); the other warm-up batches and the probe's own batch came from policies that
+no longer exist and are not kept (counted as generated, and in the ledger's
+`discarded_probe`).
 
 Ill-conditioned (fewer than two warm-up steps: staleness 0, 1, 2 are the minimum; advantages
-from a critic; too few prompt groups; no gradient signal): the configured fallback values
-are used and the log says so and why.
+from a critic; a probe update whose learning rate is 0; too few prompt groups; no gradient
+signal): the configured fallback values are used and the log says so and why.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from replayrl.config.schema import DESIGN_FALLBACK, Config
 from replayrl.data.rollout import Rollout
 from replayrl.data.staleness import MIN_LEVELS, AlphaRhoEstimate, estimate_alpha_rho
 from replayrl.learner.grad_probe import sample_gradients
+from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
 from replayrl.models.loading import unwrap_model
 from replayrl.run.session import Session
 
@@ -40,6 +42,20 @@ MEASURED = "measured"
 def measured_keys(cfg: Config) -> list[str]:
     """Which of alpha, rho the config asks to measure."""
     return [k for k in ("alpha", "rho") if getattr(cfg.design, k) == MEASURED]
+
+
+def lr_warmup(cfg: Config) -> int:
+    """The run's learning-rate warm-up in steps (train.warmup_steps / warmup_ratio)."""
+    t = cfg.train
+    return warmup_steps(t.steps, t.warmup_steps, t.warmup_ratio)
+
+
+def probe_lr_steps(cfg: Config) -> list[int]:
+    """The schedule steps (1-based) the probe's `design.warmup_steps` updates take their
+    learning rate from: the first ones after the run's LR warm-up, warm-up + 1, warm-up + 2, ...
+    (1, 2, ... without one). Inside a warm-up the first update would have learning rate 0 and
+    staleness 0 and 1 would share one policy. Not specified: our choice."""
+    return [lr_warmup(cfg) + k for k in range(1, cfg.design.warmup_steps + 1)]
 
 
 def probe_blocker(cfg: Config, advantage_at_generation: bool) -> str | None:
@@ -52,6 +68,14 @@ def probe_blocker(cfg: Config, advantage_at_generation: bool) -> str | None:
         )
     if not advantage_at_generation:
         return "per-sample gradients need advantages stored at generation (grpo, rloo), not gae"
+    t, warm = cfg.train, lr_warmup(cfg)
+    for step in probe_lr_steps(cfg):
+        if lr_multiplier(t.lr_scheduler, step - 1, t.steps, warm) <= 0:
+            return (
+                f"the learning rate of the probe's update at schedule step {step} is 0 "
+                f"(train.lr_scheduler = {t.lr_scheduler}, {t.steps} steps, LR warm-up {warm}): "
+                "two staleness levels would share one policy"
+            )
     return None
 
 
@@ -71,6 +95,7 @@ class WarmupProbe:
         self.model_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.learner_state = copy.deepcopy(self.s.learner.state_dict())
         self.rng = np.random.default_rng(self.s.cfg.train.seed + 7919)  # not the run's
+        self.lr_warmup = lr_warmup(self.s.cfg)  # updates at the LR after it (probe_lr_steps)
 
     def update(self, rollouts: list[Rollout]) -> None:
         """One on-policy update on a warm-up batch (its policy version is the staleness key)."""
@@ -78,7 +103,7 @@ class WarmupProbe:
         self.batches.append(rollouts)
         learner = self.s.learner
         if rollouts:
-            learner.train_step(rollouts, self.rng, step=len(self.batches))
+            learner.train_step(rollouts, self.rng, step=self.lr_warmup + len(self.batches))
         else:
             learner.version += 1
         self._sync_generator()
