@@ -332,6 +332,12 @@ NOT_OBSERVED: dict[str, str] = {
         for k in ("ratio", "sigma", "selection", "start_accuracy", "shaping_beta")
     },
     **{
+        f"groups.exgrpo.{k}": "the experience store's caps, built from the config: "
+        "tests/test_exgrpo.py (test_config_keys_reach_the_exgrpo_source, "
+        "test_store_caps_drop_the_oldest_trajectories_and_questions)"
+        for k in ("store_per_question", "store_questions")
+    },
+    **{
         f"train.{k}": "the per-step learning rate in metrics.jsonl: tests/test_trl_lr.py"
         for k in ("lr_scheduler", "warmup_ratio", "warmup_steps")
     },

@@ -206,6 +206,30 @@ def test_store_keeps_successes_latest_rate_and_retires_solved_questions() -> Non
     assert [r.completion_ids.tolist() for r in back.trajectories["a"]] == [[3, 4], [3, 6]]
 
 
+def test_store_caps_drop_the_oldest_trajectories_and_questions() -> None:
+    st = ExperienceStore(4, per_question=2, max_questions=2)
+    # a: successes (3, 4), (3, 6), (3, 7): the oldest, (3, 4), is dropped
+    st.update([Group(group(1, "a", [True, False, True, True]))], {1: {"prompt": "a"}})
+    assert [r.completion_ids.tolist() for r in st.trajectories["a"]] == [[3, 6], [3, 7]]
+    st.update([Group(group(2, "b", [True, False, False, False]))], {2: {"prompt": "b"}})
+    # a stored again (a new success (3, 5)): b is now the least recently stored question
+    a_again = [ro(3, True, "a", 0, (3, 5)), ro(3, False, "a", 0, (3, 9))]
+    a_again += [ro(3, False, "a", 0, (3, 8)), ro(3, False, "a", 0, (3, 10))]
+    st.update([Group(a_again)], {3: {"prompt": "a"}})
+    assert [r.completion_ids.tolist() for r in st.trajectories["a"]] == [[3, 7], [3, 5]]
+    back = ExperienceStore(4, per_question=2, max_questions=2)
+    back.load_state_dict(_checkpointed(st.state_dict()))  # the eviction order comes back
+    for store in (st, back):
+        store.update([Group(group(4, "c", [True, False, False, False]))], {4: {"prompt": "c"}})
+        assert list(store.trajectories) == ["a", "c"] and set(store.rows) == {"a", "c"}
+        assert set(store.rates) == {"a", "c"} and store.eligible() == {"a": 0.25, "c": 0.25}
+        # (3, 4) and (3, 6) from a, then b's one trajectory with b itself
+        stats = store.stats()
+        assert (stats["evicted_trajectories"], stats["evicted_questions"]) == (3.0, 1.0)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        ExperienceStore(4, per_question=0)
+
+
 def test_store_refuses_a_row_it_cannot_save() -> None:
     with pytest.raises(ValueError, match="JSON"):
         ExperienceStore(2).update([Group(group(1, "a", [True, False]))], {1: {"x": object()}})
@@ -312,6 +336,20 @@ def test_source_waits_for_the_start_accuracy() -> None:
     assert not src.mixing and len(src.store) == 0  # accuracy 0 < 0.3: nothing collected
 
 
+def test_source_refuses_a_non_json_row_when_it_first_sees_it() -> None:
+    # before mixing starts nothing is stored: the row would fail only at the first mixing
+    # step (maybe hours in); the source checks every row of every step instead
+    producer = FakeProducer({"a": [False] * 4, "new0": [False] * 4})
+    src = _source(producer, ratio=0.5)
+    src.ex = ExgrpoConfig(ratio=0.5, start_accuracy=1.0)
+    c = Counters(step=1)
+    src.before_step(None, c, lambda _: None)
+    p = producer.produce(5, 1, 1_000_000, [{"prompt": "a", "when": object()}], 4)
+    with pytest.raises(ValueError, match="stores task rows as JSON"):
+        src.next_batch(p.rollouts, version=5)
+    assert not src.mixing
+
+
 def test_source_state_round_trip_draws_the_same_questions() -> None:
     truth = {q: [True, False, True, False] for q in "abcdef"}
     truth.update({f"new{i}": [True, False, False, False] for i in range(4)})
@@ -351,8 +389,10 @@ def test_config_keys_reach_the_exgrpo_source() -> None:
 
     over = ["groups.exgrpo.ratio=0.25", "groups.exgrpo.selection=random", "groups.exgrpo.sigma=2"]
     over += ["groups.exgrpo.start_accuracy=0.5", "groups.exgrpo.shaping_beta=0.3"]
+    over += ["groups.exgrpo.store_per_question=3", "groups.exgrpo.store_questions=5"]
     cfg = load_config("exgrpo", over)
     src = build_batch_source(cfg, OnPolicyQueue(), None)
+    assert (src.store.per_question, src.store.max_questions) == (3, 5)
     assert isinstance(src, ExgrpoSource) and src.produce is None and src.entropies is None
     assert (src.ex.ratio, src.ex.selection, src.ex.sigma) == (0.25, "random", 2.0)
     assert (src.ex.start_accuracy, src.ex.shaping_beta) == (0.5, 0.3)

@@ -533,6 +533,12 @@ class ExgrpoConfig(_Section):
     start_accuracy: float = Field(0.35, ge=0, le=1)
     # beta of the policy shaping f(w) = w / (w + beta) on replayed tokens (loss exgrpo; 0.1)
     shaping_beta: float = Field(0.1, gt=0)
+    # the experience store's bounds (the paper keeps every success; not specified: our
+    # choice): distinct successful trajectories kept per question (oldest dropped first; the
+    # entropy selection scores each) and questions kept (least recently stored dropped first).
+    # Large enough not to bind in the presets' 80-step runs
+    store_per_question: int = Field(64, ge=1)
+    store_questions: int = Field(10_000, ge=1)
 
 
 class GroupsConfig(_Section):

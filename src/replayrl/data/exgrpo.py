@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "ExperienceStore",
     "bucket_counts",
     "bucket_weights",
+    "check_row",
     "mixed_group_advantages",
     "question_action",
     "replay_count",
@@ -179,21 +181,48 @@ def mixed_group_advantages(
     ]
 
 
+def check_row(row: dict[str, Any]) -> None:
+    """A task row the store can checkpoint (JSON), else a ValueError saying so: checked when
+    the source first sees a row, not at the first mixing step."""
+    try:
+        json.dumps(row)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"ExGRPO stores task rows as JSON; this one is not: {e}") from e
+
+
 # -- the experience store --------------------------------------------------------------------
 
 
 class ExperienceStore:
     """Question -> (task row, latest correctness rate, successful trajectories); the retired
-    set. Holds references to rollouts already trained once: reuse, never in the ledger."""
+    set. Holds references to rollouts already trained once: reuse, never in the ledger.
+
+    Bounded (the paper and its code keep every success; not specified: our choice,
+    `groups.exgrpo.store_per_question` / `store_questions`): a question keeps its newest
+    `per_question` distinct successes (oldest dropped first) and the store its `max_questions`
+    most recently stored questions (the least recently stored dropped first, with its row
+    and rate). The defaults do not bind in an 80-step run of the presets."""
 
     kind = "experience"
 
-    def __init__(self, group_size: int) -> None:
+    def __init__(
+        self,
+        group_size: int,
+        per_question: int = ExgrpoConfig().store_per_question,
+        max_questions: int = ExgrpoConfig().store_questions,
+    ) -> None:
+        if per_question < 1 or max_questions < 1:
+            raise ValueError(
+                f"per_question={per_question}, max_questions={max_questions}: must be >= 1"
+            )
         self.group_size = group_size
+        self.per_question, self.max_questions = per_question, max_questions
         self.rows: dict[str, dict[str, Any]] = {}
         self.rates: dict[str, float] = {}
-        self.trajectories: dict[str, list[Rollout]] = {}
+        # least recently stored question first: the eviction order (saved in checkpoints)
+        self.trajectories: OrderedDict[str, list[Rollout]] = OrderedDict()
         self.retired: set[str] = set()
+        self.evicted_trajectories = self.evicted_questions = 0
 
     def __len__(self) -> int:
         return len(self.trajectories)
@@ -213,18 +242,29 @@ class ExperienceStore:
             if action == "skip" or g.group_id not in rows:
                 continue
             row = rows[g.group_id]
-            try:
-                json.dumps(row)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"ExGRPO stores task rows as JSON; this one is not: {e}") from e
+            check_row(row)
             self.rows[q], self.rates[q] = row, g.accuracy
-            kept = self.trajectories.setdefault(q, [])
-            seen = {tuple(r.completion_ids.tolist()) for r in kept}
-            for r in g.rollouts:
-                key = tuple(r.completion_ids.tolist())
-                if r.correct and key not in seen:
-                    kept.append(r)
-                    seen.add(key)
+            self._keep(q, [r for r in g.rollouts if r.correct])
+
+    def _keep(self, q: str, successes: Sequence[Rollout]) -> None:
+        """Add a question's new distinct successes, then apply the caps (oldest out first)."""
+        kept = self.trajectories.setdefault(q, [])
+        self.trajectories.move_to_end(q)  # the most recently stored question
+        seen = {tuple(r.completion_ids.tolist()) for r in kept}
+        for r in successes:
+            key = tuple(r.completion_ids.tolist())
+            if key not in seen:
+                kept.append(r)
+                seen.add(key)
+        over = max(0, len(kept) - self.per_question)
+        self.evicted_trajectories += over
+        del kept[:over]
+        while len(self.trajectories) > self.max_questions:
+            old, dropped = self.trajectories.popitem(last=False)
+            self.rows.pop(old, None)
+            self.rates.pop(old, None)
+            self.evicted_questions += 1
+            self.evicted_trajectories += len(dropped)
 
     def eligible(self) -> dict[str, float]:
         return {q: self.rates[q] for q in self.trajectories if self.trajectories[q]}
@@ -234,10 +274,12 @@ class ExperienceStore:
             "questions": float(len(self.trajectories)),
             "trajectories": float(sum(len(v) for v in self.trajectories.values())),
             "retired": float(len(self.retired)),
+            "evicted_questions": float(self.evicted_questions),
+            "evicted_trajectories": float(self.evicted_trajectories),
         }
 
     def state_dict(self) -> dict[str, Any]:
-        qs = sorted(self.trajectories)
+        qs = list(self.trajectories)  # eviction order
         table, order = encode_rollouts(r for q in qs for r in self.trajectories[q])
         return {
             "questions": qs,
@@ -247,11 +289,12 @@ class ExperienceStore:
             "rollouts": table,
             "order": order,
             "retired": sorted(self.retired),
+            "evicted": [self.evicted_questions, self.evicted_trajectories],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         flat = decode_rollouts(state["rollouts"], state["order"])
-        self.rows, self.rates, self.trajectories, at = {}, {}, {}, 0
+        self.rows, self.rates, self.trajectories, at = {}, {}, OrderedDict(), 0
         for q, row, rate, k in zip(
             state["questions"], state["rows"], state["rates"], state["sizes"], strict=True
         ):
@@ -259,6 +302,9 @@ class ExperienceStore:
             self.trajectories[q] = flat[at : at + int(k)]
             at += int(k)
         self.retired = set(state["retired"])
+        self.evicted_questions, self.evicted_trajectories = (
+            int(x) for x in state.get("evicted", [0, 0])
+        )
 
 
 # -- the batch source ------------------------------------------------------------------------
@@ -362,6 +408,8 @@ class ExgrpoSource(BufferSource):
             extra = self._call(version, 2, self.sample_rows(missing), self.store.group_size)
             rows.update(self.rows())
             groups += split_groups(extra)
+        for row in rows.values():  # now, not at the first mixing step (maybe hours in)
+            check_row(row)
         if not self.mixing and acc >= self.ex.start_accuracy:
             self.mixing = True
             self.log(f"ExGRPO: mixing starts (fresh accuracy {acc:.3f} >= start_accuracy)")

@@ -129,7 +129,8 @@ def build_exgrpo_source(
 ) -> ExgrpoSource:
     """ExGRPO (arXiv 2510.02245): the producer generates for stored questions, the learner
     scores trajectories by entropy (without them: no extra calls, random selection)."""
-    store = ExperienceStore(cfg.rollout.num_generations)
+    ex = cfg.groups.exgrpo
+    store = ExperienceStore(cfg.rollout.num_generations, ex.store_per_question, ex.store_questions)
     return ExgrpoSource(
         buffer,
         store,
