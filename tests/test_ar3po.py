@@ -209,6 +209,28 @@ def test_reuse_logprobs_current_takes_the_policy_at_reuse_and_reuse_zero_turns_i
     assert len(batch) == 2 and c2.rollouts_reused == 0
 
 
+@pytest.mark.parametrize("mode", ["current", "behaviour"])
+def test_a_reused_copy_keeps_sampler_logprobs_only_with_its_own_behaviour(mode: str) -> None:
+    # reduced precision stores the sampler's log-probs beside the learner's refreshed ones;
+    # truncated IS weighs w = min(exp(behaviour - sampler), cap) (learner._frozen_fields).
+    # current: behaviour = the policy now (-0.25), so the old sampler's (-3) would give
+    # w = min(e^2.75, 2) = 2; dropped, w = 1. behaviour: both from generation, w = e^-0.5
+    from replayrl.algorithms.correction import truncated_is_weights
+
+    src, c = _source(None, reuse_logprobs=mode)
+    _step(src, c, {"q": [1, 0]}, step=0, learner=FakeLearner())
+    stored = src.store.get("q")[0]
+    stored.behaviour_logprobs = torch.full((2,), -3.5)
+    stored.extras["sampler_logprobs"] = torch.full((2,), -3.0)
+    batch, _ = _step(src, c, {"q": [0, 0]}, step=1, learner=FakeLearner())
+    reused = next(r for r in batch if r.correct)
+    sampler = reused.extras.get("sampler_logprobs", reused.behaviour_logprobs)
+    w = truncated_is_weights(reused.behaviour_logprobs, sampler, 2.0)
+    want = 1.0 if mode == "current" else float(torch.exp(torch.tensor(-0.5)))
+    assert torch.allclose(w, torch.full((2,), want))
+    assert "sampler_logprobs" in stored.extras  # the stored response is not changed
+
+
 def test_stop_correct_and_max_rounds_decide_the_rounds() -> None:
     producer = FakeProducer([{"q": [1, 0]}])
     src, c = _source(producer, stop_correct=2, max_rounds=2)
@@ -250,6 +272,10 @@ def test_preset_and_settings_it_cannot_honour() -> None:
         load_config("ar3po", ["buffer.capacity=100"])  # 16 x (4 x 4 + 1)
     with pytest.raises(ConfigError, match="runtime=sync"):
         load_config("ar3po", ["runtime=async-local"])
+    # reusing more than the store keeps per prompt would be capped silently
+    with pytest.raises(ConfigError, match="reuse=2 is more than the 1 correct responses"):
+        load_config("ar3po", ["groups.ar3po.reuse=2"])
+    load_config("ar3po", ["groups.ar3po.reuse=2", "groups.ar3po.store_per_prompt=2"])
 
 
 def test_config_keys_reach_the_source() -> None:

@@ -838,6 +838,12 @@ class Config(_Section):
     def _check_ar3po(self) -> None:
         a, r = self.groups.ar3po, self.rollout
         most = r.prompts_per_step * (a.max_rounds * r.num_generations + a.reuse)
+        if a.reuse > a.store_per_prompt:
+            raise ValueError(
+                f"groups.ar3po.reuse={a.reuse} is more than the {a.store_per_prompt} correct "
+                "responses kept per prompt (groups.ar3po.store_per_prompt): at most that many "
+                "could be reused; raise store_per_prompt or lower reuse"
+            )
         if self.train.batch_size is not None:
             raise ValueError(
                 f"train.batch_size={self.train.batch_size}: AR3PO trains on every response of "

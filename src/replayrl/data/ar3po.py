@@ -240,6 +240,10 @@ class Ar3poSource(BufferSource):
         if copies and self.ar.reuse_logprobs == "current" and self.learner is not None:
             for r, lp in zip(copies, self.learner.current_logprobs(copies), strict=True):
                 r.behaviour_logprobs = lp.detach().float().cpu()
+                # the old sampler's log-probs no longer pair with these: truncated IS would
+                # weigh the current policy against the old sampler. Without them the weight
+                # is 1, as for a rollout whose pi_old is its sampler (`behaviour` keeps both)
+                r.extras.pop("sampler_logprobs", None)
         self.store.reused += len(copies)
         return copies
 
