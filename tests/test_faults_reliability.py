@@ -32,6 +32,7 @@ Catalogue (each test names its case ids):
      does not grow when the trainer writes a 100 MB tensor it allocated after the rewards
   I6 what a reward prints reaches stdout and stderr redirected to files (no PYTHONUNBUFFERED)
   I7 a reward call works when its pipes' descriptors are >= 1024 (select() refuses them)
+  I8 a fork server killed from outside: that call's rollouts dropped, a new server after
   A1 async-local: RewardFunctionFailed keeps its type and message, exit 2 as in sync
   Y1 Ray driver stopped by SIGTERM exits 143 (a stand-in for ray; no cluster here)
   C8 checkpoints written before content hashes: a damaged header or JSON falls back
@@ -905,6 +906,34 @@ def test_reward_call_works_with_pipe_fds_above_1023(tmp_path: Path):  # I7
     assert proc.returncode == 0, proc.stderr[-3000:]  # select(): "filedescriptor out of range"
     assert "ok [3.0, 1.0] {}" in proc.stdout
     assert "slow [None] {'timeout': 1}" in proc.stdout
+
+
+def gone(pid: int) -> bool:
+    """Ended (reaped, or a zombie no one has reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_reward_server_killed_from_outside_is_forked_again():  # I8
+    wr = WeightedReward("len", lambda completions, **_: [float(len(c)) for c in completions])
+    assert score([wr], ["p"], ["ab"], [{}], isolation="process").rewards == [2.0]
+    assert wr.worker is not None and wr.worker.pid is not None
+    server, worker = wr.worker.server, wr.worker.pid
+    first = server.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)  # the OOM killer, say
+    deadline = time.monotonic() + 30
+    while not gone(worker):  # it dies with its server
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    res = score([wr], ["p"], ["ab"], [{}], isolation="process")
+    assert res.reasons == {"worker_died": 1}
+    assert "ended (its exit status is unknown)" in str(res.first_error)
+    assert score([wr], ["p"], ["abc"], [{}], isolation="process").rewards == [3.0]
+    assert server.starts == 2 and server.pid not in (None, first) and gone(first)
 
 
 # -- async-local, Ray ---------------------------------------------------------------------------
