@@ -28,6 +28,11 @@ Catalogue (each test names its case ids):
   I2 a worker that dies once is restarted; only that call's rollouts are dropped
   I3 Python callables from the API run isolated with no pickling (closures)
   I4 a stray thread lives and ends in the worker process (R3 with reward_isolation=process)
+  I5 workers fork from a server started before the model loads: a worker's private memory
+     does not grow when the trainer writes a 100 MB tensor it allocated after the rewards
+  I6 what a reward prints reaches stdout and stderr redirected to files (no PYTHONUNBUFFERED)
+  I7 a reward call works when its pipes' descriptors are >= 1024 (select() refuses them)
+  I8 a fork server killed from outside: that call's rollouts dropped, a new server after
   A1 async-local: RewardFunctionFailed keeps its type and message, exit 2 as in sync
   Y1 Ray driver stopped by SIGTERM exits 143 (a stand-in for ray; no cluster here)
   C8 checkpoints written before content hashes: a damaged header or JSON falls back
@@ -760,6 +765,175 @@ def test_reward_isolation_unit_cases():  # I1-I3 (unit: the scorer itself)
     (builtin,) = resolve_rewards([("digits_format", 1.0)])
     score([builtin], ["p"], ["12"], [{"answer": "12"}], isolation="process")
     assert builtin.builtin and builtin.worker is None
+
+
+def pss_mb(pid: int) -> float:
+    """A process's share of the memory it maps (a page shared by k processes counts 1/k)."""
+    text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    kb = next(int(x.split()[1]) for x in text.splitlines() if x.startswith("Pss:"))
+    return kb / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").is_file(), reason="Linux smaps_rollup")
+def test_reward_worker_keeps_no_copy_of_memory_the_trainer_writes():  # I5
+    import torch
+
+    from replayrl.rollout.rewards import prepare_isolation
+
+    wr = WeightedReward("len", lambda completions, **_: [float(len(c)) for c in completions])
+    prepare_isolation([wr])  # as a run does: with its rewards, before the model loads
+    big = torch.ones(25 * 2**20)  # 100 MB loaded after them: "the model"
+    assert score([wr], ["p"], ["ab"], [{}], isolation="process").rewards == [2.0]
+    assert wr.worker is not None and wr.worker.pid is not None
+    pids = [wr.worker.pid, wr.worker.server.pid]
+    before = sum(pss_mb(p) for p in pids)
+    big.add_(1.0)  # "training": the trainer writes every page
+    grew = sum(pss_mb(p) for p in pids) - before
+    # a worker forked from the trainer after `big` keeps its old pages once they change
+    # (+50 MB: shared with the trainer before, its own after); forked from a server forked
+    # after `big`, worker and server share them (+33 MB); here neither ever had them
+    assert grew < 12, grew
+    assert score([wr], ["p"], ["abc"], [{}], isolation="process").rewards == [3.0]
+
+
+def test_runs_fork_the_reward_server_before_the_model_loads(tmp_path: Path, monkeypatch):  # I5
+    import torch
+
+    from replayrl.distributed import worker
+    from replayrl.rollout.rewards.isolation import live_servers
+    from replayrl.run import components
+    from tiny import tiny_config
+
+    rewards = tmp_path / "mine.py"
+    rewards.write_text("def mine(completions, **kw):\n    return [0.0] * len(completions)\n")
+    seen: list[set[int]] = []
+
+    class Loaded(Exception):
+        pass
+
+    def load_policy(*a, **kw):  # stands in for the model load; records the servers running
+        seen.append({s.pid for s in live_servers() if [f.__name__ for f in s.fns] == ["mine"]})
+        raise Loaded
+
+    monkeypatch.setattr(components, "load_policy", load_policy)
+    monkeypatch.setattr(worker, "load_policy", load_policy)
+    cfg = tiny_config(tmp_path, f"rewards=[{{name: '{rewards}:mine'}}]")
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(Loaded):  # the synchronous runtime (and the Python API)
+            components.build_components(cfg)
+        with pytest.raises(Loaded):  # a generator worker of async-local and Ray
+            worker.GeneratorWorker(cfg, 0)
+        with pytest.raises(Loaded):  # thread: no server
+            components.build_components(tiny_config(tmp_path, "rollout.reward_isolation=thread"))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(seen) == 3 and seen[0] and seen[1] - seen[0] and seen[2] <= seen[1], seen
+
+
+def test_reward_output_reaches_a_redirected_stdout(tmp_path: Path):  # I6
+    rewards, calls = tmp_path / "chatty.py", tmp_path / "calls"
+    rewards.write_text(
+        "import sys, time\nfrom pathlib import Path\n"
+        f"calls = Path({str(calls)!r})\n"
+        "def chatty(completions, **kw):\n"
+        "    n = int(calls.read_text()) + 1 if calls.exists() else 1\n"
+        "    calls.write_text(str(n))\n"
+        "    print(f'reward says hi {n}')\n"
+        "    sys.stderr.write(f'note {n} without newline;')\n"
+        "    if n == 2:\n"
+        "        time.sleep(3600)  # killed at the timeout; a new worker serves call 3\n"
+        "    return [float(len(c) % 2) for c in completions]\n"
+    )
+    argv = args(
+        tmp_path,
+        "chatty",
+        "train.steps=3",
+        "rollout.reward_timeout_s=1",
+        f"rewards=[{{name: '{rewards}:chatty'}}]",
+    )
+    plain = {k: v for k, v in env().items() if k != "PYTHONUNBUFFERED"}  # files: block-buffered
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.run(
+            [sys.executable, "-m", "replayrl", "train", *argv],
+            env=plain,
+            stdout=o,
+            stderr=e,
+            timeout=240,
+        )
+    stdout, stderr = out.read_text(), err.read_text()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert calls.read_text() == "3"  # one call a step
+    # whole lines at once, even from the call that hung; none repeated by a fork
+    for n in (1, 2, 3):
+        assert stdout.count(f"reward says hi {n}\n") == 1, stdout[-3000:]
+    # flushed after each call: call 1's partial line survives the kill of its worker
+    # (call 2's, unfinished when it was killed, is lost)
+    assert stderr.count("note 1 without newline;") == 1, stderr[-3000:]
+    assert stderr.count("note 3 without newline;") == 1, stderr[-3000:]
+    assert stdout.count("run folder:") == 1  # the trainer's lines: once each too
+
+
+HIGH_FD_SCRIPT = """
+import os, resource, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the pipes come after
+from replayrl.rollout.rewards import WeightedReward, score
+ok = WeightedReward("len", lambda completions, **_: [float(len(c)) for c in completions])
+slow = WeightedReward("slow", lambda completions, **_: time.sleep(60))
+res = score([ok], ["p", "q"], ["abc", "d"], [{}, {}], timeout_s=5, isolation="process")
+assert ok.worker is not None and min(ok.worker.requests, ok.worker.replies) >= 1024
+print("ok", res.rewards, res.reasons)
+res = score([slow], ["p"], ["abc"], [{}], timeout_s=0.3, isolation="process")
+print("slow", res.rewards, res.reasons)
+"""
+
+
+def test_reward_call_works_with_pipe_fds_above_1023(tmp_path: Path):  # I7
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048:
+        pytest.skip("the hard limit on open files is under 2048")
+    proc = subprocess.run(
+        [sys.executable, "-c", HIGH_FD_SCRIPT],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]  # select(): "filedescriptor out of range"
+    assert "ok [3.0, 1.0] {}" in proc.stdout
+    assert "slow [None] {'timeout': 1}" in proc.stdout
+
+
+def gone(pid: int) -> bool:
+    """Ended (reaped, or a zombie no one has reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_reward_server_killed_from_outside_is_forked_again():  # I8
+    wr = WeightedReward("len", lambda completions, **_: [float(len(c)) for c in completions])
+    assert score([wr], ["p"], ["ab"], [{}], isolation="process").rewards == [2.0]
+    assert wr.worker is not None and wr.worker.pid is not None
+    server, worker = wr.worker.server, wr.worker.pid
+    first = server.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)  # the OOM killer, say
+    deadline = time.monotonic() + 30
+    while not gone(worker):  # it dies with its server
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    res = score([wr], ["p"], ["ab"], [{}], isolation="process")
+    assert res.reasons == {"worker_died": 1}
+    assert "ended (its exit status is unknown)" in str(res.first_error)
+    assert score([wr], ["p"], ["abc"], [{}], isolation="process").rewards == [3.0]
+    assert server.starts == 2 and server.pid not in (None, first) and gone(first)
 
 
 # -- async-local, Ray ---------------------------------------------------------------------------

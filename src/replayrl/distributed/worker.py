@@ -20,7 +20,7 @@ from replayrl.data.buffer.base import rollout_from_dict, rollout_to_dict
 from replayrl.data.rollout import Rollout
 from replayrl.distributed.weights import load_trainable
 from replayrl.models.loading import unwrap_model
-from replayrl.run.components import build_producer
+from replayrl.run.components import build_producer, reward_set
 from replayrl.run.policy import load_policy
 from replayrl.storage.io import atomic_write_with
 from replayrl.storage.safe_state import dumps_single, loads_single
@@ -112,11 +112,12 @@ class GeneratorWorker:
         self.cfg, self.worker_id, self.incarnation = cfg, worker_id, incarnation
         torch.set_num_threads(cfg.workers.generator_threads)
         seed = worker_seed(cfg, worker_id, incarnation)
+        rewards = reward_set(cfg)  # before the model: see run.components.reward_set
         self.model, tokenizer, path = load_policy(cfg.model, cfg.task, log=log, seed=cfg.train.seed)
         torch.manual_seed(seed)  # after the (cached) warm start: sampling differs per worker
         self.model.eval()
         self.producer = build_producer(
-            cfg, self.model, tokenizer, path, np.random.default_rng(seed), log
+            cfg, self.model, tokenizer, path, np.random.default_rng(seed), log, rewards=rewards
         )
         self.version = -1  # no weights yet: the learner publishes before anything is generated
         self.seq = 0

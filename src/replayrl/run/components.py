@@ -32,7 +32,7 @@ from replayrl.rollout.evaluation import held_out_rows
 from replayrl.rollout.generation import Generator, make_generator
 from replayrl.rollout.producer import RolloutProducer
 from replayrl.rollout.prompts import PromptRenderer
-from replayrl.rollout.rewards import resolve_rewards
+from replayrl.rollout.rewards import prepare_isolation, resolve_rewards
 from replayrl.rollout.tasks import task_from_config
 from replayrl.run.policy import load_policy
 
@@ -157,6 +157,17 @@ def build_learner(cfg: Config, model: Any, pad_id: int, model_path: str) -> Lear
     return Learner(model, pad_id, cfg, critic=critic)
 
 
+def reward_set(cfg: Config, rewards: list[Any] | None = None) -> list[Any]:
+    """The run's rewards (`rewards`, or resolved from the config) with, under
+    `reward_isolation=process`, their workers' fork server running: build it before the
+    model loads (rewards/isolation.py: a worker forked later would hold the model's pages)."""
+    if rewards is None:
+        rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
+    if cfg.rollout.reward_isolation == "process":
+        prepare_isolation(rewards)
+    return rewards
+
+
 def build_producer(
     cfg: Config,
     model: Any,
@@ -237,6 +248,8 @@ def build_components(
         else cfg.model
     )
     adapter = ckpt / "policy" if ckpt and lora else None
+    # the rewards before the model: their workers' fork server must not hold its pages
+    rewards = reward_set(cfg, rewards)
     if policy is not None and ckpt is None:  # a model object from the Python API
         model, tokenizer, model_path = policy
     else:
@@ -254,8 +267,6 @@ def build_components(
         task = task_from_config(cfg.task)
     if getattr(task, "skipped", None):
         log(task.skip_summary())
-    if rewards is None:
-        rewards = resolve_rewards([(r.name, r.weight) for r in cfg.rewards])
     buffer = make_main_buffer(cfg) if not cfg.needs_design else None
     learner = build_learner(cfg, model, tokenizer.pad_token_id, model_path)
     window = build_window(cfg)

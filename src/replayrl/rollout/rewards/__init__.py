@@ -6,7 +6,13 @@ from replayrl.rollout.rewards.builtin import (
     digits_format_reward,
 )
 from replayrl.rollout.rewards.loading import load_reward_function
-from replayrl.rollout.rewards.scoring import RewardFunction, ScoreResult, WeightedReward, score
+from replayrl.rollout.rewards.scoring import (
+    RewardFunction,
+    ScoreResult,
+    WeightedReward,
+    prepare_isolation,
+    score,
+)
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -15,6 +21,7 @@ __all__ = [
     "WeightedReward",
     "correctness_reward",
     "digits_format_reward",
+    "prepare_isolation",
     "resolve_rewards",
     "score",
 ]

@@ -21,7 +21,8 @@ rollout of `patience` calls in a row (one call per step) ends the run with
 that call's error, not the end of the run.
 
 Isolation (`isolation="process"`, the CLI's default for user functions): each function that
-is not built in runs in a worker process of its own (rewards/isolation.py), so `os._exit`, a
+is not built in runs in a worker process of its own (rewards/isolation.py), forked from a
+server that `prepare_isolation` starts before the model loads, so `os._exit`, a
 segfault or a hang ends or stalls that worker, never the run: the call fails with reason
 `worker_died` (or `timeout`, and the worker is killed rather than abandoned), is not retried
 item by item, and counts towards `patience` like any failing call. "thread": the behaviour
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from replayrl.errors import RewardFunctionFailed
-from replayrl.rollout.rewards.isolation import RewardWorker
+from replayrl.rollout.rewards.isolation import ForkServer, RewardWorker
 from replayrl.rollout.rewards.values import (
     FLOAT32_MAX,
     RewardCallError,
@@ -69,8 +70,26 @@ class WeightedReward:
     def call_isolated(self, kwargs: dict[str, Any], timeout: float | None) -> list[Any]:
         """One call in this function's worker process (started at the first call)."""
         if self.worker is None:
-            self.worker = RewardWorker(self.fn, self.name)
+            prepare_isolation([self])
+        assert self.worker is not None
         return self.worker.call(kwargs, timeout)
+
+
+def prepare_isolation(fns: Sequence[WeightedReward]) -> None:
+    """Fork the server that the worker processes of `fns` (those not built in and without
+    one) are forked from: call it before the model loads, so that neither the server nor the
+    workers hold pages of the model or optimizer (rewards/isolation.py says why). `score`
+    calls it for functions that have none (the server then forks from the trainer as it is).
+    """
+    if not hasattr(os, "fork"):
+        raise ValueError(
+            "rollout.reward_isolation=process needs os.fork (Linux, macOS); set it to thread"
+        )
+    todo = [wr for wr in fns if not wr.builtin and wr.worker is None]
+    if todo:
+        server = ForkServer([wr.fn for wr in todo])
+        for i, wr in enumerate(todo):
+            wr.worker = RewardWorker(wr.fn, wr.name, server, i)
 
 
 @dataclass
@@ -236,10 +255,8 @@ def score(
     """
     if isolation not in ("process", "thread"):
         raise ValueError(f"reward isolation must be 'process' or 'thread', not {isolation!r}")
-    if isolation == "process" and not hasattr(os, "fork"):
-        raise ValueError(
-            "rollout.reward_isolation=process needs os.fork (Linux, macOS); set it to thread"
-        )
+    if isolation == "process":
+        prepare_isolation(fns)  # one server for the functions that have none yet
     t0 = time.perf_counter()
     n = len(completions)
     s = _Scorer(n, timeout_s, isolation)
