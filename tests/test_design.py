@@ -671,3 +671,14 @@ def test_a_probe_update_at_learning_rate_zero_blocks_the_measurement(extra, step
     assert (why is not None) == blocked, why
     if blocked:
         assert "learning rate of the probe's update at schedule step" in why
+
+
+def test_feasible_design_is_bounded_by_the_run_length():
+    # measured alpha and rho near 0 (sub6, seed 0 of the held-out suite) sent x to the grid's
+    # 1e6: N = 64,000,000 for a 120-step run. x_max (the run's steps) bounds N at x_max R
+    free = feasible_design(0.84, 0.01, 0.001, 64)
+    assert free.N > 120 * 64  # what the unbounded design picks
+    fd = feasible_design(0.84, 0.01, 0.001, 64, x_max=120.0)
+    assert not fd.on_policy and fd.x <= 120.0 and fd.N <= 120 * 64
+    with pytest.raises(ValueError, match="x_max"):
+        feasible_design(0.84, 0.01, 0.001, 64, x_max=1.0)

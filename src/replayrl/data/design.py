@@ -532,10 +532,13 @@ def feasible_design(
     allow_y_below_one: bool = False,
     min_saving: float = 0.05,
     tau: float = 1.0,
+    x_max: float = 1e6,
 ) -> FeasibleDesign:
     """Paper 1's design restricted to buildable buffers, with "stay on-policy" as an outcome.
 
-    N >= R always (x >= 1); B >= R (y >= 1) unless `allow_y_below_one` (then B >= 1). When
+    N >= R always (x >= 1) and N <= x_max R (a run passes its number of steps: a buffer larger
+    than everything the run generates is never filled, and the theory's x -> inf at small
+    alpha is not a buffer); B >= R (y >= 1) unless `allow_y_below_one` (then B >= 1). When
     the best feasible (N, B) is predicted to save less than `min_saving` of the on-policy
     compute (the model is approximate: a small predicted gain does not pay for staleness),
     the result is on-policy: N = B = R, which a FIFO sampled without replacement trains on
@@ -557,8 +560,10 @@ def feasible_design(
     except ValueError:
         xu = yu = math.nan
     y_min = 1.0 / r if allow_y_below_one else 1.0
-    x, y = constrained_optimum(mu, rho, sigma2, x_min=1.0, y_min=y_min)
-    n = max(r, math.floor(x * r + 0.5))
+    if not x_max > 1.0:
+        raise ValueError(f"x_max must be above 1 (N > R), got {x_max!r}")
+    x, y = constrained_optimum(mu, rho, sigma2, x_min=1.0, y_min=y_min, x_max=x_max)
+    n = max(r, min(math.floor(x * r + 0.5), math.floor(x_max * r)))
     b = max(math.ceil(y_min * r - 1e-9), math.floor(y * r + 0.5))
     j_on = float(objective(1.0, 1.0, mu, rho, sigma2))
     saving = 1.0 - float(objective(n / r, b / r, mu, rho, sigma2)) / j_on

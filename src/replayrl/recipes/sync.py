@@ -92,7 +92,9 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
         how.update(probe_seconds=probe.seconds, probe_rollouts_not_kept=not_kept)
         produced = kept
     d = cfg.design
-    rep = feasible_design(mu, alpha, rho, R, d.allow_y_below_one, d.min_saving)
+    # x <= the run's steps: a buffer larger than all the run generates is never filled
+    x_max = max(float(cfg.train.steps), 1.0 + 1e-9)
+    rep = feasible_design(mu, alpha, rho, R, d.allow_y_below_one, d.min_saving, x_max=x_max)
     new = resolve_design(cfg, rep.N, rep.B)
     s.log(
         f"auto design: measured mu = {mu:.3g}, alpha = {alpha:.3g} ({how['alpha_source']}), "
