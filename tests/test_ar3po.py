@@ -321,12 +321,8 @@ def test_ar3po_through_the_api_crash_and_resume_equals_the_uninterrupted_run(
     step 2 logs what the whole run logged. The tiny model is almost never right, so a
     completion counts as correct here when it starts with 0, 1 or 2, and the prompts are
     drawn from two: some are solved (stored), later all-wrong groups reuse them."""
-    from replayrl.api.trainer import ReplayConfig, ReplayTrainer
     from replayrl.rollout.tasks.arithmetic import ArithmeticTask
-    from replayrl.run.entry import resume
-    from replayrl.run.metrics import read_metrics
-    from replayrl.run.session import Session
-    from tiny import TINY_RUN
+    from tiny import TINY_RUN, crash_and_resume
 
     monkeypatch.setattr(
         ArithmeticTask, "is_correct", lambda self, text, row: text.strip()[:1] in "012"
@@ -335,34 +331,10 @@ def test_ar3po_through_the_api_crash_and_resume_equals_the_uninterrupted_run(
     monkeypatch.setattr(ArithmeticTask, "sample_train", two)  # prompts recur: reuse can happen
     over = [*TINY_RUN, "train.threads=1", "rollout.num_generations=2", "checkpoint.every=1"]
     over += ["rewards=[{name: digits_format}]", "groups.ar3po.max_rounds=2"]
-
-    def trainer(name: str) -> ReplayTrainer:
-        args = ReplayConfig("ar3po", output_dir=str(tmp_path / name), max_steps=4, overrides=over)
-        assert args.to_config().groups.source == "ar3po"
-        return ReplayTrainer(args=args, log=lambda _: None)
-
-    whole = trainer("whole").train()
-    original = Session.checkpoint
-
-    def crash_at_step_3(self: Session) -> Path:
-        if self.counters.step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self)
-
-    monkeypatch.setattr(Session, "checkpoint", crash_at_step_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        trainer("crash").train()
-    monkeypatch.setattr(Session, "checkpoint", original)
-    resumed = resume(tmp_path / "crash", log=lambda _: None)
-
-    def steps(name: str) -> list[dict]:
-        return [
-            {k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_seconds"}
-            for r in read_metrics(tmp_path / name / "metrics.jsonl")
-            if "reward/mean" in r
-        ]
-
-    assert steps("crash") == steps("whole") and len(steps("whole")) == 4
+    whole, resumed, whole_steps, crash_steps = crash_and_resume(
+        tmp_path, monkeypatch, "ar3po", over
+    )
+    assert crash_steps == whole_steps and len(whole_steps) == 4
     for key in ("rollouts_generated", "rollouts_reused", "generation_rounds_extra"):
         assert resumed[key] == whole[key]
     assert resumed["accounting"]["ledger"] == whole["accounting"]["ledger"]

@@ -435,51 +435,22 @@ def test_exgrpo_crash_and_resume_equals_the_uninterrupted_run(
     """The experience survives a checkpoint: a run (Python API) that crashes after step 3 and
     resumes from step 2 logs, step by step, what the whole run logged (a store, bucket
     sampler or mixing flag not restored changes the replayed questions and so the metrics)."""
-    from replayrl.api.trainer import ReplayConfig, ReplayTrainer
-    from replayrl.run.entry import resume
-    from replayrl.run.metrics import read_metrics
-    from replayrl.run.session import Session
-    from tiny import TINY_RUN
+    from tiny import TINY_RUN, crash_and_resume
 
     _mixed_correctness(monkeypatch)
     common = [*TINY_RUN, "train.threads=1", "groups.exgrpo.start_accuracy=0"]
     common += ["checkpoint.every=1"]
-
-    def trainer(name: str) -> ReplayTrainer:
-        args = ReplayConfig(
-            "exgrpo", output_dir=str(tmp_path / name), max_steps=4, overrides=common
-        )
-        return ReplayTrainer(args=args, log=lambda _: None)
-
-    whole = trainer("whole").train()
-    original = Session.checkpoint
-
-    def crash_at_step_3(self: Session) -> Path:
-        if self.counters.step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self)
-
-    monkeypatch.setattr(Session, "checkpoint", crash_at_step_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        trainer("crash").train()
-    monkeypatch.setattr(Session, "checkpoint", original)
-    resumed = resume(tmp_path / "crash", log=lambda _: None)
-
-    def steps(name: str) -> list[dict]:
-        return [
-            {k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_seconds"}
-            for r in read_metrics(tmp_path / name / "metrics.jsonl")
-            if "reward/mean" in r
-        ]
-
-    assert len(steps("whole")) == 4
-    assert steps("crash") == steps("whole")
+    whole, resumed, whole_steps, crash_steps = crash_and_resume(
+        tmp_path, monkeypatch, "exgrpo", common
+    )
+    assert len(whole_steps) == 4
+    assert crash_steps == whole_steps
     for key in ("rollouts_generated", "rollouts_reused", "generation_rounds_extra"):
         assert resumed[key] == whole[key]
     assert resumed["accounting"]["ledger"] == whole["accounting"]["ledger"]
     assert whole["accounting"]["ledger"]["balanced"]
     # replay happened after the resume point, so the restored store is what was tested
-    reused = [r.get("train/off_policy/shaped_ratio_mean", 0.0) for r in steps("whole")]
+    reused = [r.get("train/off_policy/shaped_ratio_mean", 0.0) for r in whole_steps]
     assert reused[2] > 0 and reused[3] > 0
 
 

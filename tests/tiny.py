@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from replayrl.config.schema import Config, load_config
 
@@ -30,3 +31,46 @@ TINY_RUN = [
 def tiny_config(run_dir: Path, *extra: str, config: str | None = None) -> Config:
     """A tiny run writing under `run_dir`; `extra` overrides come last."""
     return load_config(config, [*TINY_RUN, f"logging.run_dir={run_dir}", *extra])
+
+
+def crash_and_resume(
+    tmp_path: Path, monkeypatch: Any, preset: str, overrides: list[str], steps: int = 4
+) -> tuple[dict, dict, list[dict], list[dict]]:
+    """Run `preset` through the Python API whole, then again crashing after step 3's update
+    (before its checkpoint) and resumed. Returns (whole summary, resumed summary, the whole
+    run's per-step metrics, the crashed-and-resumed run's), the metrics without timings."""
+    import pytest
+
+    from replayrl.api.trainer import ReplayConfig, ReplayTrainer
+    from replayrl.run.entry import resume
+    from replayrl.run.metrics import read_metrics
+    from replayrl.run.session import Session
+
+    def trainer(name: str) -> ReplayTrainer:
+        args = ReplayConfig(
+            preset, output_dir=str(tmp_path / name), max_steps=steps, overrides=overrides
+        )
+        return ReplayTrainer(args=args, log=lambda _: None)
+
+    whole = trainer("whole").train()
+    original = Session.checkpoint
+
+    def crash_at_step_3(self: Session) -> Path:
+        if self.counters.step == 3:
+            raise RuntimeError("simulated crash")
+        return original(self)
+
+    monkeypatch.setattr(Session, "checkpoint", crash_at_step_3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        trainer("crash").train()
+    monkeypatch.setattr(Session, "checkpoint", original)
+    resumed = resume(tmp_path / "crash", log=lambda _: None)
+
+    def per_step(name: str) -> list[dict]:
+        return [
+            {k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_seconds"}
+            for r in read_metrics(tmp_path / name / "metrics.jsonl")
+            if "reward/mean" in r
+        ]
+
+    return whole, resumed, per_step("whole"), per_step("crash")
