@@ -555,3 +555,37 @@ def test_a_rollout_twice_in_a_batch_is_refreshed_once() -> None:
 
     a, b = grp(0, [1, 0], version=3)
     assert fresh_rollouts([a, b, a, b], 3) == [a, b]
+
+
+def test_group_replay_composes_with_mix_ppg_replayed_groups_train_off_policy(
+    tmp_path: Path,
+) -> None:
+    # issue 25's combination with the seeds' machinery: groups replayed from earlier steps
+    # carry their stored version and behaviour log-probs, so Mix-PPG (paper 2) trains them as
+    # off-policy tokens, clipped around its centre pi_k / pi_beh, beside the fresh groups
+    import json
+
+    from replayrl.cli.main import main
+    from tiny import TINY_RUN
+
+    argv = [
+        *TINY_RUN,
+        "train.threads=1",
+        "train.steps=4",
+        "rewards=[{name: digits_format}]",
+        "algorithm.loss_type=mix_ppg",
+        "groups.group_replay.include_current=false",  # replacements only from earlier steps
+        f"logging.run_dir={tmp_path}",
+        "logging.name=gr-mix",
+    ]
+    assert main(["train", "--config", "group-replay", *argv]) == 0
+    s = _summary(tmp_path / "gr-mix")
+    assert s["accounting"]["ledger"]["balanced"]
+    steps = [
+        json.loads(line)
+        for line in (tmp_path / "gr-mix" / "metrics.jsonl").read_text().splitlines()
+        if '"train/loss"' in line
+    ]
+    off = [m["train/off_policy/tokens"] for m in steps]
+    assert s["rollouts_reused"] > 0 and any(t > 0 for t in off), (s["rollouts_reused"], off)
+    assert off[0] == 0  # nothing stored before the first step: the first batch is all fresh
