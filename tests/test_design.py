@@ -682,3 +682,53 @@ def test_feasible_design_is_bounded_by_the_run_length():
     assert not fd.on_policy and fd.x <= 120.0 and fd.N <= 120 * 64
     with pytest.raises(ValueError, match="x_max"):
         feasible_design(0.84, 0.01, 0.001, 64, x_max=1.0)
+
+
+def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
+    # the probe's own batch is generated inside finish(): its seconds count as generation,
+    # less the reward functions' share (the producer reports it as time/reward_s), and the
+    # rest of finish() (per-sample gradients) adds to the probe's own seconds
+    import time
+
+    from replayrl.recipes.design_probe import WarmupProbe
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "rollout.prompts_per_step=8",
+        "rewards=[{name: digits_format}]",
+        "buffer.kind=replay",
+        "buffer.capacity=auto",
+        "train.batch_size=auto",
+        "design.warmup_steps=2",
+    )
+    (tmp_path / "probe").mkdir()
+    s = Session(cfg, tmp_path / "probe", log=lambda _: None)
+    produce = s.produce
+    reward_s = {"value": 7.0}
+
+    def produce_reporting_reward_time():
+        rollouts, stats = produce()
+        if reward_s["value"] is None:
+            stats.pop("time/reward_s", None)
+        else:
+            stats["time/reward_s"] = reward_s["value"]
+        return rollouts, stats
+
+    s.produce = produce_reporting_reward_time  # type: ignore[method-assign]
+    for reported in (7.0, None):  # with and without a reward-time figure
+        reward_s["value"] = reported
+        probe = WarmupProbe(s)
+        for _ in range(2):
+            probe.update(produce()[0])
+        s.counters.generation_seconds = 1000.0
+        probe.seconds = 50.0
+        t0 = time.perf_counter()
+        probe.finish()
+        wall = time.perf_counter() - t0
+        delta = s.counters.generation_seconds - 1000.0
+        less = reported or 0.0
+        assert -less <= delta <= wall - less, (reported, delta, wall)
+        assert 50.0 <= probe.seconds <= 50.0 + wall
+        assert probe.finish_rollouts == 32

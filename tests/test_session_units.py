@@ -1,0 +1,135 @@
+"""The session's small parts, in process: signal handling, the zero-gradient check's advantage
+test, the reflection rate (issue 21: they were only reached by subprocess tests, which the
+mutation run cannot see)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+
+import pytest
+import torch
+
+from replayrl.data.rollout import Rollout
+from replayrl.errors import RunStopped
+from replayrl.run.session import (
+    STOP_SIGNALS,
+    InterruptOnSignal,
+    StopOnSignal,
+    _advantages_nonzero,
+    reflection_rate,
+    signal_name,
+)
+
+
+def _sentinel(signum: int, frame: object) -> None:  # a handler the tests install and expect back
+    raise AssertionError(f"sentinel handler called for {signum}")
+
+
+@pytest.fixture
+def sentinel_handlers():
+    before = {sig: signal.signal(sig, _sentinel) for sig in STOP_SIGNALS}
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def test_stop_signals_are_int_term_hup():
+    assert STOP_SIGNALS == (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def test_signal_name_names_known_signals_and_numbers_unknown_ones():
+    assert signal_name(signal.SIGTERM) == "SIGTERM"
+    assert signal_name(signal.SIGHUP) == "SIGHUP"
+    assert signal_name(12345) == "signal 12345"
+
+
+@pytest.mark.parametrize("sig", STOP_SIGNALS)
+def test_first_signal_asks_to_stop_second_aborts(sig, sentinel_handlers, capsys):
+    with StopOnSignal() as stop:
+        assert not stop.requested and stop.signum == signal.SIGINT
+        os.kill(os.getpid(), sig)
+        assert stop.requested and stop.signum == sig
+        out = capsys.readouterr().out
+        assert f"{signal_name(sig)}: stopping after this step" in out
+        with pytest.raises(RunStopped) as err:
+            os.kill(os.getpid(), sig)
+        assert err.value.signum == sig
+    # every stop signal gets its previous handler back
+    assert all(signal.getsignal(s) is _sentinel for s in STOP_SIGNALS)
+
+
+def test_stop_handler_catches_every_stop_signal_inside(sentinel_handlers):
+    with StopOnSignal() as stop:
+        for s in STOP_SIGNALS:
+            assert signal.getsignal(s) == stop._handle
+
+
+def test_interrupt_on_signal_raises_for_term_and_hup_and_leaves_int(sentinel_handlers):
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with InterruptOnSignal():
+            assert signal.getsignal(signal.SIGINT) is _sentinel  # Ctrl-C stays Python's own
+            with pytest.raises(RunStopped) as err:
+                os.kill(os.getpid(), sig)
+            assert err.value.signum == sig
+        assert signal.getsignal(sig) is _sentinel
+
+
+def test_signal_guards_do_nothing_off_the_main_thread(sentinel_handlers):
+    seen = []
+
+    def body():
+        with StopOnSignal(), InterruptOnSignal():
+            seen.append([signal.getsignal(s) for s in STOP_SIGNALS])
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert seen == [[_sentinel] * 3]
+
+
+def _rollout(advantage: float) -> Rollout:
+    z = torch.zeros(1, dtype=torch.int64)
+    return Rollout(z, z, torch.zeros(1), 0.0, advantage, False, 0, 0, 0)
+
+
+def test_advantages_nonzero_prefers_the_learners_abs_max():
+    # GAE: each rollout's own advantage is 0, the learner's per-token maximum is what counts
+    assert _advantages_nonzero([_rollout(0.0)], {"advantage_abs_max": 0.3})
+    assert not _advantages_nonzero([_rollout(0.5)], {"advantage_abs_max": 1e-7})
+    # group estimators: the rollouts' stored advantages; the threshold is 1e-6, not 0
+    assert _advantages_nonzero([_rollout(0.0), _rollout(-2e-6)], {})
+    assert not _advantages_nonzero([_rollout(0.0), _rollout(5e-7)], {})
+    assert not _advantages_nonzero([], {})
+
+
+def test_reflection_rate_share_of_completions_with_a_word_case_blind():
+    texts = ["Wait, 3+4=7", "so 12", "let me CHECK", "wait and check"]
+    assert reflection_rate(texts, ["wait", "Check"]) == 3 / 4
+    assert reflection_rate(texts, ["recheck"]) == 0.0
+    assert math.isnan(reflection_rate([], ["wait"]))
+    assert math.isnan(reflection_rate(texts, []))
+
+
+def test_interrupted_checkpoints_logs_the_signal_and_raises_it(tmp_path):
+    from replayrl.run.session import Session
+    from replayrl.run.state import accounting
+    from tiny import tiny_config
+
+    cfg = tiny_config(tmp_path, "rewards=[{name: digits_format}]")
+    (tmp_path / "run").mkdir()
+    logs: list[str] = []
+    s = Session(cfg, tmp_path / "run", log=logs.append)
+    closed = []
+    progress = type("P", (), {"close": lambda self: closed.append(True)})()
+    with pytest.raises(RunStopped) as err:
+        s.interrupted(progress, signal.SIGTERM)  # type: ignore[arg-type]
+    assert err.value.signum == signal.SIGTERM and closed == [True]
+    assert any("interrupted at step 0 (SIGTERM): checkpoint written" in x for x in logs), logs
+    assert any((tmp_path / "run" / "checkpoints").iterdir())
+    # the run's ledger as the session reports it: its own config, counters and buffers
+    acc = s.accounting()
+    assert acc == accounting(s.cfg, s.counters, s.buffers())
+    assert acc["ledger"]["balanced"]
