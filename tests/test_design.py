@@ -732,3 +732,52 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
         assert -less <= delta <= wall - less, (reported, delta, wall)
         assert 50.0 <= probe.seconds <= 50.0 + wall
         assert probe.finish_rollouts == 32
+
+
+def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path):
+    # an engine with its own weights (vLLM: `load_weights`) gets every probe policy and then
+    # the restored one; an empty warm-up batch still advances the version (a staleness level);
+    # the restored learner holds no gradients (None, as a fresh optimizer's zero_grad leaves)
+    import time
+
+    from replayrl.recipes.design_probe import WarmupProbe
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "rollout.prompts_per_step=8",
+        "rewards=[{name: digits_format}]",
+        "buffer.kind=replay",
+        "buffer.capacity=auto",
+        "train.batch_size=auto",
+        "design.warmup_steps=2",
+    )
+    (tmp_path / "probe").mkdir()
+    s = Session(cfg, tmp_path / "probe", log=lambda _: None)
+    loads: list[tuple[list[str], int]] = []
+
+    class Engine:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def load_weights(self, named_parameters, version):
+            loads.append(([n for n, _ in named_parameters], version))
+
+    s.generator = Engine(s.generator)  # type: ignore[assignment]
+    names = [n for n, _ in s.model.named_parameters()]
+    probe = WarmupProbe(s)
+    probe.seconds = 10.0
+    t0 = time.perf_counter()
+    probe.update(s.produce()[0])
+    probe.update([])  # every rollout of a batch dropped: the policy version still moves on
+    wall = time.perf_counter() - t0
+    assert s.learner.version == 2 and [v for _, v in loads] == [1, 2]
+    assert all(n == names for n, _ in loads)
+    assert 10.0 <= probe.seconds <= 10.0 + wall
+    probe.finish()
+    assert s.learner.version == 0 and loads[-1] == (names, 0)
+    assert all(p.grad is None for p in s.learner.model.parameters())
