@@ -133,3 +133,60 @@ def test_interrupted_checkpoints_logs_the_signal_and_raises_it(tmp_path):
     acc = s.accounting()
     assert acc == accounting(s.cfg, s.counters, s.buffers())
     assert acc["ledger"]["balanced"]
+
+
+def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path):
+    # one synchronous step's clocks: generation = the produce call less the reward functions'
+    # share (time/reward_s), summed into the run's generation seconds; mu = generation per
+    # generated rollout / training per trained rollout (paper 1), one value per step; the
+    # step's wall time adds to the run's
+    import time
+
+    from replayrl.data.design import cost_ratio
+    from replayrl.recipes.sync import sync_step
+    from replayrl.run.metrics import Progress
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path, "rewards=[{name: digits_format}]", "train.steps=3", "train.epochs=2"
+    )
+    (tmp_path / "run").mkdir()
+    s = Session(cfg, tmp_path / "run", log=lambda _: None)
+    s.start()
+    produce, calls, ends = s.produce, [], []
+
+    def slow_produce():
+        t0 = time.perf_counter()
+        time.sleep(0.2)
+        rollouts, stats = produce()
+        stats["time/reward_s"] = 0.15  # as if reward functions took 0.15 s of it
+        calls.append((time.perf_counter() - t0, len(rollouts)))
+        return rollouts, stats
+
+    end_step = s.end_step
+
+    def recording_end_step(stats, progress):
+        end_step(stats, progress)
+        ends.append(dict(stats))
+
+    s.produce = slow_produce  # type: ignore[method-assign]
+    s.end_step = recording_end_step  # type: ignore[method-assign]
+    progress = Progress(3, 0, False)
+    c = s.counters
+    for k in range(3):
+        gen_before, wall_before = c.generation_seconds, c.wall_seconds
+        t0 = time.perf_counter()
+        sync_step(s, progress)
+        step_wall = time.perf_counter() - t0
+        produced_s, n_fresh = calls[-1]
+        t_gen = ends[-1]["time/generation_s"]
+        assert produced_s - 0.15 <= t_gen <= produced_s - 0.15 + 0.05, (t_gen, produced_s)
+        assert c.generation_seconds == pytest.approx(gen_before + t_gen)
+        assert produced_s <= c.wall_seconds - wall_before <= step_wall
+        assert ends[-1]["wall_seconds"] == c.wall_seconds
+        assert len(c.mu_per_step) == k + 1 and c.step == k + 1
+        trained = ends[-1]["batch/batch_size"] * cfg.train.epochs
+        want = cost_ratio(t_gen, n_fresh, ends[-1]["time/training_s"], trained)
+        assert want is not None and c.mu_per_step[-1] == pytest.approx(want, rel=1e-6)
+    progress.close()
