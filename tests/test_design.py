@@ -659,6 +659,8 @@ def test_the_probe_updates_at_the_learning_rate_after_the_lr_warm_up(tmp_path):
         (["train.warmup_steps=10"], [11, 12], False),  # constant: lr after the warm-up
         (["train.warmup_steps=10", "train.lr_scheduler=linear"], [11, 12], True),  # 0 by then
         (["train.lr_scheduler=linear", "train.steps=1"], [1, 2], True),  # decayed to 0 at 2
+        # step k's update uses 0-based schedule index k - 1: 1 and 2/3 of the lr, not 0
+        (["train.lr_scheduler=linear", "train.steps=3"], [1, 2], False),
     ],
 )
 def test_a_probe_update_at_learning_rate_zero_blocks_the_measurement(extra, steps, blocked):
@@ -781,3 +783,55 @@ def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path
     probe.finish()
     assert s.learner.version == 0 and loads[-1] == (names, 0)
     assert all(p.grad is None for p in s.learner.model.parameters())
+
+
+def test_probe_blocker_says_why_in_full():
+    from replayrl.config.schema import load_config
+    from replayrl.recipes.design_probe import probe_blocker
+
+    short = load_config("replay", ["design.warmup_steps=1"])
+    assert probe_blocker(short, advantage_at_generation=True) == (
+        "design.warmup_steps = 1 gives staleness 0 .. 1; the fit needs 0 .. 2 "
+        "(design.warmup_steps >= 2)"
+    )
+    ok = load_config("replay", ["design.warmup_steps=2"])
+    assert probe_blocker(ok, advantage_at_generation=True) is None
+    assert probe_blocker(ok, advantage_at_generation=False) == (
+        "per-sample gradients need advantages stored at generation (grpo, rloo), not gae"
+    )
+    zero = load_config(
+        "replay",
+        [
+            "design.warmup_steps=2",
+            "train.warmup_steps=5",
+            "train.lr_scheduler=linear",
+            "train.steps=5",
+        ],
+    )
+    assert probe_blocker(zero, advantage_at_generation=True) == (
+        "the learning rate of the probe's update at schedule step 6 is 0 "
+        "(train.lr_scheduler = linear, 5 steps, LR warm-up 5): "
+        "two staleness levels would share one policy"
+    )
+
+
+def test_auto_design_refuses_when_every_warm_up_rollout_was_dropped(tmp_path):
+    from replayrl.recipes import sync as sync_recipe
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "rewards=[{name: digits_format}]",
+        "buffer.kind=replay",
+        "buffer.capacity=auto",
+        "train.batch_size=auto",
+        "design.alpha=0.25",
+        "design.rho=0.5",
+    )
+    (tmp_path / "run").mkdir()
+    s = Session(cfg, tmp_path / "run", log=lambda _: None)
+    s.produce = lambda: ([], {})  # type: ignore[method-assign]
+    with pytest.raises(ValueError) as err:
+        sync_recipe.auto_design(s)
+    assert str(err.value) == ("auto design: every warm-up rollout was dropped; cannot measure mu")
