@@ -1,7 +1,9 @@
 """Mutation score from the last `mutmut run`: killed / total per module and overall.
 
 A mutant no selected test covers ("no tests") counts as surviving, like any other survivor.
-Usage: python scripts/mutation_score.py [--survivors]
+A run stopped part-way leaves mutants "not checked": they are listed per module and left out
+of that module's score (the score is then over the mutants checked so far, and says so).
+Usage: python scripts/mutation_score.py [--survivors] [MODULE_PREFIX ...]
 """
 
 from __future__ import annotations
@@ -12,6 +14,15 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 
+def _line(module: str, c: Counter[str]) -> str:
+    """killed / checked (and the share), with the not-checked count when a run stopped early."""
+    checked = sum(c.values()) - c["not checked"]
+    share = 100 * c["killed"] / checked if checked else float("nan")
+    rest = f"  not checked {c['not checked']}" if c["not checked"] else ""
+    detail = {k: v for k, v in c.items() if k != "not checked"}
+    return f"{module:<40} killed {c['killed']:>4} / {checked:<4} ({share:5.1f}%){rest}  {detail}"
+
+
 def main() -> int:
     mutmut = Path(sys.executable).with_name("mutmut")
     out = subprocess.run(
@@ -19,26 +30,26 @@ def main() -> int:
     ).stdout
     by_module: dict[str, Counter[str]] = defaultdict(Counter)
     survivors = []
+    prefixes = [a for a in sys.argv[1:] if not a.startswith("--")]
     for line in out.splitlines():
         if ":" not in line:
             continue
         name, status = (x.strip() for x in line.rsplit(":", 1))
+        if prefixes and not any(name.startswith(p) for p in prefixes):
+            continue
         module = name.split(".x", 1)[0]
         by_module[module][status] += 1
-        if status != "killed":
+        if status not in ("killed", "not checked"):
             survivors.append(f"{status}: {name}")
     total = Counter[str]()
     for module in sorted(by_module):
         c = by_module[module]
-        n = sum(c.values())
         total.update(c)
-        share = 100 * c["killed"] / n
-        print(f"{module:<40} killed {c['killed']:>4} / {n:<4} ({share:5.1f}%)  {dict(c)}")
-    n = sum(total.values())
-    if not n:
-        print("no mutants: run `mutmut run` first")
+        print(_line(module, c))
+    if not sum(total.values()) - total["not checked"]:
+        print("no mutants checked: run `mutmut run` first")
         return 1
-    print(f"{'all':<40} killed {total['killed']:>4} / {n:<4} ({100 * total['killed'] / n:5.1f}%)")
+    print(_line("all", total))
     if "--survivors" in sys.argv:
         print("\n".join(survivors))
     return 0
