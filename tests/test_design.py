@@ -835,3 +835,77 @@ def test_auto_design_refuses_when_every_warm_up_rollout_was_dropped(tmp_path):
     with pytest.raises(ValueError) as err:
         sync_recipe.auto_design(s)
     assert str(err.value) == ("auto design: every warm-up rollout was dropped; cannot measure mu")
+
+
+def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_path, monkeypatch):
+    # what finish() passes on: per-sample gradients at the last policy taken on the
+    # coordinate subset of train.seed; staleness = last version - the rollout's version;
+    # one cluster per (version, group) pair (warm-up batches reuse group ids 0..)
+    from replayrl.recipes import design_probe
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "rollout.prompts_per_step=4",
+        "rewards=[{name: digits_format}]",
+        "buffer.kind=replay",
+        "buffer.capacity=auto",
+        "train.batch_size=auto",
+        "design.warmup_steps=2",
+        "train.seed=3",
+    )
+    (tmp_path / "probe").mkdir()
+    s = Session(cfg, tmp_path / "probe", log=lambda _: None)
+    seen: dict = {}
+    real = design_probe.sample_gradients
+
+    def spy_gradients(learner, rows, seed):
+        seen["rows"], seen["seed"] = list(rows), seed
+        return real(learner, rows, seed=seed)
+
+    def spy_estimate(grads, staleness, clusters):
+        seen["staleness"], seen["clusters"] = staleness, clusters
+        return design_probe.AlphaRhoEstimate(None, None, reason="spied")
+
+    monkeypatch.setattr(design_probe, "sample_gradients", spy_gradients)
+    monkeypatch.setattr(design_probe, "estimate_alpha_rho", spy_estimate)
+    probe = design_probe.WarmupProbe(s)
+    for _ in range(2):
+        probe.update(s.produce()[0])
+    assert probe.finish().reason == "spied"
+    rows = seen["rows"]
+    assert seen["seed"] == 3 and len(rows) == 3 * 16
+    assert list(seen["staleness"]) == [2 - r.policy_version for r in rows]
+    assert sorted(set(seen["staleness"])) == [0, 1, 2]
+    pairs = [(r.policy_version, r.group_id) for r in rows]
+    assert len(set(pairs)) == 3 * 4 == len(set(seen["clusters"].tolist()))
+    for i in range(len(rows)):  # same pair <-> same cluster
+        for j in range(len(rows)):
+            assert (pairs[i] == pairs[j]) == (seen["clusters"][i] == seen["clusters"][j])
+
+
+def test_the_probe_is_reproducible(tmp_path):
+    # two sessions from the same config measure the same alpha / rho, bit for bit: the probe's
+    # shuffle generator is seeded from train.seed (not fresh entropy)
+    from replayrl.recipes import sync as sync_recipe
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    records = []
+    for name in ("a", "b"):
+        cfg = tiny_config(
+            tmp_path / name,
+            "rollout.prompts_per_step=8",
+            "rewards=[{name: digits_format}]",
+            "buffer.kind=replay",
+            "buffer.capacity=auto",
+            "train.batch_size=auto",
+            "design.warmup_steps=2",
+            "train.mini_batch_size=8",  # several shuffled mini-batches per probe update
+        )
+        (tmp_path / name / "run").mkdir(parents=True)
+        s = Session(cfg, tmp_path / name / "run", log=lambda _: None)
+        records.append(sync_recipe.auto_design(s)[2])
+    keys = ("alpha", "rho", "staleness_sigma2")  # N, B also depend on the timed mu
+    assert [records[0][k] for k in keys] == [records[1][k] for k in keys]

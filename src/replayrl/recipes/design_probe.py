@@ -124,8 +124,10 @@ class WarmupProbe:
             version = s.learner.version
             grads = sample_gradients(s.learner, rows, seed=s.cfg.train.seed)
             staleness = np.array([version - r.policy_version for r in rows])
-            # one prompt's group within one batch (warm-up batches share group ids)
-            clusters = np.array([r.policy_version * 1_000_003 + r.group_id for r in rows])
+            # one prompt's group within one batch (warm-up batches share group ids): one
+            # cluster per distinct (policy version, group id) pair
+            pairs = np.array([(r.policy_version, r.group_id) for r in rows]).reshape(-1, 2)
+            clusters = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
             est = estimate_alpha_rho(grads, staleness, clusters)
             self.seconds += time.perf_counter() - t1
             return est
