@@ -909,3 +909,94 @@ def test_the_probe_is_reproducible(tmp_path):
         records.append(sync_recipe.auto_design(s)[2])
     keys = ("alpha", "rho", "staleness_sigma2")  # N, B also depend on the timed mu
     assert [records[0][k] for k in keys] == [records[1][k] for k in keys]
+
+
+def _auto_session(tmp_path, *extra):
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "rollout.prompts_per_step=8",
+        "rewards=[{name: digits_format}]",
+        "buffer.kind=replay",
+        "buffer.capacity=auto",
+        "train.batch_size=auto",
+        *extra,
+    )
+    (tmp_path / "run").mkdir(parents=True)
+    return Session(cfg, tmp_path / "run", log=lambda _: None)
+
+
+def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_path):
+    import time
+
+    from replayrl.recipes import sync as sync_recipe
+
+    s = _auto_session(tmp_path, "design.alpha=0.25", "design.rho=0.5", "design.warmup_steps=3")
+    produce, backward = s.produce, s.learner.measure_backward
+    gen, train = [], []
+
+    def slow_produce():
+        t0 = time.perf_counter()
+        time.sleep(0.15)
+        rollouts, stats = produce()
+        stats["time/reward_s"] = 0.1  # as if the reward functions took 0.1 s of it
+        gen.append(time.perf_counter() - t0)
+        return rollouts, stats
+
+    def slow_backward(rollouts):
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        backward(rollouts)
+        train.append(time.perf_counter() - t0)
+
+    s.produce = slow_produce  # type: ignore[method-assign]
+    s.learner.measure_backward = slow_backward  # type: ignore[method-assign]
+    s.counters.generation_seconds = 100.0
+    mus, produced = sync_recipe._warmup(s, None)
+    assert len(mus) == 3 and len(produced) == 3 * 32
+    for mu, g, t in zip(mus, gen, train, strict=True):
+        assert mu == pytest.approx((g - 0.1) / t, rel=0.15), (mu, g, t)
+    assert s.counters.generation_seconds == pytest.approx(100.0 + sum(gen) - 0.3, abs=0.05)
+
+
+def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
+    from replayrl.recipes import sync as sync_recipe
+
+    # measured: the probe's seconds are recorded and its discarded rollouts add to the counter
+    s = _auto_session(tmp_path / "m", "design.warmup_steps=2")
+    s.counters.rollouts_discarded_probe = 5
+    _, _, rec = sync_recipe.auto_design(s)
+    assert rec["probe_seconds"] > 0 and rec["probe_rollouts_not_kept"] == 2 * 32
+    assert s.counters.rollouts_discarded_probe == 5 + 2 * 32
+    assert {"x_star", "y_star", "x", "y", "N", "B", "mu", "alpha", "rho"} <= set(rec)
+    # configured alpha, rho that want a huge buffer: x is capped by train.steps (1 -> N = R)
+    s = _auto_session(
+        tmp_path / "c",
+        "design.alpha=0.01",
+        "design.rho=0.001",
+        "train.steps=1",
+        "design.min_saving=0",
+    )
+    _, _, rec = sync_recipe.auto_design(s)
+    assert rec["N"] == 32 and rec["x"] == 1.0
+    # design.allow_y_below_one, min_saving and the run's steps (x_max) reach the design
+    import replayrl.data.design as design_module
+
+    seen = []
+    real = design_module.feasible_design
+
+    def spy(*args, **kwargs):
+        seen.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(design_module, "feasible_design", spy)
+    extra = ("design.alpha=0.25", "design.rho=0.5", "train.steps=7")
+    sync_recipe.auto_design(
+        _auto_session(
+            tmp_path / "y", *extra, "design.allow_y_below_one=true", "design.min_saving=0.2"
+        )
+    )
+    (args, kwargs) = seen[-1]
+    assert args[1:] == (0.25, 0.5, 32, True, 0.2) and kwargs == {"x_max": 7.0}

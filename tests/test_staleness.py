@@ -183,6 +183,14 @@ def test_measured_values_replace_only_the_keys_that_ask_for_them():
         assert (a, r, rec["alpha_source"]) == (0.25, 0.5, "fallback")
         assert line is not None and "alpha and rho not measured" in line
         assert "using alpha = 0.25, rho = 0.5 (fallback)" in line
+    # the reason, word for word: the estimator's, the blocker's, or the degenerate optimum's
+    rec = resolve_alpha_rho(both, AlphaRhoEstimate(None, None, reason="too few"), None)[2]
+    assert rec["measure_failed"] == "too few"
+    rec = resolve_alpha_rho(both, None, "needs grpo")[2]
+    assert rec["measure_failed"] == "needs grpo"
+    rec = resolve_alpha_rho(both, AlphaRhoEstimate(0.0, 0.0), None)[2]
+    assert rec["measure_failed"] == "measured alpha = rho = 0: the design has no finite optimum"
+    assert "measure_failed" not in resolve_alpha_rho(both, est, None)[2]
 
 
 def test_sample_gradients_serve_every_registered_loss_and_mark_stale_rollouts(
