@@ -190,3 +190,63 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path)
         want = cost_ratio(t_gen, n_fresh, ends[-1]["time/training_s"], trained)
         assert want is not None and c.mu_per_step[-1] == pytest.approx(want, rel=1e-6)
     progress.close()
+
+
+def test_resolve_design_samples_with_replacement_only_when_b_exceeds_n():
+    from replayrl.config.schema import load_config
+    from replayrl.recipes.sync import resolve_design
+
+    auto = load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])
+    assert not auto.buffer.with_replacement
+    for n, b, replace in ((64, 32, False), (64, 64, False), (64, 65, True)):
+        new = resolve_design(auto, n, b)
+        assert (new.buffer.capacity, new.batch_size, new.buffer.with_replacement) == (n, b, replace)
+    assert auto.buffer.capacity == "auto"  # a copy: the session's own config is not changed
+    already = load_config(
+        "replay", ["buffer.capacity=auto", "train.batch_size=auto", "buffer.with_replacement=true"]
+    )
+    assert resolve_design(already, 64, 32).buffer.with_replacement  # a user's choice is kept
+
+
+def _checker(patience: int):
+    from types import SimpleNamespace
+
+    from replayrl.config.schema import load_config
+    from replayrl.run.session import Session
+
+    cfg = load_config("grpo", [f"train.failure_patience={patience}", "train.lr=0.001"])
+    fake = SimpleNamespace(cfg=cfg, failed_steps=0)
+    return fake, lambda batch, m, step: Session.check_training(fake, batch, m, step)
+
+
+def test_check_training_stops_after_patience_steps_that_trained_nothing():
+    from replayrl.errors import RunFailed
+
+    fake, check = _checker(2)
+    check([], {"skipped_updates": 1.0}, 1)
+    assert fake.failed_steps == 1
+    check([], {"skipped_updates": 0.0, "grad_norm": 0.3}, 2)  # a real update resets the count
+    assert fake.failed_steps == 0
+    check([], {"skipped_updates": 1.0}, 3)
+    with pytest.raises(RunFailed) as err:
+        check([], {"skipped_updates": 1.0}, 4)
+    assert str(err.value) == (
+        "nothing was trained for 2 steps in a row (up to step 4): every update was skipped "
+        "because the gradient was not finite (NaN/inf): damaged policy weights, rewards too "
+        "large for the training dtype, or train.lr=0.001 too high"
+    )
+    fake, check = _checker(1)
+    check([_rollout(0.0)], {"grad_norm": 0.0}, 1)  # zero gradient, zero advantages: fine
+    assert fake.failed_steps == 0
+    with pytest.raises(RunFailed, match="gradient was exactly 0 although the batch's advantages"):
+        check([_rollout(1.0)], {"grad_norm": 0.0}, 2)
+
+
+def test_check_training_off_and_without_metrics_does_nothing():
+    fake, check = _checker(0)  # failure_patience = 0: the check is off
+    for step in range(1, 5):
+        check([], {"skipped_updates": 1.0}, step)
+    assert fake.failed_steps == 0
+    fake, check = _checker(1)
+    check([], {}, 1)  # a step without learner metrics (nothing trained by design)
+    assert fake.failed_steps == 0

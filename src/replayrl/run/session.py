@@ -117,7 +117,7 @@ class Session:
         state = load_state(ckpt)
         self.learner.load_state_dict(state["learner"])
         assert self.source is not None
-        self.source.load_state_dict({**state, "window": state.get("window")})
+        self.source.load_state_dict(state)  # a ReMix source reads a missing window as None
         self.parts.prompt_rng.bit_generator.state = state["prompt_rng"]
         self.parts.shuffle_rng.bit_generator.state = state["shuffle_rng"]
         self.counters = Counters(**state["counters"])
