@@ -228,3 +228,24 @@ def test_sample_gradients_serve_every_registered_loss_and_mark_stale_rollouts(
     learner.loss_type = "exgrpo"
     g = sample_gradients(learner, [fresh, stale], dims=256)
     np.testing.assert_allclose(g[1], 0.25 / 1.25**2 * g[0], rtol=1e-4, atol=1e-9)
+
+
+def test_a_spread_that_falls_with_staleness_is_not_read_as_alpha_zero():
+    # held-out sub6, seed 0: sigma^2(x) = 0.49, 0.27, 0.18 at x = 1, 2, 3 (falling); clipped,
+    # that read alpha = 0, and the design then asked for x = 120, y = 8 ("staleness is free").
+    # A clear fall is now no estimate (the run falls back, saying why); a flat curve is alpha 0
+    from replayrl.data.staleness import FALL_TOL, falls_with_staleness
+
+    xs = np.array([1.0, 2.0, 3.0])
+    assert falls_with_staleness(xs, np.array([0.49, 0.27, 0.18]))
+    assert not falls_with_staleness(xs, np.array([2.03, 2.01, 2.01]))  # flat: noise
+    assert not falls_with_staleness(xs, 2.0 * xs**0.5)  # rising: the power law's shape
+    # the threshold: a half-slope just above -FALL_TOL is kept, just below it is not
+    assert not falls_with_staleness(xs, xs ** (-2 * FALL_TOL + 1e-3))
+    assert falls_with_staleness(xs, xs ** (-2 * FALL_TOL - 1e-3))
+    # end to end: item variances that shrink with staleness give no estimate, with the reason
+    g, s, c = synthetic(0.25, 0.5, 0, levels=4)
+    m = g[s == 0].mean(axis=0)
+    shrink = np.where(s == 0, 1.0, 1.0 / (1.0 + s) ** 2)[:, None]  # stale items: smaller errors
+    est = estimate_alpha_rho(m + (g - m) * np.sqrt(shrink), s, c)
+    assert not est.ok and "falls with staleness" in est.reason, est
