@@ -100,3 +100,19 @@ def test_top_p_keep_stops_at_exactly_top_p():
     assert top_p_keep(p, 0.5).tolist() == [[True, False, False]]
     assert top_p_keep(p, 0.75).tolist() == [[True, True, False]]
     assert top_p_keep(p, 0.76).tolist() == [[True, True, True]]
+
+
+def test_a_draw_on_a_cdf_boundary_never_picks_a_zero_probability_token(monkeypatch):
+    # index i is chosen when cdf[i-1] <= u < cdf[i]: u = 0 (torch.rand can return exactly 0)
+    # must skip a leading zero-probability token, u = cdf[1] must skip the zero one after it,
+    # and a rounding u == cdf[-1] stays in range
+    from replayrl.rollout.generation import sampling
+
+    probs = torch.tensor([[0.0, 1.0, 0.0, 2.0], [1.0, 0.0, 0.0, 0.0]])
+    for draw, want in ((0.0, [1, 0]), (1 / 3, [3, 0]), (1.0, [3, 0])):
+
+        def fixed(size, *args, draw=draw, **kwargs):
+            return torch.full(size, draw, dtype=kwargs.get("dtype") or torch.float32)
+
+        monkeypatch.setattr(torch, "rand", fixed)
+        assert sampling._inverse_cdf(probs, None).tolist() == want, draw

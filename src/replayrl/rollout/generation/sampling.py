@@ -16,14 +16,17 @@ def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torc
     Index i is chosen when cdf[i-1] <= u < cdf[i] with u uniform on [0, cdf[-1]); a zero
     entry has cdf[i] == cdf[i-1] and so can never be chosen.
     """
-    cdf = probs.cumsum(-1)
+    cdf = probs.cumsum(1)  # rows x vocabulary: dim 1 (written positive: -1 == 1 here)
+    total = cdf[:, -1:]
     u = (
         torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype, generator=generator)
-        * cdf[:, -1:]
+        * total
     )
-    idx = torch.searchsorted(cdf, u, right=True)
-    # u < cdf[-1] always, but fp rounding of the product can land on it: stay in range
-    return idx.clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+    # u < total always, but fp rounding of the product can land on it: keep it below, so the
+    # first cdf entry above u is always one that a non-zero probability raised (clamping the
+    # index instead could pick a trailing zero, e.g. a token outside the top-p nucleus)
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(1)
 
 
 def top_p_keep(probs_sorted: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -43,7 +46,8 @@ def sample_next(
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row of `logits` (rows, vocab); return (tokens, log-probs).
+    """Sample one token per row of `logits` (rows, vocab: always 2-D, so dims are written
+    as 1, not -1); return (tokens, log-probs).
 
     The token is drawn from softmax(logits / temperature) restricted to the top-p nucleus
     (renormalised); greedy takes the argmax. The returned log-prob is always that of the
@@ -53,14 +57,14 @@ def sample_next(
     logits = logits.float()
     # x / 1.0 == x exactly: skip a full-vocabulary pass per step at the default temperature
     scaled = logits if greedy or temperature == 1.0 else logits / temperature
-    logp = torch.log_softmax(scaled, dim=-1)
+    logp = torch.log_softmax(scaled, dim=1)
     if greedy:
-        tokens = scaled.argmax(-1)
+        tokens = scaled.argmax(1)
     elif top_p < 1.0:
-        probs_sorted, order = logp.exp().sort(-1, descending=True)
+        probs_sorted, order = logp.exp().sort(1, descending=True)
         probs_sorted = probs_sorted * top_p_keep(probs_sorted, top_p)
-        tokens = order.gather(-1, _inverse_cdf(probs_sorted, generator).unsqueeze(-1))
-        tokens = tokens.squeeze(-1)
+        tokens = order.gather(1, _inverse_cdf(probs_sorted, generator).unsqueeze(1))
+        tokens = tokens.squeeze(1)
     else:
         tokens = _inverse_cdf(logp.exp(), generator)
-    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
