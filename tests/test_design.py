@@ -939,15 +939,15 @@ def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_p
 
     def slow_produce():
         t0 = time.perf_counter()
-        time.sleep(0.15)
+        time.sleep(0.6)
         rollouts, stats = produce()
-        stats["time/reward_s"] = 0.1  # as if the reward functions took 0.1 s of it
+        stats["time/reward_s"] = 0.4  # as if the reward functions took 0.4 s of it
         gen.append(time.perf_counter() - t0)
         return rollouts, stats
 
     def slow_backward(rollouts):
         t0 = time.perf_counter()
-        time.sleep(0.05)
+        time.sleep(0.3)
         backward(rollouts)
         train.append(time.perf_counter() - t0)
 
@@ -956,9 +956,10 @@ def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_p
     s.counters.generation_seconds = 100.0
     mus, produced = sync_recipe._warmup(s, None)
     assert len(mus) == 3 and len(produced) == 3 * 32
+    # tolerances for a loaded machine's pauses; dropping the reward time moves mu by >= 40%
     for mu, g, t in zip(mus, gen, train, strict=True):
-        assert mu == pytest.approx((g - 0.1) / t, rel=0.15), (mu, g, t)
-    assert s.counters.generation_seconds == pytest.approx(100.0 + sum(gen) - 0.3, abs=0.05)
+        assert mu == pytest.approx((g - 0.4) / t, rel=0.2), (mu, g, t)
+    assert s.counters.generation_seconds == pytest.approx(100.0 + sum(gen) - 1.2, abs=0.3)
 
 
 def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):

@@ -116,3 +116,24 @@ def test_a_draw_on_a_cdf_boundary_never_picks_a_zero_probability_token(monkeypat
 
         monkeypatch.setattr(torch, "rand", fixed)
         assert sampling._inverse_cdf(probs, None).tolist() == want, draw
+
+
+def test_a_nan_row_still_yields_a_valid_token_and_top_p_stays_in_its_nucleus(monkeypatch):
+    # damaged weights give NaN logits: sampling must return an index inside the vocabulary
+    # (the learner's non-finite check then ends the run with its own message), never one
+    # that crashes a gather; and a top-p draw is bounded by its nucleus whatever the cdf's
+    # rounding (a draw forced to the very end of the cdf lands on the nucleus's last token)
+    from replayrl.rollout.generation import sampling
+
+    nan = torch.full((2, 5), float("nan"))
+    tokens, _ = sample_next(nan)
+    assert tokens.shape == (2,) and bool(((tokens >= 0) & (tokens < 5)).all())
+    tokens, _ = sample_next(nan, top_p=0.5)
+    assert bool(((tokens >= 0) & (tokens < 5)).all())
+
+    def at_the_end(size, *args, **kwargs):
+        return torch.full(size, 1.0, dtype=kwargs.get("dtype") or torch.float32)
+
+    monkeypatch.setattr(torch, "rand", at_the_end)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.1]]))
+    assert sampling.sample_next(logits, top_p=0.7)[0].tolist() == [1]  # nucleus {0, 1}

@@ -5,7 +5,6 @@ mutation run cannot see)."""
 from __future__ import annotations
 
 import math
-import os
 import signal
 import threading
 
@@ -50,12 +49,12 @@ def test_signal_name_names_known_signals_and_numbers_unknown_ones():
 def test_first_signal_asks_to_stop_second_aborts(sig, sentinel_handlers, capsys):
     with StopOnSignal() as stop:
         assert not stop.requested and stop.signum == signal.SIGINT
-        os.kill(os.getpid(), sig)
+        signal.raise_signal(sig)
         assert stop.requested and stop.signum == sig
         out = capsys.readouterr().out
         assert f"{signal_name(sig)}: stopping after this step" in out
         with pytest.raises(RunStopped) as err:
-            os.kill(os.getpid(), sig)
+            signal.raise_signal(sig)
         assert err.value.signum == sig
     # every stop signal gets its previous handler back
     assert all(signal.getsignal(s) is _sentinel for s in STOP_SIGNALS)
@@ -72,7 +71,7 @@ def test_interrupt_on_signal_raises_for_term_and_hup_and_leaves_int(sentinel_han
         with InterruptOnSignal():
             assert signal.getsignal(signal.SIGINT) is _sentinel  # Ctrl-C stays Python's own
             with pytest.raises(RunStopped) as err:
-                os.kill(os.getpid(), sig)
+                signal.raise_signal(sig)
             assert err.value.signum == sig
         assert signal.getsignal(sig) is _sentinel
 
@@ -158,9 +157,9 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path)
 
     def slow_produce():
         t0 = time.perf_counter()
-        time.sleep(0.2)
+        time.sleep(0.6)
         rollouts, stats = produce()
-        stats["time/reward_s"] = 0.15  # as if reward functions took 0.15 s of it
+        stats["time/reward_s"] = 0.4  # as if reward functions took 0.4 s of it
         calls.append((time.perf_counter() - t0, len(rollouts)))
         return rollouts, stats
 
@@ -181,7 +180,8 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path)
         step_wall = time.perf_counter() - t0
         produced_s, n_fresh = calls[-1]
         t_gen = ends[-1]["time/generation_s"]
-        assert produced_s - 0.15 <= t_gen <= produced_s - 0.15 + 0.05, (t_gen, produced_s)
+        # within 0.2 s (a loaded machine's pauses); a sign error on the reward time is 0.8 s off
+        assert produced_s - 0.4 <= t_gen <= produced_s - 0.4 + 0.2, (t_gen, produced_s)
         assert c.generation_seconds == pytest.approx(gen_before + t_gen)
         assert produced_s <= c.wall_seconds - wall_before <= step_wall
         assert ends[-1]["wall_seconds"] == c.wall_seconds

@@ -10,11 +10,17 @@ from __future__ import annotations
 import torch
 
 
-def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _inverse_cdf(
+    probs: torch.Tensor, generator: torch.Generator | None, last: torch.Tensor | None = None
+) -> torch.Tensor:
     """One index per row drawn with P(i) = probs[i] / sum(probs) (probs >= 0, unnormalised).
 
     Index i is chosen when cdf[i-1] <= u < cdf[i] with u uniform on [0, cdf[-1]); a zero
-    entry has cdf[i] == cdf[i-1] and so can never be chosen.
+    entry has cdf[i] == cdf[i-1] and so can never be chosen. `last` (rows, 1): the highest
+    index each row may return (top-p: the nucleus's last token), a bound that holds whatever
+    the cumulative sum's rounding; without it, the vocabulary's last index (a NaN row, from
+    damaged weights, then still yields a valid token and the learner's non-finite check
+    ends the run with its own message).
     """
     cdf = probs.cumsum(1)  # rows x vocabulary: dim 1 (written positive: -1 == 1 here)
     total = cdf[:, -1:]
@@ -23,10 +29,12 @@ def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torc
         * total
     )
     # u < total always, but fp rounding of the product can land on it: keep it below, so the
-    # first cdf entry above u is always one that a non-zero probability raised (clamping the
-    # index instead could pick a trailing zero, e.g. a token outside the top-p nucleus)
+    # first cdf entry above u is always one that a non-zero probability raised (a clamp of
+    # the index alone could pick a trailing zero, e.g. a token outside the top-p nucleus)
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, u, right=True).squeeze(1)
+    idx = torch.searchsorted(cdf, u, right=True)
+    bound = last if last is not None else torch.full_like(idx, probs.shape[1] - 1)
+    return torch.minimum(idx, bound).squeeze(1)
 
 
 def top_p_keep(probs_sorted: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -62,8 +70,11 @@ def sample_next(
         tokens = scaled.argmax(1)
     elif top_p < 1.0:
         probs_sorted, order = logp.exp().sort(1, descending=True)
-        probs_sorted = probs_sorted * top_p_keep(probs_sorted, top_p)
-        tokens = order.gather(1, _inverse_cdf(probs_sorted, generator).unsqueeze(1))
+        keep = top_p_keep(probs_sorted, top_p)
+        probs_sorted = probs_sorted * keep
+        # the nucleus is a prefix of the sorted vocabulary: its last index bounds the draw
+        nucleus_last = keep.sum(1, keepdim=True) - 1
+        tokens = order.gather(1, _inverse_cdf(probs_sorted, generator, nucleus_last).unsqueeze(1))
         tokens = tokens.squeeze(1)
     else:
         tokens = _inverse_cdf(logp.exp(), generator)
