@@ -446,3 +446,34 @@ def test_ray_two_data_parallel_learners_stay_in_sync(tmp_path: Path) -> None:
     assert roles["learner/0"]["rollouts"] == roles["learner/1"]["rollouts"] == 3 * 8
     assert summary["learners_in_sync"] is True
     assert summary["accounting"]["trainers"] == 2
+
+
+def _poll_stop_forever(flag) -> None:
+    while True:
+        flag.is_set()
+
+
+def test_a_generator_killed_mid_poll_never_blocks_the_learners_stop_flag() -> None:
+    # a multiprocessing Event's is_set() takes a lock shared with the workers: a worker
+    # SIGKILLed inside its own poll left the learner blocked forever in its next is_set()
+    # (the async-local killed-generator test hung). The pool's flag takes no lock.
+    import multiprocessing as mp
+    import threading
+
+    from replayrl.distributed.local import StopFlag
+
+    ctx = mp.get_context("fork")
+    flag = StopFlag(ctx)
+    for _ in range(10):
+        p = ctx.Process(target=_poll_stop_forever, args=(flag,), daemon=True)
+        p.start()
+        time.sleep(0.02)  # inside its poll loop
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+        seen: list[bool] = []
+        t = threading.Thread(target=lambda: seen.append(flag.is_set()), daemon=True)
+        t.start()
+        t.join(timeout=5)
+        assert seen == [False], "the learner blocked on a lock the killed worker held"
+    flag.set()
+    assert flag.is_set()

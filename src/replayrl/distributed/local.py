@@ -33,6 +33,24 @@ Log = Callable[[str], None]
 _POLL_S = 0.02
 
 
+class StopFlag:
+    """The learner's "stop" to its generators: a lock-free shared byte.
+
+    Not a multiprocessing Event: `Event.is_set()` takes a lock shared with the workers, and a
+    worker killed (SIGKILL, OOM) while holding it, e.g. inside its own `is_set()` poll, left
+    the learner blocked forever in its next `is_set()` (seen: the async-local killed-generator
+    test hung with every learner thread in a futex wait)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._flag = ctx.Value("b", 0, lock=False)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
+
+
 def _pending(spool: Path, worker_id: int) -> int:
     prefix = f"d-w{worker_id:03d}-"
     return sum(1 for n in os.listdir(spool) if n.startswith(prefix))
@@ -119,7 +137,7 @@ class LocalGeneratorPool:
         self.spool = run_dir / "spool"
         shutil.rmtree(self.spool, ignore_errors=True)  # leftovers were accounted at save time
         self.spool.mkdir(parents=True)
-        self.stop_event = self.ctx.Event()
+        self.stop_event = StopFlag(self.ctx)
         self.hold_flag = self.ctx.Value("b", 0, lock=False)
         self.pause_flag = False
         self.slots: list[_Slot] = []
