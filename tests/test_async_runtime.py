@@ -471,7 +471,7 @@ def test_a_generator_killed_mid_poll_never_blocks_the_learners_stop_flag() -> No
         os.kill(p.pid, signal.SIGKILL)
         p.join()
         seen: list[bool] = []
-        t = threading.Thread(target=lambda: seen.append(flag.is_set()), daemon=True)
+        t = threading.Thread(target=lambda out=seen: out.append(flag.is_set()), daemon=True)
         t.start()
         t.join(timeout=5)
         assert seen == [False], "the learner blocked on a lock the killed worker held"
