@@ -466,43 +466,23 @@ def test_crash_and_resume_equals_the_uninterrupted_run(
 ) -> None:
     """The sources' state (carried groups, the group store and its RNG) survives a checkpoint:
     a run that crashes after step 3 and resumes from step 2 logs what the whole run logged."""
-    from replayrl.run.entry import resume, train
-    from replayrl.run.metrics import read_metrics
-    from replayrl.run.session import Session
-    from tiny import TINY_RUN
-
-    over = [*TINY_RUN, "train.threads=1", "train.steps=4", "checkpoint.every=2", *extra]
-    over += ["groups.dynamic_sampling.train_prompts=1"]  # dapo: surplus groups to carry
-    over += ["rewards=[{name: digits_format}]", f"logging.run_dir={tmp_path}"]
-    train(load_config(preset, [*over, "logging.name=whole"]), log=lambda _: None)
-    original = Session.checkpoint
-
-    def crash_at_step_3(self: Session) -> Path:
-        if self.counters.step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self)
-
-    monkeypatch.setattr(Session, "checkpoint", crash_at_step_3)
-    cfg = load_config(preset, [*over, "checkpoint.every=1", "logging.name=crash"])
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(cfg, log=lambda _: None)
-    monkeypatch.setattr(Session, "checkpoint", original)
     from replayrl.storage.checkpoint import latest_checkpoint, load_state
+    from tiny import TINY_RUN, crash_and_resume
 
-    state = load_state(latest_checkpoint(tmp_path / "crash"))  # step 2: something to restore
-    held = state["carried_groups"] if preset == "dapo" else state["group_store"]
-    assert len(held["sizes"]) >= 2
-    resumed = resume(tmp_path / "crash", log=lambda _: None)
+    over = [*TINY_RUN, "train.threads=1", "checkpoint.every=1", *extra]
+    over += ["groups.dynamic_sampling.train_prompts=1"]  # dapo: surplus groups to carry
+    over += ["rewards=[{name: digits_format}]"]
+    held: list[dict] = []
 
-    def steps(name: str) -> list[dict]:
-        return [
-            {k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_seconds"}
-            for r in read_metrics(tmp_path / name / "metrics.jsonl")
-            if "reward/mean" in r
-        ]
+    def look(crashed: Path) -> None:  # step 2's checkpoint has something to restore
+        state = load_state(latest_checkpoint(crashed))
+        held.append(state["carried_groups"] if preset == "dapo" else state["group_store"])
 
-    assert steps("crash") == steps("whole") and len(steps("whole")) == 4
-    whole = _summary(tmp_path / "whole")
+    whole, resumed, whole_steps, crash_steps = crash_and_resume(
+        tmp_path, monkeypatch, preset, over, before_resume=look
+    )
+    assert len(held) == 1 and len(held[0]["sizes"]) >= 2
+    assert crash_steps == whole_steps and len(whole_steps) == 4
     for key in ("rollouts_generated", "rollouts_reused", "generation_rounds_extra"):
         assert resumed[key] == whole[key]
     assert resumed["accounting"]["ledger"] == whole["accounting"]["ledger"]

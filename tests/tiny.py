@@ -34,11 +34,17 @@ def tiny_config(run_dir: Path, *extra: str, config: str | None = None) -> Config
 
 
 def crash_and_resume(
-    tmp_path: Path, monkeypatch: Any, preset: str, overrides: list[str], steps: int = 4
+    tmp_path: Path,
+    monkeypatch: Any,
+    preset: str,
+    overrides: list[str],
+    steps: int = 4,
+    before_resume: Any = None,
 ) -> tuple[dict, dict, list[dict], list[dict]]:
     """Run `preset` through the Python API whole, then again crashing after step 3's update
     (before its checkpoint) and resumed. Returns (whole summary, resumed summary, the whole
-    run's per-step metrics, the crashed-and-resumed run's), the metrics without timings."""
+    run's per-step metrics, the crashed-and-resumed run's), the metrics without timings.
+    `before_resume(crashed_run_dir)`: a look at the crashed run before it resumes."""
     import pytest
 
     from replayrl.api.trainer import ReplayConfig, ReplayTrainer
@@ -64,6 +70,8 @@ def crash_and_resume(
     with pytest.raises(RuntimeError, match="simulated crash"):
         trainer("crash").train()
     monkeypatch.setattr(Session, "checkpoint", original)
+    if before_resume is not None:
+        before_resume(tmp_path / "crash")
     resumed = resume(tmp_path / "crash", log=lambda _: None)
 
     def per_step(name: str) -> list[dict]:
