@@ -579,10 +579,7 @@ def test_too_short_a_warmup_falls_back_and_says_so(tmp_path):
     assert summary["rollouts_generated"] == 2 * 32  # no probe batch
 
 
-def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
-    import torch
-
-    from replayrl.recipes.design_probe import WarmupProbe
+def _auto_session(tmp_path, *extra):
     from replayrl.run.session import Session
     from tiny import tiny_config
 
@@ -593,10 +590,18 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
         "buffer.kind=replay",
         "buffer.capacity=auto",
         "train.batch_size=auto",
-        "design.warmup_steps=2",
+        *extra,
     )
-    (tmp_path / "probe").mkdir()
-    s = Session(cfg, tmp_path / "probe", log=lambda _: None)
+    (tmp_path / "run").mkdir(parents=True)
+    return Session(cfg, tmp_path / "run", log=lambda _: None)
+
+
+def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
+    import torch
+
+    from replayrl.recipes.design_probe import WarmupProbe
+
+    s = _auto_session(tmp_path, "design.warmup_steps=2")
     before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
     probe = WarmupProbe(s)
     for _ in range(2):
@@ -693,20 +698,8 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
     import time
 
     from replayrl.recipes.design_probe import WarmupProbe
-    from replayrl.run.session import Session
-    from tiny import tiny_config
 
-    cfg = tiny_config(
-        tmp_path,
-        "rollout.prompts_per_step=8",
-        "rewards=[{name: digits_format}]",
-        "buffer.kind=replay",
-        "buffer.capacity=auto",
-        "train.batch_size=auto",
-        "design.warmup_steps=2",
-    )
-    (tmp_path / "probe").mkdir()
-    s = Session(cfg, tmp_path / "probe", log=lambda _: None)
+    s = _auto_session(tmp_path, "design.warmup_steps=2")
     produce = s.produce
     reward_s = {"value": 7.0}
 
@@ -743,20 +736,8 @@ def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path
     import time
 
     from replayrl.recipes.design_probe import WarmupProbe
-    from replayrl.run.session import Session
-    from tiny import tiny_config
 
-    cfg = tiny_config(
-        tmp_path,
-        "rollout.prompts_per_step=8",
-        "rewards=[{name: digits_format}]",
-        "buffer.kind=replay",
-        "buffer.capacity=auto",
-        "train.batch_size=auto",
-        "design.warmup_steps=2",
-    )
-    (tmp_path / "probe").mkdir()
-    s = Session(cfg, tmp_path / "probe", log=lambda _: None)
+    s = _auto_session(tmp_path, "design.warmup_steps=2")
     loads: list[tuple[list[str], int]] = []
 
     class Engine:
@@ -817,20 +798,8 @@ def test_probe_blocker_says_why_in_full():
 
 def test_auto_design_refuses_when_every_warm_up_rollout_was_dropped(tmp_path):
     from replayrl.recipes import sync as sync_recipe
-    from replayrl.run.session import Session
-    from tiny import tiny_config
 
-    cfg = tiny_config(
-        tmp_path,
-        "rewards=[{name: digits_format}]",
-        "buffer.kind=replay",
-        "buffer.capacity=auto",
-        "train.batch_size=auto",
-        "design.alpha=0.25",
-        "design.rho=0.5",
-    )
-    (tmp_path / "run").mkdir()
-    s = Session(cfg, tmp_path / "run", log=lambda _: None)
+    s = _auto_session(tmp_path, "design.alpha=0.25", "design.rho=0.5")
     s.produce = lambda: ([], {})  # type: ignore[method-assign]
     with pytest.raises(ValueError) as err:
         sync_recipe.auto_design(s)
@@ -842,21 +811,10 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
     # coordinate subset of train.seed; staleness = last version - the rollout's version;
     # one cluster per (version, group) pair (warm-up batches reuse group ids 0..)
     from replayrl.recipes import design_probe
-    from replayrl.run.session import Session
-    from tiny import tiny_config
 
-    cfg = tiny_config(
-        tmp_path,
-        "rollout.prompts_per_step=4",
-        "rewards=[{name: digits_format}]",
-        "buffer.kind=replay",
-        "buffer.capacity=auto",
-        "train.batch_size=auto",
-        "design.warmup_steps=2",
-        "train.seed=3",
+    s = _auto_session(
+        tmp_path, "rollout.prompts_per_step=4", "design.warmup_steps=2", "train.seed=3"
     )
-    (tmp_path / "probe").mkdir()
-    s = Session(cfg, tmp_path / "probe", log=lambda _: None)
     seen: dict = {}
     real = design_probe.sample_gradients
 
@@ -889,43 +847,14 @@ def test_the_probe_is_reproducible(tmp_path):
     # two sessions from the same config measure the same alpha / rho, bit for bit: the probe's
     # shuffle generator is seeded from train.seed (not fresh entropy)
     from replayrl.recipes import sync as sync_recipe
-    from replayrl.run.session import Session
-    from tiny import tiny_config
 
     records = []
     for name in ("a", "b"):
-        cfg = tiny_config(
-            tmp_path / name,
-            "rollout.prompts_per_step=8",
-            "rewards=[{name: digits_format}]",
-            "buffer.kind=replay",
-            "buffer.capacity=auto",
-            "train.batch_size=auto",
-            "design.warmup_steps=2",
-            "train.mini_batch_size=8",  # several shuffled mini-batches per probe update
-        )
-        (tmp_path / name / "run").mkdir(parents=True)
-        s = Session(cfg, tmp_path / name / "run", log=lambda _: None)
+        # several shuffled mini-batches per probe update
+        s = _auto_session(tmp_path / name, "design.warmup_steps=2", "train.mini_batch_size=8")
         records.append(sync_recipe.auto_design(s)[2])
     keys = ("alpha", "rho", "staleness_sigma2")  # N, B also depend on the timed mu
     assert [records[0][k] for k in keys] == [records[1][k] for k in keys]
-
-
-def _auto_session(tmp_path, *extra):
-    from replayrl.run.session import Session
-    from tiny import tiny_config
-
-    cfg = tiny_config(
-        tmp_path,
-        "rollout.prompts_per_step=8",
-        "rewards=[{name: digits_format}]",
-        "buffer.kind=replay",
-        "buffer.capacity=auto",
-        "train.batch_size=auto",
-        *extra,
-    )
-    (tmp_path / "run").mkdir(parents=True)
-    return Session(cfg, tmp_path / "run", log=lambda _: None)
 
 
 def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_path):
