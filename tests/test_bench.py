@@ -707,3 +707,37 @@ def test_heldout_tasks_fit_the_tiny_model_and_are_harder() -> None:
         longest = max(len(r["prompt"]) for r in task_from_config(cfg.task).eval_rows())
         assert longest + 1 + cfg.rollout.max_new_tokens <= 128, (task, longest)
     assert seen == {"add6", "sub6", "chain7", "add", "sub"}
+
+
+def test_task_headroom_by_hand(tmp_path: Path) -> None:
+    """Issue #24 item 2: a task qualifies when the baseline ends <= 0.9 and still rises."""
+    from replayrl.bench.suite import summarise
+    from replayrl.bench.targets import headroom, last_quarter_slope
+
+    grpo = GAIN_RESULTS["grpo"]
+    # last quarter = evals at >= 300 of 400 rollouts: (300, 0.85) -> (400, 0.8) and
+    # (300, 0.9) -> (400, 1.0): -0.5 and +1.0 per 1,000 rollouts
+    assert last_quarter_slope(grpo[0]) == pytest.approx(-0.5)
+    assert last_quarter_slope(grpo[1]) == pytest.approx(1.0)
+    # three evals in the last quarter: the fitted line, not end minus start
+    three = _fake_run([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3, 0.9, 0.6], 100)
+    assert last_quarter_slope(three) == pytest.approx(1.5)  # lstsq over x 700, 800, 900
+    assert math.isnan(last_quarter_slope(_fake_run([0.5], 100)))  # one eval: no slope
+    h = headroom(grpo)  # final median 0.9 (at the ceiling), slope median 0.25
+    assert h["final"] == pytest.approx(0.9) and h["last_quarter_slope_per_1k"] == pytest.approx(
+        0.25
+    )
+    assert h["below_ceiling"] and h["rising"] and h["qualifies"]
+    saturated = [_fake_run([0.2, 0.9, 0.95, 0.96], 100), _fake_run([0.2, 0.9, 0.95, 0.97], 100)]
+    assert not headroom(saturated)["below_ceiling"] and not headroom(saturated)["qualifies"]
+    flat = [_fake_run([0.2, 0.5, 0.5, 0.5, 0.5], 100)] * 2
+    h = headroom(flat)
+    assert h["below_ceiling"] and not h["rising"] and not h["qualifies"]
+    s = summarise(GAIN_SUITE, {"grpo": flat, "replay": flat}, [0, 1], tmp_path, quick=False)
+    assert s["headroom"]["qualifies"] is False
+    table = (tmp_path / "table.md").read_text()
+    assert "- g: final 0.500, last-quarter slope " in table  # -0.000: polyfit's rounding
+    assert "0.000 per 1,000 generated rollouts: not rising over the last quarter" in table
+    short = [_fake_run([0.2, 0.5, 0.5, 0.5], 100)] * 2  # one eval in the last quarter
+    assert math.isnan(headroom(short)["last_quarter_slope_per_1k"])
+    assert not headroom(short)["rising"]  # no evidence of rising is not rising

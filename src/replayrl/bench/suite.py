@@ -30,8 +30,10 @@ import yaml
 
 from replayrl.bench.targets import (
     HEADLINE,
+    HEADROOM_CEILING,
     PAPER_MU,
     gain_table,
+    headroom,
     over_tasks,
     score_against_gain,
     stats,
@@ -501,11 +503,12 @@ def summarise(
         "seeds": seeds,
         "quick": quick,
         "variants": table,
+        "headroom": headroom(results[base]),  # does the task leave room below the plateau?
     }
     if suite.get("tuning"):  # a tuning suite: each method's chosen setting (equal budgets)
         summary["tuning_choice"] = tuning_choice(table)
-    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, default=str))
-    (out / "table.md").write_text(markdown_table(summary))
+    atomic_write_text(out / "summary.json", json.dumps(_json_safe(summary), indent=2, default=str))
+    atomic_write_text(out / "table.md", markdown_table(summary))
     return summary
 
 
@@ -558,6 +561,8 @@ def markdown_table(summary: dict[str, Any]) -> str:
             f"{_fmt(r['training_seconds'])} | {_fmt(r['mu'])} | {_fmt(r['final_entropy'])} |"
         )
     text = "\n".join(lines) + "\n\n" + gain_table(summary["variants"])
+    if summary.get("headroom"):
+        text += "\n" + headroom_line(summary["suite"], summary["headroom"]) + "\n"
     if summary.get("tuning_choice"):
         text += tuning_lines(summary["tuning_choice"])
     return text
@@ -675,5 +680,27 @@ def multi_task_table(summary: dict[str, Any]) -> str:
             f"{_ratio(r['compute_ratio_measured_mu']['median'])} | "
             f"{_ratio(r['compute_ratio_paper_mu']['median'])} | {_fmt(r['mu'])} |"
         )
+    room = [headroom_line(t, s["headroom"]) for t, s in summary["tasks"].items() if "headroom" in s]
+    if room:
+        room = [
+            "",
+            f"Task headroom (the baseline ends <= {HEADROOM_CEILING} and still rises):",
+            *room,
+        ]
     targets = ["", "Issue #24's targets (medians over tasks):", *summary.get("verdict", [])]
-    return "\n".join(lines + targets) + "\n"
+    return "\n".join(lines + room + targets) + "\n"
+
+
+def headroom_line(task: str, h: dict[str, Any]) -> str:
+    """One markdown line: the baseline's final accuracy and last-quarter slope on a task."""
+    why = (
+        "qualifies"
+        if h["qualifies"]
+        else ("saturates" if not h["below_ceiling"] else "not rising over the last quarter")
+    )
+    slope = h["last_quarter_slope_per_1k"]
+    slope_text = "n/a (under two evals)" if math.isnan(slope) else f"{slope:+.3f}"
+    return (
+        f"- {task}: final {h['final']:.3f}, last-quarter slope {slope_text} per 1,000 "
+        f"generated rollouts: {why}"
+    )

@@ -104,6 +104,40 @@ def area_under_curve(summary: dict[str, Any], horizon: float) -> float:
     return float(np.trapezoid(vals, grid) / horizon)
 
 
+HEADROOM_CEILING = 0.9  # issue #24: a task "does not saturate" when GRPO ends at or below this
+
+
+def last_quarter_slope(summary: dict[str, Any]) -> float:
+    """Least-squares slope of accuracy against generated rollouts over the evals in the last
+    quarter of the run's generated budget, in accuracy per 1,000 rollouts (NaN with fewer than
+    two such evals). A fitted line rather than end minus start: one noisy eval moves it less."""
+    evals = summary.get("evals") or []
+    if not evals:
+        return math.nan
+    xs = np.asarray([float(e["rollouts_generated"]) for e in evals])
+    ys = np.asarray([float(e["eval/accuracy"]) for e in evals])
+    keep = xs >= 0.75 * xs.max()
+    if keep.sum() < 2 or np.ptp(xs[keep]) == 0:
+        return math.nan
+    return float(np.polyfit(xs[keep], ys[keep], 1)[0] * 1000.0)
+
+
+def headroom(baseline_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether a task leaves room to compare methods below the plateau (issue #24, item 2):
+    the baseline's median final accuracy at or below `HEADROOM_CEILING` and its median
+    last-quarter slope above zero (still rising when the budget ends)."""
+    final = statistics.median(float(s["final_eval_accuracy"]) for s in baseline_runs)
+    slope = stats([last_quarter_slope(s) for s in baseline_runs])["median"]
+    rising = bool(slope > 0)  # NaN compares False: no evidence of rising
+    return {
+        "final": final,
+        "last_quarter_slope_per_1k": slope,
+        "below_ceiling": final <= HEADROOM_CEILING,
+        "rising": rising,
+        "qualifies": final <= HEADROOM_CEILING and rising,
+    }
+
+
 def non_inferior(final: float, baseline_final: float, margin: float = MARGIN) -> bool:
     """True when the median final accuracy is at most `margin` below the baseline's."""
     return final >= baseline_final - margin - 1e-12
