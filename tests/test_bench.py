@@ -632,7 +632,7 @@ def test_new_suites_hold_equal_budgets() -> None:
     assert methods["grpo"] == methods["dapo"] == methods["group-replay"] == {10240}
     assert methods["replay-posbias"] == methods["remix-grpo"] == {7680}
     held = load_suite("heldout")
-    assert {"add6", "sub6", "chain7"} <= set(held["tasks"])
+    assert {"add6", "sub6", "sub5m2"} <= set(held["tasks"])
 
 
 def test_rollouts_to_script_reads_fractions_of_the_gain(
@@ -706,7 +706,7 @@ def test_heldout_tasks_fit_the_tiny_model_and_are_harder() -> None:
         seen.add(task)
         longest = max(len(r["prompt"]) for r in task_from_config(cfg.task).eval_rows())
         assert longest + 1 + cfg.rollout.max_new_tokens <= 128, (task, longest)
-    assert seen == {"add6", "sub6", "chain7", "add", "sub"}
+    assert seen == {"add6", "sub6", "sub5m2", "add", "sub"}
 
 
 def test_task_headroom_by_hand(tmp_path: Path) -> None:

@@ -201,6 +201,9 @@ def test_resolve_design_samples_with_replacement_only_when_b_exceeds_n():
     for n, b, replace in ((64, 32, False), (64, 64, False), (64, 65, True)):
         new = resolve_design(auto, n, b)
         assert (new.buffer.capacity, new.batch_size, new.buffer.with_replacement) == (n, b, replace)
+        # the saved config's x, y describe the buffer it runs (not the preset's 4 and 2)
+        R = auto.rollouts_per_step
+        assert (new.buffer.staleness_horizon, new.buffer.replay_ratio) == (n / R, b / R)
     assert auto.buffer.capacity == "auto"  # a copy: the session's own config is not changed
     already = load_config(
         "replay", ["buffer.capacity=auto", "train.batch_size=auto", "buffer.with_replacement=true"]

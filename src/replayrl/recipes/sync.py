@@ -149,12 +149,17 @@ def _warmup(s: Session, probe: WarmupProbe | None) -> tuple[list[float], list[Ro
 
 
 def resolve_design(cfg: Config, N: int, B: int) -> Config:
-    """A copy of `cfg` with `auto` capacity / batch size replaced by N / B."""
+    """A copy of `cfg` with `auto` capacity / batch size replaced by N / B, and the ratios
+    x = N/R, y = B/R set to match (a preset's own x, y would otherwise describe another
+    buffer in the saved config, and warn when it is read back)."""
     new = cfg.model_copy(deep=True)
+    R = cfg.rollouts_per_step
     if new.buffer.capacity == "auto":
         new.buffer.capacity = N
+        new.buffer.staleness_horizon = N / R
     if new.train.batch_size == "auto":
         new.train.batch_size = B
+        new.buffer.replay_ratio = B / R
     if new.batch_size > new.buffer.capacity and not new.buffer.with_replacement:  # type: ignore[operator]
         new.buffer.with_replacement = True  # the theory's sampling model when B > N
     return new
