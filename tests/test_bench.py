@@ -727,12 +727,17 @@ def test_task_headroom_by_hand(tmp_path: Path) -> None:
     assert h["final"] == pytest.approx(0.9) and h["last_quarter_slope_per_1k"] == pytest.approx(
         0.25
     )
-    assert h["below_ceiling"] and h["rising"] and h["qualifies"]
+    assert h["below_ceiling"] and h["rising"] and h["learns"] and h["qualifies"]
+    assert h["gain"] == pytest.approx(0.7)
+    # collapsed and ticking up at the end: rising, below the ceiling, but a gain of 0.05
+    collapsed = [_fake_run([0.05, 0.2, 0.05, 0.08, 0.1], 100)] * 2
+    h = headroom(collapsed)
+    assert h["rising"] and h["below_ceiling"] and not h["learns"] and not h["qualifies"]
     saturated = [_fake_run([0.2, 0.9, 0.95, 0.96], 100), _fake_run([0.2, 0.9, 0.95, 0.97], 100)]
     assert not headroom(saturated)["below_ceiling"] and not headroom(saturated)["qualifies"]
     flat = [_fake_run([0.2, 0.5, 0.5, 0.5, 0.5], 100)] * 2
     h = headroom(flat)
-    assert h["below_ceiling"] and not h["rising"] and not h["qualifies"]
+    assert h["below_ceiling"] and h["learns"] and not h["rising"] and not h["qualifies"]
     s = summarise(GAIN_SUITE, {"grpo": flat, "replay": flat}, [0, 1], tmp_path, quick=False)
     assert s["headroom"]["qualifies"] is False
     table = (tmp_path / "table.md").read_text()

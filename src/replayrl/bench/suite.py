@@ -31,6 +31,7 @@ import yaml
 from replayrl.bench.targets import (
     HEADLINE,
     HEADROOM_CEILING,
+    HEADROOM_MIN_GAIN,
     PAPER_MU,
     gain_table,
     headroom,
@@ -684,7 +685,8 @@ def multi_task_table(summary: dict[str, Any]) -> str:
     if room:
         room = [
             "",
-            f"Task headroom (the baseline ends <= {HEADROOM_CEILING} and still rises):",
+            f"Task headroom (the baseline gains >= {HEADROOM_MIN_GAIN}, ends <= "
+            f"{HEADROOM_CEILING} and still rises):",
             *room,
         ]
     targets = ["", "Issue #24's targets (medians over tasks):", *summary.get("verdict", [])]
@@ -693,11 +695,14 @@ def multi_task_table(summary: dict[str, Any]) -> str:
 
 def headroom_line(task: str, h: dict[str, Any]) -> str:
     """One markdown line: the baseline's final accuracy and last-quarter slope on a task."""
-    why = (
-        "qualifies"
-        if h["qualifies"]
-        else ("saturates" if not h["below_ceiling"] else "not rising over the last quarter")
-    )
+    if h["qualifies"]:
+        why = "qualifies"
+    elif not h["below_ceiling"]:
+        why = "saturates"
+    elif not h["learns"]:
+        why = f"learns too little (gain {h['gain']:+.3f})"
+    else:
+        why = "not rising over the last quarter"
     slope = h["last_quarter_slope_per_1k"]
     slope_text = "n/a (under two evals)" if math.isnan(slope) else f"{slope:+.3f}"
     return (

@@ -105,6 +105,7 @@ def area_under_curve(summary: dict[str, Any], horizon: float) -> float:
 
 
 HEADROOM_CEILING = 0.9  # issue #24: a task "does not saturate" when GRPO ends at or below this
+HEADROOM_MIN_GAIN = 0.1  # ... and it learns: the median gain is at least ten points
 
 
 def last_quarter_slope(summary: dict[str, Any]) -> float:
@@ -124,17 +125,22 @@ def last_quarter_slope(summary: dict[str, Any]) -> float:
 
 def headroom(baseline_runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Whether a task leaves room to compare methods below the plateau (issue #24, item 2):
-    the baseline's median final accuracy at or below `HEADROOM_CEILING` and its median
-    last-quarter slope above zero (still rising when the budget ends)."""
-    final = statistics.median(float(s["final_eval_accuracy"]) for s in baseline_runs)
+    the baseline's median final accuracy at or below `HEADROOM_CEILING`, its median
+    last-quarter slope above zero (still rising when the budget ends), and a median gain of at
+    least `HEADROOM_MIN_GAIN` (a run that collapses and ticks up at the end leaves targets at
+    fractions of a tiny gain: noise)."""
+    g = gain_targets(baseline_runs)
     slope = stats([last_quarter_slope(s) for s in baseline_runs])["median"]
-    rising = bool(slope > 0)  # NaN compares False: no evidence of rising
+    below, rising = g["final"] <= HEADROOM_CEILING, bool(slope > 0)  # NaN: not rising
+    learns = g["gain"] >= HEADROOM_MIN_GAIN
     return {
-        "final": final,
+        "final": g["final"],
+        "gain": g["gain"],
         "last_quarter_slope_per_1k": slope,
-        "below_ceiling": final <= HEADROOM_CEILING,
+        "below_ceiling": below,
         "rising": rising,
-        "qualifies": final <= HEADROOM_CEILING and rising,
+        "learns": learns,
+        "qualifies": below and rising and learns,
     }
 
 
