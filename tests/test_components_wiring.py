@@ -89,3 +89,74 @@ def test_build_exgrpo_source_wires_producer_learner_and_config():
     )
     assert bare.produce is None and bare.entropies is None and bare.scale_rewards is False
     assert bare.rows() == {} and bare.sample_rows(3) == []
+
+
+# build_components / build_producer / build_window over a real tiny run (issue 21: survivors
+# of a random sample of the wiring scope's mutants, fourth session)
+
+
+def test_build_components_wires_config_learner_and_system_prompt(tmp_path):
+    from replayrl.models.loading import unwrap_model
+    from replayrl.run.components import build_components
+    from tiny import tiny_config
+
+    cfg = tiny_config(
+        tmp_path,
+        "rewards=[{name: digits_format}]",
+        "task.system_prompt=Answer with digits.",
+        config="exgrpo",
+    )
+    parts = build_components(cfg, log=lambda _: None)
+    assert parts.cfg is cfg
+    # ExGRPO picks each question's lowest-entropy trajectory with the learner's entropies;
+    # without them it silently falls back to a random choice
+    assert parts.source.entropies == parts.learner.mean_entropies
+    assert parts.render.system_prompt == "Answer with digits."
+    assert parts.producer.render.system_prompt == "Answer with digits."
+    assert parts.generator.model is unwrap_model(parts.model)
+
+
+def test_build_producer_without_a_generator_makes_one_on_the_models_weights(tmp_path):
+    from replayrl.models.loading import unwrap_model
+    from replayrl.run.components import build_components, build_producer
+    from tiny import tiny_config
+
+    cfg = tiny_config(tmp_path, "rewards=[{name: digits_format}]")
+    parts = build_components(cfg, log=lambda _: None)
+    producer = build_producer(
+        cfg, parts.model, parts.tokenizer, parts.model_path, np.random.default_rng(0), print
+    )
+    assert producer.generator is not parts.generator  # its own, as async workers build it
+    assert producer.generator.model is unwrap_model(parts.model)
+
+
+def test_remix_window_draws_from_the_runs_seed():
+    import torch
+
+    from replayrl.data.rollout import Rollout
+    from replayrl.run.components import build_window
+
+    def window(seed: int):
+        cfg = load_config("remix-grpo", [f"train.seed={seed}"])
+        w = build_window(cfg)
+        assert w is not None and w.capacity == cfg.remix.num_policies * cfg.rollouts_per_step
+        w.push(
+            [
+                Rollout(
+                    torch.tensor([1]),
+                    torch.tensor([2]),
+                    torch.zeros(1),
+                    float(i),
+                    0.0,
+                    True,
+                    0,
+                    0,
+                    0,
+                )
+                for i in range(w.capacity)
+            ]
+        )
+        return [r.reward for r in w.sample(8, current_version=0)]
+
+    assert window(0) == window(0)  # reproducible
+    assert window(0) != window(1) != window(2)  # and the run's seed reaches it

@@ -253,3 +253,94 @@ def test_check_training_off_and_without_metrics_does_nothing():
     fake, check = _checker(1)
     check([], {}, 1)  # a step without learner metrics (nothing trained by design)
     assert fake.failed_steps == 0
+
+
+# survivors of a random sample of the wiring scope's mutants (issue 21, fourth session)
+
+
+def _session(tmp_path, *extra: str, config: str | None = None):
+    from replayrl.run.session import Session
+    from tiny import tiny_config
+
+    cfg = tiny_config(tmp_path, "rewards=[{name: digits_format}]", *extra, config=config)
+    (tmp_path / "run").mkdir()
+    s = Session(cfg, tmp_path / "run", log=lambda _: None)
+    s.start()
+    return s
+
+
+@pytest.mark.parametrize(("preset", "frozen"), [("ppo", [True, True, False]), (None, [False] * 3)])
+def test_policy_frozen_only_during_a_critics_warmup(tmp_path, preset, frozen):
+    # critic.warmup_steps = 2: PPO trains only its critic for the first two steps; a run
+    # without a critic (GRPO) never freezes its policy, whatever the key says
+    from replayrl.recipes.sync import sync_step
+    from replayrl.run.metrics import Progress
+
+    s = _session(tmp_path, "critic.warmup_steps=2", "train.steps=3", config=preset)
+    seen, train_step = [], s.learner.train_step
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["policy_frozen"])
+        return train_step(*args, **kwargs)
+
+    s.learner.train_step = recording  # type: ignore[method-assign]
+    progress = Progress(3, 0, False)
+    for _ in range(3):
+        sync_step(s, progress)
+    progress.close()
+    assert seen == frozen
+
+
+def test_train_batch_with_nothing_to_train_still_makes_one_new_version(tmp_path):
+    import time
+
+    s = _session(tmp_path)
+    v, loaded = s.learner.version, []
+    # an engine holding its own weights copy (vLLM) gets every new version
+    s.generator.load_weights = lambda params, version: loaded.append(version)  # type: ignore[attr-defined]
+    stats: dict[str, float] = {}
+    t0 = time.perf_counter()
+    seconds = s.train_batch([], 1, [], stats)
+    assert 0.0 <= seconds <= time.perf_counter() - t0
+    assert stats["time/training_s"] == seconds and s.counters.training_seconds == seconds
+    assert s.learner.version == v + 1 and loaded == [v + 1]
+
+
+def test_a_steps_checks_and_signal_get_the_steps_own_number(tmp_path):
+    from replayrl.recipes.sync import sync_step
+    from replayrl.run.metrics import Progress
+
+    s = _session(tmp_path, "train.steps=2")
+    assert s.failed_steps == 0  # check_training counts from zero
+    checked, watched = [], []
+    check, watch = s.check_training, s.watch_signal
+    s.check_training = lambda b, m, step: (checked.append(step), check(b, m, step))  # type: ignore[method-assign]
+    s.watch_signal = lambda f, st, step: (watched.append(step), watch(f, st, step))  # type: ignore[method-assign]
+    progress = Progress(2, 0, False)
+    for _ in range(2):
+        sync_step(s, progress)
+    progress.close()
+    assert checked == watched == [1, 2]
+
+
+def test_produce_reports_reward_timeouts_and_evaluate_renders_like_training(tmp_path, monkeypatch):
+    import replayrl.run.session as session_module
+
+    s = _session(tmp_path)
+    _, stats = s.produce()
+    assert stats["rollouts/dropped_reward_timeout"] == 0.0
+    seen = []
+    monkeypatch.setattr(
+        session_module, "evaluate_policy", lambda *args: seen.append(args) or {"x": 1.0}
+    )
+    assert s.evaluate() == {"x": 1.0}
+    assert seen == [(s.cfg, s.generator, s.task, s.eval_rows, s.render)]
+
+
+def test_a_run_without_held_out_prompts_trains_and_logs_without_accuracy(tmp_path):
+    from replayrl.recipes.sync import run_sync
+
+    s = _session(tmp_path, "task.eval_size=0", "train.steps=2")
+    assert s.eval_rows == []
+    summary = run_sync(s)
+    assert s.counters.step == 2 and summary["evals"] == []
