@@ -930,3 +930,11 @@ def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
     )
     (args, kwargs) = seen[-1]
     assert args[1:] == (0.25, 0.5, 32, True, 0.2) and kwargs == {"x_max": 7.0}
+
+
+def test_before_the_design_a_session_has_no_buffers_and_a_balanced_ledger(tmp_path):
+    # `auto` builds its buffer only once the design resolves N and B: until then the ledger
+    # (an interrupt during the warm-up writes it) sees no buffer instead of failing
+    s = _auto_session(tmp_path)
+    assert s.source is None and s.buffers() == []
+    assert s.accounting()["ledger"]["balanced"]
