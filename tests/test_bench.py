@@ -743,6 +743,33 @@ def test_task_headroom_by_hand(tmp_path: Path) -> None:
     table = (tmp_path / "table.md").read_text()
     assert "- g: final 0.500, last-quarter slope " in table  # -0.000: polyfit's rounding
     assert "0.000 per 1,000 generated rollouts: not rising over the last quarter" in table
+    for level in range(201):  # a flat last quarter at any level fits +-1e-19 at most
+        # 14 evals, the last quarter's 4 flat: polyfit gives +-1e-19, e.g. + at level 7
+        curve = [0.0] * 10 + [level / 200] * 4
+        flat_at = [_fake_run(curve, 100)] * 2
+        assert not headroom(flat_at)["rising"], level
     short = [_fake_run([0.2, 0.5, 0.5, 0.5], 100)] * 2  # one eval in the last quarter
     assert math.isnan(headroom(short)["last_quarter_slope_per_1k"])
     assert not headroom(short)["rising"]  # no evidence of rising is not rising
+
+
+@pytest.mark.parametrize(("n", "b"), [(320, 128), (64, 64), (256, 128)])
+def test_a_finished_auto_run_is_reused_whatever_design_it_resolved(
+    tmp_path: Path, n: int, b: int
+) -> None:
+    """`auto` runs save the N, B, x = N/R and y = B/R they resolved: the suite still finds
+    them finished (else it reruns every replay-auto run, or leaves it out with --no-run)."""
+    import json
+
+    from replayrl.bench.suite import finished_run
+    from replayrl.config.schema import config_to_yaml
+    from replayrl.recipes.sync import resolve_design
+
+    cfg = load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])
+    run_dir = tmp_path / "replay-auto-s0"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(config_to_yaml(resolve_design(cfg, n, b)))
+    (run_dir / "summary.json").write_text(json.dumps({"steps": cfg.train.steps}))
+    assert finished_run(cfg, run_dir) == {"steps": cfg.train.steps}
+    other = load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto", "train.lr=1"])
+    assert finished_run(other, run_dir) is None  # another config is still another run

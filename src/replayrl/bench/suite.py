@@ -120,9 +120,11 @@ def finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
     # where the run was written is not what it ran: the same folder named another way (a
     # relative vs an absolute --out, a moved results folder) must not rerun it over itself
     done.logging.run_dir, done.logging.name = cfg.logging.run_dir, cfg.logging.name
-    if cfg.needs_design:  # a run saves the N, B (and sampling) it resolved from `auto`
+    if cfg.needs_design:  # a run saves the N, B, x, y (and sampling) it resolved from `auto`
         done.buffer.capacity = cfg.buffer.capacity
         done.buffer.with_replacement = cfg.buffer.with_replacement
+        done.buffer.staleness_horizon = cfg.buffer.staleness_horizon
+        done.buffer.replay_ratio = cfg.buffer.replay_ratio
         done.train.batch_size = cfg.train.batch_size
     if done == cfg:
         data = json.loads(summary.read_text())
@@ -697,6 +699,8 @@ def headroom_line(task: str, h: dict[str, Any]) -> str:
     """One markdown line: the baseline's final accuracy and last-quarter slope on a task."""
     if h["qualifies"]:
         why = "qualifies"
+    elif math.isnan(h["final"]):
+        why = "n/a (the baseline has no evals)"
     elif not h["below_ceiling"]:
         why = "saturates"
     elif not h["learns"]:

@@ -106,12 +106,14 @@ def area_under_curve(summary: dict[str, Any], horizon: float) -> float:
 
 HEADROOM_CEILING = 0.9  # issue #24: a task "does not saturate" when GRPO ends at or below this
 HEADROOM_MIN_GAIN = 0.1  # ... and it learns: the median gain is at least ten points
+RISING_MIN_SLOPE = 1e-6  # accuracy per 1,000 rollouts above which a fitted slope is "rising"
 
 
 def last_quarter_slope(summary: dict[str, Any]) -> float:
     """Least-squares slope of accuracy against generated rollouts over the evals in the last
-    quarter of the run's generated budget, in accuracy per 1,000 rollouts (NaN with fewer than
-    two such evals). A fitted line rather than end minus start: one noisy eval moves it less."""
+    quarter of the rollouts the run generated (up to its last eval), in accuracy per 1,000
+    rollouts (NaN with fewer than two such evals). A fitted line rather than end minus start:
+    one noisy eval moves it less."""
     evals = summary.get("evals") or []
     if not evals:
         return math.nan
@@ -131,7 +133,9 @@ def headroom(baseline_runs: list[dict[str, Any]]) -> dict[str, Any]:
     fractions of a tiny gain: noise)."""
     g = gain_targets(baseline_runs)
     slope = stats([last_quarter_slope(s) for s in baseline_runs])["median"]
-    below, rising = g["final"] <= HEADROOM_CEILING, bool(slope > 0)  # NaN: not rising
+    # a flat curve fits a slope of +-1e-19 (rounding): that is not rising; NaN is not either
+    rising = bool(slope > RISING_MIN_SLOPE)
+    below = g["final"] <= HEADROOM_CEILING + 1e-12  # NaN (no evals): not below
     learns = g["gain"] >= HEADROOM_MIN_GAIN
     return {
         "final": g["final"],
