@@ -175,3 +175,32 @@ def test_staleness_bounded_takes_the_tighter_bound():
     assert staleness_bounded(loose) is loose  # the buffer's own bound is already tighter
     unbounded = load_config("replay", base)  # workers.max_staleness unset: nothing to add
     assert staleness_bounded(unbounded) is unbounded
+
+
+def test_role_clocks_restore_from_a_saved_run_and_default_to_zero():
+    from replayrl.recipes.asynchronous import _clock
+
+    saved = {"busy_s": 1.5, "idle_s": 0.5, "rollouts": 64.0, "tokens": 900.0, "batches": 2.0}
+    c = _clock({**saved, "restarts": 1.0})
+    assert (c.busy_s, c.idle_s, c.rollouts, c.tokens, c.batches, c.restarts) == (
+        1.5,
+        0.5,
+        64,
+        900,
+        2,
+        1,
+    )
+    assert isinstance(c.rollouts, int) and isinstance(c.batches, int)
+    z = _clock(None)
+    assert (z.busy_s, z.idle_s, z.rollouts, z.tokens, z.batches, z.restarts) == (0, 0, 0, 0, 0, 0)
+
+
+def test_step_stats_average_what_was_delivered_since_the_last_step(tmp_path):
+    s, _, _ = _run(tmp_path, "train.steps=1")
+    s._stats = {"train/loss": 0.25}
+    s.fresh, s.fresh_stats = [], {"gen/len": [1.0, 3.0, 8.0]}
+    stats = s.step_stats()
+    assert stats["gen/len"] == pytest.approx(4.0) and stats["train/loss"] == 0.25
+    assert stats["rollouts/dropped_reward_error"] == 0.0
+    assert stats["rollouts/dropped_reward_timeout"] == 0.0
+    assert s.fresh == [] and not s.fresh_stats  # the next step starts afresh
