@@ -20,8 +20,9 @@ class InProcessPool:
 
     BUSY, IDLE = 0.5, 0.25
 
-    def __init__(self, s: AsyncSession, lost: int = 0) -> None:
-        self.s, self.lost = s, lost
+    def __init__(self, s: AsyncSession, lost: int = 0, restarts: int = 0) -> None:
+        self.s, self.lost, self.n_restarts = s, lost, restarts
+        self.models: list[object] = []
         self.version = -1
         self.published: list[int] = []
         self.holds: list[bool] = []
@@ -34,6 +35,7 @@ class InProcessPool:
 
     def publish(self, model: object, version: int) -> None:
         self.published.append(version)
+        self.models.append(model)
         self.version = version
 
     def poll(self) -> list[Delivery]:
@@ -55,7 +57,8 @@ class InProcessPool:
             first_error=p.first_error,
             busy_s=self.BUSY,
             idle_s=self.IDLE,
-            extra={"dropped_reward_timeout": 0, "reward_seconds": 0.0},
+            # the first batch without the optional extras (an older worker's delivery)
+            extra={"dropped_reward_timeout": 0, "reward_seconds": 0.125} if n else {},
         )
         self.delivered.append(d)
         return [d]
@@ -77,10 +80,11 @@ class InProcessPool:
         return {"generator/0": 12345}
 
     def restarts(self) -> dict[str, int]:
-        return {"generator/0": 0}
+        # generator/1: a worker that was restarted before it delivered anything
+        return {"generator/0": self.n_restarts, "generator/1": self.n_restarts}
 
 
-def _run(tmp_path, *extra: str, lost: int = 0):
+def _run(tmp_path, *extra: str, lost: int = 0, restarts: int = 0, logs: list | None = None):
     from tiny import tiny_config
 
     cfg = tiny_config(
@@ -94,10 +98,11 @@ def _run(tmp_path, *extra: str, lost: int = 0):
     pools: list[InProcessPool] = []
 
     def factory(s: AsyncSession) -> InProcessPool:
-        pools.append(InProcessPool(s, lost))
+        pools.append(InProcessPool(s, lost, restarts))
         return pools[-1]
 
-    s = AsyncSession(cfg, tmp_path / "run", factory, log=lambda _: None)
+    log = logs.append if logs is not None else (lambda _: None)
+    s = AsyncSession(cfg, tmp_path / "run", factory, log=log)
     summary = run_async(s)
     return s, pools[0], summary
 
@@ -105,6 +110,7 @@ def _run(tmp_path, *extra: str, lost: int = 0):
 def test_the_async_loop_in_process_trains_paces_and_accounts(tmp_path):
     from replayrl.run.metrics import read_metrics
 
+    logs: list[str] = []
     s, pool, summary = _run(
         tmp_path,
         "buffer.kind=replay",
@@ -113,9 +119,15 @@ def test_the_async_loop_in_process_trains_paces_and_accounts(tmp_path):
         "workers.replay_ratio=2",
         "workers.sync_every=2",
         "train.steps=4",
+        "train.epochs=2",
         lost=3,
+        restarts=1,
+        logs=logs,
     )
     c, cfg = s.counters, s.cfg
+    assert s.ratio == 2  # workers.replay_ratio as set
+    assert any("runtime async-local: 1 generator worker(s)" in x for x in logs)  # the run's log
+    assert all(m is s.model for m in pool.models)  # the learner's weights, every publish
     assert c.step == 4 and s.learner.version == 4
     assert pool.started and pool.stopped
     # weights published at the start and every sync_every = 2 steps
@@ -133,7 +145,11 @@ def test_the_async_loop_in_process_trains_paces_and_accounts(tmp_path):
     # the learner's clock: one batch per step, rollouts x epochs
     lc = s.learner_clock
     assert lc.batches == 4 and lc.rollouts == 4 * 16 * cfg.train.epochs and lc.busy_s > 0
-    assert lc.tokens > 0
+    assert lc.tokens == c.tokens_trained > 0  # tokens per pass x epochs, as the counters
+    # reward seconds from the deliveries that report them (the first batch does not)
+    assert c.reward_seconds == pytest.approx(0.125 * (n - 1))
+    # worker restarts reported by the pool reach each worker's clock, a new one included
+    assert s.clocks["generator/0"].restarts == 1 and s.clocks["generator/1"].restarts == 1
     # one mu per step: the generators' seconds per rollout so far vs the step's training
     assert len(c.mu_per_step) == 4 and all(m > 0 for m in c.mu_per_step)
     # the pool's 3 lost rollouts (a worker died with them) are generated, never delivered
@@ -156,6 +172,7 @@ def test_the_async_loop_in_process_trains_paces_and_accounts(tmp_path):
 
 def test_on_policy_async_waits_for_a_full_fresh_batch(tmp_path):
     s, pool, _ = _run(tmp_path, "train.steps=3")
+    assert s.ratio == s.cfg.batch_size / s.cfg.rollouts_per_step  # replay_ratio auto: y = B/R
     c = s.counters
     R = s.cfg.rollouts_per_step
     assert c.step == 3 and c.rollouts_sampled == 3 * s.cfg.batch_size
