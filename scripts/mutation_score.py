@@ -3,7 +3,9 @@
 A mutant no selected test covers ("no tests") counts as surviving, like any other survivor.
 A run stopped part-way leaves mutants "not checked": they are listed per module and left out
 of that module's score (the score is then over the mutants checked so far, and says so).
-Usage: python scripts/mutation_score.py [--survivors] [MODULE_PREFIX ...]
+`--names=FILE` scores only the mutants named in FILE (one per line): a random sample of a
+scope too slow to run whole, with Wilson's 95% interval for the scope's score.
+Usage: python scripts/mutation_score.py [--survivors] [--names=FILE] [MODULE_PREFIX ...]
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ def _line(module: str, c: Counter[str]) -> str:
     return f"{module:<40} killed {c['killed']:>4} / {checked:<4} ({share:5.1f}%){rest}  {detail}"
 
 
+def wilson(killed: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's score interval (in %) for a kill rate of killed / n sampled mutants."""
+    p, den = killed / n, 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / den
+    return 100 * (centre - half), 100 * (centre + half)
+
+
 def main() -> int:
     mutmut = Path(sys.executable).with_name("mutmut")
     out = subprocess.run(
@@ -31,11 +41,15 @@ def main() -> int:
     by_module: dict[str, Counter[str]] = defaultdict(Counter)
     survivors = []
     prefixes = [a for a in sys.argv[1:] if not a.startswith("--")]
+    files = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--names=")]
+    names = {n.strip() for f in files for n in Path(f).read_text().split() if n.strip()}
     for line in out.splitlines():
         if ":" not in line:
             continue
         name, status = (x.strip() for x in line.rsplit(":", 1))
         if prefixes and not any(name.startswith(p) for p in prefixes):
+            continue
+        if names and name not in names:
             continue
         module = name.split(".x", 1)[0]
         by_module[module][status] += 1
@@ -50,6 +64,10 @@ def main() -> int:
         print("no mutants checked: run `mutmut run` first")
         return 1
     print(_line("all", total))
+    checked = sum(total.values()) - total["not checked"]
+    if names:
+        lo, hi = wilson(total["killed"], checked)
+        print(f"sample of {len(names)} named: Wilson 95% interval {lo:.1f}-{hi:.1f}%")
     if "--survivors" in sys.argv:
         print("\n".join(survivors))
     return 0
