@@ -286,6 +286,8 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
     "design.alpha": ("design", 0.05, ("design.min_saving=0",)),
     "design.rho": ("design", 0.9, ("design.min_saving=0",)),
     "design.min_saving": ("design", 0.0, ()),
+    # a given mu replaces the (here fixed) measured 4: at 20 reuse pays, N and B grow
+    "design.mu": ("design", 20.0, ()),
     "design.warmup_steps": ("design", 3, ()),
     "eval.num_prompts": ("eval", 2, ()),
     "eval.pass_k": ("eval", 3, ()),

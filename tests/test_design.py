@@ -932,6 +932,34 @@ def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
     assert args[1:] == (0.25, 0.5, 32, True, 0.2) and kwargs == {"x_max": 7.0}
 
 
+def test_a_given_mu_replaces_the_measured_one_and_both_are_recorded(tmp_path):
+    from replayrl.data.design import feasible_design
+    from replayrl.recipes import sync as sync_recipe
+
+    fixed = ("design.alpha=0.25", "design.rho=0.5", "design.min_saving=0")
+    # measured (the default): the design's mu is the warm-up's
+    _, _, rec = sync_recipe.auto_design(_auto_session(tmp_path / "m", *fixed))
+    assert rec["mu_source"] == "measured" and rec["mu"] == rec["mu_measured"] > 0
+    # given: designed for mu = 5.3 whatever this machine measured, which is still recorded
+    new, _, rec = sync_recipe.auto_design(_auto_session(tmp_path / "g", *fixed, "design.mu=5.3"))
+    assert rec["mu_source"] == "config" and rec["mu"] == 5.3
+    assert rec["mu_measured"] is not None and rec["mu_measured"] > 0
+    want = feasible_design(5.3, 0.25, 0.5, 32, min_saving=0.0, x_max=float(new.train.steps))
+    assert (rec["N"], rec["B"]) == (want.N, want.B) == (new.buffer.capacity, new.batch_size)
+    # by hand at alpha = 0.25, rho = 0.5: x* = 0.96 -> x = 1 (N = R = 32), y*(1) =
+    # sqrt(5.3 / 1.5) = 1.88 -> B = 60: reuse pays, each rollout trained on about twice
+    assert (rec["N"], rec["B"]) == (32, 60)
+
+
+def test_design_mu_must_be_positive_or_measured():
+    from replayrl.config.schema import ConfigError, load_config
+
+    for bad in ("0", "-1", "fast"):
+        with pytest.raises(ConfigError, match="design.mu"):
+            load_config(None, [f"design.mu={bad}"])
+    assert load_config(None, ["design.mu=5.3"]).design.mu == 5.3
+
+
 def test_before_the_design_a_session_has_no_buffers_and_a_balanced_ledger(tmp_path):
     # `auto` builds its buffer only once the design resolves N and B: until then the ledger
     # (an interrupt during the warm-up writes it) sees no buffer instead of failing

@@ -374,6 +374,10 @@ class DesignConfig(_Section):
     # (replayrl/data/staleness.py; DESIGN_FALLBACK, logged, when that is ill-conditioned)
     alpha: Annotated[float, Field(ge=0, lt=0.5)] | Literal["measured"] = "measured"
     rho: Annotated[float, Field(ge=0, le=1)] | Literal["measured"] = "measured"
+    # generation / training cost per rollout: `measured` on the warm-up's timed steps, or a
+    # number to design for another machine than this one (e.g. paper 1's GPU figure 5.3 on a
+    # CPU where generation is cheap); the measured value is recorded either way
+    mu: Annotated[float, Field(gt=0)] | Literal["measured"] = "measured"
     warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu (and alpha, rho)
     # the feasible set `auto` searches: N >= R always; B >= R unless this is true
     allow_y_below_one: bool = False

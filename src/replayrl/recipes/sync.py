@@ -15,6 +15,7 @@ from replayrl.config.schema import Config
 from replayrl.data.design import cost_ratio, estimate_mu
 from replayrl.data.rollout import Rollout
 from replayrl.recipes.design_probe import (
+    MEASURED,
     WarmupProbe,
     measured_keys,
     probe_blocker,
@@ -77,7 +78,9 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
     cfg, R = s.cfg, s.cfg.rollouts_per_step
     probe, why_not = _start_probe(s)
     mus, produced = _warmup(s, probe)
-    mu = estimate_mu(mus)
+    measured_mu = estimate_mu(mus)
+    mu_source = MEASURED if cfg.design.mu == MEASURED else "config"
+    mu = measured_mu if mu_source == MEASURED else float(cfg.design.mu)
     if mu is None:
         raise ValueError("auto design: every warm-up rollout was dropped; cannot measure mu")
     est = probe.finish() if probe is not None else None
@@ -97,12 +100,15 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
     rep = feasible_design(mu, alpha, rho, R, d.allow_y_below_one, d.min_saving, x_max=x_max)
     new = resolve_design(cfg, rep.N, rep.B)
     s.log(
-        f"auto design: measured mu = {mu:.3g}, alpha = {alpha:.3g} ({how['alpha_source']}), "
+        f"auto design: mu = {mu:.3g} ({_mu_how(mu_source, measured_mu)}), "
+        f"alpha = {alpha:.3g} ({how['alpha_source']}), "
         f"rho = {rho:.3g} ({how['rho_source']}) -> {rep.reason} -> buffer.capacity N = "
         f"{new.buffer.capacity}, train.batch_size B = {new.batch_size} (R = {R})"
     )
     record = {
         "mu": mu,
+        "mu_source": mu_source,
+        "mu_measured": measured_mu,
         "alpha": alpha,
         "rho": rho,
         "x_star": rep.x_unconstrained,
@@ -116,6 +122,14 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
         **how,
     }
     return new, produced, record
+
+
+def _mu_how(source: str, measured: float | None) -> str:
+    """How the design's mu was set, for the log: measured here, or given (and what was seen)."""
+    if source == MEASURED:
+        return "measured"
+    seen = f"{measured:.3g}" if measured is not None else "none: no warm-up rollout kept"
+    return f"design.mu; measured here {seen}"
 
 
 def _start_probe(s: Session) -> tuple[WarmupProbe | None, str | None]:
