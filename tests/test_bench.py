@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,9 @@ def test_jobs_run_in_parallel_processes_with_the_same_results(
     assert main([*base, "--out", str(tmp_path / "par"), "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     assert "3 of 3 runs to do, 2 at a time" in out
+    # each finished run with its whole time in the child, the pool's total at the end
+    assert re.search(r"grpo-s0: final acc [0-9.]+, rollouts \d+, wall \d+s, \d+s in all", out)
+    assert re.search(r"2 of 3 runs done in [0-9.]+ min, 2 at a time", out)
     assert "broken-s0: FAILED" in out and "broken-s0: not finished, left out" in out
     assert main([*base[:-1], "--out", str(tmp_path / "seq")]) == 0
     for run in ("grpo-s0", "replay-s0"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -258,8 +259,12 @@ def planned_runs(
     return plan
 
 
-def _run_in_child(cfg: Any, peer: str | None, run_dir: Path) -> dict[str, Any]:
-    return run_one(cfg, peer, run_dir, log=lambda _: None)
+def _run_in_child(cfg: Any, peer: str | None, run_dir: Path) -> tuple[dict[str, Any], float]:
+    """The run's summary and its seconds in the child, all of it (model load, warm start,
+    evaluations): a summary's wall_seconds count only the training loop."""
+    t0 = time.perf_counter()
+    summary = run_one(cfg, peer, run_dir, log=lambda _: None)
+    return summary, time.perf_counter() - t0
 
 
 def run_pending(
@@ -296,6 +301,7 @@ def run_pending(
         log(f"note: {jobs} jobs x {threads} torch threads > {cores} cores: wall times will suffer")
     log(f"{len(pending)} of {len(plan)} runs to do, {jobs} at a time")
     status: dict[str, str] = {}
+    t_start = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         futures = {
@@ -306,16 +312,19 @@ def run_pending(
             for fut in as_completed(futures):
                 label = futures[fut]
                 try:
-                    s = fut.result()
+                    s, seconds = fut.result()
                 except Exception as exc:  # one failed run must not lose the others
                     status[label] = f"failed: {exc!r}"
                     log(f"{label}: FAILED ({exc!r}); left out of the summary")
                     continue
                 status[label] = "done"
-                log(_result_line(label, s))
+                log(f"{_result_line(label, s)}, {seconds:.0f}s in all")
         except KeyboardInterrupt:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+    done = sum(v == "done" for v in status.values())
+    minutes = (time.perf_counter() - t_start) / 60
+    log(f"{done} of {len(pending)} runs done in {minutes:.1f} min, {jobs} at a time")
     return status
 
 
