@@ -777,3 +777,25 @@ def test_a_finished_auto_run_is_reused_whatever_design_it_resolved(
     assert finished_run(cfg, run_dir) == {"steps": cfg.train.steps}
     other = load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto", "train.lr=1"])
     assert finished_run(other, run_dir) is None  # another config is still another run
+
+
+def test_pending_runs_interleave_their_tasks_keeping_each_tasks_order() -> None:
+    from replayrl.bench.suite import interleave_tasks
+
+    def run(task: str, name: str) -> tuple[str, None, None, Path]:
+        return (f"{task}/{name}", None, None, Path("out") / task / name)
+
+    plan = [
+        run("a", "g-s0"),
+        run("a", "g-s1"),
+        run("a", "r-s0"),
+        run("b", "g-s0"),
+        run("c", "g-s0"),
+    ]
+    labels = [label for label, *_ in interleave_tasks(plan)]
+    # every task's first run starts first (its warm start is built while the others build
+    # theirs), then the rest in suite order
+    assert labels == ["a/g-s0", "b/g-s0", "c/g-s0", "a/g-s1", "a/r-s0"]
+    assert interleave_tasks([]) == []
+    one = [run("a", "x"), run("a", "y")]
+    assert interleave_tasks(one) == one

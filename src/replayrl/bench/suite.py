@@ -259,6 +259,23 @@ def planned_runs(
     return plan
 
 
+def interleave_tasks(
+    runs: list[tuple[str, Any, str | None, Path]],
+) -> list[tuple[str, Any, str | None, Path]]:
+    """The runs round-robin over their tasks (run folders' parents), each task's own order
+    kept: a task's first run builds its warm start (minutes, under a lock the task's other
+    runs wait on), so starting every task early builds them side by side instead of leaving
+    all but one job waiting. Runs are deterministic, so the order changes only wall times."""
+    by_task: dict[Path, list[tuple[str, Any, str | None, Path]]] = {}
+    for run in runs:
+        by_task.setdefault(run[3].parent, []).append(run)
+    queues = list(by_task.values())
+    out = []
+    for i in range(max((len(q) for q in queues), default=0)):
+        out.extend(q[i] for q in queues if i < len(q))
+    return out
+
+
 def _run_in_child(cfg: Any, peer: str | None, run_dir: Path) -> tuple[dict[str, Any], float]:
     """The run's summary and its seconds in the child, all of it (model load, warm start,
     evaluations): a summary's wall_seconds count only the training loop."""
@@ -295,6 +312,7 @@ def run_pending(
             log(f"skipping {label}: TRL is not installed (pip install 'replayrl[bench]')")
         elif fresh or finished_run(cfg, run_dir) is None:
             pending.append((label, cfg, peer, run_dir))
+    pending = interleave_tasks(pending)
     threads = max((cfg.train.threads or 1) for _, cfg, _, _ in pending) if pending else 1
     cores = os.cpu_count() or 1
     if jobs * threads > cores:
