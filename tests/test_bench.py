@@ -799,3 +799,41 @@ def test_pending_runs_interleave_their_tasks_keeping_each_tasks_order() -> None:
     assert interleave_tasks([]) == []
     one = [run("a", "x"), run("a", "y")]
     assert interleave_tasks(one) == one
+
+
+def test_run_pending_submits_the_tasks_interleaved_and_logs_each_runs_whole_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a stand-in pool (no processes): records what is submitted, in order, and hands back a
+    # summary with a training-loop wall of 3 s and a whole time in the child of 7 s
+    import concurrent.futures
+
+    from replayrl.bench.suite import run_pending
+
+    submitted: list[str] = []
+
+    class Pool:
+        def __init__(self, **_: object) -> None: ...
+        def __enter__(self) -> Pool:
+            return self
+
+        def __exit__(self, *_: object) -> None: ...
+        def submit(self, fn, cfg, peer, run_dir):  # noqa: ANN001
+            submitted.append(f"{run_dir.parent.name}/{run_dir.name}")
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            summary = {"final_eval_accuracy": 0.5, "rollouts_generated": 8, "wall_seconds": 3.0}
+            fut.set_result((summary, 7.0))
+            return fut
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    suite = json.loads(_suite(tmp_path).read_text())
+    suite["name"] = "tiny"
+    suite["tasks"] = {"a": {"overrides": []}, "b": {"overrides": []}}
+    lines: list[str] = []
+    status = run_pending(
+        suite, [0, 1], tmp_path / "out", True, ["grpo"], lines.append, False, None, 2
+    )
+    assert submitted == ["a/grpo-s0", "b/grpo-s0", "a/grpo-s1", "b/grpo-s1"]
+    assert set(status.values()) == {"done"}
+    assert "a/grpo-s0: final acc 0.500, rollouts 8, wall 3s, 7s in all" in lines
+    assert re.fullmatch(r"4 of 4 runs done in [0-9.]+ min, 2 at a time", lines[-1])

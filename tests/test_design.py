@@ -804,6 +804,13 @@ def test_auto_design_refuses_when_every_warm_up_rollout_was_dropped(tmp_path):
     with pytest.raises(ValueError) as err:
         sync_recipe.auto_design(s)
     assert str(err.value) == ("auto design: every warm-up rollout was dropped; cannot measure mu")
+    # a given mu needs no measurement but still rollouts (the alpha / rho probe, the buffer):
+    # the same clear refusal, not a failure deep in the probe
+    s = _auto_session(tmp_path / "given", "design.mu=5.3")
+    s.produce = lambda: ([], {})  # type: ignore[method-assign]
+    with pytest.raises(ValueError) as err:
+        sync_recipe.auto_design(s)
+    assert str(err.value) == "auto design: every warm-up rollout was dropped; nothing to start from"
 
 
 def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_path, monkeypatch):

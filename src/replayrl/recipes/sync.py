@@ -81,8 +81,9 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
     measured_mu = estimate_mu(mus)
     mu_source = MEASURED if cfg.design.mu == MEASURED else "config"
     mu = measured_mu if mu_source == MEASURED else float(cfg.design.mu)
-    if mu is None:
-        raise ValueError("auto design: every warm-up rollout was dropped; cannot measure mu")
+    if mu is None or not produced:  # a given mu still needs rollouts: the probe, the buffer
+        why = "cannot measure mu" if mu_source == MEASURED else "nothing to start from"
+        raise ValueError(f"auto design: every warm-up rollout was dropped; {why}")
     est = probe.finish() if probe is not None else None
     alpha, rho, how, fallback = resolve_alpha_rho(cfg, est, why_not)
     if fallback:
@@ -128,8 +129,7 @@ def _mu_how(source: str, measured: float | None) -> str:
     """How the design's mu was set, for the log: measured here, or given (and what was seen)."""
     if source == MEASURED:
         return "measured"
-    seen = f"{measured:.3g}" if measured is not None else "none: no warm-up rollout kept"
-    return f"design.mu; measured here {seen}"
+    return f"design.mu; measured here {measured:.3g}" if measured is not None else "design.mu"
 
 
 def _start_probe(s: Session) -> tuple[WarmupProbe | None, str | None]:
