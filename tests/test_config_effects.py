@@ -300,6 +300,9 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
 
 ELSEWHERE = "tested end to end in"
 NOT_OBSERVED: dict[str, str] = {
+    "design.reuse_on_fallback": "matters only when alpha / rho fall back (the observer gives "
+    "numbers): tests/test_design.py::test_on_fallback_values_auto_stays_on_policy_unless_told_"
+    "to_reuse",
     "design.allow_y_below_one": "matters only where y*(1) < 1 (mu < 1 + rho), below the "
     "observer's fixed mu = 4: tests/test_design.py::test_y_below_one_only_when_allowed",
     "train.failure_patience": "ends a run after K failing steps: default K = 3 end to end and "

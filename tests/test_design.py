@@ -958,6 +958,30 @@ def test_a_given_mu_replaces_the_measured_one_and_both_are_recorded(tmp_path):
     assert (rec["N"], rec["B"]) == (32, 60)
 
 
+def test_on_fallback_values_auto_stays_on_policy_unless_told_to_reuse(tmp_path):
+    from replayrl.recipes import sync as sync_recipe
+
+    # one warm-up step cannot measure alpha (fallback 0.25); rho given (0.5); mu = 5.3 given:
+    # the design on those values reuses (by hand for R = 32: N = 32, B = 60, saving 7.4%)
+    base = ("design.warmup_steps=1", "design.rho=0.5", "design.mu=5.3")
+    new, _, rec = sync_recipe.auto_design(_auto_session(tmp_path / "default", *base))
+    assert rec["alpha_source"] == "fallback" and rec["on_policy"]
+    assert (rec["N"], rec["B"], rec["predicted_saving"]) == (32, 32, 0.0)
+    assert (new.buffer.capacity, new.batch_size) == (32, 32)
+    assert rec["fallback_saving"] == pytest.approx(0.0737, abs=5e-4)
+    new, _, rec = sync_recipe.auto_design(
+        _auto_session(tmp_path / "reuse", *base, "design.reuse_on_fallback=true")
+    )
+    assert not rec["on_policy"] and (rec["N"], rec["B"]) == (32, 60)
+    assert rec["predicted_saving"] == pytest.approx(0.0737, abs=5e-4)
+    # measured-or-given values are not a fallback: alpha given, the design is used as is
+    _, _, rec = sync_recipe.auto_design(
+        _auto_session(tmp_path / "given", *base, "design.alpha=0.25")
+    )
+    assert not rec["on_policy"] and (rec["N"], rec["B"]) == (32, 60)
+    assert "fallback_saving" not in rec
+
+
 def test_design_mu_must_be_positive_or_measured():
     from replayrl.config.schema import ConfigError, load_config
 

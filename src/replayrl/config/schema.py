@@ -383,6 +383,10 @@ class DesignConfig(_Section):
     allow_y_below_one: bool = False
     # predicted compute saving (vs on-policy) below which `auto` stays on-policy (N = B = R)
     min_saving: float = Field(0.05, ge=0, lt=1)
+    # alpha / rho `measured` but not measurable on the warm-up (no signal, too few groups):
+    # false stays on-policy, true reuses on the DESIGN_FALLBACK guesses (on three held-out
+    # tasks at mu = 5.3 that design, N = R, B = 1.9 R, ended below GRPO: BENCHMARKS.md)
+    reuse_on_fallback: bool = False
 
 
 class AlgorithmConfig(_Section):

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -58,6 +58,7 @@ __all__ = [
     "interpolated_variance",
     "numerical_optimum",
     "objective",
+    "on_policy_design",
     "optimal_y",
     "power_law_variance",
     "reduced_objective",
@@ -522,6 +523,13 @@ class FeasibleDesign:
     x_unconstrained: float
     y_unconstrained: float
     reason: str
+
+
+def on_policy_design(design: FeasibleDesign, rollouts_per_step: int, reason: str) -> FeasibleDesign:
+    """`design` turned into the explicit on-policy outcome (N = B = R, no predicted saving),
+    keeping its unconstrained optimum for the record."""
+    r = int(rollouts_per_step)
+    return replace(design, on_policy=True, x=1.0, y=1.0, N=r, B=r, saving=0.0, reason=reason)
 
 
 def feasible_design(

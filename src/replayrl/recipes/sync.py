@@ -73,7 +73,7 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
     used for timing take no optimizer step; the alpha / rho probe's updates are undone
     (recipes/design_probe.py).
     """
-    from replayrl.data.design import feasible_design
+    from replayrl.data.design import feasible_design, on_policy_design
 
     cfg, R = s.cfg, s.cfg.rollouts_per_step
     probe, why_not = _start_probe(s)
@@ -99,6 +99,15 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
     # x <= the run's steps: a buffer larger than all the run generates is never filled
     x_max = max(float(cfg.train.steps), 1.0 + 1e-9)
     rep = feasible_design(mu, alpha, rho, R, d.allow_y_below_one, d.min_saving, x_max=x_max)
+    if fallback and not rep.on_policy and not d.reuse_on_fallback:
+        how["fallback_saving"] = rep.saving
+        rep = on_policy_design(
+            rep,
+            R,
+            f"stay on-policy: alpha / rho were not measured, and the design on the fallback "
+            f"values (x = {rep.x:.3g}, y = {rep.y:.3g}, predicted saving {rep.saving:.1%}) "
+            "rests on guesses (design.reuse_on_fallback=true uses it)",
+        )
     new = resolve_design(cfg, rep.N, rep.B)
     s.log(
         f"auto design: mu = {mu:.3g} ({_mu_how(mu_source, measured_mu)}), "
