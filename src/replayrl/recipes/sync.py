@@ -64,7 +64,7 @@ def sync_step(s: Session, progress: Progress) -> None:
     s.end_step(stats, progress)
 
 
-def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, float]]:
+def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, Any]]:
     """Resolve `auto` N / B: measure mu (and `measured` alpha, rho) on warm-up batches, then
     apply paper 1's feasible optimum.
 

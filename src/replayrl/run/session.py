@@ -93,7 +93,7 @@ class Session:
         assert self.source is not None, "the buffer is built once `auto` design has run"
         return self.source.buffer
 
-    def adopt_design(self, cfg: Config, warmup: list[Rollout], design: dict[str, float]) -> None:
+    def adopt_design(self, cfg: Config, warmup: list[Rollout], design: dict[str, Any]) -> None:
         """Continue with the `auto`-resolved config: its buffer, holding the warm-up rollouts."""
         self.cfg = self.learner.cfg = self.producer.cfg = cfg
         self.counters.design = design

@@ -28,7 +28,7 @@ class Counters:
     reward_seconds: float = 0.0  # in reward functions (sync: excluded from generation_seconds)
     rollouts_dropped_reward_timeout: int = 0  # of rollouts_dropped_reward_error
     mu_per_step: list[float] = field(default_factory=list)
-    design: dict[str, float] | None = None  # resolved `auto` buffer design
+    design: dict[str, Any] | None = None  # resolved `auto` buffer design
     reincarnation_step: int | None = None
     evals: list[dict[str, float]] = field(default_factory=list)
     first_reward_error: str | None = None
