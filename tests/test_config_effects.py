@@ -288,6 +288,8 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
     "design.min_saving": ("design", 0.0, ()),
     # a given mu replaces the (here fixed) measured 4: at 20 reuse pays, N and B grow
     "design.mu": ("design", 20.0, ()),
+    # at mu = 20 (alpha 0.25, rho 0.5) y*(x) > x near the optimum: B > N only when allowed
+    "design.allow_b_above_n": ("design", True, ("design.mu=20",)),
     "design.warmup_steps": ("design", 3, ()),
     "eval.num_prompts": ("eval", 2, ()),
     "eval.pass_k": ("eval", 3, ()),

@@ -404,17 +404,39 @@ def test_issue_example_mu_0_6_stays_on_policy_not_a_buffer_smaller_than_a_step()
 
 
 def test_issue_example_mu_5_3_keeps_n_at_least_r():
-    # unconstrained x* = 0.9626 -> N = 62 < R = 64; feasible: x = 1, y*(1) = sqrt(5.3/1.5)
-    # = 1.8797 -> B = round(120.3) = 120; J(1, 1.875) = (1 + 1.875/5.3)(1/1.875 + 1.5)
-    # = 2.752673, J(1, 1) = (1 + 1/5.3)(2.5) = 2.971698: saving 7.370%
-    fd = feasible_design(5.3, 0.25, 0.5, 64)
+    # unconstrained x* = 0.9626 -> N = 62 < R = 64. With B > N allowed (paper 1's J alone):
+    # x = 1, y*(1) = sqrt(5.3/1.5) = 1.8797 -> B = round(120.3) = 120; J(1, 1.875) =
+    # (1 + 1.875/5.3)(1/1.875 + 1.5) = 2.752673, J(1, 1) = (1 + 1/5.3)(2.5) = 2.971698: 7.370%
+    fd = feasible_design(5.3, 0.25, 0.5, 64, allow_b_above_n=True)
     assert fd.x_unconstrained == pytest.approx(0.96261, abs=1e-4)
     assert not fd.on_policy and (fd.N, fd.B) == (64, 120)
     assert fd.saving == pytest.approx(1 - 2.7526730 / 2.9716981, abs=1e-6)
     # the same case with a 10% bar: reuse does not pay, stay on-policy
-    strict = feasible_design(5.3, 0.25, 0.5, 64, min_saving=0.10)
+    strict = feasible_design(5.3, 0.25, 0.5, 64, min_saving=0.10, allow_b_above_n=True)
     assert strict.on_policy and (strict.N, strict.B) == (64, 64)
     assert "7.4%" in strict.reason
+
+
+def test_by_default_a_batch_never_exceeds_the_buffer():
+    # B <= N (y <= x): at mu = 5.3, alpha = 0.25, rho = 0.5, y*(x) > x for every x near 1, so
+    # the optimum is on y = x: J(x, x) = sqrt(x) (1 + x/5.3)(2/x + 0.5), least at x = 1.53
+    # -> N = B = round(98.0) = 98; J(98/64, 98/64) = 2.879, J(1, 1) = 2.971698: saving 3.1%,
+    # below the 5% bar: stay on-policy (the 7.4% above came from B = 1.9 N)
+    def j(x: float) -> float:
+        return math.sqrt(x) * (1 + x / 5.3) * (2 / x + 0.5)
+
+    xs = np.linspace(1, 3, 20001)
+    assert xs[np.argmin([j(x) for x in xs])] == pytest.approx(1.53, abs=0.01)
+    fd = feasible_design(5.3, 0.25, 0.5, 64, min_saving=0.0)
+    assert (fd.N, fd.B) == (98, 98) and not fd.on_policy
+    assert fd.saving == pytest.approx(1 - j(98 / 64) / 2.9716981, abs=1e-6)
+    assert fd.saving == pytest.approx(0.0306, abs=1e-3)
+    fd = feasible_design(5.3, 0.25, 0.5, 64)
+    assert fd.on_policy and (fd.N, fd.B) == (64, 64) and "3.1%" in fd.reason
+    # where y*(x) <= x already (alpha 0.12, rho 0.8: x = 2.48, y = 2.11) nothing changes
+    a = feasible_design(5.3, 0.12, 0.797, 64, min_saving=0.0)
+    b = feasible_design(5.3, 0.12, 0.797, 64, min_saving=0.0, allow_b_above_n=True)
+    assert (a.N, a.B) == (b.N, b.B) == (159, 135)
 
 
 def test_y_below_one_only_when_allowed():
@@ -431,16 +453,22 @@ def test_y_below_one_only_when_allowed():
 )
 def test_feasible_design_never_below_one_step_and_beats_every_feasible_grid_cell(mu, alpha, rho, r):
     fd = feasible_design(mu, alpha, rho, r, min_saving=0.0)
-    assert fd.N >= r and fd.B >= r
+    assert fd.N >= r and fd.B >= r and fd.B <= fd.N
     s2 = power_law_variance(alpha)
     xs, ys = np.meshgrid(np.linspace(1, 30, 300), np.linspace(1, 30, 300))
     x, y = constrained_optimum(mu, rho, s2)
     assert objective(x, y, mu, rho, s2) <= np.min(objective(xs, ys, mu, rho, s2)) + 1e-9
+    # with y <= x: below every grid cell on or under the diagonal, and on its own side
+    x, y = constrained_optimum(mu, rho, s2, y_at_most_x=True)
+    below = ys <= xs
+    assert y <= x + 1e-12
+    assert objective(x, y, mu, rho, s2) <= np.min(objective(xs, ys, mu, rho, s2)[below]) + 1e-9
 
 
 def test_unconstrained_optimum_inside_the_feasible_set_is_kept():
-    # mu = 10: closed form x* = 1.1492, y* = 2.7016 are feasible; N = round(73.55) = 74
-    fd = feasible_design(10, 0.25, 0.5, 64)
+    # mu = 10: closed form x* = 1.1492, y* = 2.7016 are feasible when B > N is allowed;
+    # N = round(73.55) = 74
+    fd = feasible_design(10, 0.25, 0.5, 64, allow_b_above_n=True)
     assert fd.x_unconstrained == pytest.approx(1.14922, abs=1e-4)
     assert (fd.N, fd.B) == (74, round(2.70156 * 64))
 
@@ -460,9 +488,12 @@ def test_cli_design_prints_the_feasible_decision(capsys):
     main(["design", "--mu", "0.6", "--rollouts-per-step", "64"])
     out = capsys.readouterr().out
     assert "stay on-policy" in out and "N = B = R = 64" in out
-    main(["design", "--mu", "5.3", "--rollouts-per-step", "64"])
+    main(["design", "--mu", "5.3", "--rollouts-per-step", "64", "--allow-b-above-n"])
     out = capsys.readouterr().out
     assert "N = 64, B = 120" in out and "7.4%" in out
+    main(["design", "--mu", "5.3", "--rollouts-per-step", "64"])
+    out = capsys.readouterr().out
+    assert "stay on-policy" in out and "x = 1.53, y = 1.53" in out and "3.1%" in out
 
 
 def test_auto_run_never_resolves_a_buffer_smaller_than_a_step(tmp_path):
@@ -932,11 +963,16 @@ def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
     extra = ("design.alpha=0.25", "design.rho=0.5", "train.steps=7")
     sync_recipe.auto_design(
         _auto_session(
-            tmp_path / "y", *extra, "design.allow_y_below_one=true", "design.min_saving=0.2"
+            tmp_path / "y",
+            *extra,
+            "design.allow_y_below_one=true",
+            "design.min_saving=0.2",
+            "design.allow_b_above_n=true",
         )
     )
     (args, kwargs) = seen[-1]
-    assert args[1:] == (0.25, 0.5, 32, True, 0.2) and kwargs == {"x_max": 7.0}
+    assert args[1:] == (0.25, 0.5, 32, True, 0.2)
+    assert kwargs == {"x_max": 7.0, "allow_b_above_n": True}
 
 
 def test_a_given_mu_replaces_the_measured_one_and_both_are_recorded(tmp_path):
@@ -953,17 +989,24 @@ def test_a_given_mu_replaces_the_measured_one_and_both_are_recorded(tmp_path):
     assert rec["mu_measured"] is not None and rec["mu_measured"] > 0
     want = feasible_design(5.3, 0.25, 0.5, 32, min_saving=0.0, x_max=float(new.train.steps))
     assert (rec["N"], rec["B"]) == (want.N, want.B) == (new.buffer.capacity, new.batch_size)
-    # by hand at alpha = 0.25, rho = 0.5: x* = 0.96 -> x = 1 (N = R = 32), y*(1) =
-    # sqrt(5.3 / 1.5) = 1.88 -> B = 60: reuse pays, each rollout trained on about twice
-    assert (rec["N"], rec["B"]) == (32, 60)
+    # by hand at alpha = 0.25, rho = 0.5 (test_by_default_a_batch_never_exceeds_the_buffer):
+    # x = y = 1.53 -> N = B = round(49.0) = 49; at the measured mu (< 1 here) it would be 32
+    assert (rec["N"], rec["B"]) == (49, 49)
 
 
 def test_on_fallback_values_auto_stays_on_policy_unless_told_to_reuse(tmp_path):
     from replayrl.recipes import sync as sync_recipe
 
-    # one warm-up step cannot measure alpha (fallback 0.25); rho given (0.5); mu = 5.3 given:
-    # the design on those values reuses (by hand for R = 32: N = 32, B = 60, saving 7.4%)
-    base = ("design.warmup_steps=1", "design.rho=0.5", "design.mu=5.3")
+    # one warm-up step cannot measure alpha (fallback 0.25); rho given (0.5); mu = 5.3 given;
+    # no saving bar: the design on those values reuses (by hand for R = 32, B > N allowed:
+    # N = 32, B = 60, saving 7.4%)
+    base = (
+        "design.warmup_steps=1",
+        "design.rho=0.5",
+        "design.mu=5.3",
+        "design.min_saving=0",
+        "design.allow_b_above_n=true",
+    )
     new, _, rec = sync_recipe.auto_design(_auto_session(tmp_path / "default", *base))
     assert rec["alpha_source"] == "fallback" and rec["on_policy"]
     assert (rec["N"], rec["B"], rec["predicted_saving"]) == (32, 32, 0.0)
@@ -980,6 +1023,11 @@ def test_on_fallback_values_auto_stays_on_policy_unless_told_to_reuse(tmp_path):
     )
     assert not rec["on_policy"] and (rec["N"], rec["B"]) == (32, 60)
     assert "fallback_saving" not in rec
+    # and design.allow_b_above_n reaches the design: without it B <= N (N = B = 49)
+    _, _, rec = sync_recipe.auto_design(
+        _auto_session(tmp_path / "b_le_n", *base[:-1], "design.alpha=0.25")
+    )
+    assert (rec["N"], rec["B"]) == (49, 49)
 
 
 def test_design_mu_must_be_positive_or_measured():

@@ -51,6 +51,8 @@ def test_auto_design_puts_x_star_r_in_the_buffer_and_y_star_r_in_the_batch(
             "train.batch_size=auto",
             "design.alpha=0.25",  # numbers: the scripted session has no learner to probe
             "design.rho=0.5",
+            # B > N allowed: the one case where N != B at these values, so a swap is seen
+            "design.allow_b_above_n=true",
         ],
     )
     s = SimpleNamespace(

@@ -132,6 +132,7 @@ def _cmd_design(args: argparse.Namespace) -> int:
             args.rollouts_per_step,
             allow_y_below_one=args.allow_y_below_one,
             min_saving=args.min_saving,
+            allow_b_above_n=args.allow_b_above_n,
         )
         print(format_feasible(fd, args.rollouts_per_step))
     return 0
@@ -255,6 +256,11 @@ def _add_design(sub: Any) -> None:
     p.add_argument("--trainers", type=int, help="T trainers (for gamma)")
     p.add_argument(
         "--allow-y-below-one", action="store_true", help="let B < R (train on fewer than fresh)"
+    )
+    p.add_argument(
+        "--allow-b-above-n",
+        action="store_true",
+        help="let B > N (a batch repeats rollouts within one update)",
     )
     p.add_argument(
         "--min-saving", type=float, default=0.05, help="stay on-policy below this predicted saving"

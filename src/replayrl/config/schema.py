@@ -381,6 +381,9 @@ class DesignConfig(_Section):
     warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu (and alpha, rho)
     # the feasible set `auto` searches: N >= R always; B >= R unless this is true
     allow_y_below_one: bool = False
+    # B > N: a batch repeating rollouts within one update (paper 1's J credits it; see
+    # data/design.py feasible_design); false keeps B <= N
+    allow_b_above_n: bool = False
     # predicted compute saving (vs on-policy) below which `auto` stays on-policy (N = B = R)
     min_saving: float = Field(0.05, ge=0, lt=1)
     # alpha / rho `measured` but not measurable on the warm-up (no signal, too few groups):

@@ -449,13 +449,18 @@ def format_report(report: DesignReport) -> str:
 ON_POLICY = (1.0, 1.0)  # x = N/R = 1, y = B/R = 1: each fresh rollout trained on once
 
 
-def constrained_y(x: ArrayLike, mu: float, rho: float, y_min: float) -> ArrayLike:
-    """Best replay ratio for a horizon with y >= y_min: max(y_min, y*(x)) (arXiv 2604.08706).
+def constrained_y(
+    x: ArrayLike, mu: float, rho: float, y_min: float, y_at_most_x: bool = False
+) -> ArrayLike:
+    """Best replay ratio for a horizon with y >= y_min (and y <= x when `y_at_most_x`):
+    y*(x) clipped into that range (arXiv 2604.08706's y*(x) = sqrt(mu / (rho + 1/x))).
 
     For fixed x, J is (1 + y/mu)(1/y + c) with c = 1/x + rho, i.e. 1/y + c y/mu + const:
-    convex in y > 0, so the constrained minimiser is the unconstrained one clipped to y_min.
+    convex in y > 0, so the constrained minimiser is the unconstrained one clipped. y <= x
+    is B <= N: a batch of distinct rollouts (see `feasible_design`).
     """
-    return np.maximum(y_min, optimal_y(x, mu, rho))
+    y = np.maximum(y_min, optimal_y(x, mu, rho))
+    return np.minimum(y, np.maximum(x, y_min)) if y_at_most_x else y
 
 
 def constrained_optimum(
@@ -466,8 +471,10 @@ def constrained_optimum(
     y_min: float = 1.0,
     x_max: float = 1e6,
     grid_points: int = 2001,
+    y_at_most_x: bool = False,
 ) -> tuple[float, float]:
-    """argmin J(x, y) over x >= x_min, y >= y_min (arXiv 2604.08706's objective, feasible set).
+    """argmin J(x, y) over x >= x_min, y >= y_min (and y <= x when `y_at_most_x`)
+    (arXiv 2604.08706's objective, feasible set).
 
     A buffer must hold at least one step (x = N/R >= 1: otherwise fresh rollouts are evicted
     before they are sampled) and, unless the user allows it, train on at least the fresh
@@ -483,7 +490,8 @@ def constrained_optimum(
 
     def f(u: np.ndarray) -> np.ndarray:
         x = np.exp(u)
-        return np.log(np.asarray(objective(x, constrained_y(x, mu, rho, y_min), mu, rho, sigma2)))
+        y = constrained_y(x, mu, rho, y_min, y_at_most_x)
+        return np.log(np.asarray(objective(x, y, mu, rho, sigma2)))
 
     grid = np.linspace(math.log(x_min), math.log(x_max), grid_points)
     vals = f(grid)
@@ -501,7 +509,7 @@ def constrained_optimum(
     if vals[i] < f(np.array([u]))[0]:
         u = float(grid[i])
     x = float(min(max(math.exp(u), x_min), x_max))
-    return x, float(constrained_y(x, mu, rho, y_min))
+    return x, float(constrained_y(x, mu, rho, y_min, y_at_most_x))
 
 
 @dataclass(frozen=True)
@@ -541,12 +549,19 @@ def feasible_design(
     min_saving: float = 0.05,
     tau: float = 1.0,
     x_max: float = 1e6,
+    allow_b_above_n: bool = False,
 ) -> FeasibleDesign:
     """Paper 1's design restricted to buildable buffers, with "stay on-policy" as an outcome.
 
     N >= R always (x >= 1) and N <= x_max R (a run passes its number of steps: a buffer larger
     than everything the run generates is never filled, and the theory's x -> inf at small
-    alpha is not a buffer); B >= R (y >= 1) unless `allow_y_below_one` (then B >= 1). When
+    alpha is not a buffer); B >= R (y >= 1) unless `allow_y_below_one` (then B >= 1); B <= N
+    (y <= x) unless `allow_b_above_n`: a batch larger than the buffer repeats rollouts within
+    one update, which adds compute and sampling noise but no rollout, while J credits its
+    1/y term as if the B draws were more data (and rates the on-policy x = y = 1, which uses
+    each fresh rollout exactly once, as if it drew them with replacement). At mu = 5.3 and
+    alpha = 0.25, rho = 0.5 that unchecked case chose N = R, B = 1.9 R, "saving 7.4%", and
+    ended below GRPO on three held-out tasks (BENCHMARKS.md, `auto` at mu = 5.3). When
     the best feasible (N, B) is predicted to save less than `min_saving` of the on-policy
     compute (the model is approximate: a small predicted gain does not pay for staleness),
     the result is on-policy: N = B = R, which a FIFO sampled without replacement trains on
@@ -570,9 +585,13 @@ def feasible_design(
     y_min = 1.0 / r if allow_y_below_one else 1.0
     if not x_max > 1.0:
         raise ValueError(f"x_max must be above 1 (N > R), got {x_max!r}")
-    x, y = constrained_optimum(mu, rho, sigma2, x_min=1.0, y_min=y_min, x_max=x_max)
+    x, y = constrained_optimum(
+        mu, rho, sigma2, x_min=1.0, y_min=y_min, x_max=x_max, y_at_most_x=not allow_b_above_n
+    )
     n = max(r, min(math.floor(x * r + 0.5), math.floor(x_max * r)))
     b = max(math.ceil(y_min * r - 1e-9), math.floor(y * r + 0.5))
+    if not allow_b_above_n:
+        b = min(b, n)
     j_on = float(objective(1.0, 1.0, mu, rho, sigma2))
     saving = 1.0 - float(objective(n / r, b / r, mu, rho, sigma2)) / j_on
     if saving < min_saving:
@@ -591,11 +610,12 @@ def format_feasible(fd: FeasibleDesign, rollouts_per_step: int) -> str:
     r = rollouts_per_step
     if fd.on_policy:
         return (
-            f"  feasible (N >= R): {fd.reason}\n"
+            f"  feasible (N >= R, B <= N unless allowed): {fd.reason}\n"
             f"    -> on-policy: N = B = R = {r} (each fresh rollout trained on once)"
         )
     return (
-        f"  feasible (N >= R): x = {fd.x:.4g}, y = {fd.y:.4g} -> N = {fd.N}, B = {fd.B} (R = {r})"
+        f"  feasible (N >= R, B <= N unless allowed): x = {fd.x:.4g}, y = {fd.y:.4g} -> "
+        f"N = {fd.N}, B = {fd.B} (R = {r})"
         f"\n    {fd.reason}"
     )
 

@@ -98,7 +98,16 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, Any]]:
     d = cfg.design
     # x <= the run's steps: a buffer larger than all the run generates is never filled
     x_max = max(float(cfg.train.steps), 1.0 + 1e-9)
-    rep = feasible_design(mu, alpha, rho, R, d.allow_y_below_one, d.min_saving, x_max=x_max)
+    rep = feasible_design(
+        mu,
+        alpha,
+        rho,
+        R,
+        d.allow_y_below_one,
+        d.min_saving,
+        x_max=x_max,
+        allow_b_above_n=d.allow_b_above_n,
+    )
     if fallback and not rep.on_policy and not d.reuse_on_fallback:
         how["fallback_saving"] = rep.saving
         rep = on_policy_design(
