@@ -959,7 +959,7 @@ def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
         seen.append((args, kwargs))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(design_module, "feasible_design", spy)
+    monkeypatch.setattr(sync_recipe, "feasible_design", spy)
     extra = ("design.alpha=0.25", "design.rho=0.5", "train.steps=7")
     sync_recipe.auto_design(
         _auto_session(
@@ -1045,3 +1045,102 @@ def test_before_the_design_a_session_has_no_buffers_and_a_balanced_ledger(tmp_pa
     s = _auto_session(tmp_path)
     assert s.source is None and s.buffers() == []
     assert s.accounting()["ledger"]["balanced"]
+
+
+# -- how sure the measured design is: bootstrap draws of alpha, rho (design.confidence) ----
+
+
+def test_design_confidence_counts_the_draws_under_which_the_buffer_saves():
+    from replayrl.data.design import design_confidence
+
+    # x = y = 2 at mu = 5.3, saving = 1 - J(2, 2) / J(1, 1), J = x^(2a) (1 + y/mu)(1/y + 1/x + rho):
+    #   (a, rho) = (0, 0):      J(2,2) = 1.37736 x 1.0,            J(1,1) = 1.18868 x 2 -> 42.1%
+    #   (0.25, 0.5):            J(2,2) = 1.41421 x 1.37736 x 1.5,  J(1,1) = 1.18868 x 2.5 -> 1.68%
+    #   (0.45, 1.0):            J(2,2) = 1.86607 x 1.37736 x 2.0,  J(1,1) = 1.18868 x 3 -> -44.2%
+    #   None (an ill-conditioned resample): counts as not saving
+    draws = [(0.0, 0.0), (0.25, 0.5), None, (0.45, 1.0)]
+    assert design_confidence(2.0, 2.0, 5.3, draws, min_saving=0.05) == 0.25
+    assert design_confidence(2.0, 2.0, 5.3, draws, min_saving=0.0167) == 0.5
+    assert design_confidence(2.0, 2.0, 5.3, draws, min_saving=0.0169) == 0.25
+    assert design_confidence(2.0, 2.0, 5.3, draws, min_saving=0.42) == 0.25
+    assert design_confidence(2.0, 2.0, 5.3, draws, min_saving=0.422) == 0.0
+    assert design_confidence(2.0, 2.0, 5.3, [], min_saving=0.05) == 0.0
+    # on-policy itself saves nothing under any draw
+    assert design_confidence(1.0, 1.0, 5.3, [(0.1, 0.1)], min_saving=0.0) == 1.0
+    assert design_confidence(1.0, 1.0, 5.3, [(0.1, 0.1)], min_saving=0.01) == 0.0
+    with pytest.raises(ValueError, match="x >= 1"):
+        design_confidence(0.5, 1.0, 5.3, draws, min_saving=0.05)
+    with pytest.raises(ValueError, match="alpha"):
+        design_confidence(2.0, 2.0, 5.3, [(0.5, 0.1)], min_saving=0.05)
+
+
+def _measured_probe(monkeypatch, alpha, rho, draws):
+    """The probe measures (alpha, rho) and its bootstrap returns `draws` (None: failed)."""
+    from replayrl.data.staleness import AlphaRhoEstimate
+    from replayrl.recipes import design_probe
+
+    est = AlphaRhoEstimate(alpha, rho, (1.0, 2.0, 3.0), (1.0, 1.1, 1.2), 96)
+    boot = [
+        AlphaRhoEstimate(None, None, reason="x") if d is None else AlphaRhoEstimate(*d)
+        for d in draws
+    ]
+    seen = []
+
+    def bootstrap(grads, staleness, clusters, n, seed=0):
+        seen.append((n, seed, len(grads)))
+        return boot
+
+    monkeypatch.setattr(design_probe, "estimate_alpha_rho", lambda *a: est)
+    monkeypatch.setattr(design_probe, "bootstrap_alpha_rho", bootstrap)
+    return seen
+
+
+def test_a_measured_design_reuses_only_when_its_saving_survives_the_bootstrap(
+    tmp_path, monkeypatch
+):
+    from replayrl.data.design import feasible_design
+    from replayrl.recipes import sync as sync_recipe
+
+    # at mu = 5.3, alpha = 0.1, rho = 0.1 the design reuses; 9 of 10 draws agree, 1 does not
+    sure = [(0.1, 0.1)] * 9 + [(0.45, 1.0)]
+    seen = _measured_probe(monkeypatch, 0.1, 0.1, sure)
+    s = _auto_session(tmp_path / "a", "design.mu=5.3", "design.bootstrap=10", "train.seed=3")
+    new, _, rec = sync_recipe.auto_design(s)
+    want = feasible_design(5.3, 0.1, 0.1, 32, x_max=float(new.train.steps))
+    assert not want.on_policy and (rec["N"], rec["B"]) == (want.N, want.B)
+    assert rec["confidence"] == 0.9 and rec["confidence_draws"] == 10 and not rec["on_policy"]
+    assert seen[-1][:2] == (10, 3)  # design.bootstrap draws, seeded by the run's seed
+    # 8 of 10: below design.confidence = 0.9 -> on-policy, saying why
+    _measured_probe(monkeypatch, 0.1, 0.1, [(0.1, 0.1)] * 8 + [None, (0.45, 1.0)])
+    lines = []
+    s = _auto_session(tmp_path / "b", "design.mu=5.3", "design.bootstrap=10")
+    s.log = lines.append
+    new, _, rec = sync_recipe.auto_design(s)
+    assert rec["on_policy"] and (rec["N"], rec["B"]) == (32, 32) and rec["confidence"] == 0.8
+    assert rec["unconfident_saving"] == pytest.approx(want.saving)
+    assert any("in only 80% of 10 bootstrap resamples" in line for line in lines), lines
+    assert (new.buffer.capacity, new.batch_size) == (32, 32)
+    # design.confidence = 0.8 accepts the same draws; 0 trusts the point estimate unasked
+    for extra, asked in (("design.confidence=0.8", True), ("design.confidence=0", False)):
+        seen = _measured_probe(monkeypatch, 0.1, 0.1, [(0.1, 0.1)] * 8 + [None, (0.45, 1.0)])
+        s = _auto_session(tmp_path / extra, "design.mu=5.3", "design.bootstrap=10", extra)
+        _, _, rec = sync_recipe.auto_design(s)
+        assert not rec["on_policy"] and (rec["N"], rec["B"]) == (want.N, want.B)
+        assert ("confidence" in rec) == asked
+
+
+def test_a_given_alpha_or_rho_stays_fixed_in_every_bootstrap_draw(tmp_path, monkeypatch):
+    from replayrl.recipes import sync as sync_recipe
+
+    # rho given as 0.1: draws that measured rho = 1.0 are judged at rho = 0.1 (they save)
+    _measured_probe(monkeypatch, 0.1, 1.0, [(0.1, 1.0)] * 10)
+    s = _auto_session(tmp_path / "r", "design.mu=5.3", "design.rho=0.1", "design.bootstrap=10")
+    _, _, rec = sync_recipe.auto_design(s)
+    assert rec["rho"] == 0.1 and rec["rho_source"] == "config" and rec["alpha_source"] == "measured"
+    assert not rec["on_policy"] and rec["confidence"] == 1.0
+    # measured rho = 1.0 in every draw (nothing given): the same buffer does not save
+    _measured_probe(monkeypatch, 0.1, 0.1, [(0.1, 1.0)] * 10)
+    _, _, rec = sync_recipe.auto_design(
+        _auto_session(tmp_path / "m", "design.mu=5.3", "design.bootstrap=10")
+    )
+    assert rec["on_policy"] and rec["confidence"] == 0.0

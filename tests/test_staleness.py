@@ -9,6 +9,7 @@ import pytest
 
 from replayrl.data.staleness import (
     ALPHA_MAX,
+    bootstrap_alpha_rho,
     estimate_alpha_rho,
     fit_power_alpha,
     horizon_variance,
@@ -249,3 +250,124 @@ def test_a_spread_that_falls_with_staleness_is_not_read_as_alpha_zero():
     shrink = np.where(s == 0, 1.0, 1.0 / (1.0 + s) ** 2)[:, None]  # stale items: smaller errors
     est = estimate_alpha_rho(m + (g - m) * np.sqrt(shrink), s, c)
     assert not est.ok and "falls with staleness" in est.reason, est
+
+
+def test_a_level_whose_gradients_are_all_zero_is_no_signal_not_a_measurement():
+    # sub6 seed 4 (held-out suite): one prompt group of the fresh batch had unequal rewards,
+    # the stale levels none; the reference took that group, the buffer items were all 0, and
+    # E||g - m_hat||^2 - V cancelled to ~1e-18, which the fit read as alpha = 0.3
+    g, s, c = synthetic(0.25, 0.5, 0, levels=3)
+    g[s > 0] = 0.0  # every stale item's group had equal rewards
+    est = estimate_alpha_rho(g, s, c)
+    assert not est.ok and est.reason.startswith("no signal at staleness 1")
+    # one group with signal at a level is not enough either (a spread needs two)
+    g, s, c = synthetic(0.25, 0.5, 0, levels=3)
+    lone = c[s == 2][0]
+    g[(s == 2) & (c != lone)] = 0.0
+    assert "no signal at staleness 2" in estimate_alpha_rho(g, s, c).reason
+    # two groups with signal at every level: measured
+    g, s, c = synthetic(0.25, 0.5, 0, levels=3)
+    keep = np.isin(c, [0, 1, 2, 3, 1000, 1001, 2000, 2001])
+    assert estimate_alpha_rho(g[keep], s[keep], c[keep]).ok
+    # every item the same nonzero vector: spreads cancel to float noise, not to a fit
+    g, s, c = synthetic(0.25, 0.5, 0, levels=3)
+    est = estimate_alpha_rho(np.ones_like(g) * 0.3, s, c)
+    assert not est.ok and "not above the reference's noise" in est.reason
+
+
+def test_bootstrap_draws_centre_on_the_estimate_and_spread_with_the_noise():
+    # many clusters: the draws sit near the truth; few: they spread (and some fail)
+    g, s, c = synthetic(0.3, 0.2, 1, levels=4, groups=32)
+    draws = bootstrap_alpha_rho(g, s, c, draws=60, seed=0)
+    alphas = np.array([d.alpha for d in draws if d.ok])
+    assert len(alphas) == 60
+    assert abs(float(np.median(alphas)) - 0.3) < 0.05 and float(np.std(alphas)) < 0.05
+    g2, s2, c2 = synthetic(0.3, 0.2, 1, levels=3, groups=6, size=2)
+    few = bootstrap_alpha_rho(g2, s2, c2, draws=60, seed=0)
+    spread = np.std([d.alpha for d in few if d.ok])
+    assert spread > 2 * float(np.std(alphas))
+    # deterministic given the seed; another seed draws other resamples
+    again = bootstrap_alpha_rho(g2, s2, c2, draws=60, seed=0)
+    assert [d.alpha for d in again] == [d.alpha for d in few]
+    assert [d.alpha for d in bootstrap_alpha_rho(g2, s2, c2, 60, seed=1)] != [d.alpha for d in few]
+    assert bootstrap_alpha_rho(g2, s2, c2, draws=0) == []
+    with pytest.raises(ValueError, match="draws"):
+        bootstrap_alpha_rho(g2, s2, c2, draws=-1)
+
+
+def test_bootstrap_resamples_whole_clusters_within_each_level():
+    # each item is its cluster's id as a 1-D "gradient" plus its level: a resample must keep
+    # every level's count of clusters and items, and a cluster's items together
+    import replayrl.data.staleness as st
+
+    # d = 20 < n = 72 rows: no change of basis, so resampled rows are original rows
+    g, s, c = synthetic(0.25, 0.5, 0, levels=3, groups=8, size=3, d=20)
+    seen = []
+
+    def record(grads, staleness, clusters):
+        seen.append((grads, staleness, clusters))
+        return st.AlphaRhoEstimate(None, None, reason="recorded")
+
+    real = st.estimate_alpha_rho
+    st.estimate_alpha_rho = record
+    try:
+        st.bootstrap_alpha_rho(g, s, c, draws=5, seed=3)
+    finally:
+        st.estimate_alpha_rho = real
+    assert len(seen) == 5
+    for grads, staleness, clusters in seen:
+        assert np.bincount(staleness.astype(int)).tolist() == [24, 24, 24]
+        ids, counts = np.unique(clusters, return_counts=True)
+        assert ids.size == 24 and set(counts.tolist()) == {3}  # 8 clusters x 3 levels
+        # a resampled cluster is one original cluster's rows, all of one level
+        for k in ids:
+            rows = grads[clusters == k]
+            origin = [np.flatnonzero((g == r).all(axis=1))[0] for r in rows]
+            assert len({int(c[i]) for i in origin}) == 1
+            assert len(set(staleness[clusters == k].tolist())) == 1
+        # and some cluster is drawn twice (with replacement), so some other is missing
+        origins = {
+            int(c[np.flatnonzero((g == grads[clusters == k][0]).all(axis=1))[0]]) for k in ids
+        }
+        assert len(origins) < 24
+
+
+def test_a_spread_equal_to_the_reference_noise_up_to_rounding_is_no_signal():
+    # buffer items at distance exactly sqrt(V) from m_hat, so v(s) = E||g - m_hat||^2 - V is
+    # 0 in exact arithmetic and +-1e-17 after rounding (positive in about 4 of 10 draws here):
+    # the REL_NOISE guard, not a power-law fit, must answer every one
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        d = 8
+        a = rng.normal(size=d)  # reference cluster means (a, 0, 0, 0): m_hat = a/4, V = |a|^2/16
+        m_hat = a / 4.0
+        u = rng.normal(size=d)
+        u *= math.sqrt((a @ a) / 16.0 / (u @ u))  # |u|^2 = V
+        grads, stale, clusters = [], [], []
+        for level in range(3):
+            for k in range(8):
+                for sign in (1.0, -1.0):
+                    if level == 0 and k % 2 == 0:  # reference clusters 0, 2, 4, 6
+                        g = a if k == 0 else np.zeros(d)
+                    else:
+                        g = m_hat + sign * u
+                    grads.append(g)
+                    stale.append(level)
+                    clusters.append(level * 100 + k)
+        est = estimate_alpha_rho(np.array(grads), np.array(stale), np.array(clusters))
+        assert not est.ok and "not above the reference's noise" in est.reason, est
+
+
+def test_bootstrap_in_the_rows_own_basis_gives_the_draws_of_the_full_gradients(monkeypatch):
+    # wide gradients (d = 400 > n = 96) are replaced by their coordinates in an orthonormal
+    # basis of the rows' span: the same draws as on the full vectors, up to rounding
+    g, s, c = synthetic(0.2, 0.3, 2, levels=3, groups=8, size=4)
+    fast = bootstrap_alpha_rho(g, s, c, draws=20, seed=5)
+    monkeypatch.setattr(np.linalg, "qr", lambda a, mode: (None, a))  # basis change: none
+    full = bootstrap_alpha_rho(g, s, c, draws=20, seed=5)
+    assert sum(d.ok for d in full) >= 15
+    for a, b in zip(fast, full, strict=True):
+        assert a.ok == b.ok
+        if a.ok:
+            assert a.alpha == pytest.approx(b.alpha, abs=1e-9)
+            assert a.rho == pytest.approx(b.rho, abs=1e-9)

@@ -49,6 +49,7 @@ __all__ = [
     "constrained_y",
     "cost_ratio",
     "design",
+    "design_confidence",
     "estimate_mu",
     "feasible_design",
     "fit_alpha_rho",
@@ -603,6 +604,40 @@ def feasible_design(
         return FeasibleDesign(True, 1.0, 1.0, r, r, 0.0, xu, yu, reason)
     reason = f"replay: predicted to save {saving:.1%} of compute against on-policy"
     return FeasibleDesign(False, n / r, b / r, n, b, saving, xu, yu, reason)
+
+
+def design_confidence(
+    x: float,
+    y: float,
+    mu: float,
+    draws: Sequence[tuple[float, float] | None],
+    min_saving: float,
+) -> float:
+    """Share of (alpha, rho) draws under which the buffer (x, y) saves at least `min_saving`
+    against on-policy: 1 - J(x, y) / J(1, 1) >= min_saving, with arXiv 2604.08706's
+    J(x, y) = sigma^2(x) (1 + y/mu) (1/y + 1/x + rho), sigma^2(x) = x^(2 alpha).
+
+    `draws` are bootstrap re-estimates of alpha and rho (data/staleness.py
+    `bootstrap_alpha_rho`); a None draw (its resample could not be estimated) counts as not
+    saving, so a design whose measurement is often ill-conditioned is not trusted either.
+    With no draws the answer is 0.
+    """
+    mu = _check_mu(mu)
+    if not (x >= 1.0 and y > 0.0):
+        raise ValueError(f"need x >= 1 and y > 0, got x = {x!r}, y = {y!r}")
+    if not draws:
+        return 0.0
+    hits = 0
+    for d in draws:
+        if d is None:
+            continue
+        alpha, rho = _check_alpha(d[0]), _check_rho(d[1])
+        sigma2 = power_law_variance(alpha)
+        saving = 1.0 - float(objective(x, y, mu, rho, sigma2)) / float(
+            objective(1.0, 1.0, mu, rho, sigma2)
+        )
+        hits += saving >= min_saving
+    return hits / len(draws)
 
 
 def format_feasible(fd: FeasibleDesign, rollouts_per_step: int) -> str:

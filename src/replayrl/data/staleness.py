@@ -42,7 +42,16 @@ Ill-conditioned (returns no estimate, with the reason): fewer than MIN_LEVELS st
 sigma^2(x) not above the reference noise (no gradient signal to fit a power law on), or a
 sigma^2(x) that falls with x (the power law, which grows with x, does not fit: clipping its
 slope to alpha = 0 would tell the design that staleness is free; seen on the held-out task
-sub6, where it asked for x = 120, y = 8).
+sub6, where it asked for x = 120, y = 8), or a level with fewer than two prompt groups
+whose gradients are not 0 (groups with equal rewards have advantage 0: seen on sub6, where a
+level of zero gradients gave float-cancellation spreads of 1e-18 and a "measured" alpha of
+0.3).
+
+How sure: `bootstrap_alpha_rho` re-estimates on cluster bootstrap resamples of the same
+gradients (clusters drawn with replacement within each staleness level), so the design can
+ask whether its predicted saving survives the warm-up's sampling noise (data/design.py
+`design_confidence`). A three-level fit on 64-rollout batches is noisy: on the held-out
+tasks the same setting measured alpha from 0 to 0.3 across seeds.
 """
 
 from __future__ import annotations
@@ -60,12 +69,23 @@ MIN_FRESH_CLUSTERS = 4  # two for the reference mean's spread, the rest in the b
 # calibrated on synthetic gradients only: a real three-level probe is noisier, so a flat
 # truth may fall back more often than it reads alpha = 0 (logged; rho is then not used)
 FALL_TOL = 0.05
+# squared norm of a projected per-sample gradient at or below which it carries no signal (an
+# item whose group's rewards are all equal has advantage 0 and a gradient of exactly 0; real
+# ones measured 1e-4 .. 10 on our probes)
+MIN_SIGNAL = 1e-12
+# a level's spread v(s) = E||g - m_hat||^2 - V must exceed this share of E||g - m_hat||^2:
+# below it the difference is float cancellation (seen on sub6: 1e-18 "spreads" from a level
+# whose every gradient was 0 gave a measured alpha = 0.3)
+REL_NOISE = 1e-6
 
 __all__ = [
     "ALPHA_MAX",
     "FALL_TOL",
     "MIN_LEVELS",
+    "MIN_SIGNAL",
+    "REL_NOISE",
     "AlphaRhoEstimate",
+    "bootstrap_alpha_rho",
     "estimate_alpha_rho",
     "falls_with_staleness",
     "fit_power_alpha",
@@ -181,6 +201,14 @@ def estimate_alpha_rho(
     ref = _reference(g, s == 0, cl)
     if isinstance(ref, str):
         return AlphaRhoEstimate(None, None, samples=n, reason=ref)
+    live = (g**2).sum(axis=1) > MIN_SIGNAL  # items whose group had unequal rewards
+    for level in range(levels):
+        if np.unique(cl[live & (s == level)]).size < 2:
+            return AlphaRhoEstimate(
+                None, None, samples=n,
+                reason=f"no signal at staleness {level}: fewer than 2 prompt groups with a "
+                "nonzero gradient (unequal rewards), so its spread is not measured",
+            )  # fmt: skip
     m_hat, v_ref, in_ref = ref
     buf = ~in_ref
     err, lev = g[buf] - m_hat, s[buf].astype(int)
@@ -191,7 +219,8 @@ def estimate_alpha_rho(
     v_level = sq - v_ref
     xs = np.arange(1, levels + 1, dtype=float)
     sig = horizon_variance(v_level)
-    if np.any(v_level <= 0) or not math.isfinite(float(sig.sum())):
+    # above the reference's noise by more than float cancellation (sq and V nearly equal)
+    if np.any(v_level <= REL_NOISE * sq) or not math.isfinite(float(sig.sum())):
         return AlphaRhoEstimate(
             None, None, tuple(xs), tuple(sig), n,
             "a level's gradient spread is not above the reference's noise (no signal)",
@@ -206,3 +235,51 @@ def estimate_alpha_rho(
     alpha = fit_power_alpha(xs, sig)
     rho = _rho(err, lev, v_level, v_ref)
     return AlphaRhoEstimate(alpha, rho, tuple(float(x) for x in xs), tuple(map(float, sig)), n)
+
+
+def bootstrap_alpha_rho(
+    grads: np.ndarray,
+    staleness: np.ndarray,
+    clusters: np.ndarray,
+    draws: int,
+    seed: int = 0,
+) -> list[AlphaRhoEstimate]:
+    """`estimate_alpha_rho` on `draws` cluster bootstrap resamples (the estimator is the one of
+    the module docstring, after arXiv 2604.08706's J(x, y); the resampling is our choice).
+
+    Each resample draws, within every staleness level, as many clusters as the level has,
+    with replacement; a cluster drawn twice enters as two clusters (new ids), as the
+    standard cluster bootstrap treats it. Items of one cluster stay together (they share a
+    prompt and a policy, so they are not independent). The copies of a twice-drawn cluster
+    are perfectly correlated, which lifts a draw's rho a little above the estimator's
+    (conservative for the design: a higher rho shrinks the predicted saving). A resample
+    can be ill-conditioned (no signal, a falling spread): it is returned with its reason.
+    """
+    g = np.asarray(grads, dtype=float)
+    s = np.asarray(staleness, dtype=float)
+    cl = np.asarray(clusters)
+    _check(g, s, cl)
+    if draws < 0:
+        raise ValueError(f"draws must be >= 0, got {draws}")
+    if g.shape[1] > g.shape[0]:
+        # the rows' coordinates in an orthonormal basis of their span (g^T = Q R -> g Q = R^T):
+        # every inner product, norm and mean the estimator takes is unchanged, at n columns
+        # instead of d (4,096 projected coordinates for ~200 rollouts: ~10x faster draws)
+        g = np.linalg.qr(g.T, mode="reduced")[1].T
+    rng = np.random.default_rng(seed)
+    # the clusters of each level, each as the index array of its items
+    members: list[list[np.ndarray]] = []
+    for level in np.unique(s):
+        at = s == level
+        members.append([np.flatnonzero(at & (cl == k)) for k in np.unique(cl[at])])
+    out = []
+    for _ in range(draws):
+        rows: list[np.ndarray] = []
+        ids: list[np.ndarray] = []
+        for level in members:
+            for pick in rng.integers(0, len(level), size=len(level)):
+                rows.append(level[pick])
+                ids.append(np.full(level[pick].size, len(ids)))
+        idx = np.concatenate(rows)
+        out.append(estimate_alpha_rho(g[idx], s[idx], np.concatenate(ids)))
+    return out

@@ -30,7 +30,12 @@ import torch
 
 from replayrl.config.schema import DESIGN_FALLBACK, Config
 from replayrl.data.rollout import Rollout
-from replayrl.data.staleness import MIN_LEVELS, AlphaRhoEstimate, estimate_alpha_rho
+from replayrl.data.staleness import (
+    MIN_LEVELS,
+    AlphaRhoEstimate,
+    bootstrap_alpha_rho,
+    estimate_alpha_rho,
+)
 from replayrl.learner.grad_probe import sample_gradients
 from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
 from replayrl.models.loading import unwrap_model
@@ -89,6 +94,8 @@ class WarmupProbe:
     batches: list[list[Rollout]] = field(default_factory=list)
     seconds: float = 0.0
     finish_rollouts: int = 0  # the probe's own batch (generated, never kept)
+    # bootstrap re-estimates of (alpha, rho) on the same gradients (None: ill-conditioned)
+    draws: list[tuple[float, float] | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         model = self.s.learner.model
@@ -129,6 +136,11 @@ class WarmupProbe:
             pairs = np.array([(r.policy_version, r.group_id) for r in rows]).reshape(-1, 2)
             clusters = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
             est = estimate_alpha_rho(grads, staleness, clusters)
+            if est.ok:  # how sure: the design checks its saving on each draw
+                boot = bootstrap_alpha_rho(
+                    grads, staleness, clusters, s.cfg.design.bootstrap, seed=s.cfg.train.seed
+                )
+                self.draws = [(b.alpha, b.rho) if b.ok else None for b in boot]  # type: ignore[misc]
             self.seconds += time.perf_counter() - t1
             return est
         finally:

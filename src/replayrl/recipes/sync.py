@@ -12,7 +12,14 @@ import time
 from typing import Any
 
 from replayrl.config.schema import Config
-from replayrl.data.design import cost_ratio, estimate_mu
+from replayrl.data.design import (
+    FeasibleDesign,
+    cost_ratio,
+    design_confidence,
+    estimate_mu,
+    feasible_design,
+    on_policy_design,
+)
 from replayrl.data.rollout import Rollout
 from replayrl.recipes.design_probe import (
     MEASURED,
@@ -73,8 +80,6 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, Any]]:
     used for timing take no optimizer step; the alpha / rho probe's updates are undone
     (recipes/design_probe.py).
     """
-    from replayrl.data.design import feasible_design, on_policy_design
-
     cfg, R = s.cfg, s.cfg.rollouts_per_step
     probe, why_not = _start_probe(s)
     mus, produced = _warmup(s, probe)
@@ -117,6 +122,8 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, Any]]:
             f"values (x = {rep.x:.3g}, y = {rep.y:.3g}, predicted saving {rep.saving:.1%}) "
             "rests on guesses (design.reuse_on_fallback=true uses it)",
         )
+    if probe is not None and not fallback and not rep.on_policy and d.confidence > 0:
+        rep = _confident_or_on_policy(cfg, rep, mu, probe.draws, how)
     new = resolve_design(cfg, rep.N, rep.B)
     s.log(
         f"auto design: mu = {mu:.3g} ({_mu_how(mu_source, measured_mu)}), "
@@ -141,6 +148,36 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, Any]]:
         **how,
     }
     return new, produced, record
+
+
+def _confident_or_on_policy(
+    cfg: Config,
+    rep: FeasibleDesign,
+    mu: float,
+    draws: list[tuple[float, float] | None],
+    how: dict[str, Any],
+) -> FeasibleDesign:
+    """`rep` when its saving survives the warm-up's sampling noise (design.confidence of the
+    bootstrap draws predict >= design.min_saving for its x, y), else on-policy, with why."""
+    d = cfg.design
+    # a key the config gives as a number stays that number in every draw
+    fixed = {k: float(getattr(d, k)) for k in ("alpha", "rho") if k not in measured_keys(cfg)}
+    draws = [
+        None if dr is None else (fixed.get("alpha", dr[0]), fixed.get("rho", dr[1])) for dr in draws
+    ]
+    conf = design_confidence(rep.x, rep.y, mu, draws, d.min_saving)
+    how.update(confidence=conf, confidence_draws=len(draws))
+    if conf >= d.confidence:
+        return rep
+    how["unconfident_saving"] = rep.saving
+    return on_policy_design(
+        rep,
+        cfg.rollouts_per_step,
+        f"stay on-policy: the buffer x = {rep.x:.3g}, y = {rep.y:.3g} is predicted to save "
+        f"{rep.saving:.1%} at the measured alpha, rho, but at least {d.min_saving:.0%} in only "
+        f"{conf:.0%} of {len(draws)} bootstrap resamples of the warm-up's gradients "
+        f"(design.confidence = {d.confidence:.0%})",
+    )
 
 
 def _mu_how(source: str, measured: float | None) -> str:
