@@ -305,6 +305,11 @@ NOT_OBSERVED: dict[str, str] = {
     "design.reuse_on_fallback": "matters only when alpha / rho fall back (the observer gives "
     "numbers): tests/test_design.py::test_on_fallback_values_auto_stays_on_policy_unless_told_"
     "to_reuse",
+    "design.confidence": "matters only when alpha / rho are measured and the design reuses: "
+    "tests/test_design.py::test_a_measured_design_reuses_only_when_its_saving_survives_the_"
+    "bootstrap",
+    "design.bootstrap": "the number of bootstrap draws: tests/test_design.py::test_a_measured_"
+    "design_reuses_only_when_its_saving_survives_the_bootstrap (seen[-1] == (10, 3))",
     "design.allow_y_below_one": "matters only where y*(1) < 1 (mu < 1 + rho), below the "
     "observer's fixed mu = 4: tests/test_design.py::test_y_below_one_only_when_allowed",
     "train.failure_patience": "ends a run after K failing steps: default K = 3 end to end and "

@@ -1118,7 +1118,9 @@ def test_a_measured_design_reuses_only_when_its_saving_survives_the_bootstrap(
     new, _, rec = sync_recipe.auto_design(s)
     assert rec["on_policy"] and (rec["N"], rec["B"]) == (32, 32) and rec["confidence"] == 0.8
     assert rec["unconfident_saving"] == pytest.approx(want.saving)
-    assert any("in only 80% of 10 bootstrap resamples" in line for line in lines), lines
+    assert any("in only 80% of 10 half-sample re-estimates" in line for line in lines), lines
+    assert any("(1 of them not estimable" in line for line in lines), lines
+    assert rec["confidence_failed_draws"] == 1
     assert (new.buffer.capacity, new.batch_size) == (32, 32)
     # design.confidence = 0.8 accepts the same draws; 0 trusts the point estimate unasked
     for extra, asked in (("design.confidence=0.8", True), ("design.confidence=0", False)):

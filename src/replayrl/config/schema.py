@@ -391,8 +391,9 @@ class DesignConfig(_Section):
     # tasks at mu = 5.3 that design, N = R, B = 1.9 R, ended below GRPO: BENCHMARKS.md)
     reuse_on_fallback: bool = False
     # alpha / rho measured: reuse only when the chosen buffer saves >= min_saving in at least
-    # this share of `bootstrap` cluster resamples of the warm-up's gradients (a three-level
-    # fit is noisy: seeds of one task measured alpha 0 .. 0.3); 0 trusts the point estimate
+    # this share of `bootstrap` re-estimates on half-samples of the warm-up's prompt groups
+    # (data/staleness.py bootstrap_alpha_rho; the fit on three staleness levels is noisy);
+    # 0 trusts the point estimate
     confidence: float = Field(0.9, ge=0, le=1)
     bootstrap: int = Field(200, ge=1)
 

@@ -47,17 +47,17 @@ whose gradients are not 0 (groups with equal rewards have advantage 0: seen on s
 level of zero gradients gave float-cancellation spreads of 1e-18 and a "measured" alpha of
 0.3).
 
-How sure: `bootstrap_alpha_rho` re-estimates on cluster bootstrap resamples of the same
-gradients (clusters drawn with replacement within each staleness level), so the design can
-ask whether its predicted saving survives the warm-up's sampling noise (data/design.py
-`design_confidence`). A three-level fit on 64-rollout batches is noisy: on the held-out
-tasks the same setting measured alpha from 0 to 0.3 across seeds.
+How sure: `bootstrap_alpha_rho` re-estimates on stratified half-samples of the same prompt
+groups, recentred on the full estimate, so the design can ask whether its predicted saving
+survives the sampling noise of this warm-up's gradients (data/design.py
+`design_confidence`). That is not the spread between seeds, whose policy updates differ (on
+the held-out tasks five seeds of one setting read alpha from 0 to 0.3).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -90,6 +90,7 @@ __all__ = [
     "falls_with_staleness",
     "fit_power_alpha",
     "horizon_variance",
+    "reference_clusters",
 ]
 
 
@@ -152,20 +153,44 @@ def _check(grads: np.ndarray, staleness: np.ndarray, clusters: np.ndarray) -> No
         raise ValueError("staleness must be whole numbers >= 0")
 
 
+def reference_clusters(staleness: np.ndarray, clusters: np.ndarray) -> np.ndarray:
+    """The fresh clusters whose mean is the reference m_hat: every other fresh cluster id in
+    sorted order (the rest of the fresh clusters join the buffer)."""
+    return np.unique(np.asarray(clusters)[np.asarray(staleness) == 0])[::2]
+
+
 def _reference(
-    grads: np.ndarray, fresh: np.ndarray, clusters: np.ndarray
+    grads: np.ndarray, fresh: np.ndarray, clusters: np.ndarray, ref_ids: np.ndarray
 ) -> tuple[np.ndarray, float, np.ndarray] | str:
-    """(m_hat, V_hat, reference mask) from every other fresh cluster, or why not."""
+    """(m_hat, V_hat, reference mask) from the fresh clusters `ref_ids`, or why not."""
     ids = np.unique(clusters[fresh])
     if ids.size < MIN_FRESH_CLUSTERS:
         return f"{ids.size} fresh prompt groups, need {MIN_FRESH_CLUSTERS}"
-    ref_ids = ids[::2]
+    if ref_ids.size < 2 or ids.size - ref_ids.size < 2 or not np.isin(ref_ids, ids).all():
+        return "the reference half needs >= 2 fresh prompt groups and leaves >= 2 in the buffer"
     ref = fresh & np.isin(clusters, ref_ids)
     means = np.stack([grads[ref & (clusters == k)].mean(axis=0) for k in ref_ids])
     m_hat = means.mean(axis=0)
     k = means.shape[0]
     v_hat = float(((means - m_hat) ** 2).sum() / (k * (k - 1)))
     return m_hat, v_hat, ref
+
+
+def _no_signal(
+    live: np.ndarray, staleness: np.ndarray, clusters: np.ndarray, in_ref: np.ndarray, levels: int
+) -> str | None:
+    """Why the spreads cannot be measured: a part with fewer than 2 prompt groups whose
+    gradients are not 0 (the fresh reference half and the fresh buffer half each, and every
+    stale level), else None."""
+    parts = [("staleness 0 (reference half)", in_ref), ("staleness 0", ~in_ref & (staleness == 0))]
+    parts += [(f"staleness {k}", staleness == k) for k in range(1, levels)]
+    for name, part in parts:
+        if np.unique(clusters[live & part]).size < 2:
+            return (
+                f"no signal at {name}: fewer than 2 prompt groups with a nonzero gradient "
+                "(unequal rewards), so its spread is not measured"
+            )
+    return None
 
 
 def _rho(err: np.ndarray, level_of: np.ndarray, v_level: np.ndarray, v_ref: float) -> float:
@@ -179,10 +204,14 @@ def _rho(err: np.ndarray, level_of: np.ndarray, v_level: np.ndarray, v_ref: floa
 
 
 def estimate_alpha_rho(
-    grads: np.ndarray, staleness: np.ndarray, clusters: np.ndarray
+    grads: np.ndarray,
+    staleness: np.ndarray,
+    clusters: np.ndarray,
+    reference: np.ndarray | None = None,
 ) -> AlphaRhoEstimate:
     """alpha and rho from per-sample gradients (definitions and estimator: module docstring,
-    after arXiv 2604.08706's theory); None for both, with the reason, when ill-conditioned."""
+    after arXiv 2604.08706's theory); None for both, with the reason, when ill-conditioned.
+    `reference`: the fresh cluster ids of the reference half (default `reference_clusters`)."""
     g = np.asarray(grads, dtype=float)
     s = np.asarray(staleness, dtype=float)
     cl = np.asarray(clusters)
@@ -198,18 +227,15 @@ def estimate_alpha_rho(
             reason=f"staleness levels {sorted(set(s.astype(int)))}, "
             f"need 0 .. {MIN_LEVELS - 1} at least, none missing",
         )
-    ref = _reference(g, s == 0, cl)
+    ref_ids = reference_clusters(s, cl) if reference is None else np.asarray(reference)
+    ref = _reference(g, s == 0, cl, ref_ids)
     if isinstance(ref, str):
         return AlphaRhoEstimate(None, None, samples=n, reason=ref)
-    live = (g**2).sum(axis=1) > MIN_SIGNAL  # items whose group had unequal rewards
-    for level in range(levels):
-        if np.unique(cl[live & (s == level)]).size < 2:
-            return AlphaRhoEstimate(
-                None, None, samples=n,
-                reason=f"no signal at staleness {level}: fewer than 2 prompt groups with a "
-                "nonzero gradient (unequal rewards), so its spread is not measured",
-            )  # fmt: skip
     m_hat, v_ref, in_ref = ref
+    live = (g**2).sum(axis=1) > MIN_SIGNAL  # items whose group had unequal rewards
+    why = _no_signal(live, s, cl, in_ref, levels)
+    if why is not None:
+        return AlphaRhoEstimate(None, None, samples=n, reason=why)
     buf = ~in_ref
     err, lev = g[buf] - m_hat, s[buf].astype(int)
     per_level = np.bincount(lev, minlength=levels)
@@ -244,16 +270,21 @@ def bootstrap_alpha_rho(
     draws: int,
     seed: int = 0,
 ) -> list[AlphaRhoEstimate]:
-    """`estimate_alpha_rho` on `draws` cluster bootstrap resamples (the estimator is the one of
-    the module docstring, after arXiv 2604.08706's J(x, y); the resampling is our choice).
+    """How far `estimate_alpha_rho` (module docstring, after arXiv 2604.08706's J(x, y)) moves
+    with the warm-up's sampling noise: `draws` re-estimates on stratified half-samples of the
+    prompt groups, recentred on the full estimate (the resampling is our choice).
 
-    Each resample draws, within every staleness level, as many clusters as the level has,
-    with replacement; a cluster drawn twice enters as two clusters (new ids), as the
-    standard cluster bootstrap treats it. Items of one cluster stay together (they share a
-    prompt and a policy, so they are not independent). The copies of a twice-drawn cluster
-    are perfectly correlated, which lifts a draw's rho a little above the estimator's
-    (conservative for the design: a higher rho shrinks the predicted saving). A resample
-    can be ill-conditioned (no signal, a falling spread): it is returned with its reason.
+    Strata: the fresh reference half, the fresh buffer half and each stale level; each draw
+    keeps half of every stratum's clusters (at least 2), without replacement, whole (one
+    prompt's items share a prompt and a policy, so they are not independent), and the
+    reference stays the reference. For a mean-like statistic the half-sample's deviation from
+    the full-sample value has the full estimator's sampling spread (s^2 (1/m - 1/n) = s^2/n at
+    m = n/2), with no duplicated cluster (a with-replacement bootstrap's copies would straddle
+    the reference/buffer split and add perfectly correlated pairs, biasing alpha and rho up).
+    Each draw is returned as full + (half-sample - mean of the half-samples), clipped into
+    alpha's [0, ALPHA_MAX] and rho's [0, 1]: the half-samples' own small-sample bias removed.
+    A half-sample that cannot be estimated (no signal, a falling spread) is returned as it is,
+    with its reason; so are all draws when the full data cannot be estimated.
     """
     g = np.asarray(grads, dtype=float)
     s = np.asarray(staleness, dtype=float)
@@ -266,20 +297,32 @@ def bootstrap_alpha_rho(
         # every inner product, norm and mean the estimator takes is unchanged, at n columns
         # instead of d (4,096 projected coordinates for ~200 rollouts: ~10x faster draws)
         g = np.linalg.qr(g.T, mode="reduced")[1].T
+    ref_ids = reference_clusters(s, cl)
+    full = estimate_alpha_rho(g, s, cl, ref_ids)
+    fresh_ids = np.unique(cl[s == 0])
+    strata = [ref_ids, np.setdiff1d(fresh_ids, ref_ids)]
+    strata += [np.unique(cl[s == k]) for k in np.unique(s) if k > 0]
     rng = np.random.default_rng(seed)
-    # the clusters of each level, each as the index array of its items
-    members: list[list[np.ndarray]] = []
-    for level in np.unique(s):
-        at = s == level
-        members.append([np.flatnonzero(at & (cl == k)) for k in np.unique(cl[at])])
-    out = []
+    halves = []
     for _ in range(draws):
-        rows: list[np.ndarray] = []
-        ids: list[np.ndarray] = []
-        for level in members:
-            for pick in rng.integers(0, len(level), size=len(level)):
-                rows.append(level[pick])
-                ids.append(np.full(level[pick].size, len(ids)))
-        idx = np.concatenate(rows)
-        out.append(estimate_alpha_rho(g[idx], s[idx], np.concatenate(ids)))
-    return out
+        kept = [
+            rng.choice(ids, size=min(ids.size, max(2, ids.size // 2)), replace=False)
+            for ids in strata
+        ]
+        rows = np.isin(cl, np.concatenate(kept))
+        halves.append(estimate_alpha_rho(g[rows], s[rows], cl[rows], kept[0]))
+    ok = [h for h in halves if h.ok]
+    if not full.ok or not ok:
+        return halves
+    shift_a = float(full.alpha) - float(np.mean([h.alpha for h in ok]))  # type: ignore[arg-type]
+    shift_r = float(full.rho) - float(np.mean([h.rho for h in ok]))  # type: ignore[arg-type]
+    return [
+        replace(
+            h,
+            alpha=min(max(h.alpha + shift_a, 0.0), ALPHA_MAX),  # type: ignore[operator]
+            rho=min(max(h.rho + shift_r, 0.0), 1.0),  # type: ignore[operator]
+        )
+        if h.ok
+        else h
+        for h in halves
+    ]

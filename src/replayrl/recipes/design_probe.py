@@ -136,7 +136,8 @@ class WarmupProbe:
             pairs = np.array([(r.policy_version, r.group_id) for r in rows]).reshape(-1, 2)
             clusters = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
             est = estimate_alpha_rho(grads, staleness, clusters)
-            if est.ok:  # how sure: the design checks its saving on each draw
+            # how sure: the design checks its saving on each draw (alpha = rho = 0 falls back)
+            if est.ok and not (est.alpha == 0.0 and est.rho == 0.0):
                 boot = bootstrap_alpha_rho(
                     grads, staleness, clusters, s.cfg.design.bootstrap, seed=s.cfg.train.seed
                 )

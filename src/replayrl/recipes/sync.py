@@ -166,7 +166,8 @@ def _confident_or_on_policy(
         None if dr is None else (fixed.get("alpha", dr[0]), fixed.get("rho", dr[1])) for dr in draws
     ]
     conf = design_confidence(rep.x, rep.y, mu, draws, d.min_saving)
-    how.update(confidence=conf, confidence_draws=len(draws))
+    failed = sum(dr is None for dr in draws)
+    how.update(confidence=conf, confidence_draws=len(draws), confidence_failed_draws=failed)
     if conf >= d.confidence:
         return rep
     how["unconfident_saving"] = rep.saving
@@ -174,9 +175,10 @@ def _confident_or_on_policy(
         rep,
         cfg.rollouts_per_step,
         f"stay on-policy: the buffer x = {rep.x:.3g}, y = {rep.y:.3g} is predicted to save "
-        f"{rep.saving:.1%} at the measured alpha, rho, but at least {d.min_saving:.0%} in only "
-        f"{conf:.0%} of {len(draws)} bootstrap resamples of the warm-up's gradients "
-        f"(design.confidence = {d.confidence:.0%})",
+        f"{rep.saving:.1%} at the measured alpha, rho, but at least {d.min_saving:.3g} in only "
+        f"{conf:.0%} of {len(draws)} half-sample re-estimates of the warm-up's gradients "
+        f"({failed} of them not estimable: no signal or a falling spread; "
+        f"design.confidence = {d.confidence:.3g})",
     )
 
 
