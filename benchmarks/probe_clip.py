@@ -7,7 +7,9 @@ the share of completion tokens whose ratio pi / pi_old left the clip range [0.8,
 Replays the probe of the suite's `replay-auto-mu5.3` variant on TASK (design.warmup_steps
 updates, then one fresh batch), as recipes/design_probe.py does, and restores the weights.
 Used to test why the measured gradient spread falls with staleness (BENCHMARKS.md "`auto`
-checked against its own noise").
+checked against its own noise"). Shows the batches the probe's updates trained on; since the
+seventh session the probe also generates measured batches before each update, so a rerun draws
+other batches than the committed output (`benchmarks/probe_batches.py` compares the two).
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ def main() -> None:
             run.mkdir()
             s = Session(cfg, run, log=lambda *_: None)
             probe = WarmupProbe(s)
+            trained = []  # the batches the probe's updates train on
             for _ in range(cfg.design.warmup_steps):
-                probe.update(s.produce()[0])
+                trained.append(s.produce()[0])
+                probe.update(trained[-1])
             fresh, _ = s.produce()
             parts = []
-            for batch in [*probe.batches, fresh]:
+            for batch in [*trained, fresh]:
                 b = collate(batch, s.learner.pad_id)
                 with torch.no_grad():
                     logps, _ = token_logprobs_full(s.learner.model, b, cfg.rollout.temperature)

@@ -310,6 +310,9 @@ NOT_OBSERVED: dict[str, str] = {
     "bootstrap",
     "design.bootstrap": "the number of bootstrap draws: tests/test_design.py::test_a_measured_"
     "design_reuses_only_when_its_saving_survives_the_bootstrap (seen[-1] == (10, 3))",
+    "design.probe_batches": "how many batches the alpha / rho probe measures per policy: "
+    "tests/test_design.py::test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_"
+    "seed (2 batches x 3 policies)",
     "design.allow_y_below_one": "matters only where y*(1) < 1 (mu < 1 + rho), below the "
     "observer's fixed mu = 4: tests/test_design.py::test_y_below_one_only_when_allowed",
     "train.failure_patience": "ends a run after K failing steps: default K = 3 end to end and "

@@ -583,15 +583,16 @@ def test_auto_run_measures_alpha_and_rho_on_its_warmup(tmp_path):
     assert 0.0 <= d["alpha"] <= 0.49 and 0.0 <= d["rho"] <= 1.0
     assert (d["alpha"], d["rho"]) != (0.25, 0.5)  # not the fallback
     assert d["staleness_horizons"] == [1.0, 2.0, 3.0] and len(d["staleness_sigma2"]) == 3
-    assert d["probe_samples"] == 3 * 32  # two warm-up batches and the probe's fresh one
-    # the probe's policies are undone: only the first (version 0) batch is kept, and every
-    # generated rollout is counted (2 warm-up + 1 probe + 1 training step); the second
-    # warm-up batch and the probe's own are a ledger term of their own
-    assert d["probe_rollouts_not_kept"] == 2 * 32
-    assert summary["rollouts_generated"] == 4 * 32
+    # one measured batch (design.probe_batches) at each of the three policies
+    assert d["probe_samples"] == 3 * 32
+    # the probe's policies are undone: only the first (version 0) warm-up batch is kept, and
+    # every generated rollout is counted (2 warm-up + 3 measured + 1 training step); the
+    # second warm-up batch and the measured ones are a ledger term of their own
+    assert d["probe_rollouts_not_kept"] == 4 * 32
+    assert summary["rollouts_generated"] == 6 * 32
     led = summary["accounting"]["ledger"]
-    assert led["discarded_probe"] == 2 * 32 and led["balanced"], led
-    assert "discarded by the design probe 64" in log and "NOT BALANCED" not in log
+    assert led["discarded_probe"] == 4 * 32 and led["balanced"], led
+    assert "discarded by the design probe 128" in log and "NOT BALANCED" not in log
     assert f"alpha = {d['alpha']:.3g} (measured), rho = {d['rho']:.3g} (measured)" in log
     from replayrl.config.schema import load_config
 
@@ -650,8 +651,8 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
 
     _, warmup, record = sync_recipe.auto_design(s)
     assert len(warmup) == 32 and {r.policy_version for r in warmup} == {0}
-    assert record["probe_rollouts_not_kept"] == 2 * 32 and s.learner.version == 0
-    assert s.counters.rollouts_discarded_probe == 2 * 32
+    assert record["probe_rollouts_not_kept"] == 4 * 32 and s.learner.version == 0
+    assert s.counters.rollouts_discarded_probe == 4 * 32
     after = s.learner.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
@@ -723,9 +724,10 @@ def test_feasible_design_is_bounded_by_the_run_length():
 
 
 def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
-    # the probe's own batch is generated inside finish(): its seconds count as generation,
-    # less the reward functions' share (the producer reports it as time/reward_s), and the
-    # rest of finish() (per-sample gradients) adds to the probe's own seconds
+    # the measured batches are generated inside update() and finish(): their seconds count as
+    # generation, less the reward functions' share (the producer reports it as
+    # time/reward_s), and the rest of finish() (per-sample gradients) adds to the probe's own
+    # seconds
     import time
 
     from replayrl.recipes.design_probe import WarmupProbe
@@ -747,7 +749,13 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
         reward_s["value"] = reported
         probe = WarmupProbe(s)
         for _ in range(2):
-            probe.update(produce()[0])
+            batch = produce()[0]
+            s.counters.generation_seconds = 1000.0
+            t0 = time.perf_counter()
+            probe.update(batch)  # one measured batch, then the update
+            wall = time.perf_counter() - t0
+            delta = s.counters.generation_seconds - 1000.0
+            assert -(reported or 0.0) <= delta <= wall - (reported or 0.0), (reported, delta)
         s.counters.generation_seconds = 1000.0
         probe.seconds = 50.0
         t0 = time.perf_counter()
@@ -757,7 +765,7 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
         less = reported or 0.0
         assert -less <= delta <= wall - less, (reported, delta, wall)
         assert 50.0 <= probe.seconds <= 50.0 + wall
-        assert probe.finish_rollouts == 32
+        assert probe.measured_rollouts == 3 * 32
 
 
 def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path):
@@ -846,12 +854,17 @@ def test_auto_design_refuses_when_every_warm_up_rollout_was_dropped(tmp_path):
 
 def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_path, monkeypatch):
     # what finish() passes on: per-sample gradients at the last policy taken on the
-    # coordinate subset of train.seed; staleness = last version - the rollout's version;
-    # one cluster per (version, group) pair (warm-up batches reuse group ids 0..)
+    # coordinate subset of train.seed, of the measured batches only (design.probe_batches at
+    # each policy, never the batches the updates trained on); staleness = last version - the
+    # rollout's version; one cluster per (batch, group) pair (batches reuse group ids 0..)
     from replayrl.recipes import design_probe
 
     s = _auto_session(
-        tmp_path, "rollout.prompts_per_step=4", "design.warmup_steps=2", "train.seed=3"
+        tmp_path,
+        "rollout.prompts_per_step=4",
+        "design.warmup_steps=2",
+        "design.probe_batches=2",
+        "train.seed=3",
     )
     seen: dict = {}
     real = design_probe.sample_gradients
@@ -867,15 +880,20 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
     monkeypatch.setattr(design_probe, "sample_gradients", spy_gradients)
     monkeypatch.setattr(design_probe, "estimate_alpha_rho", spy_estimate)
     probe = design_probe.WarmupProbe(s)
+    trained = []
     for _ in range(2):
-        probe.update(s.produce()[0])
+        trained.append(s.produce()[0])
+        probe.update(trained[-1])
     assert probe.finish().reason == "spied"
     rows = seen["rows"]
-    assert seen["seed"] == 3 and len(rows) == 3 * 16
+    assert seen["seed"] == 3 and len(rows) == 3 * 2 * 16  # 3 policies x 2 batches x 16
+    assert not {id(r) for b in trained for r in b} & {id(r) for r in rows}
+    assert [r.policy_version for r in rows] == [v for v in (0, 1, 2) for _ in range(32)]
     assert list(seen["staleness"]) == [2 - r.policy_version for r in rows]
     assert sorted(set(seen["staleness"])) == [0, 1, 2]
-    pairs = [(r.policy_version, r.group_id) for r in rows]
-    assert len(set(pairs)) == 3 * 4 == len(set(seen["clusters"].tolist()))
+    batch = [i // 16 for i in range(len(rows))]  # the two batches of one policy: 2 clusters
+    pairs = [(b, r.group_id) for b, r in zip(batch, rows, strict=True)]
+    assert len(set(pairs)) == 6 * 4 == len(set(seen["clusters"].tolist()))
     for i in range(len(rows)):  # same pair <-> same cluster
         for j in range(len(rows)):
             assert (pairs[i] == pairs[j]) == (seen["clusters"][i] == seen["clusters"][j])
@@ -936,8 +954,8 @@ def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
     s = _auto_session(tmp_path / "m", "design.warmup_steps=2")
     s.counters.rollouts_discarded_probe = 5
     _, _, rec = sync_recipe.auto_design(s)
-    assert rec["probe_seconds"] > 0 and rec["probe_rollouts_not_kept"] == 2 * 32
-    assert s.counters.rollouts_discarded_probe == 5 + 2 * 32
+    assert rec["probe_seconds"] > 0 and rec["probe_rollouts_not_kept"] == 4 * 32
+    assert s.counters.rollouts_discarded_probe == 5 + 4 * 32
     assert {"x_star", "y_star", "x", "y", "N", "B", "mu", "alpha", "rho"} <= set(rec)
     # configured alpha, rho that want a huge buffer: x is capped by train.steps (1 -> N = R)
     s = _auto_session(

@@ -379,6 +379,10 @@ class DesignConfig(_Section):
     # CPU where generation is cheap); the measured value is recorded either way
     mu: Annotated[float, Field(gt=0)] | Literal["measured"] = "measured"
     warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu (and alpha, rho)
+    # alpha / rho measured: batches generated at each warm-up policy and at the last one only
+    # for their per-sample gradients, never trained on (an update shrinks the gradients of
+    # the batch it took 3-10x: recipes/design_probe.py); more batches, less noise, more cost
+    probe_batches: int = Field(1, ge=1)
     # the feasible set `auto` searches: N >= R always; B >= R unless this is true
     allow_y_below_one: bool = False
     # B > N: a batch repeating rollouts within one update (paper 1's J credits it; see

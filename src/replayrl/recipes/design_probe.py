@@ -4,14 +4,23 @@ The `auto` warm-up (recipes/sync.py: auto_design) generates `design.warmup_steps
 time mu. To see staleness it also needs policy updates, so when alpha or rho is `measured` the
 warm-up takes one on-policy update after each of its batches (the run's own loss; the learning
 rate of the schedule's first steps after its LR warm-up, `probe_lr_steps`; a separate shuffle
-generator), generates one more batch with the last policy, and computes at that policy the
-per-sample gradients of every batch: staleness W, W-1, ..., 1 and 0 for W warm-up steps
-(learner/grad_probe.py). alpha and rho come from data/staleness.py. Then the weights,
-optimizer and learner state are put back exactly as they were: the run starts from the same
-policy as without the probe, and its buffer holds only the first batch (version 0, on-policy
-for that policy); the other warm-up batches and the probe's own batch came from policies that
-no longer exist and are not kept (counted as generated, and in the ledger's
-`discarded_probe`).
+generator). Before each update, and once more at the last policy, it generates
+`design.probe_batches` batches that are only measured, never trained on, and computes at the
+last policy the per-sample gradients of those: staleness W, W-1, ..., 1 and 0 for W warm-up
+steps (learner/grad_probe.py). alpha and rho come from data/staleness.py.
+
+Why separate batches (our choice; the paper does not say how to measure): one update on a
+batch shrinks that batch's own per-sample gradients 3-10x on our reasoning tasks (mean squared
+norm 0.07-0.32 against 0.5-3 for batches of the same policy it did not train on;
+benchmarks/probe_batches.py), so measuring the batch an update was taken on reads "already
+trained on" as "stale" and the spread as falling with staleness. Paper 1's sigma(x) is the
+error of a rollout of an earlier policy, whatever the learner did with it.
+
+Then the weights, optimizer and learner state are put back exactly as they were: the run
+starts from the same policy as without the probe, and its buffer holds only the first warm-up
+batch (version 0, on-policy for that policy); the later warm-up batches and every measured
+batch came from policies that no longer exist or were only measured, and are not kept
+(counted as generated, and in the ledger's `discarded_probe`).
 
 Ill-conditioned (fewer than two warm-up steps: staleness 0, 1, 2 are the minimum; advantages
 from a critic; a probe update whose learning rate is 0; too few prompt groups; no gradient
@@ -91,9 +100,10 @@ class WarmupProbe:
     s: Session
     model_state: dict[str, torch.Tensor] = field(init=False)
     learner_state: dict[str, object] = field(init=False)
-    batches: list[list[Rollout]] = field(default_factory=list)
+    updates: int = 0  # on-policy updates taken (each makes every measured batch 1 staler)
+    measured: list[list[Rollout]] = field(default_factory=list)  # never trained on
     seconds: float = 0.0
-    finish_rollouts: int = 0  # the probe's own batch (generated, never kept)
+    measured_rollouts: int = 0  # generated for measurement only, never kept
     # bootstrap re-estimates of (alpha, rho) on the same gradients (None: ill-conditioned)
     draws: list[tuple[float, float] | None] = field(default_factory=list)
 
@@ -105,35 +115,47 @@ class WarmupProbe:
         self.lr_warmup = lr_warmup(self.s.cfg)  # updates at the LR after it (probe_lr_steps)
 
     def update(self, rollouts: list[Rollout]) -> None:
-        """One on-policy update on a warm-up batch (its policy version is the staleness key)."""
+        """Measure batches of the current policy, then take one on-policy update on a warm-up
+        batch of that policy (its policy version is the staleness key)."""
+        self._measure()
         t0 = time.perf_counter()
-        self.batches.append(rollouts)
         learner = self.s.learner
+        self.updates += 1
         if rollouts:
-            learner.train_step(rollouts, self.rng, step=self.lr_warmup + len(self.batches))
+            learner.train_step(rollouts, self.rng, step=self.lr_warmup + self.updates)
         else:
             learner.version += 1
         self._sync_generator()
         self.seconds += time.perf_counter() - t0
 
-    def finish(self) -> AlphaRhoEstimate:
-        """Generate a fresh batch, take per-sample gradients at the last policy, restore."""
+    def _measure(self) -> None:
+        """`design.probe_batches` batches of the current policy, kept only for the gradients;
+        their generation counts as the run's generation time (less reward time)."""
         s = self.s
-        try:
+        for _ in range(s.cfg.design.probe_batches):
             t0 = time.perf_counter()
-            fresh, stats = s.produce()
-            self.finish_rollouts = len(fresh)
+            batch, stats = s.produce()
             s.counters.generation_seconds += (
                 time.perf_counter() - t0 - stats.get("time/reward_s", 0.0)
             )
+            self.measured.append(batch)
+            self.measured_rollouts += len(batch)
+
+    def finish(self) -> AlphaRhoEstimate:
+        """Measure batches of the last policy, take per-sample gradients of every measured
+        batch at it, estimate alpha and rho; restore the policy and learner either way."""
+        s = self.s
+        try:
+            self._measure()
             t1 = time.perf_counter()
-            rows = [r for batch in [*self.batches, fresh] for r in batch]
+            tagged = [(i, r) for i, batch in enumerate(self.measured) for r in batch]
+            rows = [r for _, r in tagged]
             version = s.learner.version
             grads = sample_gradients(s.learner, rows, seed=s.cfg.train.seed)
             staleness = np.array([version - r.policy_version for r in rows])
-            # one prompt's group within one batch (warm-up batches share group ids): one
-            # cluster per distinct (policy version, group id) pair
-            pairs = np.array([(r.policy_version, r.group_id) for r in rows]).reshape(-1, 2)
+            # one prompt's group within one batch (batches reuse group ids 0 ..): one cluster
+            # per distinct (batch, group id) pair
+            pairs = np.array([(i, r.group_id) for i, r in tagged]).reshape(-1, 2)
             clusters = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
             est = estimate_alpha_rho(grads, staleness, clusters)
             # how sure: the design checks its saving on each draw (alpha = rho = 0 falls back)

@@ -95,8 +95,8 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, Any]]:
         s.log(fallback)
     if probe is not None:
         kept = [r for r in produced if r.policy_version == 0]
-        # later warm-up batches and the probe's own came from its undone policies
-        not_kept = len(produced) - len(kept) + probe.finish_rollouts
+        # later warm-up batches came from its undone policies; measured ones are never kept
+        not_kept = len(produced) - len(kept) + probe.measured_rollouts
         s.counters.rollouts_discarded_probe += not_kept  # a ledger term: generated, not kept
         how.update(probe_seconds=probe.seconds, probe_rollouts_not_kept=not_kept)
         produced = kept
