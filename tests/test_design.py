@@ -755,7 +755,8 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
             probe.update(batch)  # one measured batch, then the update
             wall = time.perf_counter() - t0
             delta = s.counters.generation_seconds - 1000.0
-            assert -(reported or 0.0) <= delta <= wall - (reported or 0.0), (reported, delta)
+            # clamped at 0: a reward share larger than the call itself counts no generation
+            assert 0.0 <= delta <= max(wall - (reported or 0.0), 0.0), (reported, delta)
         s.counters.generation_seconds = 1000.0
         probe.seconds = 50.0
         t0 = time.perf_counter()
@@ -763,7 +764,7 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
         wall = time.perf_counter() - t0
         delta = s.counters.generation_seconds - 1000.0
         less = reported or 0.0
-        assert -less <= delta <= wall - less, (reported, delta, wall)
+        assert 0.0 <= delta <= max(wall - less, 0.0), (reported, delta, wall)
         assert 50.0 <= probe.seconds <= 50.0 + wall
         assert probe.measured_rollouts == 3 * 32
 
@@ -879,6 +880,14 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
 
     monkeypatch.setattr(design_probe, "sample_gradients", spy_gradients)
     monkeypatch.setattr(design_probe, "estimate_alpha_rho", spy_estimate)
+    took: list[list] = []  # what the probe's updates trained on
+    train_step = s.learner.train_step
+
+    def spy_train_step(rollouts, *a, **kw):
+        took.append(list(rollouts))
+        return train_step(rollouts, *a, **kw)
+
+    monkeypatch.setattr(s.learner, "train_step", spy_train_step)
     probe = design_probe.WarmupProbe(s)
     trained = []
     for _ in range(2):
@@ -887,7 +896,10 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
     assert probe.finish().reason == "spied"
     rows = seen["rows"]
     assert seen["seed"] == 3 and len(rows) == 3 * 2 * 16  # 3 policies x 2 batches x 16
+    # the updates trained on the warm-up batches, exactly, and on nothing that was measured
+    assert [[id(r) for r in b] for b in took] == [[id(r) for r in b] for b in trained]
     assert not {id(r) for b in trained for r in b} & {id(r) for r in rows}
+    assert probe.measured_rollouts == len(rows)  # every measured batch counted
     assert [r.policy_version for r in rows] == [v for v in (0, 1, 2) for _ in range(32)]
     assert list(seen["staleness"]) == [2 - r.policy_version for r in rows]
     assert sorted(set(seen["staleness"])) == [0, 1, 2]
@@ -897,6 +909,40 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
     for i in range(len(rows)):  # same pair <-> same cluster
         for j in range(len(rows)):
             assert (pairs[i] == pairs[j]) == (seen["clusters"][i] == seen["clusters"][j])
+
+
+def test_probe_batches_are_counted_as_generated_and_not_kept(tmp_path):
+    # design.probe_batches = 2 at W = 2: (W + 1) x 2 measured batches plus the second warm-up
+    # batch are generated and discarded; only the first warm-up batch (version 0) is kept
+    from replayrl.recipes import sync as sync_recipe
+
+    s = _auto_session(tmp_path, "design.warmup_steps=2", "design.probe_batches=2")
+    _, warmup, record = sync_recipe.auto_design(s)
+    assert len(warmup) == 32 and {r.policy_version for r in warmup} == {0}
+    assert record["probe_rollouts_not_kept"] == (1 + 3 * 2) * 32
+    assert s.counters.rollouts_discarded_probe == (1 + 3 * 2) * 32
+    assert record["probe_samples"] == 3 * 2 * 32
+
+
+def test_a_probe_whose_measured_batches_all_come_back_empty_falls_back(tmp_path):
+    # every measured rollout dropped (e.g. reward errors): no gradients to take, so alpha and
+    # rho fall back with the reason instead of an error, and the policy is still restored
+    import torch
+
+    from replayrl.recipes.design_probe import WarmupProbe
+
+    s = _auto_session(tmp_path, "design.warmup_steps=2")
+    before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
+    produce = s.produce
+    probe = WarmupProbe(s)
+    s.produce = lambda: ([], produce()[1])  # type: ignore[method-assign]
+    for _ in range(2):
+        probe.update(produce()[0])  # the warm-up batches themselves are real
+    est = probe.finish()
+    assert not est.ok and "every measured batch came back empty" in est.reason
+    assert probe.measured_rollouts == 0 and s.learner.version == 0
+    after = s.learner.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_the_probe_is_reproducible(tmp_path):

@@ -18,9 +18,10 @@ error of a rollout of an earlier policy, whatever the learner did with it.
 
 Then the weights, optimizer and learner state are put back exactly as they were: the run
 starts from the same policy as without the probe, and its buffer holds only the first warm-up
-batch (version 0, on-policy for that policy); the later warm-up batches and every measured
-batch came from policies that no longer exist or were only measured, and are not kept
-(counted as generated, and in the ledger's `discarded_probe`).
+batch (version 0, on-policy for that policy); the later warm-up batches came from policies
+that no longer exist, and the measured batches are not kept either (those of version 0 would
+be on-policy, but keeping them would start the run with more fresh rollouts than R): all are
+counted as generated, and in the ledger's `discarded_probe`.
 
 Ill-conditioned (fewer than two warm-up steps: staleness 0, 1, 2 are the minimum; advantages
 from a critic; a probe update whose learning rate is 0; too few prompt groups; no gradient
@@ -135,8 +136,8 @@ class WarmupProbe:
         for _ in range(s.cfg.design.probe_batches):
             t0 = time.perf_counter()
             batch, stats = s.produce()
-            s.counters.generation_seconds += (
-                time.perf_counter() - t0 - stats.get("time/reward_s", 0.0)
+            s.counters.generation_seconds += max(
+                time.perf_counter() - t0 - stats.get("time/reward_s", 0.0), 0.0
             )
             self.measured.append(batch)
             self.measured_rollouts += len(batch)
@@ -150,6 +151,10 @@ class WarmupProbe:
             t1 = time.perf_counter()
             tagged = [(i, r) for i, batch in enumerate(self.measured) for r in batch]
             rows = [r for _, r in tagged]
+            if not rows:  # every measured rollout dropped (too long, reward errors)
+                return AlphaRhoEstimate(
+                    None, None, reason="every measured batch came back empty (no rollouts)"
+                )
             version = s.learner.version
             grads = sample_gradients(s.learner, rows, seed=s.cfg.train.seed)
             staleness = np.array([version - r.policy_version for r in rows])
