@@ -84,7 +84,7 @@ def main() -> None:
                     continue
                 live = sq[sel] > MIN_SIGNAL
                 parts.append(
-                    f"{kind[0]}{int(stale[sel][0])}:{sq[sel].mean():.2f}/{live.mean():.2f}"
+                    f"{kind[0]}{int(stale[sel][0])}:{sq[sel].mean():.3g}/{live.mean():.2f}"
                 )
             k, w = args.batches, cfg.design.warmup_steps
             last = [len(trained) + w * k]  # the first measured batch of the last policy
