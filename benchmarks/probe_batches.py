@@ -1,7 +1,8 @@
 """Why `auto`'s warm-up probe measures batches it never trains on: per batch, the mean squared
 norm of its rollouts' per-sample gradients at the probe's last policy, for the batches the
-probe's updates trained on and for batches of the same policies it only measured; and what
-the alpha / rho estimator reads from each choice.
+probe's updates trained on and for batches of the same policies it only measured; the ratio
+of the two (trained / measured, same policy); and what the alpha / rho estimator reads from
+each choice.
 
     PYTHONPATH=src python benchmarks/probe_batches.py TASK SEED [SEED ...] \
         [--suite heldout] [--variant replay-auto-mu5.3] [--batches 3]
@@ -96,6 +97,16 @@ def main() -> None:
                 f"mean squared gradient norm / share with a nonzero gradient) " + " ".join(parts),
                 flush=True,
             )
+            # the trained batch's mean squared norm over that of the same policy's measured ones
+            shrink = []
+            for j, (kind, _, _) in enumerate(batches):
+                if kind != "trained" or not (batch_of == j).any():
+                    continue
+                level = int(stale[batch_of == j][0])
+                same = many & (stale == level)
+                ratio = sq[batch_of == j].mean() / sq[same].mean()
+                shrink.append(f"staleness {level} {ratio:.3g}x")
+            print("  trained / measured, same policy: " + ", ".join(shrink), flush=True)
             for name, sel in (("trained", old), ("measured x1", one), (f"measured x{k}", many)):
                 print(f"  {name}: {outcome(grads[sel], stale[sel], clusters[sel])}", flush=True)
 
