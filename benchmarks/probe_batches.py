@@ -104,8 +104,11 @@ def main() -> None:
                     continue
                 level = int(stale[batch_of == j][0])
                 same = many & (stale == level)
-                ratio = sq[batch_of == j].mean() / sq[same].mean()
-                shrink.append(f"staleness {level} {ratio:.3g}x")
+                mine, theirs = sq[batch_of == j], sq[same]
+                if mine.max() <= MIN_SIGNAL or theirs.max() <= MIN_SIGNAL:
+                    shrink.append(f"staleness {level} no signal")  # all equal rewards: 0 / 0
+                    continue
+                shrink.append(f"staleness {level} {mine.mean() / theirs.mean():.3g}x")
             print("  trained / measured, same policy: " + ", ".join(shrink), flush=True)
             for name, sel in (("trained", old), ("measured x1", one), (f"measured x{k}", many)):
                 print(f"  {name}: {outcome(grads[sel], stale[sel], clusters[sel])}", flush=True)
