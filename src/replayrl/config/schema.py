@@ -381,7 +381,7 @@ class DesignConfig(_Section):
     warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu (and alpha, rho)
     # alpha / rho measured: batches generated at each warm-up policy and at the last one only
     # for their per-sample gradients, never trained on (an update shrinks the gradients of
-    # the batch it took 3-10x: recipes/design_probe.py); more batches, less noise, more cost
+    # the batch it took, median 0.13x: design_probe.py); more batches, less noise, more cost
     probe_batches: int = Field(1, ge=1)
     # the feasible set `auto` searches: N >= R always; B >= R unless this is true
     allow_y_below_one: bool = False
