@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from replayrl.bench.suite import load_suite, variant_config
+from replayrl.design.probe import WarmupProbe
 from replayrl.learner.batching import collate
 from replayrl.learner.logprobs import token_logprobs_full
-from replayrl.recipes.design_probe import WarmupProbe
 from replayrl.run.session import Session
 
 

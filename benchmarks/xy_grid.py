@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from replayrl.data.design import (
+from replayrl.design.theory import (
     closed_form_power_law,
     feasible_design,
     fit_alpha_rho,

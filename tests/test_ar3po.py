@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from replayrl.config.schema import Ar3poConfig, ConfigError, load_config
-from replayrl.data.ar3po import (
+from replayrl.data.buffer import OnPolicyQueue
+from replayrl.data.rollout import Rollout
+from replayrl.data.sources.ar3po import (
     Ar3poSource,
     CorrectResponseStore,
     regroup,
     responses_to_reuse,
     round_allocation,
 )
-from replayrl.data.buffer import OnPolicyQueue
-from replayrl.data.rollout import Rollout
 from replayrl.run.state import Counters, ledger
 
 

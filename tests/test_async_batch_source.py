@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from replayrl.config.schema import load_config
-from replayrl.data.batch_source import RemixSource
 from replayrl.data.buffer import make_buffer
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.buffer import RemixSource
 from replayrl.run.entry import train
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from tiny import TINY_RUN

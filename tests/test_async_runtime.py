@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from replayrl.config.schema import ConfigError, load_config
-from replayrl.data.batch_source import BufferSource
 from replayrl.data.buffer import make_buffer
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.buffer import BufferSource
 from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
 from replayrl.distributed.worker import Delivery
 from replayrl.recipes.asynchronous import AsyncSession

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from replayrl.config.schema import RemixConfig
-from replayrl.data.batch_source import BufferSource, RemixSource
+from replayrl.data.sources.buffer import BufferSource, RemixSource
 from replayrl.run.state import Counters
 
 

@@ -664,7 +664,7 @@ def test_xy_grid_script_fits_the_theory_and_draws_the_heat_map(
 ) -> None:
     import importlib.util
 
-    from replayrl.data.design import objective, power_law_variance
+    from replayrl.design.theory import objective, power_law_variance
 
     s2 = power_law_variance(0.2)
     variants = {}
@@ -767,7 +767,7 @@ def test_a_finished_auto_run_is_reused_whatever_design_it_resolved(
 
     from replayrl.bench.suite import finished_run
     from replayrl.config.schema import config_to_yaml
-    from replayrl.recipes.sync import resolve_design
+    from replayrl.design.auto import resolve_design
 
     cfg = load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])
     run_dir = tmp_path / "replay-auto-s0"

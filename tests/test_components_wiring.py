@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from replayrl.config.schema import load_config
-from replayrl.data.ar3po import Ar3poSource
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.base import make_rng
-from replayrl.data.exgrpo import ExgrpoSource
+from replayrl.data.sources.ar3po import Ar3poSource
+from replayrl.data.sources.exgrpo import ExgrpoSource
 from replayrl.run.components import build_ar3po, build_exgrpo_source
 
 

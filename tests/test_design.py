@@ -1,4 +1,4 @@
-"""Tests for replayrl.data.design (arXiv 2604.08706, "Theory (synchronous model)")."""
+"""Tests for replayrl.design.theory (arXiv 2604.08706, "Theory (synchronous model)")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replayrl.data.design import (
+from replayrl.design.theory import (
     DesignReport,
     buffer_design,
     closed_form_power_law,
@@ -631,7 +631,7 @@ def _auto_session(tmp_path, *extra):
 def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
     import torch
 
-    from replayrl.recipes.design_probe import WarmupProbe
+    from replayrl.design.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
@@ -647,9 +647,9 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
     assert s.learner.version == 0 and s.learner.updates == 0
     assert s.learner.optimizer.state_dict()["state"] == {}  # no Adam moments carried over
     # the whole warm-up: only the first (version 0) batch goes on into the buffer
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
 
-    _, warmup, record = sync_recipe.auto_design(s)
+    _, warmup, record = design_auto.auto_design(s)
     assert len(warmup) == 32 and {r.policy_version for r in warmup} == {0}
     assert record["probe_rollouts_not_kept"] == 4 * 32 and s.learner.version == 0
     assert s.counters.rollouts_discarded_probe == 4 * 32
@@ -660,7 +660,7 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
 def test_the_probe_updates_at_the_learning_rate_after_the_lr_warm_up(tmp_path):
     # inside a 5-step LR warm-up the first probe update would have lr 0 (staleness 0 and 1
     # from one policy) and the second 0.2 lr: the probe takes steps 6, 7 instead (full lr)
-    from replayrl.recipes.design_probe import WarmupProbe, probe_lr_steps
+    from replayrl.design.probe import WarmupProbe, probe_lr_steps
     from replayrl.run.session import Session
     from tiny import tiny_config
 
@@ -702,7 +702,7 @@ def test_the_probe_updates_at_the_learning_rate_after_the_lr_warm_up(tmp_path):
 )
 def test_a_probe_update_at_learning_rate_zero_blocks_the_measurement(extra, steps, blocked):
     from replayrl.config.schema import load_config
-    from replayrl.recipes.design_probe import probe_blocker, probe_lr_steps
+    from replayrl.design.probe import probe_blocker, probe_lr_steps
 
     cfg = load_config("replay", ["train.steps=10", "design.warmup_steps=2", *extra])
     assert probe_lr_steps(cfg) == steps
@@ -730,7 +730,7 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
     # seconds
     import time
 
-    from replayrl.recipes.design_probe import WarmupProbe
+    from replayrl.design.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     produce = s.produce
@@ -775,7 +775,7 @@ def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path
     # the restored learner holds no gradients (None, as a fresh optimizer's zero_grad leaves)
     import time
 
-    from replayrl.recipes.design_probe import WarmupProbe
+    from replayrl.design.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     loads: list[tuple[list[str], int]] = []
@@ -808,7 +808,7 @@ def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path
 
 def test_probe_blocker_says_why_in_full():
     from replayrl.config.schema import load_config
-    from replayrl.recipes.design_probe import probe_blocker
+    from replayrl.design.probe import probe_blocker
 
     short = load_config("replay", ["design.warmup_steps=1"])
     assert probe_blocker(short, advantage_at_generation=True) == (
@@ -837,19 +837,19 @@ def test_probe_blocker_says_why_in_full():
 
 
 def test_auto_design_refuses_when_every_warm_up_rollout_was_dropped(tmp_path):
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
 
     s = _auto_session(tmp_path, "design.alpha=0.25", "design.rho=0.5")
     s.produce = lambda: ([], {})  # type: ignore[method-assign]
     with pytest.raises(ValueError) as err:
-        sync_recipe.auto_design(s)
+        design_auto.auto_design(s)
     assert str(err.value) == ("auto design: every warm-up rollout was dropped; cannot measure mu")
     # a given mu needs no measurement but still rollouts (the alpha / rho probe, the buffer):
     # the same clear refusal, not a failure deep in the probe
     s = _auto_session(tmp_path / "given", "design.mu=5.3")
     s.produce = lambda: ([], {})  # type: ignore[method-assign]
     with pytest.raises(ValueError) as err:
-        sync_recipe.auto_design(s)
+        design_auto.auto_design(s)
     assert str(err.value) == "auto design: every warm-up rollout was dropped; nothing to start from"
 
 
@@ -858,7 +858,7 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
     # coordinate subset of train.seed, of the measured batches only (design.probe_batches at
     # each policy, never the batches the updates trained on); staleness = last version - the
     # rollout's version; one cluster per (batch, group) pair (batches reuse group ids 0..)
-    from replayrl.recipes import design_probe
+    from replayrl.design import probe as design_probe
 
     s = _auto_session(
         tmp_path,
@@ -914,10 +914,10 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
 def test_probe_batches_are_counted_as_generated_and_not_kept(tmp_path):
     # design.probe_batches = 2 at W = 2: (W + 1) x 2 measured batches plus the second warm-up
     # batch are generated and discarded; only the first warm-up batch (version 0) is kept
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
 
     s = _auto_session(tmp_path, "design.warmup_steps=2", "design.probe_batches=2")
-    _, warmup, record = sync_recipe.auto_design(s)
+    _, warmup, record = design_auto.auto_design(s)
     assert len(warmup) == 32 and {r.policy_version for r in warmup} == {0}
     assert record["probe_rollouts_not_kept"] == (1 + 3 * 2) * 32
     assert s.counters.rollouts_discarded_probe == (1 + 3 * 2) * 32
@@ -929,7 +929,7 @@ def test_a_probe_whose_measured_batches_all_come_back_empty_falls_back(tmp_path)
     # rho fall back with the reason instead of an error, and the policy is still restored
     import torch
 
-    from replayrl.recipes.design_probe import WarmupProbe
+    from replayrl.design.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
@@ -948,13 +948,13 @@ def test_a_probe_whose_measured_batches_all_come_back_empty_falls_back(tmp_path)
 def test_the_probe_is_reproducible(tmp_path):
     # two sessions from the same config measure the same alpha / rho, bit for bit: the probe's
     # shuffle generator is seeded from train.seed (not fresh entropy)
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
 
     records = []
     for name in ("a", "b"):
         # several shuffled mini-batches per probe update
         s = _auto_session(tmp_path / name, "design.warmup_steps=2", "train.mini_batch_size=8")
-        records.append(sync_recipe.auto_design(s)[2])
+        records.append(design_auto.auto_design(s)[2])
     keys = ("alpha", "rho", "staleness_sigma2")  # N, B also depend on the timed mu
     assert [records[0][k] for k in keys] == [records[1][k] for k in keys]
 
@@ -962,7 +962,7 @@ def test_the_probe_is_reproducible(tmp_path):
 def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_path):
     import time
 
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
 
     s = _auto_session(tmp_path, "design.alpha=0.25", "design.rho=0.5", "design.warmup_steps=3")
     produce, backward = s.produce, s.learner.measure_backward
@@ -985,7 +985,7 @@ def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_p
     s.produce = slow_produce  # type: ignore[method-assign]
     s.learner.measure_backward = slow_backward  # type: ignore[method-assign]
     s.counters.generation_seconds = 100.0
-    mus, produced = sync_recipe._warmup(s, None)
+    mus, produced = design_auto._warmup(s, None)
     assert len(mus) == 3 and len(produced) == 3 * 32
     # tolerances for a loaded machine's pauses; dropping the reward time moves mu by >= 40%
     for mu, g, t in zip(mus, gen, train, strict=True):
@@ -994,12 +994,12 @@ def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_p
 
 
 def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
 
     # measured: the probe's seconds are recorded and its discarded rollouts add to the counter
     s = _auto_session(tmp_path / "m", "design.warmup_steps=2")
     s.counters.rollouts_discarded_probe = 5
-    _, _, rec = sync_recipe.auto_design(s)
+    _, _, rec = design_auto.auto_design(s)
     assert rec["probe_seconds"] > 0 and rec["probe_rollouts_not_kept"] == 4 * 32
     assert s.counters.rollouts_discarded_probe == 5 + 4 * 32
     assert {"x_star", "y_star", "x", "y", "N", "B", "mu", "alpha", "rho"} <= set(rec)
@@ -1011,10 +1011,10 @@ def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
         "train.steps=1",
         "design.min_saving=0",
     )
-    _, _, rec = sync_recipe.auto_design(s)
+    _, _, rec = design_auto.auto_design(s)
     assert rec["N"] == 32 and rec["x"] == 1.0
     # design.allow_y_below_one, min_saving and the run's steps (x_max) reach the design
-    import replayrl.data.design as design_module
+    import replayrl.design.theory as design_module
 
     seen = []
     real = design_module.feasible_design
@@ -1023,9 +1023,9 @@ def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
         seen.append((args, kwargs))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sync_recipe, "feasible_design", spy)
+    monkeypatch.setattr(design_auto, "feasible_design", spy)
     extra = ("design.alpha=0.25", "design.rho=0.5", "train.steps=7")
-    sync_recipe.auto_design(
+    design_auto.auto_design(
         _auto_session(
             tmp_path / "y",
             *extra,
@@ -1040,15 +1040,15 @@ def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
 
 
 def test_a_given_mu_replaces_the_measured_one_and_both_are_recorded(tmp_path):
-    from replayrl.data.design import feasible_design
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
+    from replayrl.design.theory import feasible_design
 
     fixed = ("design.alpha=0.25", "design.rho=0.5", "design.min_saving=0")
     # measured (the default): the design's mu is the warm-up's
-    _, _, rec = sync_recipe.auto_design(_auto_session(tmp_path / "m", *fixed))
+    _, _, rec = design_auto.auto_design(_auto_session(tmp_path / "m", *fixed))
     assert rec["mu_source"] == "measured" and rec["mu"] == rec["mu_measured"] > 0
     # given: designed for mu = 5.3 whatever this machine measured, which is still recorded
-    new, _, rec = sync_recipe.auto_design(_auto_session(tmp_path / "g", *fixed, "design.mu=5.3"))
+    new, _, rec = design_auto.auto_design(_auto_session(tmp_path / "g", *fixed, "design.mu=5.3"))
     assert rec["mu_source"] == "config" and rec["mu"] == 5.3
     assert rec["mu_measured"] is not None and rec["mu_measured"] > 0
     want = feasible_design(5.3, 0.25, 0.5, 32, min_saving=0.0, x_max=float(new.train.steps))
@@ -1059,7 +1059,7 @@ def test_a_given_mu_replaces_the_measured_one_and_both_are_recorded(tmp_path):
 
 
 def test_on_fallback_values_auto_stays_on_policy_unless_told_to_reuse(tmp_path):
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
 
     # one warm-up step cannot measure alpha (fallback 0.25); rho given (0.5); mu = 5.3 given;
     # no saving bar: the design on those values reuses (by hand for R = 32, B > N allowed:
@@ -1071,24 +1071,24 @@ def test_on_fallback_values_auto_stays_on_policy_unless_told_to_reuse(tmp_path):
         "design.min_saving=0",
         "design.allow_b_above_n=true",
     )
-    new, _, rec = sync_recipe.auto_design(_auto_session(tmp_path / "default", *base))
+    new, _, rec = design_auto.auto_design(_auto_session(tmp_path / "default", *base))
     assert rec["alpha_source"] == "fallback" and rec["on_policy"]
     assert (rec["N"], rec["B"], rec["predicted_saving"]) == (32, 32, 0.0)
     assert (new.buffer.capacity, new.batch_size) == (32, 32)
     assert rec["fallback_saving"] == pytest.approx(0.0737, abs=5e-4)
-    new, _, rec = sync_recipe.auto_design(
+    new, _, rec = design_auto.auto_design(
         _auto_session(tmp_path / "reuse", *base, "design.reuse_on_fallback=true")
     )
     assert not rec["on_policy"] and (rec["N"], rec["B"]) == (32, 60)
     assert rec["predicted_saving"] == pytest.approx(0.0737, abs=5e-4)
     # measured-or-given values are not a fallback: alpha given, the design is used as is
-    _, _, rec = sync_recipe.auto_design(
+    _, _, rec = design_auto.auto_design(
         _auto_session(tmp_path / "given", *base, "design.alpha=0.25")
     )
     assert not rec["on_policy"] and (rec["N"], rec["B"]) == (32, 60)
     assert "fallback_saving" not in rec
     # and design.allow_b_above_n reaches the design: without it B <= N (N = B = 49)
-    _, _, rec = sync_recipe.auto_design(
+    _, _, rec = design_auto.auto_design(
         _auto_session(tmp_path / "b_le_n", *base[:-1], "design.alpha=0.25")
     )
     assert (rec["N"], rec["B"]) == (49, 49)
@@ -1115,7 +1115,7 @@ def test_before_the_design_a_session_has_no_buffers_and_a_balanced_ledger(tmp_pa
 
 
 def test_design_confidence_counts_the_draws_under_which_the_buffer_saves():
-    from replayrl.data.design import design_confidence
+    from replayrl.design.theory import design_confidence
 
     # x = y = 2 at mu = 5.3, saving = 1 - J(2, 2) / J(1, 1), J = x^(2a) (1 + y/mu)(1/y + 1/x + rho):
     #   (a, rho) = (0, 0):      J(2,2) = 1.37736 x 1.0,            J(1,1) = 1.18868 x 2 -> 42.1%
@@ -1140,8 +1140,8 @@ def test_design_confidence_counts_the_draws_under_which_the_buffer_saves():
 
 def _measured_probe(monkeypatch, alpha, rho, draws):
     """The probe measures (alpha, rho) and its bootstrap returns `draws` (None: failed)."""
-    from replayrl.data.staleness import AlphaRhoEstimate
-    from replayrl.recipes import design_probe
+    from replayrl.design import probe as design_probe
+    from replayrl.design.staleness import AlphaRhoEstimate
 
     est = AlphaRhoEstimate(alpha, rho, (1.0, 2.0, 3.0), (1.0, 1.1, 1.2), 96)
     boot = [
@@ -1162,14 +1162,14 @@ def _measured_probe(monkeypatch, alpha, rho, draws):
 def test_a_measured_design_reuses_only_when_its_saving_survives_the_bootstrap(
     tmp_path, monkeypatch
 ):
-    from replayrl.data.design import feasible_design
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
+    from replayrl.design.theory import feasible_design
 
     # at mu = 5.3, alpha = 0.1, rho = 0.1 the design reuses; 9 of 10 draws agree, 1 does not
     sure = [(0.1, 0.1)] * 9 + [(0.45, 1.0)]
     seen = _measured_probe(monkeypatch, 0.1, 0.1, sure)
     s = _auto_session(tmp_path / "a", "design.mu=5.3", "design.bootstrap=10", "train.seed=3")
-    new, _, rec = sync_recipe.auto_design(s)
+    new, _, rec = design_auto.auto_design(s)
     want = feasible_design(5.3, 0.1, 0.1, 32, x_max=float(new.train.steps))
     assert not want.on_policy and (rec["N"], rec["B"]) == (want.N, want.B)
     assert rec["confidence"] == 0.9 and rec["confidence_draws"] == 10 and not rec["on_policy"]
@@ -1179,7 +1179,7 @@ def test_a_measured_design_reuses_only_when_its_saving_survives_the_bootstrap(
     lines = []
     s = _auto_session(tmp_path / "b", "design.mu=5.3", "design.bootstrap=10")
     s.log = lines.append
-    new, _, rec = sync_recipe.auto_design(s)
+    new, _, rec = design_auto.auto_design(s)
     assert rec["on_policy"] and (rec["N"], rec["B"]) == (32, 32) and rec["confidence"] == 0.8
     assert rec["unconfident_saving"] == pytest.approx(want.saving)
     assert any("in only 80% of 10 half-sample re-estimates" in line for line in lines), lines
@@ -1190,23 +1190,23 @@ def test_a_measured_design_reuses_only_when_its_saving_survives_the_bootstrap(
     for extra, asked in (("design.confidence=0.8", True), ("design.confidence=0", False)):
         seen = _measured_probe(monkeypatch, 0.1, 0.1, [(0.1, 0.1)] * 8 + [None, (0.45, 1.0)])
         s = _auto_session(tmp_path / extra, "design.mu=5.3", "design.bootstrap=10", extra)
-        _, _, rec = sync_recipe.auto_design(s)
+        _, _, rec = design_auto.auto_design(s)
         assert not rec["on_policy"] and (rec["N"], rec["B"]) == (want.N, want.B)
         assert ("confidence" in rec) == asked
 
 
 def test_a_given_alpha_or_rho_stays_fixed_in_every_bootstrap_draw(tmp_path, monkeypatch):
-    from replayrl.recipes import sync as sync_recipe
+    from replayrl.design import auto as design_auto
 
     # rho given as 0.1: draws that measured rho = 1.0 are judged at rho = 0.1 (they save)
     _measured_probe(monkeypatch, 0.1, 1.0, [(0.1, 1.0)] * 10)
     s = _auto_session(tmp_path / "r", "design.mu=5.3", "design.rho=0.1", "design.bootstrap=10")
-    _, _, rec = sync_recipe.auto_design(s)
+    _, _, rec = design_auto.auto_design(s)
     assert rec["rho"] == 0.1 and rec["rho_source"] == "config" and rec["alpha_source"] == "measured"
     assert not rec["on_policy"] and rec["confidence"] == 1.0
     # measured rho = 1.0 in every draw (nothing given): the same buffer does not save
     _measured_probe(monkeypatch, 0.1, 0.1, [(0.1, 1.0)] * 10)
-    _, _, rec = sync_recipe.auto_design(
+    _, _, rec = design_auto.auto_design(
         _auto_session(tmp_path / "m", "design.mu=5.3", "design.bootstrap=10")
     )
     assert rec["on_policy"] and rec["confidence"] == 0.0

@@ -17,7 +17,9 @@ import torch
 from replayrl.algorithms.exgrpo_loss import exgrpo_loss, policy_shaping
 from replayrl.config.schema import ConfigError, ExgrpoConfig, load_config
 from replayrl.data.buffer import OnPolicyQueue
-from replayrl.data.exgrpo import (
+from replayrl.data.groups import Group
+from replayrl.data.rollout import Rollout
+from replayrl.data.sources.exgrpo import (
     ExgrpoSource,
     ExperienceStore,
     bucket_counts,
@@ -28,8 +30,6 @@ from replayrl.data.exgrpo import (
     sample_questions,
     select_trajectory,
 )
-from replayrl.data.groups import Group
-from replayrl.data.rollout import Rollout
 from replayrl.run.state import Counters, ledger
 
 

@@ -18,16 +18,16 @@ from replayrl.config.schema import (
     GroupReplayConfig,
     load_config,
 )
-from replayrl.data.batch_source import BufferSource
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
-from replayrl.data.group_sources import (
+from replayrl.data.groups import Group, QuestionHistory, reward_std, split_groups
+from replayrl.data.rollout import Rollout
+from replayrl.data.sources.buffer import BufferSource
+from replayrl.data.sources.group_sources import (
     DynamicSamplingSource,
     GroupReplaySource,
     select_signal_groups,
 )
-from replayrl.data.groups import Group, QuestionHistory, reward_std, split_groups
-from replayrl.data.rollout import Rollout
 from replayrl.run.state import Counters, ledger
 
 

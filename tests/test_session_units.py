@@ -141,7 +141,7 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path)
     # step's wall time adds to the run's
     import time
 
-    from replayrl.data.design import cost_ratio
+    from replayrl.design.theory import cost_ratio
     from replayrl.recipes.sync import sync_step
     from replayrl.run.metrics import Progress
     from replayrl.run.session import Session
@@ -194,7 +194,7 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path)
 
 def test_resolve_design_samples_with_replacement_only_when_b_exceeds_n():
     from replayrl.config.schema import load_config
-    from replayrl.recipes.sync import resolve_design
+    from replayrl.design.auto import resolve_design
 
     auto = load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])
     assert not auto.buffer.with_replacement

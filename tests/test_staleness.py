@@ -1,4 +1,4 @@
-"""alpha and rho measured on per-sample gradients (replayrl.data.staleness, arXiv 2604.08706)."""
+"""alpha and rho measured on per-sample gradients (replayrl.design.staleness, arXiv 2604.08706)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from replayrl.data.staleness import (
+from replayrl.design.staleness import (
     ALPHA_MAX,
     bootstrap_alpha_rho,
     estimate_alpha_rho,
@@ -138,7 +138,7 @@ def test_sample_gradients_are_each_rollouts_own_policy_gradient(tiny_model, char
 
     from replayrl.config.schema import load_config
     from replayrl.data.rollout import Rollout
-    from replayrl.learner.grad_probe import sample_gradients
+    from replayrl.design.grad_probe import sample_gradients
     from replayrl.learner.learner import Learner
     from replayrl.rollout.generation import HFGenerator, SamplingParams
 
@@ -163,8 +163,8 @@ def test_sample_gradients_are_each_rollouts_own_policy_gradient(tiny_model, char
 
 def test_measured_values_replace_only_the_keys_that_ask_for_them():
     from replayrl.config.schema import load_config
-    from replayrl.data.staleness import AlphaRhoEstimate
-    from replayrl.recipes.design_probe import resolve_alpha_rho
+    from replayrl.design.probe import resolve_alpha_rho
+    from replayrl.design.staleness import AlphaRhoEstimate
 
     est = AlphaRhoEstimate(0.1, 0.2, (1.0, 2.0, 3.0), (1.0, 1.1, 1.2), 96)
     both = load_config(None, [])
@@ -209,7 +209,7 @@ def test_sample_gradients_serve_every_registered_loss_and_mark_stale_rollouts(
     from replayrl.algorithms.losses import POLICY_LOSSES
     from replayrl.config.schema import load_config
     from replayrl.data.rollout import Rollout
-    from replayrl.learner.grad_probe import sample_gradients
+    from replayrl.design.grad_probe import sample_gradients
     from replayrl.learner.learner import Learner
     from replayrl.rollout.generation import HFGenerator, SamplingParams
 
@@ -235,7 +235,7 @@ def test_a_spread_that_falls_with_staleness_is_not_read_as_alpha_zero():
     # held-out sub6, seed 0: sigma^2(x) = 0.49, 0.27, 0.18 at x = 1, 2, 3 (falling); clipped,
     # that read alpha = 0, and the design then asked for x = 120, y = 8 ("staleness is free").
     # A clear fall is now no estimate (the run falls back, saying why); a flat curve is alpha 0
-    from replayrl.data.staleness import FALL_TOL, falls_with_staleness
+    from replayrl.design.staleness import FALL_TOL, falls_with_staleness
 
     xs = np.array([1.0, 2.0, 3.0])
     assert falls_with_staleness(xs, np.array([0.49, 0.27, 0.18]))
@@ -348,7 +348,7 @@ def test_resamples_keep_half_of_each_stratum_whole_and_the_reference_split():
     # strata: fresh reference half (clusters 0, 2, 4, 6), fresh buffer half (1, 3, 5, 7), each
     # stale level (8 clusters): every draw keeps 2, 2, 4, 4 of them, whole and without
     # duplicates, and passes its kept reference clusters as the reference
-    import replayrl.data.staleness as st
+    import replayrl.design.staleness as st
 
     # d = 20 < n = 72 rows: no change of basis, so the rows seen are original rows
     g, s, c = synthetic(0.25, 0.5, 0, levels=3, groups=8, size=3, d=20)

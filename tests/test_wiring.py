@@ -29,10 +29,11 @@ from replayrl.algorithms import (
 )
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.rollout import Rollout
+from replayrl.design.auto import resolve_design
 from replayrl.learner.batching import collate
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner, token_logprobs
-from replayrl.recipes.sync import resolve_design, sync_step
+from replayrl.recipes.sync import sync_step
 from replayrl.rollout.generation import HFGenerator, SamplingParams
 from replayrl.run.entry import train
 from replayrl.run.metrics import Progress, read_metrics

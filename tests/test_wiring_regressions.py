@@ -20,8 +20,8 @@ import replayrl.recipes.sync as sync_recipe
 from replayrl.api.config import ReplayConfig
 from replayrl.api.trl_args import DIRECT, SPECIAL
 from replayrl.config.schema import Config, load_config
-from replayrl.data.design import closed_form_power_law
 from replayrl.data.rollout import Rollout
+from replayrl.design.theory import closed_form_power_law
 from replayrl.rollout.generation import HFGenerator, SamplingParams
 from replayrl.rollout.generation.sampling import top_p_keep
 from replayrl.run.components import build_window

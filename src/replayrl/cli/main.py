@@ -111,7 +111,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_design(args: argparse.Namespace) -> int:
-    from replayrl.data.design import design, format_report
+    from replayrl.design.theory import design, format_report
 
     report = design(
         args.mu,
@@ -123,7 +123,7 @@ def _cmd_design(args: argparse.Namespace) -> int:
     )
     print(format_report(report))
     if args.rollouts_per_step is not None:  # what `auto` would use: N >= R, y >= 1 unless allowed
-        from replayrl.data.design import feasible_design, format_feasible
+        from replayrl.design.theory import feasible_design, format_feasible
 
         fd = feasible_design(
             args.mu,

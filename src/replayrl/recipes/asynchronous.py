@@ -1,7 +1,7 @@
 """The asynchronous loop (async-local and ray): the learner side.
 
 Generators produce continuously with the last weights they were given; the learner pushes
-their deliveries into the run's batch source (`replayrl.data.batch_source`, the synchronous
+their deliveries into the run's batch source (`replayrl.data.sources.buffer`, the synchronous
 loop's: a buffer, or ReMix's fresh + window mix with reincarnation) and takes a step whenever
 the source can serve a batch. The loss, evaluation, metrics, checkpoints and summary are the
 synchronous session's.
@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from replayrl.config.schema import Config
 from replayrl.data.buffer import Buffer
-from replayrl.data.design import cost_ratio
 from replayrl.data.rollout import Rollout
+from replayrl.design.theory import cost_ratio
 from replayrl.distributed.worker import Delivery
 from replayrl.rollout.producer import Production
 from replayrl.run.accounting import RoleClock

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayrl.data.design import cost_ratio, gamma
+from replayrl.design.theory import cost_ratio, gamma
 
 BUFFER_KEYS = ("size", "evicted", "consumed", "dropped_stale", "pushed")
 

@@ -19,12 +19,12 @@ import torch
 
 from replayrl.algorithms import ADVANTAGES
 from replayrl.config.schema import Config
-from replayrl.data.ar3po import Ar3poSource, CorrectResponseStore
-from replayrl.data.batch_source import BatchSource, BufferSource, RemixSource
 from replayrl.data.buffer import Buffer, make_buffer
 from replayrl.data.buffer.groups import ScoredGroupBuffer
-from replayrl.data.exgrpo import ExgrpoSource, ExperienceStore
-from replayrl.data.group_sources import DynamicSamplingSource, GroupReplaySource
+from replayrl.data.sources.ar3po import Ar3poSource, CorrectResponseStore
+from replayrl.data.sources.buffer import BatchSource, BufferSource, RemixSource
+from replayrl.data.sources.exgrpo import ExgrpoSource, ExperienceStore
+from replayrl.data.sources.group_sources import DynamicSamplingSource, GroupReplaySource
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model

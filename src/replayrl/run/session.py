@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from replayrl.config.schema import Config, config_to_yaml
-from replayrl.data.batch_source import BatchSource
 from replayrl.data.buffer import Buffer, batch_stats
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.buffer import BatchSource
 from replayrl.errors import RunFailed, RunStopped
 from replayrl.models.loading import unwrap_model
 from replayrl.rollout.evaluation import evaluate_policy

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replayrl.config.schema import Config
-from replayrl.data.design import estimate_mu
+from replayrl.design.theory import estimate_mu
 from replayrl.run.accounting import RoleClock, ledger_stats, role_summary, rollout_ledger
 
 

@@ -55,7 +55,7 @@ import torch
 from transformers import TrainerCallback
 
 from replayrl.config.schema import Config, config_to_yaml, load_config
-from replayrl.data.design import cost_ratio, estimate_mu
+from replayrl.design.theory import cost_ratio, estimate_mu
 from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
 from replayrl.rollout.generation import HFGenerator
 from replayrl.rollout.producer import completion_for_reward

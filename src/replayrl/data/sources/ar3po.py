@@ -44,12 +44,12 @@ import torch
 
 from replayrl.algorithms.advantages import group_advantages
 from replayrl.config.schema import Ar3poConfig
-from replayrl.data.batch_source import BufferSource, Log
 from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
-from replayrl.data.group_sources import GROUP_STRIDE, GroupCounters, Production
 from replayrl.data.groups import split_groups
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.buffer import BufferSource, Log
+from replayrl.data.sources.group_sources import GROUP_STRIDE, GroupCounters, Production
 
 # (version, step, group_base, prompt texts again, completions per prompt) -> Production
 ProduceAgain = Callable[[int, int, int, list[str], int], Production]

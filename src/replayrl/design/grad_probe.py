@@ -1,5 +1,5 @@
 """Per-sample policy-gradient vectors, projected, for measuring alpha and rho of arXiv
-2604.08706's design (replayrl.data.staleness gives the definitions).
+2604.08706's design (replayrl.design.staleness gives the definitions).
 
 Each rollout's gradient is that of the learner's own policy loss (its `algorithm.loss_type`,
 clip and aggregation; no KL or entropy term: the design models the policy gradient's noise)

@@ -34,12 +34,12 @@ import torch
 
 from replayrl.algorithms.advantages import group_advantages
 from replayrl.config.schema import ExgrpoConfig
-from replayrl.data.batch_source import BufferSource, Log
 from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts, make_rng
-from replayrl.data.group_sources import GROUP_STRIDE, GroupCounters
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.buffer import BufferSource, Log
+from replayrl.data.sources.group_sources import GROUP_STRIDE, GroupCounters
 
 __all__ = [
     "ExgrpoSource",

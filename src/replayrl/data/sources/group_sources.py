@@ -26,12 +26,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from replayrl.config.schema import DynamicSamplingConfig, GroupReplayConfig
-from replayrl.data.batch_source import BufferSource, Log
 from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.buffer import BufferSource, Log
 
 GROUP_STRIDE = 1_000_000  # group ids of a step: step * stride + call offset + prompt index
 

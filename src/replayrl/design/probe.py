@@ -41,13 +41,13 @@ import torch
 
 from replayrl.config.schema import DESIGN_FALLBACK, Config
 from replayrl.data.rollout import Rollout
-from replayrl.data.staleness import (
+from replayrl.design.grad_probe import sample_gradients
+from replayrl.design.staleness import (
     MIN_LEVELS,
     AlphaRhoEstimate,
     bootstrap_alpha_rho,
     estimate_alpha_rho,
 )
-from replayrl.learner.grad_probe import sample_gradients
 from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
 from replayrl.models.loading import unwrap_model
 from replayrl.run.session import Session
