@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from replayrl.config.schema import Ar3poConfig, ConfigError, load_config
+from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.ar3po import (
+    Ar3poConfig,
     Ar3poSource,
     CorrectResponseStore,
     regroup,
@@ -284,7 +285,7 @@ def test_config_keys_reach_the_source() -> None:
     over = ["groups.ar3po.max_rounds=2", "groups.ar3po.stop_correct=3", "groups.ar3po.reuse=0"]
     over += ["groups.ar3po.store_per_prompt=5", "groups.ar3po.store_prompts=7"]
     over += ["groups.ar3po.reuse_logprobs=behaviour", "rollout.num_generations=3"]
-    src = build_batch_source(load_config("ar3po", over), OnPolicyQueue(), None)
+    src = build_batch_source(load_config("ar3po", over), OnPolicyQueue())
     assert isinstance(src, Ar3poSource)
     assert (src.ar.max_rounds, src.ar.stop_correct, src.ar.reuse) == (2, 3, 0)
     assert (src.store.per_prompt, src.store.max_prompts) == (5, 7)

@@ -1,6 +1,6 @@
-"""run/components.py builds AR3PO's and ExGRPO's batch sources from the config and the run's
-producer and learner: every argument reaches the source (issue 21, wiring found by mutation
-testing: a dropped `scale_rewards` or a producer argument passed as None trained silently)."""
+"""The batch-source registry builds AR3PO's and ExGRPO's sources from the config and the run's
+producer and learner: every argument reaches the source (wiring found by mutation testing: a
+dropped `scale_rewards` or a producer argument passed as None trained silently)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.base import make_rng
 from replayrl.data.sources.ar3po import Ar3poSource
 from replayrl.data.sources.exgrpo import ExgrpoSource
-from replayrl.run.components import build_ar3po, build_exgrpo_source
+from replayrl.run.components import build_batch_source
 
 
 class RecordingProducer:
@@ -23,6 +23,7 @@ class RecordingProducer:
         self.calls: list[tuple] = []
         self.samples: list[tuple] = []
         self.last_rows = {3: {"prompt": "1+2=", "answer": "3"}}
+        self.rows_by_text = {"again": {"prompt": "again"}}
         self.prompt_rng = object()
         self.task = SimpleNamespace(sample_train=self._sample_train)
 
@@ -47,16 +48,16 @@ def test_build_ar3po_passes_config_and_every_produce_argument():
         ],
     )
     producer = RecordingProducer()
-    src = build_ar3po(cfg, OnPolicyQueue(), producer)  # type: ignore[arg-type]
+    src = build_batch_source(cfg, OnPolicyQueue(), producer)  # type: ignore[arg-type]
     assert isinstance(src, Ar3poSource)
     assert (src.per_round, src.prompts_per_call, src.epochs) == (3, 5, 2)
     assert src.scale_rewards is True and src.ar is cfg.groups.ar3po
     assert (src.store.per_prompt, src.store.max_prompts) == (2, 7)
     src.produce(11, 12, 13, ["again"], 4)
-    assert producer.calls == [((11, 12, 13, ["again"], 4), {})]
+    assert producer.calls == [((11, 12, 13), {"rows": [{"prompt": "again"}], "num_generations": 4})]
     off = load_config("ar3po", ["algorithm.scale_rewards=false"])
-    assert build_ar3po(off, OnPolicyQueue(), None).scale_rewards is False
-    assert build_ar3po(off, OnPolicyQueue(), None).produce is None
+    assert build_batch_source(off, OnPolicyQueue(), None).scale_rewards is False
+    assert build_batch_source(off, OnPolicyQueue(), None).produce is None
 
 
 def test_build_exgrpo_source_wires_producer_learner_and_config():
@@ -72,7 +73,7 @@ def test_build_exgrpo_source_wires_producer_learner_and_config():
     )
     producer = RecordingProducer()
     learner = SimpleNamespace(mean_entropies=lambda rollouts: [0.0] * len(rollouts))
-    src = build_exgrpo_source(cfg, OnPolicyQueue(), producer, learner)  # type: ignore[arg-type]
+    src = build_batch_source(cfg, OnPolicyQueue(), producer, learner)  # type: ignore[arg-type]
     assert isinstance(src, ExgrpoSource)
     assert src.produce == producer.produce and src.entropies == learner.mean_entropies
     assert src.rows() == producer.last_rows
@@ -84,15 +85,15 @@ def test_build_exgrpo_source_wires_producer_learner_and_config():
     # its own generator, seeded train.seed + 4 (not the run's stream)
     assert np.array_equal(src.rng.integers(0, 1 << 30, 8), make_rng(9).integers(0, 1 << 30, 8))
 
-    bare = build_exgrpo_source(
+    bare = build_batch_source(
         load_config("exgrpo", ["algorithm.scale_rewards=false"]), OnPolicyQueue(), None, None
     )
     assert bare.produce is None and bare.entropies is None and bare.scale_rewards is False
     assert bare.rows() == {} and bare.sample_rows(3) == []
 
 
-# build_components / build_producer / build_window over a real tiny run (issue 21: survivors
-# of a random sample of the wiring scope's mutants, fourth session)
+# build_components / build_producer / remix_window over a real tiny run (survivors of a
+# random sample of the wiring scope's mutants)
 
 
 def test_build_components_wires_config_learner_and_system_prompt(tmp_path):
@@ -134,11 +135,11 @@ def test_remix_window_draws_from_the_runs_seed():
     import torch
 
     from replayrl.data.rollout import Rollout
-    from replayrl.run.components import build_window
+    from replayrl.data.sources.buffer import remix_window
 
     def window(seed: int):
         cfg = load_config("remix-grpo", [f"train.seed={seed}"])
-        w = build_window(cfg)
+        w = remix_window(cfg)
         assert w is not None and w.capacity == cfg.remix.num_policies * cfg.rollouts_per_step
         w.push(
             [

@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 import torch
 
-import replayrl.recipes.sync as sync_recipe
+import replayrl.design.auto as design_auto
 from replayrl.algorithms import ADVANTAGES, group_advantages
 from replayrl.config.schema import Config, load_config
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.buffer import remix_window
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import build_tiny_model
@@ -34,7 +35,7 @@ from replayrl.rollout.producer import RolloutProducer
 from replayrl.rollout.prompts import PromptRenderer
 from replayrl.rollout.rewards import resolve_rewards
 from replayrl.rollout.tasks import task_from_config
-from replayrl.run.components import build_batch_source, build_buffer, build_window
+from replayrl.run.components import build_batch_source, build_buffer
 
 R_OVERRIDES = ("rollout.prompts_per_step=2", "rollout.num_generations=4")  # R = 8
 REMIX = ("remix.enabled=true", "algorithm.loss_type=mix_ppg", "remix.reincarnation_step=2")
@@ -58,10 +59,10 @@ def observe_data(cfg: Config, _: Any) -> Any:
     buf = build_buffer(cfg)
     buf.push([_rollout(i, i // 8) for i in range(24)])
     draws = [[r.group_id for r in buf.sample(6, current_version=3)] for _ in range(2)]
-    window = build_window(cfg)
+    window = remix_window(cfg) if cfg.remix.enabled else None
     if window is not None:
         window.push([_rollout(i, i // R) for i in range(5 * R)])
-    source = build_batch_source(cfg, build_buffer(cfg), build_window(cfg))
+    source = build_batch_source(cfg, build_buffer(cfg))
     counters = SimpleNamespace(step=0, reincarnation_step=None, retire=lambda b: None)
     learner = SimpleNamespace(reincarnate=lambda: None)
     batches = []
@@ -160,7 +161,7 @@ def observe_learner(cfg: Config, ctx: Any) -> Any:
 
 def observe_design(cfg: Config, _: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """`auto` N and B from a fixed mu = 4 (the warm-up's timing would make it noisy)."""
-    monkeypatch.setattr(sync_recipe, "estimate_mu", lambda mus: 4.0)
+    monkeypatch.setattr(design_auto, "estimate_mu", lambda mus: 4.0)
     produced = []
 
     def produce():
@@ -174,7 +175,7 @@ def observe_design(cfg: Config, _: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
         counters=SimpleNamespace(generation_seconds=0.0),
         log=lambda _: None,
     )
-    new, _, record = sync_recipe.auto_design(s)  # type: ignore[arg-type]
+    new, _, record = design_auto.auto_design(s)  # type: ignore[arg-type]
     return new.buffer.capacity, new.batch_size, len(produced)
 
 

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from replayrl.algorithms.exgrpo_loss import exgrpo_loss, policy_shaping
-from replayrl.config.schema import ConfigError, ExgrpoConfig, load_config
+from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.groups import Group
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.exgrpo import (
+    ExgrpoConfig,
     ExgrpoSource,
     ExperienceStore,
     bucket_counts,
@@ -391,7 +392,7 @@ def test_config_keys_reach_the_exgrpo_source() -> None:
     over += ["groups.exgrpo.start_accuracy=0.5", "groups.exgrpo.shaping_beta=0.3"]
     over += ["groups.exgrpo.store_per_question=3", "groups.exgrpo.store_questions=5"]
     cfg = load_config("exgrpo", over)
-    src = build_batch_source(cfg, OnPolicyQueue(), None)
+    src = build_batch_source(cfg, OnPolicyQueue())
     assert (src.store.per_question, src.store.max_questions) == (3, 5)
     assert isinstance(src, ExgrpoSource) and src.produce is None and src.entropies is None
     assert (src.ex.ratio, src.ex.selection, src.ex.sigma) == (0.25, "random", 2.0)

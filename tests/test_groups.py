@@ -12,19 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from replayrl.config.schema import (
-    ConfigError,
-    DynamicSamplingConfig,
-    GroupReplayConfig,
-    load_config,
-)
+from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, QuestionHistory, reward_std, split_groups
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import BufferSource
 from replayrl.data.sources.group_sources import (
+    DynamicSamplingConfig,
     DynamicSamplingSource,
+    GroupReplayConfig,
     GroupReplaySource,
     select_signal_groups,
 )
@@ -415,15 +412,15 @@ def test_config_keys_reach_the_sources() -> None:
         "dapo",
         ["groups.dynamic_sampling.train_prompts=3", "groups.dynamic_sampling.max_rounds=5"],
     )
-    ds = build_batch_source(cfg, OnPolicyQueue(), None)
+    ds = build_batch_source(cfg, OnPolicyQueue())
     assert isinstance(ds, DynamicSamplingSource)
     assert (ds.train_prompts, ds.prompts_per_call, ds.ds.max_rounds) == (3, 16, 5)
     assert ds.produce is None  # no producer given: trains on the first call's groups
     over = ["groups.group_replay.capacity=5", "groups.group_replay.include_current=false"]
-    gr = build_batch_source(load_config("group-replay", over), OnPolicyQueue(), None)
+    gr = build_batch_source(load_config("group-replay", over), OnPolicyQueue())
     assert isinstance(gr, GroupReplaySource)
     assert gr.store.capacity == 5 and not gr.gr.include_current
-    assert isinstance(build_batch_source(load_config("grpo"), OnPolicyQueue(), None), BufferSource)
+    assert isinstance(build_batch_source(load_config("grpo"), OnPolicyQueue()), BufferSource)
 
 
 def test_zero_std_tol_decides_which_groups_are_replaced() -> None:

@@ -93,7 +93,7 @@ def test_a_loss_gets_exactly_its_declared_knobs_and_unknown_names_are_refused() 
 
     try:
         spec = POLICY_LOSSES.get("knob_probe")
-        assert spec.inputs == ("rewards",) and spec.knobs == ("epsilon",)
+        assert spec.inputs == ("rewards",) and spec.knobs == {"epsilon": "algorithm.epsilon"}
         t = torch.zeros(1, 1)
         call_policy_loss(
             "knob_probe",

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 import torch
 
-import replayrl.recipes.sync as sync_recipe
+import replayrl.design.auto as design_auto
 from replayrl.api.config import ReplayConfig
 from replayrl.api.trl_args import DIRECT, SPECIAL
 from replayrl.config.schema import Config, load_config
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.buffer import remix_window
 from replayrl.design.theory import closed_form_power_law
 from replayrl.rollout.generation import HFGenerator, SamplingParams
 from replayrl.rollout.generation.sampling import top_p_keep
-from replayrl.run.components import build_window
 
 
 def _rollout(i: int, version: int) -> Rollout:
@@ -40,7 +40,7 @@ def test_auto_design_puts_x_star_r_in_the_buffer_and_y_star_r_in_the_batch(
     # closed form's x* = 0.96 < 1 is clamped to the feasible x = 1 (N = R = 8), and y at x = 1
     # is sqrt(mu / (rho + 1/x)) = sqrt(5.3 / 1.5) = 1.88, so B = round(1.88 * 8) = 15
     mu, R = 5.3, 8
-    monkeypatch.setattr(sync_recipe, "estimate_mu", lambda mus: mu)
+    monkeypatch.setattr(design_auto, "estimate_mu", lambda mus: mu)
     cfg = load_config(
         None,
         [
@@ -62,7 +62,7 @@ def test_auto_design_puts_x_star_r_in_the_buffer_and_y_star_r_in_the_batch(
         counters=SimpleNamespace(generation_seconds=0.0),
         log=lambda _: None,
     )
-    new, warmup, record = sync_recipe.auto_design(s)  # type: ignore[arg-type]
+    new, warmup, record = design_auto.auto_design(s)  # type: ignore[arg-type]
     x_free, _ = closed_form_power_law(mu, 0.25, 0.5)
     assert x_free < 1  # so the buffer is clamped to one step
     y = math.sqrt(mu / (0.5 + 1 / 1.0))  # at the feasible x = 1
@@ -89,7 +89,7 @@ def test_remix_window_holds_the_last_n_pol_policies_rollouts(n_pol: int) -> None
             f"remix.num_policies={n_pol}",
         ],
     )
-    window = build_window(cfg)
+    window = remix_window(cfg) if cfg.remix.enabled else None
     assert window is not None
     for step in range(5):  # 5 policies' rollouts pushed: only the last N_pol stay
         window.push([_rollout(i, step) for i in range(R)])

@@ -28,7 +28,16 @@ def policy_shaping(w: torch.Tensor, beta: float) -> torch.Tensor:
 
 
 @register_policy_loss(
-    "exgrpo", inputs=("stale",), knobs=("epsilon", "epsilon_high", "shaping_beta")
+    "exgrpo",
+    inputs=("stale",),
+    knobs={
+        "epsilon": "algorithm.epsilon",
+        "epsilon_high": "algorithm.epsilon_high",
+        "shaping_beta": "groups.exgrpo.shaping_beta",
+    },
+    requires={"groups.source": "exgrpo"},
+    why="it shapes every stale rollout's ratio (f(w) A, not clipped), which is ExGRPO's "
+    "objective for its replayed trajectories only; use another loss here (e.g. grpo_clip)",
 )
 def exgrpo_loss(
     logprobs: torch.Tensor,

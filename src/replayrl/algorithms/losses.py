@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,33 +20,53 @@ from replayrl.algorithms.registry import Registry
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
-# tensors a loss may ask for besides (logprobs, old_logprobs, advantages, mask), and the
-# config knobs it may take; a loss receives exactly the ones it declares
+# tensors a loss may ask for besides (logprobs, old_logprobs, advantages, mask)
 LOSS_INPUTS = ("anchor_logprobs", "rewards", "baselines", "stale")
-LOSS_KNOBS = ("epsilon", "epsilon_high", "delta_v", "shaping_beta")
+# the knobs every loss may take by name, and the config key each reads; a loss with settings
+# of its own declares them as {keyword: dotted config key} (loss exgrpo: its shaping beta)
+SHARED_KNOBS = {
+    "epsilon": "algorithm.epsilon",
+    "epsilon_high": "algorithm.epsilon_high",
+    "delta_v": "algorithm.asymre_delta_v",
+}
 
 
 @dataclass(frozen=True)
 class LossSpec:
+    """`knobs`: keyword -> the dotted config key it is read from; `requires`: config keys
+    that must hold these values for the loss to mean what it says (`why`: the reason)."""
+
     fn: PolicyLoss
     inputs: tuple[str, ...] = ()
-    knobs: tuple[str, ...] = ()
+    knobs: dict[str, str] = field(default_factory=dict)
+    requires: dict[str, str] = field(default_factory=dict)
+    why: str = ""
 
 
 POLICY_LOSSES: Registry[LossSpec] = Registry("loss", "algorithm.loss_type")
 
 
 def register_policy_loss(
-    name: str, inputs: tuple[str, ...] = (), knobs: tuple[str, ...] = ()
+    name: str,
+    inputs: tuple[str, ...] = (),
+    knobs: tuple[str, ...] | dict[str, str] = (),
+    requires: dict[str, str] | None = None,
+    why: str = "",
 ) -> Callable[[PolicyLoss], PolicyLoss]:
     """Register `fn(logprobs, old_logprobs, advantages, mask, *, loss_agg, normaliser,
-    **declared inputs and knobs)`; undeclared names are errors, not silently dropped."""
-    unknown = [k for k in (*inputs, *knobs) if k not in (*LOSS_INPUTS, *LOSS_KNOBS)]
+    **declared inputs and knobs)`; undeclared names are errors, not silently dropped.
+    `knobs`: names of `SHARED_KNOBS`, or {keyword: config key} for the loss's own settings."""
+    own = dict(knobs) if isinstance(knobs, dict) else {}
+    shared = [k for k in knobs if k not in own]
+    unknown = [k for k in inputs if k not in LOSS_INPUTS] + [
+        k for k in shared if k not in SHARED_KNOBS
+    ]
     if unknown:
         raise ValueError(f"policy loss {name!r}: unknown inputs/knobs {unknown}")
+    resolved = {k: SHARED_KNOBS[k] for k in shared} | own
 
     def deco(fn: PolicyLoss) -> PolicyLoss:
-        POLICY_LOSSES.add(name, LossSpec(fn, tuple(inputs), tuple(knobs)))
+        POLICY_LOSSES.add(name, LossSpec(fn, tuple(inputs), resolved, dict(requires or {}), why))
         return fn
 
     return deco

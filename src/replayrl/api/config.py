@@ -14,7 +14,14 @@ from pydantic import BaseModel
 
 from replayrl.api import trl_args
 from replayrl.api.trl_args import Translation
-from replayrl.config.schema import Config, ConfigError, apply_overrides, build_config, load_yaml
+from replayrl.config.schema import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    build_config,
+    load_yaml,
+    section_fields,
+)
 
 # paper 1's replay ratio y = B / R and staleness horizon x = N / R -> B and N for R rollouts a step
 # paper 1's ratios by name: they set the config's ratio keys, and the absolute size they
@@ -25,8 +32,7 @@ PAPER_TERMS = {"replay_ratio": "train.batch_size", "staleness_horizon": "buffer.
 def _config_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
     """Every dotted key of the config schema (`train.lr`, `buffer.capacity`, ...)."""
     keys = []
-    for name, f in model.model_fields.items():
-        sub = f.annotation
+    for name, sub in section_fields(model).items():
         if isinstance(sub, type) and issubclass(sub, BaseModel):
             keys += _config_keys(sub, f"{prefix}{name}.")
         else:

@@ -17,12 +17,25 @@ from typing import Any
 from pydantic import BaseModel
 
 from replayrl.config import schema
-from replayrl.config.schema import Config
+from replayrl.config.schema import Config, section_fields
 
 
 def _comments() -> dict[tuple[str, str], str]:
-    """(class name, field name) -> the comment beside the field, or the block just above it."""
-    source = inspect.getsource(schema)
+    """(class name, field name) -> the comment beside the field, or the block just above it,
+    in config/schema.py and in the modules of the registered methods' own sections."""
+    modules = {schema} | {
+        inspect.getmodule(sub)
+        for sub in section_fields(schema.GroupsConfig).values()
+        if isinstance(sub, type) and issubclass(sub, BaseModel)
+    }
+    out: dict[tuple[str, str], str] = {}
+    for module in modules:
+        if module is not None:
+            out |= _module_comments(inspect.getsource(module))
+    return out
+
+
+def _module_comments(source: str) -> dict[tuple[str, str], str]:
     by_line: dict[int, str] = {}  # trailing comments
     alone: dict[int, str] = {}  # comment-only lines
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -54,11 +67,11 @@ def key_docs(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, str
     out: dict[str, str] = {}
 
     def walk(m: type[BaseModel], pre: str) -> None:
-        for name, f in m.model_fields.items():
-            sub = f.annotation
+        for name, sub in section_fields(m).items():
             if isinstance(sub, type) and issubclass(sub, BaseModel):
                 walk(sub, f"{pre}{name}.")
                 continue
+            f = m.model_fields[name]
             out[f"{pre}{name}"] = f.description or comments.get((m.__name__, name), "")
 
     walk(model, prefix)
@@ -104,5 +117,5 @@ def _field(key: str) -> Any:
     model: Any = Config
     parts = key.split(".")
     for part in parts[:-1]:
-        model = model.model_fields[part].annotation
+        model = section_fields(model)[part]
     return model.model_fields[parts[-1]]

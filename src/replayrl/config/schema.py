@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -18,51 +18,27 @@ from pydantic import (
     Field,
     PositiveInt,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from replayrl.config.registries import BATCH_SOURCES, TASKS
+from replayrl.config.section import Section
 
 
 class ConfigError(ValueError):
     """A bad config key or value; the message names the key and the value."""
 
 
-def _takes_bool(annotation: Any) -> bool:
-    """Whether a field's type admits a bool (bool itself, Any, or a union/Literal with one)."""
-    if annotation is bool or annotation is Any:
-        return True
-    args = get_args(annotation)
-    if get_origin(annotation) is Literal:
-        return any(isinstance(a, bool) for a in args)
-    return any(_takes_bool(a) for a in args)
+def config_value(cfg: BaseModel, key: str) -> Any:
+    """The value of dotted key `key` (`groups.exgrpo.shaping_beta`) in `cfg`."""
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
 
 
-def _wants_number(annotation: Any) -> bool:
-    if annotation in (int, float):
-        return True
-    return any(_wants_number(a) for a in get_args(annotation))
-
-
-class _Section(BaseModel):
-    # numbers accepted where text is expected: `logging.name=2024` is a name, not an error;
-    # NaN and inf are never a meaningful setting (allow_inf_nan=False)
-    model_config = ConfigDict(
-        extra="forbid",
-        validate_assignment=True,
-        coerce_numbers_to_str=True,
-        allow_inf_nan=False,
-    )
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic takes true as 1 for an int field: `train.steps=true` would train 1 step
-        if isinstance(value, bool) and info.field_name in cls.model_fields:
-            annotation = cls.model_fields[info.field_name].annotation
-            if _wants_number(annotation) and not _takes_bool(annotation):
-                raise ValueError(f"expected a number, not the boolean {str(value).lower()}")
-        return value
+_Section = Section  # every section of the schema (config/section.py)
 
 
 class TinyModelConfig(_Section):
@@ -183,7 +159,11 @@ class TaskConfig(_Section):
     # arithmetic: the built-in generated task; dataset: rows from a local file (`path`);
     # reasoning: built-in written-out arithmetic (long traces, final answer after `#`);
     # reasoning_gym: reasoning-gym's generated tasks (`reasoning_gym`)
-    name: Literal["arithmetic", "dataset", "reasoning", "reasoning_gym"] = "arithmetic"
+    name: str = Field(
+        "arithmetic",
+        description="the task (a `TASKS` registry name: arithmetic, dataset, reasoning, "
+        "reasoning_gym, or one a plugin registers)",
+    )
     digits: int = Field(2, ge=1, le=9)  # arithmetic's difficulty knob: digits per operand
     # reasoning (tasks/reasoning.py): the operation, operand lengths min_digits..digits, and
     # the number of terms of a chain
@@ -204,11 +184,11 @@ class TaskConfig(_Section):
     reasoning_gym: ReasoningGymConfig = ReasoningGymConfig()
 
     @model_validator(mode="after")
-    def _dataset_needs_path(self) -> TaskConfig:
-        if self.name == "dataset" and not self.path:
-            raise ValueError("task.path must name a local data file for task.name=dataset")
-        if self.name == "reasoning_gym" and not self.reasoning_gym.datasets:
-            raise ValueError("task.reasoning_gym.datasets must name at least one dataset")
+    def _task_checks(self) -> TaskConfig:
+        """The named task's own rules (its registry entry's `check`)."""
+        spec = TASKS.get(self.name)
+        if spec.check is not None:
+            spec.check(self)
         return self
 
 
@@ -476,103 +456,67 @@ class RemixConfig(_Section):
     utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
 
 
-class DynamicSamplingConfig(_Section):
-    """DAPO's dynamic sampling (arXiv 2503.14476, Algorithm 1 lines 4-8): groups whose rewards
-    are all equal are dropped and generation continues until the batch holds `train_prompts`
-    groups with reward variance."""
-
-    # groups per training batch (the paper's prompt batch size N); None = rollout.prompts_per_step
-    train_prompts: int | None = Field(None, ge=1)
-    # generation calls of rollout.prompts_per_step prompts per step, the first included. The
-    # paper samples until full; verl caps it (max_num_gen_batches) and raises when exceeded.
-    # Not specified: our choice: a cap, after which the step trains on the groups it has
-    # (counted in dynamic_sampling/short_steps) instead of stopping the run
-    max_rounds: int = Field(8, ge=1)
-    # a group is kept when its reward std > std_tol (0: any variance)
-    std_tol: float = Field(0.0, ge=0)
-    # surplus groups with variance from a step's last call: dropped (false, as verl's recipe:
-    # counted as filtered_surplus) or trained first at the next step, one policy version old
-    # (behaviour log-probs stored; clipped ratio). Not specified: our choice, off by default
-    carry_surplus: bool = False
-
-
-class GroupReplayConfig(_Section):
-    """TRL's former GRPOWithReplayBufferTrainer (TRL 0.2x experimental, removed by PR #7132):
-    groups of a batch with zero reward std are replaced by stored groups that had high reward
-    spread, sampled by score."""
-
-    capacity: int = Field(64, ge=1)  # groups kept (TRL's replay_buffer_size, default 64)
-    # TRL adds the batch's own variance groups to the store before drawing replacements, so a
-    # replacement can repeat a group of the same batch; false draws only from earlier steps.
-    # Not specified as a knob in TRL: our choice to expose it (default: TRL's order)
-    include_current: bool = True
-    # replayed groups train with their stored behaviour log-probs and stored advantages
-    # (importance ratio to the current policy, clipped as any other token). TRL used the
-    # trainer's old log-probs when it had them and none otherwise. Not specified: our choice
-    # a group whose std is <= zero_std_tol counts as zero-std (TRL: torch.isclose(std, 0))
-    zero_std_tol: float = Field(1e-8, ge=0)
-
-
-class Ar3poConfig(_Section):
-    """AR3PO (arXiv 2509.25808; data/ar3po.py): adaptive rollout in rounds of
-    rollout.num_generations responses per prompt, and reuse of a stored correct response for
-    a group with none."""
-
-    # rounds per step, the loop's first call included: a prompt gets at most
-    # max_rounds x rollout.num_generations responses (the paper's cap on stages; its value
-    # here is not specified: our choice)
-    max_rounds: int = Field(4, ge=1)
-    # a prompt stops receiving responses once it has this many correct ones (the paper: one)
-    stop_correct: int = Field(1, ge=1)
-    # stored correct responses reused per group without a correct one; 0 = adaptive rollout only
-    reuse: int = Field(1, ge=0)
-    # correct responses kept per prompt (newest kept) and prompts kept (least recently
-    # updated dropped first). Not specified: our choice
-    store_per_prompt: int = Field(1, ge=1)
-    store_prompts: int = Field(10_000, ge=1)
-    # a reused response's old log-probs: current = the policy's at the step it is reused
-    # (ratio 1 at the first pass, trained as if pi_old had sampled it); behaviour = those
-    # stored when it was generated (true importance ratio, clipped as any token). Not
-    # specified in what we could read of the paper: our choice, configurable
-    reuse_logprobs: Literal["current", "behaviour"] = "current"
-
-
-class ExgrpoConfig(_Section):
-    """ExGRPO (arXiv 2510.02245; data/exgrpo.py): per-question experience of successful
-    trajectories, bucketed replay preferring medium difficulty, lowest-entropy selection,
-    retirement of always-solved questions, and a mixed batch/objective."""
-
-    # rho: share of a batch's questions replayed from experience (the paper's 0.5);
-    # rollout.prompts_per_step is the fresh share, so a batch has prompts_per_step / (1 - rho)
-    ratio: float = Field(0.5, ge=0, lt=1)
-    # the Gaussian bucket weight's sigma on the count scale (k of K correct; the code's 1)
-    sigma: float = Field(1.0, gt=0)
-    # entropy: the lowest-entropy successful trajectory (the paper); random: the code's ablation
-    selection: Literal["entropy", "random"] = "entropy"
-    # the code's delayed start: mixing and collection begin after the first step whose fresh
-    # accuracy reaches this (its run script: > 0.35; ours >= so that 0 starts at once)
-    start_accuracy: float = Field(0.35, ge=0, le=1)
-    # beta of the policy shaping f(w) = w / (w + beta) on replayed tokens (loss exgrpo; 0.1)
-    shaping_beta: float = Field(0.1, gt=0)
-    # the experience store's bounds (the paper keeps every success; not specified: our
-    # choice): distinct successful trajectories kept per question (oldest dropped first; the
-    # entropy selection scores each) and questions kept (least recently stored dropped first).
-    # Large enough not to bind in the presets' 80-step runs
-    store_per_question: int = Field(64, ge=1)
-    store_questions: int = Field(10_000, ge=1)
-
-
 class GroupsConfig(_Section):
-    """Group-level batch sources (issue 25; data/group_sources.py): what the learner trains
-    on is decided per group (a prompt and its G completions), not per rollout."""
+    """Where each step's training batch comes from (`groups.source`, a `BATCH_SOURCES` name)
+    and every registered source's own section (`groups.ar3po`, `groups.exgrpo`, ...), each
+    validated by the model its source declares (`replayrl.data.sources`)."""
 
-    # none: the buffer's batches; dynamic_sampling: DAPO; group_replay: TRL's replay trainer;
-    # ar3po: AR3PO's adaptive rollout and response reuse; exgrpo: ExGRPO's experience replay
-    source: Literal["none", "dynamic_sampling", "group_replay", "ar3po", "exgrpo"] = "none"
-    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
-    group_replay: GroupReplayConfig = GroupReplayConfig()
-    ar3po: Ar3poConfig = Ar3poConfig()
-    exgrpo: ExgrpoConfig = ExgrpoConfig()  # source exgrpo: ExGRPO (arXiv 2510.02245)
+    model_config = ConfigDict(extra="allow")
+
+    source: str = Field(
+        "none",
+        description="the batch source: none (the buffer's batches; ReMix's mix when "
+        "remix.enabled), dynamic_sampling (DAPO), group_replay, ar3po, exgrpo, repo, or one "
+        "a plugin registers",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registered_sections(cls, data: Any) -> Any:
+        """Check the source's name, and validate each registered source's section (its
+        defaults where not given); a section no source owns is an unknown key."""
+        if isinstance(data, BaseModel):
+            data = data.model_dump()
+        data = dict(data or {})
+        BATCH_SOURCES.check(str(data.get("source", "none")))
+        for key in data:
+            if key != "source" and key not in BATCH_SOURCES:
+                raise ValueError(
+                    f"groups.{key}: no batch source of that name has settings "
+                    f"(registered: {', '.join(BATCH_SOURCES)})"
+                )
+        for name in BATCH_SOURCES:
+            section = BATCH_SOURCES.get(name).config
+            if section is None:
+                continue
+            given = data.get(name, {})
+            try:
+                data[name] = given if isinstance(given, section) else section.model_validate(given)
+            except ValidationError as exc:
+                raise ValueError(_nested_errors(f"groups.{name}", exc)) from None
+        return data
+
+    def section(self, name: str) -> Any:
+        """The validated section of batch source `name` (None if it declares none)."""
+        return (self.model_extra or {}).get(name)
+
+
+def section_fields(model: type[BaseModel]) -> dict[str, Any]:
+    """A section's sub-fields by name -> annotation (a model for nested sections), with the
+    registered batch sources' own sections under `groups`."""
+    fields: dict[str, Any] = {n: f.annotation for n, f in model.model_fields.items()}
+    if model is GroupsConfig:
+        for name in BATCH_SOURCES:
+            spec = BATCH_SOURCES.get(name)
+            if spec.config is not None:
+                fields[name] = spec.config
+    return fields
+
+
+def _nested_errors(prefix: str, exc: ValidationError) -> str:
+    return "; ".join(
+        f"{prefix}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+    )
 
 
 class CriticConfig(_Section):
@@ -757,34 +701,27 @@ class Config(_Section):
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
-        self._check_exgrpo_pair()
-        if self.groups.source != "none":
-            self._check_groups()
+        self._check_loss_requirements()
+        source = BATCH_SOURCES.get(self.groups.source)
+        if source.check is not None:
+            source.check(self)  # the method's own rules, next to its code
         self._check_signal()  # after the group checks: theirs name the cause more precisely
         if self.runtime != "sync":
             self._check_async()
         return self
 
-    def _check_exgrpo_pair(self) -> None:
-        """Loss `exgrpo` shapes every stale token's ratio (f(w) A, unclipped): meant for
-        ExGRPO's replayed trajectories, it would silently change the objective of any other
-        stale rollout (a replay buffer's, AR3PO's reused copies, async lag): refused without
-        groups.source=exgrpo. The source with another loss trains its replayed trajectories
-        under that loss (e.g. clipped, the paper's ablation without policy shaping): allowed,
-        with a warning, since it is not ExGRPO's objective."""
-        loss, src = self.algorithm.loss_type, self.groups.source
-        if loss == "exgrpo" and src != "exgrpo":
-            raise ValueError(
-                f"algorithm.loss_type=exgrpo needs groups.source=exgrpo (got {src}): it shapes "
-                "every stale rollout's ratio (f(w) A, not clipped), which is ExGRPO's objective "
-                "for its replayed trajectories only; use another loss here (e.g. grpo_clip)"
-            )
-        if src == "exgrpo" and loss != "exgrpo":
-            warnings.warn(
-                f"groups.source=exgrpo with algorithm.loss_type={loss}: replayed trajectories "
-                f"are trained under {loss}, without ExGRPO's policy shaping (loss exgrpo)",
-                stacklevel=2,
-            )
+    def _check_loss_requirements(self) -> None:
+        """A loss that is only meant for one setting (its registry entry's `requires`)."""
+        from replayrl.algorithms import POLICY_LOSSES  # lazy: torch
+
+        spec = POLICY_LOSSES.get(self.algorithm.loss_type)
+        for key, wanted in spec.requires.items():
+            value = config_value(self, key)
+            if value != wanted:
+                raise ValueError(
+                    f"algorithm.loss_type={self.algorithm.loss_type} needs {key}={wanted} "
+                    f"(got {value}): {spec.why}"
+                )
 
     def _check_signal(self) -> None:
         """Settings that would train nothing, or less than the log says, are refused."""
@@ -803,81 +740,6 @@ class Config(_Section):
                     f"{cap}: batches would be capped at {cap} rollouts; raise the capacity, "
                     "lower the batch size, or set buffer.with_replacement=true"
                 )
-
-    def _check_groups(self) -> None:
-        """Group sources decide a step's batch themselves, from fresh on-policy groups."""
-        src = self.groups.source
-        if self.runtime != "sync":
-            raise ValueError(f"groups.source={src} needs runtime=sync (got {self.runtime})")
-        if self.buffer.kind != "onpolicy" or self.remix.enabled:
-            raise ValueError(f"groups.source={src} needs buffer.kind=onpolicy and no remix")
-        if self.algorithm.advantage != "grpo":
-            raise ValueError(f"groups.source={src} needs algorithm.advantage=grpo")
-        if src == "dynamic_sampling":
-            ds, r = self.groups.dynamic_sampling, self.rollout
-            n = ds.train_prompts or r.prompts_per_step
-            if self.train.batch_size is not None and self.train.batch_size != n * r.num_generations:
-                raise ValueError(
-                    f"train.batch_size={self.train.batch_size}: dynamic sampling trains on "
-                    f"groups.dynamic_sampling.train_prompts x rollout.num_generations = "
-                    f"{n * r.num_generations} rollouts (leave train.batch_size unset)"
-                )
-            cap = self.buffer.capacity
-            if isinstance(cap, int) and cap < n * r.num_generations:
-                raise ValueError(
-                    f"buffer.capacity={cap} is smaller than the {n * r.num_generations} rollouts "
-                    "dynamic sampling trains on each step (train_prompts x num_generations): "
-                    "the queue would evict part of the batch"
-                )
-            if ds.max_rounds * r.prompts_per_step >= 1_000_000:
-                raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
-        elif src == "ar3po":
-            self._check_ar3po()
-        elif src == "exgrpo":
-            if self.train.batch_size is not None:
-                raise ValueError(
-                    "groups.source=exgrpo sizes its own batch (rollout.prompts_per_step / "
-                    "(1 - groups.exgrpo.ratio) groups): leave train.batch_size unset"
-                )
-            cap, ex = self.buffer.capacity, self.groups.exgrpo
-            n = (
-                self.rollouts_per_step
-                + round(self.rollout.prompts_per_step * ex.ratio / (1 - ex.ratio))
-                * self.rollout.num_generations
-            )
-            if isinstance(cap, int) and cap < n:
-                raise ValueError(
-                    f"buffer.capacity={cap} is smaller than the fresh rollouts an ExGRPO step can "
-                    f"train (up to {n}): the queue would evict part of the batch"
-                )
-        elif self.train.batch_size not in (None, self.rollouts_per_step):
-            raise ValueError(
-                f"train.batch_size={self.train.batch_size}: group replay trains on the step's "
-                f"R = {self.rollouts_per_step} rollouts (leave train.batch_size unset)"
-            )
-
-    def _check_ar3po(self) -> None:
-        a, r = self.groups.ar3po, self.rollout
-        most = r.prompts_per_step * (a.max_rounds * r.num_generations + a.reuse)
-        if a.reuse > a.store_per_prompt:
-            raise ValueError(
-                f"groups.ar3po.reuse={a.reuse} is more than the {a.store_per_prompt} correct "
-                "responses kept per prompt (groups.ar3po.store_per_prompt): at most that many "
-                "could be reused; raise store_per_prompt or lower reuse"
-            )
-        if self.train.batch_size is not None:
-            raise ValueError(
-                f"train.batch_size={self.train.batch_size}: AR3PO trains on every response of "
-                "the step's rounds plus reused ones (leave train.batch_size unset)"
-            )
-        cap = self.buffer.capacity
-        if isinstance(cap, int) and cap < most:
-            raise ValueError(
-                f"buffer.capacity={cap} is smaller than the {most} rollouts an AR3PO step can "
-                "train on (prompts_per_step x (max_rounds x num_generations + reuse))"
-            )
-        if a.max_rounds * r.prompts_per_step >= 1_000_000:
-            raise ValueError("groups.ar3po.max_rounds x prompts_per_step >= 1e6")
 
     def _check_async(self) -> None:
         rt, w = self.runtime, self.workers
@@ -919,6 +781,10 @@ def _format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if key != "<root>" and msg.startswith(key + "."):
+            lines.append(f"  {msg}")  # a registered section's own error, naming its key
+            continue
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         lines.append(f"  {key}: {e['msg']}{shown}")

@@ -26,7 +26,7 @@ from replayrl.algorithms.correction import apply_token_weights, truncated_is_wei
 from replayrl.algorithms.kl import kl_convex_lambda
 from replayrl.algorithms.losses import clip_stats
 from replayrl.algorithms.objective import ObjectiveWeights, critic_objective, policy_objective
-from replayrl.config.schema import Config
+from replayrl.config.schema import Config, config_value
 from replayrl.data.rollout import Rollout
 from replayrl.learner import logprobs
 from replayrl.learner.batching import (
@@ -408,16 +408,11 @@ class Learner:
         return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
 
     def loss_knobs(self) -> dict[str, float | None]:
-        """Every config knob a registered policy loss may declare (`LOSS_KNOBS`): the loss
-        takes the ones it names. One place, so the training step and the alpha / rho probe
-        (learner/grad_probe.py) give a loss the same values."""
-        a = self.cfg.algorithm
-        return {
-            "epsilon": a.epsilon,
-            "epsilon_high": a.epsilon_high,
-            "delta_v": a.asymre_delta_v,
-            "shaping_beta": self.cfg.groups.exgrpo.shaping_beta,  # loss exgrpo
-        }
+        """The configured loss's knobs, each read from the config key its registry entry
+        names. One place, so the training step and the alpha / rho probe
+        (design/grad_probe.py) give a loss the same values."""
+        spec = POLICY_LOSSES.get(self.loss_type)
+        return {k: config_value(self.cfg, key) for k, key in spec.knobs.items()}
 
     def normaliser(self, minibatch: Sequence[Rollout]) -> float:
         """The loss denominator of this mini-batch, over all data-parallel ranks."""

@@ -64,9 +64,9 @@ class RolloutProducer:
     log: Log = print
     _reported_error: bool = field(default=False, init=False)
     _empty_steps: int = field(default=0, init=False)  # consecutive steps with no prompt left
-    # the rows of the latest call that sampled prompts, by the text generated from: what a
-    # later call of the same step (AR3PO's rounds) generates for again
-    _recent_rows: dict[str, Any] = field(default_factory=dict, init=False)
+    # the latest call's rows by the prompt text generated from (a source that generates for
+    # some of them again passes those rows back: AR3PO's rounds)
+    rows_by_text: dict[str, Any] = field(default_factory=dict, init=False)
     last_rows: dict[int, Row] = field(default_factory=dict, init=False)  # of the last call
 
     def fits(self, prompt: str) -> bool:
@@ -75,22 +75,14 @@ class RolloutProducer:
         n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         return n + self.cfg.rollout.max_new_tokens <= self.max_positions
 
-    def _rows(
-        self, again: list[str] | None, given: list[Row] | None
-    ) -> tuple[list[Any], list[str]]:
-        """(rows, texts generated from): `again`'s from the latest call, the `given` task rows,
-        or newly sampled ones."""
-        if again is not None:
-            missing = [t for t in again if t not in self._recent_rows]
-            if missing:
-                raise ValueError(f"no prompt of the latest call renders as {missing[0]!r}")
-            return [self._recent_rows[t] for t in again], list(again)
+    def _rows(self, given: list[Row] | None) -> tuple[list[Any], list[str]]:
+        """(rows, texts generated from): the `given` task rows, or newly sampled ones."""
         rows = given
         if rows is None:
             rows = self.task.sample_train(self.cfg.rollout.prompts_per_step, self.prompt_rng)
         # the text generated from (chat template); rows keep their prompt for reward functions
         texts = [self.render(row["prompt"]) for row in rows]
-        self._recent_rows = dict(zip(texts, rows, strict=True))
+        self.rows_by_text = dict(zip(texts, rows, strict=True))
         return rows, texts
 
     def produce(
@@ -98,18 +90,17 @@ class RolloutProducer:
         version: int,
         step: int,
         group_base: int,
-        again: list[str] | None = None,
-        num_generations: int | None = None,
         rows: list[Row] | None = None,
+        num_generations: int | None = None,
     ) -> Production:
         """Generate with weights of `version`; group ids are `group_base + prompt index`.
-        `again`: prompt texts of the latest call to generate for once more (AR3PO's rounds)
-        instead of sampling new prompts; `rows`: these task rows instead (sources that revisit
-        questions: ExGRPO); `num_generations`: completions per prompt (default
-        rollout.num_generations). `last_rows` maps the call's group ids to their rows."""
+        `rows`: generate for these task rows instead of sampling new prompts (the one hook of
+        the batch sources that revisit prompts: AR3PO's rounds, ExGRPO's stored questions);
+        `num_generations`: completions per prompt (default rollout.num_generations).
+        `last_rows` maps the call's group ids to their rows."""
         t0 = time.perf_counter()
         r = self.cfg.rollout
-        rows, texts = self._rows(again, rows)
+        rows, texts = self._rows(rows)
         fits = [self.fits(t) for t in texts]
         kept = [row for row, ok in zip(rows, fits, strict=True) if ok]
         kept_texts = [t for t, ok in zip(texts, fits, strict=True) if ok]

@@ -18,13 +18,11 @@ import numpy as np
 import torch
 
 from replayrl.algorithms import ADVANTAGES
+from replayrl.config.registries import BATCH_SOURCES
 from replayrl.config.schema import Config
 from replayrl.data.buffer import Buffer, make_buffer
-from replayrl.data.buffer.groups import ScoredGroupBuffer
-from replayrl.data.sources.ar3po import Ar3poSource, CorrectResponseStore
-from replayrl.data.sources.buffer import BatchSource, BufferSource, RemixSource
-from replayrl.data.sources.exgrpo import ExgrpoSource, ExperienceStore
-from replayrl.data.sources.group_sources import DynamicSamplingSource, GroupReplaySource
+from replayrl.data.sources.base import SourceContext
+from replayrl.data.sources.buffer import BatchSource
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
@@ -62,89 +60,17 @@ def build_buffer(cfg: Config) -> Buffer:
     return make_buffer(cfg.buffer.kind, cfg.buffer.capacity, **buffer_kwargs(cfg))  # type: ignore[arg-type]
 
 
-def build_window(cfg: Config) -> Buffer | None:
-    """ReMix's window of the last N_pol policies' rollouts (sampled without removal)."""
-    rm = cfg.remix
-    if not rm.enabled:
-        return None
-    return make_buffer(
-        "replay",
-        rm.num_policies * cfg.rollouts_per_step,
-        max_staleness=rm.num_policies,
-        seed=cfg.train.seed + 2,
-    )
-
-
 def build_batch_source(
     cfg: Config,
     buffer: Buffer,
-    window: Buffer | None,
     producer: RolloutProducer | None = None,
     learner: Learner | None = None,
 ) -> BatchSource:
-    """`producer`: the run's own, for sources that generate more within a step (DAPO's
-    dynamic sampling calls it until its batch is full; without one it trains on the first
-    call's groups)."""
-    gs = cfg.groups
-    if gs.source == "dynamic_sampling":
-        ds = gs.dynamic_sampling
-        return DynamicSamplingSource(
-            buffer,
-            producer.produce if producer is not None else None,
-            ds.train_prompts or cfg.rollout.prompts_per_step,
-            cfg.rollout.prompts_per_step,
-            cfg.train.epochs,
-            ds,
-        )
-    if gs.source == "group_replay":
-        store = ScoredGroupBuffer(gs.group_replay.capacity, seed=cfg.train.seed + 3)
-        return GroupReplaySource(buffer, store, cfg.train.epochs, gs.group_replay)
-    if gs.source == "ar3po":
-        return build_ar3po(cfg, buffer, producer)
-    if gs.source == "exgrpo":
-        return build_exgrpo_source(cfg, buffer, producer, learner)
-    if cfg.remix.enabled:
-        return RemixSource(buffer, window, cfg.batch_size, cfg.remix)
-    return BufferSource(buffer, cfg.batch_size, cfg.train.epochs)
-
-
-def build_ar3po(cfg: Config, buffer: Buffer, producer: RolloutProducer | None) -> Ar3poSource:
-    """AR3PO: rounds of rollout.num_generations responses through the run's producer (again
-    for the same prompts), a per-prompt store of correct responses."""
-    ar = cfg.groups.ar3po
-    return Ar3poSource(
-        buffer,
-        None if producer is None else (lambda v, s, b, t, k: producer.produce(v, s, b, t, k)),
-        CorrectResponseStore(ar.store_per_prompt, ar.store_prompts),
-        cfg.rollout.num_generations,
-        cfg.rollout.prompts_per_step,
-        cfg.train.epochs,
-        cfg.algorithm.scale_rewards,
-        ar,
-    )
-
-
-def build_exgrpo_source(
-    cfg: Config, buffer: Buffer, producer: RolloutProducer | None, learner: Learner | None
-) -> ExgrpoSource:
-    """ExGRPO (arXiv 2510.02245): the producer generates for stored questions, the learner
-    scores trajectories by entropy (without them: no extra calls, random selection)."""
-    ex = cfg.groups.exgrpo
-    store = ExperienceStore(cfg.rollout.num_generations, ex.store_per_question, ex.store_questions)
-    return ExgrpoSource(
-        buffer,
-        store,
-        producer.produce if producer is not None else None,
-        (lambda: producer.last_rows) if producer is not None else dict,
-        (lambda n: producer.task.sample_train(n, producer.prompt_rng))
-        if producer is not None
-        else (lambda n: []),
-        learner.mean_entropies if learner is not None else None,
-        cfg.train.epochs,
-        cfg.groups.exgrpo,
-        cfg.algorithm.scale_rewards,
-        cfg.train.seed + 4,
-    )
+    """The batch source `groups.source` names (its `BATCH_SOURCES` entry's builder).
+    `producer` / `learner`: the run's own, for sources that generate more within a step or
+    score stored responses (without them a source does what it can: unit tests)."""
+    spec = BATCH_SOURCES.get(cfg.groups.source)
+    return spec.build(SourceContext(cfg, buffer, producer, learner))  # type: ignore[no-any-return]
 
 
 def build_learner(cfg: Config, model: Any, pad_id: int, model_path: str) -> Learner:
@@ -212,7 +138,6 @@ class Components:
     generator: Generator
     producer: RolloutProducer
     buffer: Buffer | None  # None until `auto` design resolves N / B
-    window: Buffer | None
     source: BatchSource | None
     prompt_rng: np.random.Generator
     shuffle_rng: np.random.Generator
@@ -269,7 +194,6 @@ def build_components(
         log(task.skip_summary())
     buffer = make_main_buffer(cfg) if not cfg.needs_design else None
     learner = build_learner(cfg, model, tokenizer.pad_token_id, model_path)
-    window = build_window(cfg)
     # the transformers model itself (a LoRA wrapper's layers stay active inside it)
     generator = make_generator(cfg, unwrap_model(model), tokenizer, model_path)
     prompt_rng = np.random.default_rng(cfg.train.seed)
@@ -288,10 +212,7 @@ def build_components(
         generator=generator,
         producer=producer,
         buffer=buffer,
-        window=window,
-        source=build_batch_source(cfg, buffer, window, producer, learner)
-        if buffer is not None
-        else None,
+        source=build_batch_source(cfg, buffer, producer, learner) if buffer is not None else None,
         prompt_rng=prompt_rng,
         shuffle_rng=shuffle_rng,
         eval_rows=held_out_rows(cfg, task),

@@ -98,7 +98,7 @@ class Session:
         self.cfg = self.learner.cfg = self.producer.cfg = cfg
         self.counters.design = design
         atomic_write_text(self.run_dir / "config.yaml", config_to_yaml(cfg))  # resume uses it
-        self.source = build_batch_source(cfg, self.make_buffer(cfg), self.parts.window)
+        self.source = build_batch_source(cfg, self.make_buffer(cfg))
         self.source.buffer.push(warmup)
 
     # -- checkpoints -------------------------------------------------------------------------

@@ -15,8 +15,8 @@ wrong has zero advantage. AR3PO attacks both ends:
 
 The pieces compose as any batch source: `round_allocation` is the rollout allocator,
 `CorrectResponseStore` the store, `Ar3poSource` the batch source that drives the rounds
-through the run's producer (`produce(..., again=texts)`) and trains every response of the
-step's rounds plus the reused ones.
+through the run's producer (`produce(..., rows=...)` with the latest call's rows) and trains
+every response of the step's rounds plus the reused ones.
 
 Choices the parts of the paper we could read leave open, marked "not specified: our choice"
 where they are made and configurable in `groups.ar3po`: the number of rounds, how many
@@ -38,18 +38,48 @@ import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from pydantic import Field
 
 from replayrl.algorithms.advantages import group_advantages
-from replayrl.config.schema import Ar3poConfig
+from replayrl.config.section import Section
 from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.groups import split_groups
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.base import SourceContext, require_fresh_groups
 from replayrl.data.sources.buffer import BufferSource, Log
 from replayrl.data.sources.group_sources import GROUP_STRIDE, GroupCounters, Production
+
+if TYPE_CHECKING:
+    from replayrl.config.schema import Config
+
+
+class Ar3poConfig(Section):
+    """AR3PO (arXiv 2509.25808; data/ar3po.py): adaptive rollout in rounds of
+    rollout.num_generations responses per prompt, and reuse of a stored correct response for
+    a group with none."""
+
+    # rounds per step, the loop's first call included: a prompt gets at most
+    # max_rounds x rollout.num_generations responses (the paper's cap on stages; its value
+    # here is not specified: our choice)
+    max_rounds: int = Field(4, ge=1)
+    # a prompt stops receiving responses once it has this many correct ones (the paper: one)
+    stop_correct: int = Field(1, ge=1)
+    # stored correct responses reused per group without a correct one; 0 = adaptive rollout only
+    reuse: int = Field(1, ge=0)
+    # correct responses kept per prompt (newest kept) and prompts kept (least recently
+    # updated dropped first). Not specified: our choice
+    store_per_prompt: int = Field(1, ge=1)
+    store_prompts: int = Field(10_000, ge=1)
+    # a reused response's old log-probs: current = the policy's at the step it is reused
+    # (ratio 1 at the first pass, trained as if pi_old had sampled it); behaviour = those
+    # stored when it was generated (true importance ratio, clipped as any token). Not
+    # specified in what we could read of the paper: our choice, configurable
+    reuse_logprobs: Literal["current", "behaviour"] = "current"
+
 
 # (version, step, group_base, prompt texts again, completions per prompt) -> Production
 ProduceAgain = Callable[[int, int, int, list[str], int], Production]
@@ -271,3 +301,53 @@ class Ar3poSource(BufferSource):
         super().load_state_dict(state)
         if state.get("ar3po_store") is not None:
             self.store.load_state_dict(state["ar3po_store"])
+
+
+# -- registry entry (data/sources/__init__.py) -----------------------------------------------
+
+
+def check_ar3po(cfg: Config) -> None:
+    require_fresh_groups(cfg, "ar3po")
+    a, r = cfg.groups.section("ar3po"), cfg.rollout
+    most = r.prompts_per_step * (a.max_rounds * r.num_generations + a.reuse)
+    if a.reuse > a.store_per_prompt:
+        raise ValueError(
+            f"groups.ar3po.reuse={a.reuse} is more than the {a.store_per_prompt} correct "
+            "responses kept per prompt (groups.ar3po.store_per_prompt): at most that many "
+            "could be reused; raise store_per_prompt or lower reuse"
+        )
+    if cfg.train.batch_size is not None:
+        raise ValueError(
+            f"train.batch_size={cfg.train.batch_size}: AR3PO trains on every response of "
+            "the step's rounds plus reused ones (leave train.batch_size unset)"
+        )
+    cap = cfg.buffer.capacity
+    if isinstance(cap, int) and cap < most:
+        raise ValueError(
+            f"buffer.capacity={cap} is smaller than the {most} rollouts an AR3PO step can "
+            "train on (prompts_per_step x (max_rounds x num_generations + reuse))"
+        )
+    if a.max_rounds * r.prompts_per_step >= 1_000_000:
+        raise ValueError("groups.ar3po.max_rounds x prompts_per_step >= 1e6")
+
+
+def build_ar3po(ctx: SourceContext) -> Ar3poSource:
+    """Rounds of rollout.num_generations responses through the run's producer (for the
+    latest call's rows again), a per-prompt store of correct responses."""
+    cfg, ar, producer = ctx.cfg, ctx.section("ar3po"), ctx.producer
+
+    def again(version: int, step: int, base: int, texts: list[str], k: int) -> Production:
+        return producer.produce(
+            version, step, base, rows=[producer.rows_by_text[t] for t in texts], num_generations=k
+        )
+
+    return Ar3poSource(
+        ctx.buffer,
+        None if producer is None else again,
+        CorrectResponseStore(ar.store_per_prompt, ar.store_prompts),
+        cfg.rollout.num_generations,
+        cfg.rollout.prompts_per_step,
+        cfg.train.epochs,
+        cfg.algorithm.scale_rewards,
+        ar,
+    )

@@ -10,12 +10,15 @@ each delivery as it arrives and `sample`s when `available()` says a batch is the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from replayrl.config.schema import RemixConfig
-from replayrl.data.buffer import Buffer
+from replayrl.data.buffer import Buffer, make_buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.rollout import Rollout
+
+if TYPE_CHECKING:
+    from replayrl.config.schema import Config, RemixConfig
+    from replayrl.data.sources.base import SourceContext
 
 Log = Callable[[str], None]
 
@@ -186,3 +189,25 @@ class RemixSource(BufferSource):
             self.window = None  # after reincarnation
         elif self.window is not None:
             self.window.load_state_dict(state["window"])
+
+
+# -- registry entry (data/sources/__init__.py) -----------------------------------------------
+
+
+def remix_window(cfg: Config) -> Buffer:
+    """ReMix's window of the last N_pol policies' rollouts (sampled without removal)."""
+    return make_buffer(
+        "replay",
+        cfg.remix.num_policies * cfg.rollouts_per_step,
+        max_staleness=cfg.remix.num_policies,
+        seed=cfg.train.seed + 2,
+    )
+
+
+def build_buffer_source(ctx: SourceContext) -> BufferSource:
+    """`groups.source=none`: the buffer's batches (paper 1), or with remix.enabled ReMix's
+    mix of fresh and recent policies' rollouts (paper 2), which shares the loop's buffer."""
+    cfg = ctx.cfg
+    if cfg.remix.enabled:
+        return RemixSource(ctx.buffer, remix_window(cfg), cfg.batch_size, cfg.remix)
+    return BufferSource(ctx.buffer, cfg.batch_size, cfg.train.epochs)

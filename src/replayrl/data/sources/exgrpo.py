@@ -25,21 +25,53 @@ import dataclasses
 import json
 import math
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from replayrl.algorithms.advantages import group_advantages
-from replayrl.config.schema import ExgrpoConfig
+from replayrl.config.section import Section
 from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts, make_rng
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.base import SourceContext, require_fresh_groups
 from replayrl.data.sources.buffer import BufferSource, Log
 from replayrl.data.sources.group_sources import GROUP_STRIDE, GroupCounters
+
+if TYPE_CHECKING:
+    from replayrl.config.schema import Config
+
+
+class ExgrpoConfig(Section):
+    """ExGRPO (arXiv 2510.02245; data/exgrpo.py): per-question experience of successful
+    trajectories, bucketed replay preferring medium difficulty, lowest-entropy selection,
+    retirement of always-solved questions, and a mixed batch/objective."""
+
+    # rho: share of a batch's questions replayed from experience (the paper's 0.5);
+    # rollout.prompts_per_step is the fresh share, so a batch has prompts_per_step / (1 - rho)
+    ratio: float = Field(0.5, ge=0, lt=1)
+    # the Gaussian bucket weight's sigma on the count scale (k of K correct; the code's 1)
+    sigma: float = Field(1.0, gt=0)
+    # entropy: the lowest-entropy successful trajectory (the paper); random: the code's ablation
+    selection: Literal["entropy", "random"] = "entropy"
+    # the code's delayed start: mixing and collection begin after the first step whose fresh
+    # accuracy reaches this (its run script: > 0.35; ours >= so that 0 starts at once)
+    start_accuracy: float = Field(0.35, ge=0, le=1)
+    # beta of the policy shaping f(w) = w / (w + beta) on replayed tokens (loss exgrpo; 0.1)
+    shaping_beta: float = Field(0.1, gt=0)
+    # the experience store's bounds (the paper keeps every success; not specified: our
+    # choice): distinct successful trajectories kept per question (oldest dropped first; the
+    # entropy selection scores each) and questions kept (least recently stored dropped first).
+    # Large enough not to bind in the presets' 80-step runs
+    store_per_question: int = Field(64, ge=1)
+    store_questions: int = Field(10_000, ge=1)
+
 
 __all__ = [
     "ExgrpoSource",
@@ -442,3 +474,57 @@ class ExgrpoSource(BufferSource):
             self.store.load_state_dict(state["experience"])
             self.mixing = bool(state["exgrpo_mixing"])
             self.rng.bit_generator.state = state["exgrpo_rng"]
+
+
+# -- registry entry (data/sources/__init__.py) -----------------------------------------------
+
+
+def check_exgrpo(cfg: Config) -> None:
+    """ExGRPO's rules; with a loss other than `exgrpo` its replayed trajectories train under
+    that loss (e.g. clipped, the paper's ablation without policy shaping): allowed, with a
+    warning, since it is not ExGRPO's objective."""
+    require_fresh_groups(cfg, "exgrpo")
+    if cfg.train.batch_size is not None:
+        raise ValueError(
+            "groups.source=exgrpo sizes its own batch (rollout.prompts_per_step / "
+            "(1 - groups.exgrpo.ratio) groups): leave train.batch_size unset"
+        )
+    cap, ex = cfg.buffer.capacity, cfg.groups.section("exgrpo")
+    n = (
+        cfg.rollouts_per_step
+        + round(cfg.rollout.prompts_per_step * ex.ratio / (1 - ex.ratio))
+        * cfg.rollout.num_generations
+    )
+    if isinstance(cap, int) and cap < n:
+        raise ValueError(
+            f"buffer.capacity={cap} is smaller than the fresh rollouts an ExGRPO step can "
+            f"train (up to {n}): the queue would evict part of the batch"
+        )
+    loss = cfg.algorithm.loss_type
+    if loss != "exgrpo":
+        warnings.warn(
+            f"groups.source=exgrpo with algorithm.loss_type={loss}: replayed trajectories "
+            f"are trained under {loss}, without ExGRPO's policy shaping (loss exgrpo)",
+            stacklevel=2,
+        )
+
+
+def build_exgrpo(ctx: SourceContext) -> ExgrpoSource:
+    """The producer generates for stored questions, the learner scores trajectories by
+    entropy (without them: no extra calls, random selection)."""
+    cfg, ex, producer, learner = ctx.cfg, ctx.section("exgrpo"), ctx.producer, ctx.learner
+    store = ExperienceStore(cfg.rollout.num_generations, ex.store_per_question, ex.store_questions)
+    return ExgrpoSource(
+        ctx.buffer,
+        store,
+        producer.produce if producer is not None else None,
+        (lambda: producer.last_rows) if producer is not None else dict,
+        (lambda n: producer.task.sample_train(n, producer.prompt_rng))
+        if producer is not None
+        else (lambda n: []),
+        learner.mean_entropies if learner is not None else None,
+        cfg.train.epochs,
+        ex,
+        cfg.algorithm.scale_rewards,
+        cfg.train.seed + 4,
+    )

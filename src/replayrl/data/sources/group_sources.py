@@ -23,15 +23,59 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from replayrl.config.schema import DynamicSamplingConfig, GroupReplayConfig
+from pydantic import Field
+
+from replayrl.config.section import Section
 from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
+from replayrl.data.sources.base import SourceContext, require_fresh_groups
 from replayrl.data.sources.buffer import BufferSource, Log
+
+
+class DynamicSamplingConfig(Section):
+    """DAPO's dynamic sampling (arXiv 2503.14476, Algorithm 1 lines 4-8): groups whose rewards
+    are all equal are dropped and generation continues until the batch holds `train_prompts`
+    groups with reward variance."""
+
+    # groups per training batch (the paper's prompt batch size N); None = rollout.prompts_per_step
+    train_prompts: int | None = Field(None, ge=1)
+    # generation calls of rollout.prompts_per_step prompts per step, the first included. The
+    # paper samples until full; verl caps it (max_num_gen_batches) and raises when exceeded.
+    # Not specified: our choice: a cap, after which the step trains on the groups it has
+    # (counted in dynamic_sampling/short_steps) instead of stopping the run
+    max_rounds: int = Field(8, ge=1)
+    # a group is kept when its reward std > std_tol (0: any variance)
+    std_tol: float = Field(0.0, ge=0)
+    # surplus groups with variance from a step's last call: dropped (false, as verl's recipe:
+    # counted as filtered_surplus) or trained first at the next step, one policy version old
+    # (behaviour log-probs stored; clipped ratio). Not specified: our choice, off by default
+    carry_surplus: bool = False
+
+
+class GroupReplayConfig(Section):
+    """TRL's former GRPOWithReplayBufferTrainer (TRL 0.2x experimental, removed by PR #7132):
+    groups of a batch with zero reward std are replaced by stored groups that had high reward
+    spread, sampled by score."""
+
+    capacity: int = Field(64, ge=1)  # groups kept (TRL's replay_buffer_size, default 64)
+    # TRL adds the batch's own variance groups to the store before drawing replacements, so a
+    # replacement can repeat a group of the same batch; false draws only from earlier steps.
+    # Not specified as a knob in TRL: our choice to expose it (default: TRL's order)
+    include_current: bool = True
+    # replayed groups train with their stored behaviour log-probs and stored advantages
+    # (importance ratio to the current policy, clipped as any other token). TRL used the
+    # trainer's old log-probs when it had them and none otherwise. Not specified: our choice
+    # a group whose std is <= zero_std_tol counts as zero-std (TRL: torch.isclose(std, 0))
+    zero_std_tol: float = Field(1e-8, ge=0)
+
+
+if TYPE_CHECKING:
+    from replayrl.config.schema import Config
 
 GROUP_STRIDE = 1_000_000  # group ids of a step: step * stride + call offset + prompt index
 
@@ -272,3 +316,56 @@ class GroupReplaySource(BufferSource):
         super().load_state_dict(state)
         if state.get("group_store") is not None:
             self.store.load_state_dict(state["group_store"])
+
+
+# -- registry entries (data/sources/__init__.py) ---------------------------------------------
+
+
+def check_dynamic_sampling(cfg: Config) -> None:
+    require_fresh_groups(cfg, "dynamic_sampling")
+    ds, r = cfg.groups.section("dynamic_sampling"), cfg.rollout
+    n = ds.train_prompts or r.prompts_per_step
+    if cfg.train.batch_size is not None and cfg.train.batch_size != n * r.num_generations:
+        raise ValueError(
+            f"train.batch_size={cfg.train.batch_size}: dynamic sampling trains on "
+            f"groups.dynamic_sampling.train_prompts x rollout.num_generations = "
+            f"{n * r.num_generations} rollouts (leave train.batch_size unset)"
+        )
+    cap = cfg.buffer.capacity
+    if isinstance(cap, int) and cap < n * r.num_generations:
+        raise ValueError(
+            f"buffer.capacity={cap} is smaller than the {n * r.num_generations} rollouts "
+            "dynamic sampling trains on each step (train_prompts x num_generations): "
+            "the queue would evict part of the batch"
+        )
+    if ds.max_rounds * r.prompts_per_step >= 1_000_000:
+        raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
+
+
+def build_dynamic_sampling(ctx: SourceContext) -> DynamicSamplingSource:
+    """`ctx.producer`: the run's own, called until the batch is full (without one it trains
+    on the first call's groups)."""
+    cfg, ds = ctx.cfg, ctx.section("dynamic_sampling")
+    return DynamicSamplingSource(
+        ctx.buffer,
+        ctx.producer.produce if ctx.producer is not None else None,
+        ds.train_prompts or cfg.rollout.prompts_per_step,
+        cfg.rollout.prompts_per_step,
+        cfg.train.epochs,
+        ds,
+    )
+
+
+def check_group_replay(cfg: Config) -> None:
+    require_fresh_groups(cfg, "group_replay")
+    if cfg.train.batch_size not in (None, cfg.rollouts_per_step):
+        raise ValueError(
+            f"train.batch_size={cfg.train.batch_size}: group replay trains on the step's "
+            f"R = {cfg.rollouts_per_step} rollouts (leave train.batch_size unset)"
+        )
+
+
+def build_group_replay(ctx: SourceContext) -> GroupReplaySource:
+    gr = ctx.section("group_replay")
+    store = ScoredGroupBuffer(gr.capacity, seed=ctx.cfg.train.seed + 3)
+    return GroupReplaySource(ctx.buffer, store, ctx.cfg.train.epochs, gr)

@@ -1,0 +1,99 @@
+"""The registries that the config's method and task names are checked against.
+
+`BATCH_SOURCES` (groups.source: where each step's training batch comes from: a buffer,
+DAPO's dynamic sampling, AR3PO, ExGRPO, RePO, ...) and `TASKS` (task.name) live here, at the
+config's layer, so the schema can list and validate what they hold. Their entries are added
+by the layers that implement them (`replayrl.data.sources`, `replayrl.rollout.tasks`): the
+arrow of registration points down. The registry imports those provider packages by name the
+first time it is asked (a plugin lookup, as a Python entry point would be), so a config is
+never checked against a half-filled registry.
+
+A new reuse method is one file that defines its config section (a `Section`), its check over
+the whole config, its builder and its metrics, and one `BATCH_SOURCES.add(...)` line.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from replayrl.algorithms.registry import Registry
+from replayrl.config.section import Section
+
+T = TypeVar("T")
+
+
+class PluginRegistry(Registry[T]):
+    """A `Registry` whose entries are registered by `providers` (module names), imported on
+    first use."""
+
+    def __init__(self, kind: str, config_key: str, providers: tuple[str, ...]) -> None:
+        super().__init__(kind, config_key)
+        self.providers = providers
+        self._loading = False
+        self._loaded = False
+
+    def load(self) -> None:
+        if self._loaded or self._loading:
+            return
+        self._loading = True  # a provider's own imports may ask this registry again
+        try:
+            for module in self.providers:
+                importlib.import_module(module)
+            self._loaded = True
+        finally:
+            self._loading = False
+
+    def get(self, name: str) -> T:
+        self.load()
+        return super().get(name)
+
+    def __contains__(self, name: object) -> bool:
+        self.load()
+        return super().__contains__(name)
+
+    def __iter__(self) -> Iterator[str]:
+        self.load()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self.load()
+        return super().__len__()
+
+
+@dataclass(frozen=True)
+class BatchSourceSpec:
+    """A reuse method as the run sees it.
+
+    build: `(SourceContext) -> BatchSource` (`replayrl.data.sources.base`).
+    config: its section, under `groups.<name>` (None: it has no settings of its own).
+    check: `(Config) -> None`, raising ValueError for settings it cannot run with (the
+        runtime, the buffer, the batch size...); called when the config selects it.
+    metrics: the names of the metrics it logs each step (documented, and checked by tests).
+    summary: one line for `--help`, the docs and error messages.
+    """
+
+    build: Callable[[Any], Any]
+    config: type[Section] | None = None
+    check: Callable[[Any], None] | None = None
+    metrics: tuple[str, ...] = ()
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task as the run sees it: `build(TaskConfig) -> Task`; `make(**kwargs) -> Task` for
+    `make_task`; `check(TaskConfig)` raises ValueError for settings it cannot run with."""
+
+    build: Callable[[Any], Any]
+    make: Callable[..., Any]
+    check: Callable[[Any], None] | None = None
+    summary: str = ""
+
+
+BATCH_SOURCES: PluginRegistry[BatchSourceSpec] = PluginRegistry(
+    "batch source", "groups.source", ("replayrl.data.sources",)
+)
+TASKS: PluginRegistry[TaskSpec] = PluginRegistry("task", "task.name", ("replayrl.rollout.tasks",))

@@ -1,0 +1,70 @@
+"""Batch sources: where each step's training batch comes from (`groups.source`).
+
+Each reuse method is one module here holding its config section, its check, its builder and
+its metrics (the run's counters it adds to: `replayrl.run.state.Counters`); the lines below
+register them (`replayrl.config.registries.BATCH_SOURCES`), and the schema, the run and the
+docs read the names from the registry.
+"""
+
+from __future__ import annotations
+
+from replayrl.config.registries import BATCH_SOURCES, BatchSourceSpec
+from replayrl.data.sources import ar3po, buffer, exgrpo, group_sources
+
+BATCH_SOURCES.add(
+    "none",
+    BatchSourceSpec(
+        buffer.build_buffer_source,
+        metrics=("rollouts_discarded",),  # ReMix's window, dropped at reincarnation
+        summary="the buffer's batches: on-policy or replay (arXiv 2604.08706); ReMix's "
+        "mix when remix.enabled (arXiv 2507.06892)",
+    ),
+)
+BATCH_SOURCES.add(
+    "dynamic_sampling",
+    BatchSourceSpec(
+        group_sources.build_dynamic_sampling,
+        group_sources.DynamicSamplingConfig,
+        group_sources.check_dynamic_sampling,
+        (
+            "rollouts_filtered_no_signal",
+            "rollouts_filtered_surplus",
+            "generation_rounds",
+            "short_steps",
+        ),
+        "DAPO's dynamic sampling: drop groups without reward variance, generate more "
+        "(arXiv 2503.14476)",
+    ),
+)
+BATCH_SOURCES.add(
+    "group_replay",
+    BatchSourceSpec(
+        group_sources.build_group_replay,
+        group_sources.GroupReplayConfig,
+        group_sources.check_group_replay,
+        ("rollouts_filtered_no_signal", "rollouts_reused"),
+        "TRL's former replay trainer: zero-std groups replaced by stored high-spread ones",
+    ),
+)
+BATCH_SOURCES.add(
+    "ar3po",
+    BatchSourceSpec(
+        ar3po.build_ar3po,
+        ar3po.Ar3poConfig,
+        ar3po.check_ar3po,
+        ("generation_rounds", "rollouts_reused"),
+        "AR3PO: adaptive rollout in rounds and reuse of stored correct responses "
+        "(arXiv 2509.25808)",
+    ),
+)
+BATCH_SOURCES.add(
+    "exgrpo",
+    BatchSourceSpec(
+        exgrpo.build_exgrpo,
+        exgrpo.ExgrpoConfig,
+        exgrpo.check_exgrpo,
+        ("generation_rounds", "rollouts_reused"),
+        "ExGRPO: bucketed replay of successful trajectories, lowest entropy first "
+        "(arXiv 2510.02245)",
+    ),
+)
