@@ -51,6 +51,10 @@ CASES: dict[str, tuple[str, list[str]]] = {
         "remix-ppo",
         ["remix.reincarnation_step=6", "kl.schedule.start=2", "kl.schedule.every=2"],
     ),
+    # the group-level sources: extra generation calls, stores, reuse
+    "dapo": ("dapo", ["groups.dynamic_sampling.max_rounds=3"]),
+    "ar3po": ("ar3po", []),
+    "exgrpo": ("exgrpo", ["groups.exgrpo.start_accuracy=0.0"]),
 }
 
 # wall-clock measurements differ between any two runs

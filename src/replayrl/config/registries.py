@@ -85,12 +85,18 @@ class BatchSourceSpec:
 @dataclass(frozen=True)
 class TaskSpec:
     """A task as the run sees it: `build(TaskConfig) -> Task`; `make(**kwargs) -> Task` for
-    `make_task`; `check(TaskConfig)` raises ValueError for settings it cannot run with."""
+    `make_task`; `check(TaskConfig)` raises ValueError for settings it cannot run with.
+
+    For the built-in tiny model's warm start (run/warmstart.py): `warmstart_fields`, the
+    `task.*` keys its cached warm start depends on (None: all of them), and `tiny_check`,
+    which refuses settings that warm start cannot give a usable start policy for."""
 
     build: Callable[[Any], Any]
     make: Callable[..., Any]
     check: Callable[[Any], None] | None = None
     summary: str = ""
+    warmstart_fields: frozenset[str] | None = None
+    tiny_check: Callable[[Any], None] | None = None
 
 
 BATCH_SOURCES: PluginRegistry[BatchSourceSpec] = PluginRegistry(

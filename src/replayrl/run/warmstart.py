@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from replayrl.config.registries import TASKS
 from replayrl.config.schema import LoraConfig, ModelConfig, TaskConfig, WarmStartConfig
 from replayrl.models.loading import (
     apply_lora,
@@ -146,32 +147,17 @@ def sft_warmstart(
     return out
 
 
-# the TaskConfig fields each built-in task's warm start depends on (arithmetic's set is the
-# original one: existing configs keep their cached warm starts)
-_WARMSTART_TASK_FIELDS = {
-    "arithmetic": {"name", "digits", "eval_size", "seed"},
-    "reasoning": {"name", "op", "digits", "min_digits", "terms", "eval_size", "seed"},
-}
-# arithmetic digits the built-in warm start gives a usable start policy for (measured: 3
-# digits start at 0.0 eval accuracy with the default warm start, and nothing learns)
-TINY_ARITHMETIC_DIGITS = (1, 2)
-
-
 def _warmstart_task_fields(task_cfg: TaskConfig) -> set[str]:
-    return _WARMSTART_TASK_FIELDS.get(task_cfg.name, set(TaskConfig.model_fields))
+    """The task keys the warm start depends on (its registry entry's; all when it names none)."""
+    fields = TASKS.get(task_cfg.name).warmstart_fields
+    return set(TaskConfig.model_fields) if fields is None else set(fields)
 
 
 def check_tiny_task(task_cfg: TaskConfig) -> None:
     """Refuse tasks the built-in tiny model's warm start cannot start usefully (clear error)."""
-    if task_cfg.name == "arithmetic" and task_cfg.digits not in TINY_ARITHMETIC_DIGITS:
-        raise ValueError(
-            f"task.digits={task_cfg.digits}: the built-in tiny model's warm start gives a usable "
-            f"start policy for arithmetic with task.digits in {list(TINY_ARITHMETIC_DIGITS)} only "
-            f"(at 3 digits it starts at 0.0 accuracy and no reward ever varies). For longer "
-            f"sums use the written-out task (task.name=reasoning task.op=add "
-            f"task.digits={task_cfg.digits}; see configs/reasoning-add.yaml), or set model.path "
-            f"to a causal LM folder"
-        )
+    check = TASKS.get(task_cfg.name).tiny_check
+    if check is not None:
+        check(task_cfg)
 
 
 def warmstart_key(cfg: ModelConfig, task_cfg: TaskConfig) -> str:

@@ -1,0 +1,142 @@
+"""Reuse methods and tasks are registry entries: the config accepts what is registered, the run
+builds what the registry names, and no central module dispatches on a method's name."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+from pydantic import Field
+
+from replayrl.config.registries import BATCH_SOURCES, TASKS, BatchSourceSpec, TaskSpec
+from replayrl.config.schema import ConfigError, load_config
+from replayrl.config.section import Section
+from replayrl.data.buffer import OnPolicyQueue
+from replayrl.data.sources.buffer import BufferSource, RemixSource
+from replayrl.run.components import build_batch_source
+from replayrl.run.state import Counters
+
+PKG = Path(__file__).resolve().parent.parent / "src" / "replayrl"
+
+
+def _name_dispatch(source: str, names: set[str]) -> list[str]:
+    """`x == "<name>"` / `x != "<name>"` / `x in ("<name>", ...)` comparisons on `names`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        for comp in node.comparators:
+            consts = [comp] if isinstance(comp, ast.Constant) else []
+            if isinstance(comp, ast.Tuple | ast.List | ast.Set):
+                consts = [e for e in comp.elts if isinstance(e, ast.Constant)]
+            found += [c.value for c in consts if c.value in names]
+    return found
+
+
+def test_the_name_dispatch_check_sees_a_dispatch() -> None:
+    src = 'if cfg.groups.source == "ar3po":\n    pass\nif t.name in ("dataset", "x"):\n    pass'
+    assert _name_dispatch(src, {"ar3po", "dataset"}) == ["ar3po", "dataset"]
+    assert _name_dispatch('if a == "other":\n    pass', {"ar3po"}) == []
+
+
+@pytest.mark.parametrize("package", ["run", "config", "recipes"])
+def test_no_central_module_dispatches_on_a_method_or_task_name(package: str) -> None:
+    names = (set(BATCH_SOURCES) | set(TASKS)) - {"none"}
+    offenders = {
+        str(path.relative_to(PKG)): hits
+        for path in (PKG / package).rglob("*.py")
+        if (hits := _name_dispatch(path.read_text(), names))
+    }
+    assert offenders == {}
+
+
+def test_the_schema_lists_and_validates_what_the_sources_register() -> None:
+    assert {"none", "dynamic_sampling", "group_replay", "ar3po", "exgrpo"} <= set(BATCH_SOURCES)
+    cfg = load_config("ar3po", ["groups.ar3po.reuse=0"])
+    assert cfg.groups.ar3po.reuse == 0 and cfg.groups.section("ar3po") is cfg.groups.ar3po
+    with pytest.raises(ConfigError, match=r"groups\.ar3po\.max_rounds: Input should be"):
+        load_config("ar3po", ["groups.ar3po.max_rounds=0"])
+    with pytest.raises(ConfigError, match=r"unknown batch source 'arpo' \(known: .*ar3po"):
+        load_config(None, ["groups.source=arpo"])
+    with pytest.raises(ConfigError, match=r"groups\.nope: no batch source of that name"):
+        load_config(None, ["groups.nope.x=1"])
+    with pytest.raises(ConfigError, match=r"unknown task 'datset' \(known: arithmetic, dataset"):
+        load_config(None, ["task.name=datset"])
+
+
+def test_each_source_declares_metrics_the_run_counts() -> None:
+    fields = {f.name for f in dataclasses.fields(Counters)}
+    for name in BATCH_SOURCES:
+        spec = BATCH_SOURCES.get(name)
+        assert set(spec.metrics) <= fields, name
+        assert spec.summary, name
+
+
+def test_the_method_checks_run_from_the_registry() -> None:
+    # each check lives with its source and still refuses what it refused in the schema
+    with pytest.raises(ConfigError, match="groups.source=ar3po needs runtime=sync"):
+        load_config("ar3po", ["runtime=async-local"])
+    with pytest.raises(ConfigError, match=r"groups.ar3po.reuse=2 is more than the 1 correct"):
+        load_config("ar3po", ["groups.ar3po.reuse=2"])
+    with pytest.raises(ConfigError, match="group replay trains on the step's"):
+        load_config("group-replay", ["train.batch_size=7"])
+    with pytest.raises(ConfigError, match="algorithm.loss_type=exgrpo needs groups.source=exgrpo"):
+        load_config(None, ["algorithm.loss_type=exgrpo"])
+    with pytest.warns(UserWarning, match="without ExGRPO's policy shaping"):
+        load_config("exgrpo", ["algorithm.loss_type=grpo_clip"])
+
+
+class _EchoConfig(Section):
+    passes: int = Field(3, ge=1, description="passes over each batch")
+
+
+def test_a_plugin_source_is_one_registration_away() -> None:
+    """A source registered from outside the package is selectable, validated and built,
+    without any edit to the schema or the run."""
+    seen: list[str] = []
+
+    def check(cfg) -> None:
+        seen.append(cfg.groups.source)
+
+    def build(ctx) -> BufferSource:
+        return BufferSource(ctx.buffer, ctx.cfg.batch_size, ctx.section("echo").passes)
+
+    BATCH_SOURCES.add("echo", BatchSourceSpec(build, _EchoConfig, check, summary="test"))
+    try:
+        cfg = load_config("grpo", ["groups.source=echo", "groups.echo.passes=5"])
+        assert seen == ["echo"] and cfg.groups.echo.passes == 5
+        source = build_batch_source(cfg, OnPolicyQueue())
+        assert isinstance(source, BufferSource) and source.epochs == 5
+        with pytest.raises(ConfigError, match=r"groups\.echo\.passes"):
+            load_config("grpo", ["groups.source=echo", "groups.echo.passes=0"])
+        assert cfg.model_dump()["groups"]["echo"] == {"passes": 5}  # recorded in config.yaml
+    finally:
+        BATCH_SOURCES.remove("echo")
+    with pytest.raises(ConfigError, match="unknown batch source 'echo'"):
+        load_config("grpo", ["groups.source=echo"])
+
+
+def test_remix_is_the_buffer_source_with_its_window() -> None:
+    assert type(build_batch_source(load_config("grpo"), OnPolicyQueue())) is BufferSource
+    remix = build_batch_source(load_config("remix-grpo"), OnPolicyQueue())
+    assert isinstance(remix, RemixSource) and remix.window is not None
+
+
+def test_a_plugin_task_is_built_by_name() -> None:
+    from replayrl.rollout.tasks import ArithmeticTask, make_task, task_from_config
+
+    made: list[int] = []
+
+    def build(t) -> ArithmeticTask:
+        made.append(t.digits)
+        return ArithmeticTask(digits=1, eval_size=10, seed=t.seed)
+
+    TASKS.add("one_digit", TaskSpec(build, ArithmeticTask, summary="test"))
+    try:
+        cfg = load_config(None, ["task.name=one_digit", "task.digits=2"])
+        assert isinstance(task_from_config(cfg.task), ArithmeticTask) and made == [2]
+        assert isinstance(make_task("one_digit", digits=1, eval_size=10), ArithmeticTask)
+    finally:
+        TASKS.remove("one_digit")
