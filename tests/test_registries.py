@@ -140,3 +140,44 @@ def test_a_plugin_task_is_built_by_name() -> None:
         assert isinstance(make_task("one_digit", digits=1, eval_size=10), ArithmeticTask)
     finally:
         TASKS.remove("one_digit")
+
+
+def _rollouts(n: int, version: int) -> list:
+    import torch
+
+    from replayrl.data.rollout import Rollout
+
+    return [
+        Rollout(
+            torch.tensor([1]), torch.tensor([2]), torch.zeros(1), 0.0, 0.0, False, i, version, 0
+        )
+        for i in range(n)
+    ]
+
+
+def test_remix_window_is_sized_bounded_and_seeded_from_the_config() -> None:
+    """The window holds N_pol policies' rollouts, drops older ones by version (not only by
+    capacity) and draws from train.seed + 2 (its own stream)."""
+    from replayrl.data.buffer import make_buffer
+    from replayrl.data.sources.buffer import remix_window
+
+    cfg = load_config("remix-grpo", ["train.seed=7", "remix.num_policies=3"])
+    window = remix_window(cfg)
+    assert window.capacity == 3 * cfg.rollouts_per_step
+    reference = make_buffer("replay", window.capacity, max_staleness=3, seed=9)
+    for buf in (window, reference):
+        buf.push(_rollouts(10, version=0))
+        buf.push(_rollouts(10, version=2))
+    drawn = [[r.group_id for r in buf.sample(6, current_version=2)] for buf in (window, reference)]
+    assert drawn[0] == drawn[1]
+    # at version 4 the version-0 rollouts are 4 > N_pol = 3 policies old: dropped
+    kept = {r.policy_version for r in window.sample(10, current_version=4)}
+    assert kept == {2}
+
+
+def test_a_buffer_source_samples_the_size_it_is_asked_for() -> None:
+    source = BufferSource(OnPolicyQueue(), batch_size=8, epochs=2)
+    source.push(_rollouts(12, version=0))
+    batch, passes = source.sample(0, n=3)
+    assert len(batch) == 3 and passes == 2
+    assert len(source.sample(0)[0]) == 8
