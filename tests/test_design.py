@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import warnings
@@ -30,6 +31,7 @@ from replayrl.design.theory import (
     power_law_variance,
     reduced_objective,
 )
+from replayrl.recipes.steps import produce_fresh
 
 SWEEP = settings(max_examples=60, deadline=None, derandomize=True)
 mus = st.floats(0.5, 20.0)
@@ -637,7 +639,7 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
     before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
     probe = WarmupProbe(s)
     for _ in range(2):
-        probe.update(s.produce()[0])
+        probe.update(produce_fresh(s)[0])
     assert s.learner.version == 2 and s.learner.updates == 2
     moved = any(not torch.equal(before[k], v) for k, v in s.learner.model.state_dict().items())
     assert moved  # the probe's updates really changed the policy ...
@@ -682,7 +684,7 @@ def test_the_probe_updates_at_the_learning_rate_after_the_lr_warm_up(tmp_path):
     probe = WarmupProbe(s)
     lrs = []
     for _ in range(2):
-        probe.update(s.produce()[0])
+        probe.update(produce_fresh(s)[0])
         lrs.append(s.learner.optimizer.param_groups[0]["lr"])
     assert lrs == pytest.approx([3e-4, 3e-4])
     probe.restore()
@@ -723,7 +725,16 @@ def test_feasible_design_is_bounded_by_the_run_length():
         feasible_design(0.84, 0.01, 0.001, 64, x_max=1.0)
 
 
-def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
+def _replace_produce(monkeypatch, fn) -> None:
+    """Every caller of the step's generation (the warm-up, the probe) gets `fn()` instead."""
+    import replayrl.design.auto as design_auto
+    import replayrl.design.probe as design_probe
+
+    for module in (design_auto, design_probe):
+        monkeypatch.setattr(module, "produce_fresh", lambda session: fn())
+
+
+def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path, monkeypatch):
     # the measured batches are generated inside update() and finish(): their seconds count as
     # generation, less the reward functions' share (the producer reports it as
     # time/reward_s), and the rest of finish() (per-sample gradients) adds to the probe's own
@@ -733,7 +744,7 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
     from replayrl.design.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
-    produce = s.produce
+    produce = functools.partial(produce_fresh, s)
     reward_s = {"value": 7.0}
 
     def produce_reporting_reward_time():
@@ -744,7 +755,7 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path):
             stats["time/reward_s"] = reward_s["value"]
         return rollouts, stats
 
-    s.produce = produce_reporting_reward_time  # type: ignore[method-assign]
+    _replace_produce(monkeypatch, produce_reporting_reward_time)
     for reported in (7.0, None):  # with and without a reward-time figure
         reward_s["value"] = reported
         probe = WarmupProbe(s)
@@ -795,7 +806,7 @@ def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path
     probe = WarmupProbe(s)
     probe.seconds = 10.0
     t0 = time.perf_counter()
-    probe.update(s.produce()[0])
+    probe.update(produce_fresh(s)[0])
     probe.update([])  # every rollout of a batch dropped: the policy version still moves on
     wall = time.perf_counter() - t0
     assert s.learner.version == 2 and [v for _, v in loads] == [1, 2]
@@ -836,18 +847,17 @@ def test_probe_blocker_says_why_in_full():
     )
 
 
-def test_auto_design_refuses_when_every_warm_up_rollout_was_dropped(tmp_path):
+def test_auto_design_refuses_when_every_warm_up_rollout_was_dropped(tmp_path, monkeypatch):
     from replayrl.design import auto as design_auto
 
     s = _auto_session(tmp_path, "design.alpha=0.25", "design.rho=0.5")
-    s.produce = lambda: ([], {})  # type: ignore[method-assign]
+    _replace_produce(monkeypatch, lambda: ([], {}))
     with pytest.raises(ValueError) as err:
         design_auto.auto_design(s)
     assert str(err.value) == ("auto design: every warm-up rollout was dropped; cannot measure mu")
     # a given mu needs no measurement but still rollouts (the alpha / rho probe, the buffer):
     # the same clear refusal, not a failure deep in the probe
     s = _auto_session(tmp_path / "given", "design.mu=5.3")
-    s.produce = lambda: ([], {})  # type: ignore[method-assign]
     with pytest.raises(ValueError) as err:
         design_auto.auto_design(s)
     assert str(err.value) == "auto design: every warm-up rollout was dropped; nothing to start from"
@@ -891,7 +901,7 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
     probe = design_probe.WarmupProbe(s)
     trained = []
     for _ in range(2):
-        trained.append(s.produce()[0])
+        trained.append(produce_fresh(s)[0])
         probe.update(trained[-1])
     assert probe.finish().reason == "spied"
     rows = seen["rows"]
@@ -924,7 +934,7 @@ def test_probe_batches_are_counted_as_generated_and_not_kept(tmp_path):
     assert record["probe_samples"] == 3 * 2 * 32
 
 
-def test_a_probe_whose_measured_batches_all_come_back_empty_falls_back(tmp_path):
+def test_a_probe_whose_measured_batches_all_come_back_empty_falls_back(tmp_path, monkeypatch):
     # every measured rollout dropped (e.g. reward errors): no gradients to take, so alpha and
     # rho fall back with the reason instead of an error, and the policy is still restored
     import torch
@@ -933,9 +943,9 @@ def test_a_probe_whose_measured_batches_all_come_back_empty_falls_back(tmp_path)
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
-    produce = s.produce
+    produce = functools.partial(produce_fresh, s)
     probe = WarmupProbe(s)
-    s.produce = lambda: ([], produce()[1])  # type: ignore[method-assign]
+    _replace_produce(monkeypatch, lambda: ([], produce()[1]))
     for _ in range(2):
         probe.update(produce()[0])  # the warm-up batches themselves are real
     est = probe.finish()
@@ -959,13 +969,13 @@ def test_the_probe_is_reproducible(tmp_path):
     assert [records[0][k] for k in keys] == [records[1][k] for k in keys]
 
 
-def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_path):
+def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_path, monkeypatch):
     import time
 
     from replayrl.design import auto as design_auto
 
     s = _auto_session(tmp_path, "design.alpha=0.25", "design.rho=0.5", "design.warmup_steps=3")
-    produce, backward = s.produce, s.learner.measure_backward
+    produce, backward = functools.partial(produce_fresh, s), s.learner.measure_backward
     gen, train = [], []
 
     def slow_produce():
@@ -982,7 +992,7 @@ def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_p
         backward(rollouts)
         train.append(time.perf_counter() - t0)
 
-    s.produce = slow_produce  # type: ignore[method-assign]
+    _replace_produce(monkeypatch, slow_produce)
     s.learner.measure_backward = slow_backward  # type: ignore[method-assign]
     s.counters.generation_seconds = 100.0
     mus, produced = design_auto._warmup(s, None)

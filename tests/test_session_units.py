@@ -134,7 +134,7 @@ def test_interrupted_checkpoints_logs_the_signal_and_raises_it(tmp_path):
     assert acc["ledger"]["balanced"]
 
 
-def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path):
+def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path, monkeypatch):
     # one synchronous step's clocks: generation = the produce call less the reward functions'
     # share (time/reward_s), summed into the run's generation seconds; mu = generation per
     # generated rollout / training per trained rollout (paper 1), one value per step; the
@@ -153,12 +153,15 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path)
     (tmp_path / "run").mkdir()
     s = Session(cfg, tmp_path / "run", log=lambda _: None)
     s.start()
-    produce, calls, ends = s.produce, [], []
+    import replayrl.recipes.sync as sync_recipe
+    from replayrl.recipes.steps import produce_fresh
+
+    calls, ends = [], []
 
     def slow_produce():
         t0 = time.perf_counter()
         time.sleep(0.6)
-        rollouts, stats = produce()
+        rollouts, stats = produce_fresh(s)
         stats["time/reward_s"] = 0.4  # as if reward functions took 0.4 s of it
         calls.append((time.perf_counter() - t0, len(rollouts)))
         return rollouts, stats
@@ -169,7 +172,7 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path)
         end_step(stats, progress)
         ends.append(dict(stats))
 
-    s.produce = slow_produce  # type: ignore[method-assign]
+    monkeypatch.setattr(sync_recipe, "produce_fresh", lambda session: slow_produce())
     s.end_step = recording_end_step  # type: ignore[method-assign]
     progress = Progress(3, 0, False)
     c = s.counters
@@ -291,8 +294,10 @@ def test_policy_frozen_only_during_a_critics_warmup(tmp_path, preset, frozen):
     assert seen == frozen
 
 
-def test_train_batch_with_nothing_to_train_still_makes_one_new_version(tmp_path):
+def test_learn_with_nothing_to_train_still_makes_one_new_version(tmp_path):
     import time
+
+    from replayrl.recipes.steps import learn
 
     s = _session(tmp_path)
     v, loaded = s.learner.version, []
@@ -300,7 +305,7 @@ def test_train_batch_with_nothing_to_train_still_makes_one_new_version(tmp_path)
     s.generator.load_weights = lambda params, version: loaded.append(version)  # type: ignore[attr-defined]
     stats: dict[str, float] = {}
     t0 = time.perf_counter()
-    seconds = s.train_batch([], 1, [], stats)
+    seconds = learn(s, [], 1, [], stats)
     assert 0.0 <= seconds <= time.perf_counter() - t0
     assert stats["time/training_s"] == seconds and s.counters.training_seconds == seconds
     assert s.learner.version == v + 1 and loaded == [v + 1]
@@ -325,9 +330,10 @@ def test_a_steps_checks_and_signal_get_the_steps_own_number(tmp_path):
 
 def test_produce_reports_reward_timeouts_and_evaluate_renders_like_training(tmp_path, monkeypatch):
     import replayrl.run.session as session_module
+    from replayrl.recipes.steps import produce_fresh
 
     s = _session(tmp_path)
-    _, stats = s.produce()
+    _, stats = produce_fresh(s)
     assert stats["rollouts/dropped_reward_timeout"] == 0.0
     seen = []
     monkeypatch.setattr(

@@ -29,6 +29,7 @@ from replayrl.design.theory import (
     feasible_design,
     on_policy_design,
 )
+from replayrl.recipes.steps import produce_fresh
 from replayrl.run.session import Session
 
 
@@ -164,7 +165,7 @@ def _warmup(s: Session, probe: WarmupProbe | None) -> tuple[list[float], list[Ro
     produced: list[Rollout] = []
     for _ in range(s.cfg.design.warmup_steps):
         t0 = time.perf_counter()
-        rollouts, stats = s.produce()
+        rollouts, stats = produce_fresh(s)
         t_gen = time.perf_counter() - t0 - stats.get("time/reward_s", 0.0)  # not rewards
         produced.extend(rollouts)
         if rollouts:

@@ -50,6 +50,7 @@ from replayrl.design.staleness import (
 )
 from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
 from replayrl.models.loading import unwrap_model
+from replayrl.recipes.steps import produce_fresh
 from replayrl.run.session import Session
 
 MEASURED = "measured"
@@ -136,7 +137,7 @@ class WarmupProbe:
         s = self.s
         for _ in range(s.cfg.design.probe_batches):
             t0 = time.perf_counter()
-            batch, stats = s.produce()
+            batch, stats = produce_fresh(s)
             s.counters.generation_seconds += max(
                 time.perf_counter() - t0 - stats.get("time/reward_s", 0.0), 0.0
             )

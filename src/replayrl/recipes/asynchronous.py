@@ -27,6 +27,7 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
 from replayrl.design.theory import cost_ratio
 from replayrl.distributed.worker import Delivery
+from replayrl.recipes.steps import learn
 from replayrl.rollout.producer import Production
 from replayrl.run.accounting import RoleClock
 from replayrl.run.components import build_buffer
@@ -230,7 +231,7 @@ class AsyncSession(Session):
         assert self.pool is not None
         self.pool.set_hold(self.hold(B))
         self._stats = {}
-        t_train = self.train_batch(batch, epochs, self.fresh, self._stats)
+        t_train = learn(self, batch, epochs, self.fresh, self._stats)
         self.learner_clock.rollouts += len(batch) * epochs
         self.learner_clock.tokens += sum(r.completion_ids.numel() for r in batch) * epochs
         self.learner_clock.batches += 1

@@ -13,6 +13,7 @@ from typing import Any
 
 from replayrl.design.auto import auto_design
 from replayrl.design.theory import cost_ratio
+from replayrl.recipes.steps import learn, produce_fresh
 from replayrl.run.metrics import Progress
 from replayrl.run.session import Session, StopOnSignal
 
@@ -41,12 +42,12 @@ def sync_step(s: Session, progress: Progress) -> None:
     c = s.counters
     s.source.before_step(s.learner, c, s.log)  # ReMix: reincarnation at step T
     t_start = time.perf_counter()
-    fresh, stats = s.produce()  # generate, score, group advantages
+    fresh, stats = produce_fresh(s)  # generate, score, group advantages
     t_reward = stats.get("time/reward_s", 0.0)  # user code, not generation: not in mu
     t_gen = time.perf_counter() - t_start - t_reward
     s.watch_signal(fresh, stats, c.step + 1)  # before ReMix / buffer sampling: fresh only
     batch, epochs = s.source.next_batch(fresh, s.learner.version)  # push, sample
-    t_train = s.train_batch(batch, epochs, fresh, stats)  # update
+    t_train = learn(s, batch, epochs, fresh, stats)  # update
     c.generation_seconds += t_gen
     mu = cost_ratio(t_gen, len(fresh), t_train, len(batch) * epochs)
     if mu is not None:  # a step that generated or trained nothing measures nothing

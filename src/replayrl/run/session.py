@@ -1,8 +1,9 @@
-"""A run's services around its loop: set-up from components, evaluation, one learner step's
-bookkeeping, step metrics, checkpoints, resume, and the final summary.
+"""A run's services around its loop: set-up from components, evaluation, the no-signal and
+no-training guards, step metrics, checkpoints, resume, and the final summary.
 
 The loops themselves (recipes/sync.py, recipes/asynchronous.py) are plain functions over a
-session; nothing here decides what the next batch is or when to train.
+session's components (producer, batch source, learner); nothing here generates, decides what
+the next batch is or trains.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from typing import Any
 import torch
 
 from replayrl.config.schema import Config, config_to_yaml
-from replayrl.data.buffer import Buffer, batch_stats
+from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import BatchSource
 from replayrl.errors import RunFailed, RunStopped
-from replayrl.models.loading import unwrap_model
 from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.producer import Production
 from replayrl.run.accounting import format_accounting
@@ -141,18 +141,7 @@ class Session:
         self.hooks.checkpointed(self.counters.step, path)
         return path
 
-    # -- generation and evaluation -----------------------------------------------------------
-    def produce(self) -> tuple[list[Rollout], dict[str, float]]:
-        """Generate, score and turn samples into rollouts with group advantages."""
-        c = self.counters
-        p = self.producer.produce(self.learner.version, c.step, c.step * 1_000_000)
-        self.account(p)
-        return p.rollouts, {
-            **p.stats,
-            "rollouts/dropped_reward_error": float(c.rollouts_dropped_reward_error),
-            "rollouts/dropped_reward_timeout": float(c.rollouts_dropped_reward_timeout),
-        }
-
+    # -- evaluation and the no-signal monitor ---------------------------------------------------
     def watch_signal(self, fresh: list[Rollout], stats: dict[str, float], step: int) -> None:
         """Feed the no-signal monitor one step's FRESH rollouts (never replayed ones): its
         metrics go into `stats`, its warning (after `no_signal_patience` such steps) to the log."""
@@ -178,42 +167,7 @@ class Session:
         self.hooks.evaluated(c.step, ev)
         return ev
 
-    # -- one learner step --------------------------------------------------------------------
-    def train_batch(
-        self, batch: list[Rollout], epochs: int, fresh: list[Rollout], stats: dict[str, float]
-    ) -> float:
-        """One learner step on `batch` (`fresh`: this step's new rollouts, for text metrics);
-        returns its seconds. The counters' step advances; engines with their own weights
-        (vLLM) get the new ones."""
-        cfg, c = self.cfg, self.counters
-        version = self.learner.version
-        t1 = time.perf_counter()
-        if batch:
-            stats.update({f"batch/{k}": v for k, v in batch_stats(batch, version).items()})
-            train_metrics = self.learner.train_step(
-                batch,
-                self.parts.shuffle_rng,
-                step=c.step + 1,  # t in the paper's lambda(t): 1-based update count
-                epochs=epochs,
-                stale=[r.policy_version < version for r in batch],
-                policy_frozen=c.step < cfg.critic.warmup_steps and self.learner.critic is not None,
-            )
-            stats.update({f"train/{k}": v for k, v in train_metrics.items()})
-            self.check_training(batch, train_metrics, c.step + 1)
-            stats["reflection_rate"] = reflection_rate(
-                [r.completion_text for r in fresh], cfg.logging.reflection_words
-            )
-        else:
-            self.learner.version += 1  # nothing to learn from (all dropped): still a new step
-        t_train = time.perf_counter() - t1
-        c.add_trained(sum(r.completion_ids.numel() for r in batch), len(batch), epochs, t_train)
-        stats["time/training_s"] = t_train
-        if hasattr(self.generator, "load_weights"):  # an engine with its own copy (vLLM)
-            self.generator.load_weights(
-                unwrap_model(self.model).named_parameters(), self.learner.version
-            )
-        return t_train
-
+    # -- guards -------------------------------------------------------------------------------
     def check_training(self, batch: list[Rollout], m: dict[str, float], step: int) -> None:
         """No silent non-training: `train.failure_patience` steps in a row whose updates were
         all skipped (non-finite gradient) or whose gradient was exactly 0 although the batch

@@ -17,6 +17,8 @@ from replayrl.data.buffer import Buffer
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
 
+GROUP_STRIDE = 1_000_000  # group ids of a step: step * stride + call offset + prompt index
+
 
 @dataclass
 class SourceContext:

@@ -33,7 +33,7 @@ from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.base import SourceContext, require_fresh_groups
+from replayrl.data.sources.base import GROUP_STRIDE, SourceContext, require_fresh_groups
 from replayrl.data.sources.buffer import BufferSource, Log
 
 
@@ -76,8 +76,6 @@ class GroupReplayConfig(Section):
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
-
-GROUP_STRIDE = 1_000_000  # group ids of a step: step * stride + call offset + prompt index
 
 
 class Production(Protocol):

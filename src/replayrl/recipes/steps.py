@@ -1,0 +1,61 @@
+"""The two halves of a step that every loop shares: generate fresh rollouts with the current
+weights, and train the learner on a batch. The synchronous loop calls both each step; the
+asynchronous learner calls `learn` when a batch is ready (generators produce elsewhere); the
+`auto` design's warm-up calls `produce_fresh`."""
+
+from __future__ import annotations
+
+import time
+
+from replayrl.data.buffer import batch_stats
+from replayrl.data.rollout import Rollout
+from replayrl.data.sources.base import GROUP_STRIDE
+from replayrl.models.loading import unwrap_model
+from replayrl.run.session import Session, reflection_rate
+
+
+def produce_fresh(s: Session) -> tuple[list[Rollout], dict[str, float]]:
+    """Generate with the current weights, score, and turn samples into rollouts with group
+    advantages (the producer); the run's counters account for them."""
+    c = s.counters
+    p = s.producer.produce(s.learner.version, c.step, c.step * GROUP_STRIDE)
+    c.account(p)
+    return p.rollouts, {
+        **p.stats,
+        "rollouts/dropped_reward_error": float(c.rollouts_dropped_reward_error),
+        "rollouts/dropped_reward_timeout": float(c.rollouts_dropped_reward_timeout),
+    }
+
+
+def learn(
+    s: Session, batch: list[Rollout], epochs: int, fresh: list[Rollout], stats: dict[str, float]
+) -> float:
+    """One learner step on `batch`, `epochs` passes (`fresh`: this step's new rollouts, for
+    text metrics); returns its seconds. The counters' step advances; engines with their own
+    weights (vLLM) get the new ones."""
+    cfg, c, learner = s.cfg, s.counters, s.learner
+    version = learner.version
+    t1 = time.perf_counter()
+    if batch:
+        stats.update({f"batch/{k}": v for k, v in batch_stats(batch, version).items()})
+        train_metrics = learner.train_step(
+            batch,
+            s.parts.shuffle_rng,
+            step=c.step + 1,  # t in the paper's lambda(t): 1-based update count
+            epochs=epochs,
+            stale=[r.policy_version < version for r in batch],
+            policy_frozen=c.step < cfg.critic.warmup_steps and learner.critic is not None,
+        )
+        stats.update({f"train/{k}": v for k, v in train_metrics.items()})
+        s.check_training(batch, train_metrics, c.step + 1)  # no silent non-training
+        stats["reflection_rate"] = reflection_rate(
+            [r.completion_text for r in fresh], cfg.logging.reflection_words
+        )
+    else:
+        learner.version += 1  # nothing to learn from (all dropped): still a new step
+    t_train = time.perf_counter() - t1
+    c.add_trained(sum(r.completion_ids.numel() for r in batch), len(batch), epochs, t_train)
+    stats["time/training_s"] = t_train
+    if hasattr(s.generator, "load_weights"):  # an engine with its own copy (vLLM)
+        s.generator.load_weights(unwrap_model(s.model).named_parameters(), learner.version)
+    return t_train
