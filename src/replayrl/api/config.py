@@ -29,12 +29,12 @@ from replayrl.config.schema import (
 PAPER_TERMS = {"replay_ratio": "train.batch_size", "staleness_horizon": "buffer.capacity"}
 
 
-def _config_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+def config_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
     """Every dotted key of the config schema (`train.lr`, `buffer.capacity`, ...)."""
     keys = []
     for name, sub in section_fields(model).items():
         if isinstance(sub, type) and issubclass(sub, BaseModel):
-            keys += _config_keys(sub, f"{prefix}{name}.")
+            keys += config_keys(sub, f"{prefix}{name}.")
         else:
             keys.append(f"{prefix}{name}")
     return keys
@@ -188,7 +188,7 @@ class ReplayConfig:
         self.kwargs = dict(kwargs)
         # paper 1's terms by name (arXiv 2604.08706): y = B / R and x = N / R
         self.paper_terms = {k: kwargs.pop(k) for k in PAPER_TERMS if k in kwargs}
-        keys = _config_keys()
+        keys = config_keys()
         trl_args.check_names(kwargs, keys)
         given = self.overrides.keys() if isinstance(self.overrides, Mapping) else self.overrides
         trl_args.check_override_keys([str(o).split("=", 1)[0].strip() for o in given], keys)

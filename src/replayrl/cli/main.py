@@ -20,21 +20,20 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    # the same path as the Python API (`replayrl.ReplayTrainer`): one way to train
-    from replayrl.api.trainer import ReplayConfig, ReplayTrainer
+    # the run's own entry points: the Python API (`replayrl.ReplayTrainer`) is an adapter
+    # over the same two calls
+    from replayrl.api.config import config_keys
+    from replayrl.api.trl_args import check_override_keys
+    from replayrl.run import entry
 
+    check_override_keys([o.split("=", 1)[0].strip() for o in args.overrides], config_keys())
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes the run's own config.yaml; drop --config")
-        from replayrl.run.entry import trusting_run_code
-
-        with trusting_run_code(args.trust_run_code):
-            summary = ReplayTrainer.from_run(args.resume, args.overrides).train(
-                resume_from_checkpoint=True
-            )
+        with entry.trusting_run_code(args.trust_run_code):
+            summary = entry.resume(args.resume, args.overrides)
     else:
-        trainer = ReplayTrainer(args=ReplayConfig(args.config, overrides=args.overrides))
-        summary = trainer.train()
+        summary = entry.train(load_config(args.config, args.overrides))
     keys = (
         "initial_eval_accuracy",
         "final_eval_accuracy",

@@ -76,6 +76,8 @@ def resume(
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
     with InterruptOnSignal(), run_lock(run_dir):  # one process per run folder
         cfg = load_config(cfg_path, overrides)
+        # the folder as it is now (it may have been moved since it was written)
+        cfg.logging.run_dir, cfg.logging.name = str(run_dir.parent), run_dir.name
         check_hooks(cfg, hooks)
         # before anything is written: fixed keys against the checkpoint's record, then the
         # code and paths the run folder names
