@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from replayrl.config.registries import BATCH_SOURCES, TASKS
-from replayrl.config.section import Section
+from replayrl.config.section import Section as _Section  # every section's base
 
 
 class ConfigError(ValueError):
@@ -36,9 +36,6 @@ def config_value(cfg: BaseModel, key: str) -> Any:
     for part in key.split("."):
         node = getattr(node, part)
     return node
-
-
-_Section = Section  # every section of the schema (config/section.py)
 
 
 class TinyModelConfig(_Section):
