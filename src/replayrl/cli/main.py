@@ -246,7 +246,15 @@ def _add_train_and_eval(sub: Any) -> None:
 
 
 def _add_design(sub: Any) -> None:
-    p = sub.add_parser("design", help="replay buffer size and ratio from the cost model (paper 1)")
+    p = sub.add_parser(
+        "design",
+        help="replay buffer size and ratio from the cost model (paper 1)",
+        description="The experience-replay paper's (arXiv 2604.08706) closed form and feasible design: the buffer "
+        "size N and replay ratio y = B / R that minimise compute for given mu, alpha, rho. "
+        "buffer.capacity=auto / train.batch_size=auto measure these on a warm-up of the run "
+        "itself: that probe is experimental (it rarely measures alpha on small batches and then "
+        "stays on-policy).",
+    )
     p.add_argument("--mu", type=float, required=True, help="generation / training cost per sample")
     p.add_argument("--alpha", type=float, default=0.25, help="power-law exponent of sigma(x)")
     p.add_argument("--rho", type=float, default=0.5, help="correlation between buffer items")

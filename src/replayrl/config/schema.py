@@ -265,7 +265,8 @@ class BufferConfig(_Section):
     capacity: PositiveInt | Literal["auto"] | None = Field(
         None,
         description="N, rollouts kept; staleness horizon x = N / R (R generated per step). "
-        "None: unbounded (onpolicy only); auto: x* from `replayrl design` on a measured warm-up",
+        "None: unbounded (onpolicy only); auto (experimental): x* from `replayrl design` on a "
+        "measured warm-up",
     )
     sampler: Literal["uniform", "positive_bias"] = Field(
         "uniform",
@@ -344,11 +345,12 @@ DESIGN_FALLBACK = {"alpha": 0.25, "rho": 0.5}
 
 
 class DesignConfig(_Section):
-    """Inputs of paper 1's cost model, used when capacity or batch size is `auto`."""
+    """Inputs of paper 1's cost model, used when capacity or batch size is `auto`
+    (experimental: replayrl/design/auto.py measures them on the run's warm-up)."""
 
     # power-law exponent of sigma(x) and correlation between buffer items: a number, or
     # `measured` on the warm-up's per-sample gradients at staleness 0 .. warmup_steps
-    # (replayrl/data/staleness.py; DESIGN_FALLBACK, logged, when that is ill-conditioned)
+    # (replayrl/design/staleness.py; DESIGN_FALLBACK, logged, when that is ill-conditioned)
     alpha: Annotated[float, Field(ge=0, lt=0.5)] | Literal["measured"] = "measured"
     rho: Annotated[float, Field(ge=0, le=1)] | Literal["measured"] = "measured"
     # generation / training cost per rollout: `measured` on the warm-up's timed steps, or a
@@ -528,7 +530,8 @@ class CriticConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int = Field(80, ge=0, description="learner steps (each generates, then trains)")
-    # rollouts per step's batch B; None = R; "auto" = from `replayrl design` (see `design`);
+    # rollouts per step's batch B; None = R; "auto" (experimental) = from `replayrl design`
+    # on a measured warm-up (see `design`);
     # the replay ratio y = B / R
     batch_size: PositiveInt | Literal["auto"] | None = None
     mini_batch_size: int | None = Field(None, ge=1)  # rollouts per optimizer update; None = B
