@@ -159,6 +159,21 @@ def test_own_folder_resumes_in_async_local(tmp_path: Path, capsys):
     assert load_state(latest_checkpoint(run))["counters"]["step"] == 3
 
 
+@pytest.mark.ray
+def test_own_folder_resumes_in_ray(tmp_path: Path):
+    reward = reward_file(tmp_path / "code")
+    ray = ["runtime=ray", "ray.num_cpus=2", "ray.generator_num_cpus=0.5"]
+    extra = [*ray, "ray.learner_num_cpus=0.5", "train.batch_size=8", "train.steps=2"]
+    code, _, err = replayrl(["train", *args(tmp_path, "ray", *extra, rewards_arg(reward))])
+    assert code == 0, err[-3000:]
+    ran(reward).unlink()
+    run = tmp_path / "ray"
+    code, out, err = replayrl(["train", "--resume", str(run), "train.steps=3"])
+    assert code == 0, err[-3000:]
+    assert f"{run} is signed with your key" in out and ran(reward).exists()
+    assert load_state(latest_checkpoint(run))["counters"]["step"] == 3
+
+
 # -- what is refused, and why -------------------------------------------------------------------
 
 
