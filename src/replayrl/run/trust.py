@@ -66,10 +66,13 @@ def code_version() -> str:
         version = importlib.metadata.version("replayrl")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
+    root = Path(__file__).resolve().parents[3]  # src/replayrl/run/trust.py -> the checkout
+    if not (root / ".git").exists():  # installed: not the commit of a repo it happens to sit in
+        return version
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
+            cwd=root,
             capture_output=True,
             text=True,
             timeout=5,
