@@ -29,6 +29,19 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _isolated_trust_key(tmp_path_factory: pytest.TempPathFactory):
+    """Runs started by the tests (in this process and in subprocesses, which inherit the
+    environment) sign with a per-session key, never one in the real ~/.config."""
+    old = os.environ.get("REPLAYRL_TRUST_KEY")
+    os.environ["REPLAYRL_TRUST_KEY"] = str(tmp_path_factory.mktemp("trust") / "trust-key")
+    yield
+    if old is None:
+        os.environ.pop("REPLAYRL_TRUST_KEY", None)
+    else:
+        os.environ["REPLAYRL_TRUST_KEY"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread():
     """The models here are tiny: on the shared 2-core machine, intra-op threads only contend
     (a 32-wide linear took ~15 ms with 2 threads under load vs. microseconds with 1)."""

@@ -1,5 +1,5 @@
 """`replayrl` command line: train | eval | config show | presets | design | bench | report |
-prepare | export-merged."""
+prepare | export-merged | trust."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from replayrl.cli.trust import add_trust
 from replayrl.config.schema import ConfigError, config_to_yaml, load_config
 
 
@@ -224,7 +225,9 @@ def _add_train_and_eval(sub: Any) -> None:
         "--trust-run-code",
         action="store_true",
         help="with --resume: run the reward code (file.py:fn, module:fn) the run folder's "
-        "config.yaml names (refused without it, unless rewards=... is given again)",
+        "config.yaml names, also a reward file changed since the start (without it: only "
+        "when the folder is signed with your key, see `replayrl trust`, or rewards=... is "
+        "given again)",
     )
     p.set_defaults(func=_cmd_train)
 
@@ -372,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_design(sub)
     _add_bench(sub)
     _add_tools(sub)
+    add_trust(sub)
     return parser
 
 

@@ -19,6 +19,7 @@ from replayrl.run.folder import (
     record_origin,
     run_guard,
     run_lock,
+    sign_run,
     write_config,
 )
 from replayrl.run.session import InterruptOnSignal
@@ -57,6 +58,7 @@ def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[
         with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
             write_config(run_dir, cfg)
             record_origin(run_dir, cfg)  # where it started, the reward files' SHA-256
+            sign_run(run_dir, cfg, log)  # so that its own resume runs its reward code unasked
             start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)
         with run_guard(run_dir, log=log):  # expected failures name the last good checkpoint
             return start()
@@ -84,15 +86,18 @@ def resume(
         check_resume_config(load_config(cfg_path), cfg, run_dir, log)
         own = hooks is not None and hooks.rewards is not None
         trust = TRUST_RUN_CODE.get()
-        specs = check_resume_code(run_dir, cfg, list(overrides or []), trust is not False, own)
-        if specs and trust is None:
-            log(f"warning: resuming runs reward code named by {run_dir}: {', '.join(specs)}")
+        # the code it names runs when the folder's signed record verifies with this user's
+        # key, with consent (--trust-run-code), or not at all (rewards given again)
+        check_resume_code(run_dir, cfg, list(overrides or []), trust, own, log)
         check_layout(run_dir)
         for left in clean_leftovers(run_dir):
             log(f"removed {left}: the temp folder of a checkpoint write that was killed")
         # restores the checkpoint (not ray's)
         start = _runtime(cfg, run_dir, log, resume=True, hooks=hooks)
         write_config(run_dir, cfg)  # only once the checkpoint accepted the overrides
+        # what runs now ran with consent (signature, flag or rewards given): sign it as this
+        # user's, so that the next resume (a requeue) needs no flag
+        sign_run(run_dir, cfg, log)
         with run_guard(run_dir, log=log):
             return start()
 

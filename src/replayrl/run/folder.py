@@ -30,8 +30,9 @@ from typing import Any
 
 import yaml
 
-from replayrl.config.schema import Config, ConfigError, config_to_yaml
+from replayrl.config.schema import Config, ConfigError, config_to_yaml, load_config
 from replayrl.errors import RunFailed
+from replayrl.run.trust import Verdict, reward_refs, sign_or_warn, verify_run_folder
 from replayrl.storage.checkpoint import CheckpointWriteError, find_checkpoints, manifest_config
 from replayrl.storage.io import atomic_write_text
 
@@ -359,16 +360,28 @@ def _read_origin(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _start_folder(origin: dict[str, Any]) -> str | None:
+    cwd = origin.get("cwd")
+    return cwd if isinstance(cwd, str) else None
+
+
 def check_resume_code(
-    run_dir: Path, cfg: Config, overrides: list[str], trusted: bool, own_rewards: bool
+    run_dir: Path,
+    cfg: Config,
+    overrides: list[str],
+    trust: bool | None,
+    own_rewards: bool,
+    log: Log = print,
 ) -> list[str]:
     """Resume runs no code named by a run folder without consent (in place on `cfg`).
 
     Relative paths resolve against the folder the run was started from (recorded in
     origin.json), not the current one. Reward files or `module:fn` entries that come from
-    the run folder's config need `trusted` (`--trust-run-code`), or rewards given again
-    (`rewards=...` override, or reward objects from the Python API); a reward file whose
-    contents changed since the start is refused either way unless the rewards are given again.
+    the run folder's config run when the folder's signed record verifies with this user's
+    key (`run.trust`: a folder this user started, or trusted with `replayrl trust`), with
+    `trust` True (`--trust-run-code`), or when the rewards are given again (`rewards=...`
+    override, or reward objects from the Python API). `trust` None (a Python caller that did
+    not decide) is consent too, but not to a reward file changed since the start.
     Returns the run folder's code entries that the resume will run (none when given again).
     """
     given = own_rewards or any(o.split("=", 1)[0].strip().startswith("rewards") for o in overrides)
@@ -376,7 +389,8 @@ def check_resume_code(
         o.split("=", 1)[0].strip() in ("task.path", "task.eval_path") for o in overrides
     )
     origin = _read_origin(run_dir)
-    base = Path(origin["cwd"]) if isinstance(origin.get("cwd"), str) else None
+    cwd = _start_folder(origin)
+    base = Path(cwd) if cwd is not None else None
     if given:
         _anchor(cfg, Path.cwd(), rewards=True, data=False)  # typed now: relative to here
     elif base is not None:
@@ -386,23 +400,72 @@ def check_resume_code(
     if given or own_rewards:
         return []
     specs = code_specs(cfg)
-    if specs and not trusted:
-        raise ConfigError(
-            f"{run_dir}/config.yaml names reward code ({', '.join(specs)}): a resume runs no "
-            "code from a run folder without consent; pass --trust-run-code if you trust it, "
-            "or give the rewards again (rewards=[...])"
+    if not specs:
+        return []
+    if trust is not True:
+        verdict = verify_run_folder(run_dir, cwd, reward_refs(specs, _file_target))
+        if verdict.trusted:
+            log(f"resume: {run_dir} is signed with your key; running its reward code as signed")
+            return specs
+        if trust is False:
+            raise ConfigError(_refusal(run_dir, specs, verdict))
+    _check_unchanged(origin, specs, accept=trust is True, log=log)
+    if trust is None:
+        log(f"warning: resuming runs reward code named by {run_dir}: {', '.join(specs)}")
+    return specs
+
+
+def _refusal(run_dir: Path, specs: list[str], verdict: Verdict) -> str:
+    if verdict.changed_file is not None:
+        return (
+            f"{verdict.reason}: resuming would score with other code; pass --trust-run-code "
+            "to resume with it as it is now, or give rewards=[...] again"
         )
+    return (
+        f"{run_dir}/config.yaml names reward code ({', '.join(specs)}): a resume runs no "
+        f"code from a run folder without consent, and this folder is not trusted: "
+        f"{verdict.reason}; pass --trust-run-code if you trust it (or `replayrl trust "
+        f"{run_dir}` once), or give the rewards again (rewards=[...])"
+    )
+
+
+def _check_unchanged(origin: dict[str, Any], specs: list[str], accept: bool, log: Log) -> None:
+    """Reward files whose contents differ from those at the start (origin.json): refused,
+    or with `accept` (an explicit --trust-run-code) run as they are now, with a warning."""
     recorded = origin.get("reward_files") or {}
-    now = _hashes(cfg)
+    now = {r["file"]: r["sha256"] for r in reward_refs(specs, _file_target) if r["file"]}
     for spec in specs:
         target = _file_target(spec)
         if target is None:
             continue
         old = recorded.get(target)
-        if old is not None and now.get(target) != old:
+        if old is None or now.get(target) == old:
+            continue
+        if not accept:
             raise ConfigError(
                 f"reward file {target} changed since the run started (SHA-256 differs): "
-                "resuming would score with other code; give rewards=[...] again to use it "
-                "as it is now"
+                "resuming would score with other code; pass --trust-run-code, or give "
+                "rewards=[...] again, to use it as it is now"
             )
-    return specs
+        log(f"warning: reward file {target} changed since the run started; running it as it is now")
+
+
+def run_code(run_dir: Path) -> tuple[Config, str | None, list[dict[str, Any]]]:
+    """A run folder's config (reward files resolved against its start folder), the start
+    folder, and the code references a resume of it would run (`run.trust.reward_refs`)."""
+    cfg = load_config(run_dir / "config.yaml")
+    cwd = _start_folder(_read_origin(run_dir))
+    if cwd is not None:
+        _anchor(cfg, Path(cwd), rewards=True, data=False)
+    return cfg, cwd, reward_refs(code_specs(cfg), _file_target)
+
+
+def sign_run(run_dir: Path, cfg: Config, log: Log = print) -> None:
+    """Sign what the run in `run_dir` executes (after config.yaml and origin.json are written);
+    a resume of this user's own folder then needs no --trust-run-code."""
+    cwd = _start_folder(_read_origin(run_dir))
+    anchored = cfg.model_copy(deep=True)
+    if cwd is not None:
+        _anchor(anchored, Path(cwd), rewards=True, data=False)
+    refs = reward_refs(code_specs(anchored), _file_target)
+    sign_or_warn(run_dir, cfg.model_dump(mode="json"), cwd, refs, log)

@@ -31,6 +31,7 @@ from replayrl.run.components import Components, build_batch_source, build_buffer
 from replayrl.run.metrics import MetricsLogger, Progress
 from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
 from replayrl.run.state import Counters, accounting, summarize
+from replayrl.run.trust import record_signature
 from replayrl.storage.checkpoint import (
     describe_missing,
     latest_checkpoint,
@@ -137,6 +138,7 @@ class Session:
             self._state(),
             keep_last=self.cfg.checkpoint.keep_last,
             config=self.cfg.model_dump(mode="json"),  # resume checks against this record
+            record_signature=record_signature(self.run_dir),  # the signed run record's
         )
         self.hooks.checkpointed(self.counters.step, path)
         return path

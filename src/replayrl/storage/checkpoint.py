@@ -141,9 +141,11 @@ def save_checkpoint(
     state: dict[str, Any],
     keep_last: int = 2,
     config: dict[str, Any] | None = None,
+    record_signature: str | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically; `config`: the run's config (recorded in the
-    manifest, so a resume checks its settings against the checkpoint's own record)."""
+    manifest, so a resume checks its settings against the checkpoint's own record);
+    `record_signature`: the HMAC of the run's signed record it was written under."""
     root = run_dir / "checkpoints"
     name = f"step_{step:06d}"
     dest = root / name
@@ -163,6 +165,8 @@ def save_checkpoint(
         }
         if config is not None:
             manifest["config"] = config
+        if record_signature is not None:
+            manifest["run_record_hmac"] = record_signature
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1))
         if dest.exists():  # rewriting a step (a finished run resumed): keep it until replaced
             old = root / f".{name}.old-{os.getpid()}"
@@ -267,14 +271,19 @@ def _safetensors_damage(path: Path) -> str | None:
     return None
 
 
-def manifest_config(path: Path) -> dict[str, Any] | None:
-    """The run config a checkpoint recorded when it was written (None for older ones)."""
+def manifest_value(path: Path, key: str) -> Any:
+    """One entry of a checkpoint's manifest (None when absent or unreadable)."""
     try:
         if (path / MANIFEST).stat().st_size > 10_000_000:
             return None
-        cfg = json.loads((path / MANIFEST).read_text()).get("config")
+        return json.loads((path / MANIFEST).read_text()).get(key)
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
+
+
+def manifest_config(path: Path) -> dict[str, Any] | None:
+    """The run config a checkpoint recorded when it was written (None for older ones)."""
+    cfg = manifest_value(path, "config")
     return cfg if isinstance(cfg, dict) else None
 
 
