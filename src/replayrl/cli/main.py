@@ -252,8 +252,9 @@ def _add_design(sub: Any) -> None:
     p = sub.add_parser(
         "design",
         help="replay buffer size and ratio from the cost model (paper 1)",
-        description="The experience-replay paper's (arXiv 2604.08706) closed form and feasible design: the buffer "
-        "size N and replay ratio y = B / R that minimise compute for given mu, alpha, rho. "
+        description="The experience-replay paper's (arXiv 2604.08706) closed form and "
+        "feasible design: the buffer size N and replay ratio y = B / R that minimise compute "
+        "for given mu, alpha, rho. "
         "buffer.capacity=auto / train.batch_size=auto measure these on a warm-up of the run "
         "itself: that probe is experimental (it rarely measures alpha on small batches and then "
         "stays on-policy).",
