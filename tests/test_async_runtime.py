@@ -21,7 +21,7 @@ from replayrl.data.sources.buffer import BufferSource
 from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
 from replayrl.distributed.worker import Delivery
 from replayrl.recipes.asynchronous import AsyncSession
-from replayrl.run.accounting import ledger_stats, role_summary, rollout_ledger
+from replayrl.records.ledger import ledger_stats, role_summary, rollout_ledger
 from replayrl.run.entry import train
 from replayrl.run.state import Counters, summarize
 from replayrl.storage.checkpoint import load_state

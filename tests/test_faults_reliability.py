@@ -55,8 +55,8 @@ import pytest
 
 from replayrl.cli.main import main
 from replayrl.errors import RewardFunctionFailed
+from replayrl.records.folder import lock_path, run_lock
 from replayrl.rollout.rewards import WeightedReward, score
-from replayrl.run.folder import lock_path, run_lock
 from replayrl.run.metrics import read_metrics
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from test_faults import cli, one_error_line

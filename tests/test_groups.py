@@ -503,7 +503,7 @@ def test_dynamic_sampling_batch_larger_than_the_queue_is_refused() -> None:
     ],
 )
 def test_group_state_keys_are_fixed_on_resume(preset: str, override: str) -> None:
-    from replayrl.run.folder import check_resume_config
+    from replayrl.records.folder import check_resume_config
 
     saved = load_config(preset)
     check_resume_config(saved, load_config(preset))  # unchanged: accepted
@@ -512,7 +512,7 @@ def test_group_state_keys_are_fixed_on_resume(preset: str, override: str) -> Non
 
 
 def test_a_record_without_the_group_keys_resumes_with_their_defaults() -> None:
-    from replayrl.run.folder import check_resume_config
+    from replayrl.records.folder import check_resume_config
 
     saved = load_config("grpo")
     saved_dump = saved.model_dump(mode="json")

@@ -23,7 +23,7 @@ PKG = SRC / "replayrl"
 # top to bottom; every subpackage (and top-level module) of replayrl sits in exactly one layer
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("api", "cli", "bench"),
-    ("run", "recipes", "distributed", "design"),
+    ("run", "recipes", "distributed", "design", "records"),
     ("rollout", "data", "learner"),
     ("algorithms", "models", "config"),
     ("storage", "errors"),

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from replayrl.config.schema import ConfigError
-from replayrl.run.trust import RECORD, Verdict, record_signature, sign_run_folder, verify_run_folder
+from replayrl.records.trust import (
+    RECORD,
+    Verdict,
+    record_signature,
+    sign_run_folder,
+    verify_run_folder,
+)
 from replayrl.storage.trust import TrustKeyError, key_path
 
 # run.folder and storage.checkpoint (torch, transformers) load only when `trust` runs, so
@@ -90,7 +96,7 @@ def _confirm() -> bool:
 
 
 def cmd_trust(args: argparse.Namespace) -> int:
-    from replayrl.run.folder import is_run_folder, run_code
+    from replayrl.records.folder import is_run_folder, run_code
 
     run_dir = Path(args.run_dir)
     if not is_run_folder(run_dir):

@@ -27,7 +27,7 @@ from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.errors import RunFailed, RunStopped
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
-from replayrl.run.accounting import RoleClock, format_accounting
+from replayrl.records.ledger import RoleClock, format_accounting
 from replayrl.run.components import buffer_kwargs, build_learner
 from replayrl.run.session import StopOnSigint, signal_name
 from replayrl.storage.checkpoint import latest_checkpoint

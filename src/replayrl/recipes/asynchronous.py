@@ -28,8 +28,8 @@ from replayrl.data.rollout import Rollout
 from replayrl.design.theory import cost_ratio
 from replayrl.distributed.worker import Delivery
 from replayrl.recipes.steps import learn
+from replayrl.records.ledger import RoleClock
 from replayrl.rollout.producer import Production
-from replayrl.run.accounting import RoleClock
 from replayrl.run.components import build_buffer
 from replayrl.run.metrics import Progress
 from replayrl.run.session import Session, StopOnSignal

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from replayrl.config.schema import Config, ConfigError, load_config
-from replayrl.run.callbacks import RunHooks
-from replayrl.run.folder import (
+from replayrl.records.folder import (
     check_layout,
     check_resume_code,
     check_resume_config,
@@ -22,6 +21,7 @@ from replayrl.run.folder import (
     sign_run,
     write_config,
 )
+from replayrl.run.callbacks import RunHooks
 from replayrl.run.session import InterruptOnSignal
 from replayrl.storage.checkpoint import clean_leftovers
 from replayrl.storage.io import quiet_transformers

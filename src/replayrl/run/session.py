@@ -23,15 +23,15 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import BatchSource
 from replayrl.errors import RunFailed, RunStopped
+from replayrl.records.ledger import format_accounting
+from replayrl.records.trust import record_signature
 from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.producer import Production
-from replayrl.run.accounting import format_accounting
 from replayrl.run.callbacks import RunHooks
 from replayrl.run.components import Components, build_batch_source, build_buffer, build_components
 from replayrl.run.metrics import MetricsLogger, Progress
 from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
 from replayrl.run.state import Counters, accounting, summarize
-from replayrl.run.trust import record_signature
 from replayrl.storage.checkpoint import (
     describe_missing,
     latest_checkpoint,

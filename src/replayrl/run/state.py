@@ -8,7 +8,7 @@ from typing import Any
 
 from replayrl.config.schema import Config
 from replayrl.design.theory import estimate_mu
-from replayrl.run.accounting import RoleClock, ledger_stats, role_summary, rollout_ledger
+from replayrl.records.ledger import RoleClock, ledger_stats, role_summary, rollout_ledger
 
 
 @dataclass

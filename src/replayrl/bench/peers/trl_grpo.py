@@ -56,6 +56,7 @@ from transformers import TrainerCallback
 
 from replayrl.config.schema import Config, config_to_yaml, load_config
 from replayrl.design.theory import cost_ratio, estimate_mu
+from replayrl.records.folder import new_run_folder
 from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
 from replayrl.rollout.generation import HFGenerator
 from replayrl.rollout.producer import completion_for_reward
@@ -63,7 +64,6 @@ from replayrl.rollout.prompts import PromptRenderer, render_plain, to_messages
 from replayrl.rollout.rewards import resolve_rewards, score
 from replayrl.rollout.rewards.math import completion_text
 from replayrl.rollout.tasks import task_from_config
-from replayrl.run.folder import new_run_folder
 from replayrl.run.metrics import MetricsLogger, Progress
 from replayrl.run.policy import load_policy
 from replayrl.storage.io import atomic_write_json, quiet_transformers

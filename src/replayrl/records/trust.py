@@ -66,7 +66,7 @@ def code_version() -> str:
         version = importlib.metadata.version("replayrl")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    root = Path(__file__).resolve().parents[3]  # src/replayrl/run/trust.py -> the checkout
+    root = Path(__file__).resolve().parents[3]  # src/replayrl/records/trust.py -> the checkout
     if not (root / ".git").exists():  # installed: not the commit of a repo it happens to sit in
         return version
     try:

@@ -32,7 +32,7 @@ import yaml
 
 from replayrl.config.schema import Config, ConfigError, config_to_yaml, load_config
 from replayrl.errors import RunFailed
-from replayrl.run.trust import Verdict, reward_refs, sign_or_warn, verify_run_folder
+from replayrl.records.trust import Verdict, reward_refs, sign_or_warn, verify_run_folder
 from replayrl.storage.checkpoint import CheckpointWriteError, find_checkpoints, manifest_config
 from replayrl.storage.io import atomic_write_text
 
