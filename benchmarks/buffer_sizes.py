@@ -1,4 +1,4 @@
-"""The reasoning suite's `replay` variant at other buffer capacities (issue 13, item 5 d).
+"""The reasoning suite's `replay` variant at other buffer capacities.
 
     PYTHONPATH=src python benchmarks/buffer_sizes.py OUT TASK SEED CAPACITY [CAPACITY ...]
 

@@ -1,5 +1,5 @@
 """run/components.py builds AR3PO's and ExGRPO's batch sources from the config and the run's
-producer and learner: every argument reaches the source (issue 21, wiring found by mutation
+producer and learner: every argument reaches the source (wiring found by mutation
 testing: a dropped `scale_rewards` or a producer argument passed as None trained silently)."""
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def test_build_exgrpo_source_wires_producer_learner_and_config():
     assert bare.rows() == {} and bare.sample_rows(3) == []
 
 
-# build_components / build_producer / build_window over a real tiny run (issue 21: survivors
-# of a random sample of the wiring scope's mutants, fourth session)
+# build_components / build_producer / build_window over a real tiny run (survivors
+# of a random sample of the wiring scope's mutants)
 
 
 def test_build_components_wires_config_learner_and_system_prompt(tmp_path):
