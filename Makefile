@@ -57,4 +57,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site
