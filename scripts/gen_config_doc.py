@@ -42,6 +42,8 @@ def _default(cfg: Config, key: str) -> Any:
     node: Any = cfg
     for part in key.split("."):
         node = getattr(node, part)
+    if isinstance(node, list):
+        return [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in node]
     return node.model_dump(mode="json") if isinstance(node, BaseModel) else node
 
 
