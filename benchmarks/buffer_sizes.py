@@ -1,4 +1,4 @@
-"""The reasoning suite's `replay` variant at other buffer capacities (issue 13, item 5 d).
+"""The reasoning suite's `replay` variant at other buffer capacities.
 
     PYTHONPATH=src python benchmarks/buffer_sizes.py OUT TASK SEED CAPACITY [CAPACITY ...]
 
@@ -11,6 +11,7 @@ own replay run (`benchmarks/findings.py`).
 
 from __future__ import annotations
 
+import argparse
 import copy
 import sys
 from pathlib import Path
@@ -31,10 +32,15 @@ def capacity_variant(suite: dict, capacity: int) -> tuple[dict, str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4:
-        print(__doc__, file=sys.stderr)
-        return 2
-    out, task, seed, caps = Path(argv[0]), argv[1], int(argv[2]), [int(c) for c in argv[3:]]
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out", type=Path, help="root folder of the runs")
+    parser.add_argument("task", help="a task of the reasoning suite (add, sub, chain)")
+    parser.add_argument("seed", type=int, help="the run's seed")
+    parser.add_argument("capacities", type=int, nargs="+", help="buffer capacities N to run")
+    args = parser.parse_args(argv)
+    out, task, seed, caps = args.out, args.task, args.seed, args.capacities
     for cap in caps:
         suite, name = capacity_variant(load_suite("reasoning"), cap)
         cfg = variant_config(suite, name, seed, out / task, False, task)

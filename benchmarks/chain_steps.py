@@ -13,6 +13,7 @@ Example (the old 2-digit chain; model.warmstart.mistake_steps=0: SFT on correct 
 
 from __future__ import annotations
 
+import argparse
 import collections
 import re
 import sys
@@ -67,7 +68,12 @@ def report(task, tok, model, rows, max_new: int, samples: int) -> None:
         print(f"  step {' '.join(kind)}: {good[kind]}/{total[kind]} = {share:.3f}")
 
 
-def main(overrides: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of reasoning-chain.yaml")
+    overrides = parser.parse_args(argv).overrides
     torch.set_num_threads(1)
     cfg = load_config("configs/reasoning-chain.yaml", overrides)
     path = ensure_warmstart(cfg.model, cfg.task)

@@ -1,12 +1,12 @@
 """Behaviour-equivalence check for refactors of the loop: short deterministic sync runs.
 
     # on the code before the change (e.g. a `git archive` of main on PYTHONPATH):
-    python benchmarks/equivalence.py record /tmp/eq-before
+    python benchmarks/equivalence.py record runs/eq-before
     # on the code after it:
-    python benchmarks/equivalence.py record /tmp/eq-after
-    python benchmarks/equivalence.py compare /tmp/eq-before /tmp/eq-after
+    python benchmarks/equivalence.py record runs/eq-after
+    python benchmarks/equivalence.py compare runs/eq-before runs/eq-after
     # a run setting on one side only (e.g. a new default's old value):
-    python benchmarks/equivalence.py record /tmp/eq-old --override rollout.generation_impl=generate
+    python benchmarks/equivalence.py record runs/eq-old --override rollout.generation_impl=generate
 
 Each case is a preset shortened to a few steps with overrides that reach the code paths a
 refactor can break (positive-bias sampling, mini-batches, the KL schedule, reincarnation

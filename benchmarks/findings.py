@@ -1,4 +1,4 @@
-"""The papers' findings measured on the reasoning suite's runs (issue 13, item 5).
+"""The papers' findings measured on the reasoning suite's runs.
 
     PYTHONPATH=src python benchmarks/findings.py RUNS_ROOT OUT [--buffers BUF_ROOT] [--passk]
 
@@ -556,7 +556,7 @@ def main(argv: list[str]) -> int:
         cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     readings = args.out / "readings.md"
     md = [
-        "# The papers' findings on the reasoning suite (issue 13, item 5)",
+        "# The papers' findings on the reasoning suite",
         "",
         *([readings.read_text().rstrip(), ""] if readings.is_file() else []),
         "## Commands",

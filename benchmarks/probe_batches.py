@@ -11,8 +11,8 @@ Replays the probe of the suite's `variant` on TASK with design.probe_batches = `
 (recipes/design_probe.py: design.warmup_steps updates, each on its own warm-up batch, and
 `batches` measured batches at every policy), takes the per-sample gradients of the trained
 batches too, and restores the weights. Estimates (data/staleness.py) on:
-  trained: the batch each update trained on, plus one fresh batch (the probe up to the sixth
-           session of 2026-12-01);
+  trained: the batch each update trained on, plus one fresh batch (the probe's design until
+           2026-12-01);
   measured x1: one measured batch per policy (design.probe_batches = 1, the default);
   measured xK: all `batches` measured batches per policy.
 """

@@ -1,4 +1,4 @@
-"""Start accuracy of a model on candidate reasoning-gym tasks (issue 14: pick a task where the
+"""Start accuracy of a model on candidate reasoning-gym tasks (to pick a task where the
 start policy is neither hopeless nor saturated, greedy pass@1 between 10% and 60%).
 
     PYTHONPATH=src python benchmarks/start_accuracy.py --out benchmarks/results/smollm2/start.jsonl

@@ -1,4 +1,4 @@
-"""Where a held-out suite run's time goes (issue #24: the suite in about 2 h), three checks.
+"""Where a held-out suite run's time goes, three checks.
 
     PYTHONPATH=src python benchmarks/suite_time.py profile [--task sub5m2]
     PYTHONPATH=src python benchmarks/suite_time.py precision [--task sub5m2] [--steps 24]

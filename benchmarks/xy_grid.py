@@ -1,4 +1,4 @@
-"""The theory tested on the (x, y) grid (issue #24, item 6): measured cost per cell against
+"""The theory tested on the (x, y) grid: measured cost per cell against
 paper 1's J(x, y) (arXiv 2604.08706) at alpha and rho fitted to the same cells.
 
     PYTHONPATH=src python benchmarks/xy_grid.py runs/bench/xy-grid [--mu 5.3] [--r 64]

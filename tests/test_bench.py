@@ -469,7 +469,7 @@ def test_modelled_compute_is_mu_times_generated_plus_trained() -> None:
     assert math.isnan(modelled_compute_to({"evals": run["evals"]}, 0.5, None))
 
 
-# -- gain-threshold targets (issue #24): hand-computed on synthetic runs ----------------------
+# -- gain-threshold targets: hand-computed on synthetic runs ----------------------
 def _curve(accs: list[float], per_eval: int, reuse: int) -> dict:
     """A run evaluated every `per_eval` generated rollouts, training on `reuse` x them."""
     evals = [
@@ -577,7 +577,7 @@ def test_gain_targets_over_tasks_and_the_issue_verdict(tmp_path: Path) -> None:
     assert (
         "| **median over 2 tasks** | replay | 2/4 | 0.895 [0.895, 0.895] | 0.42 | 0.48 |" in table
     )
-    assert "non-inferior (2/2 tasks)" in table and "Issue #24's targets" in table
+    assert "non-inferior (2/2 tasks)" in table and "Reuse targets" in table
 
 
 def test_tuning_choice_is_the_same_rule_for_every_method(tmp_path: Path) -> None:
@@ -714,7 +714,7 @@ def test_heldout_tasks_fit_the_tiny_model_and_are_harder() -> None:
 
 
 def test_task_headroom_by_hand(tmp_path: Path) -> None:
-    """Issue #24 item 2: a task qualifies when the baseline ends <= 0.9 and still rises."""
+    """A task qualifies when the baseline ends <= 0.9 and still rises."""
     from replayrl.bench.suite import summarise
     from replayrl.bench.targets import headroom, last_quarter_slope
 

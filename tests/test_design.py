@@ -395,7 +395,7 @@ def test_design_bad_input():
 
 
 def test_issue_example_mu_0_6_stays_on_policy_not_a_buffer_smaller_than_a_step():
-    # unconstrained: x* = 0.35, y* = 0.42, i.e. N = 22 < R = 64 (issue #24)
+    # unconstrained: x* = 0.35, y* = 0.42, i.e. N = 22 < R = 64
     fd = feasible_design(0.6, 0.25, 0.5, 64)
     assert fd.x_unconstrained == pytest.approx(0.3484, abs=1e-4)
     assert fd.y_unconstrained == pytest.approx(0.4220, abs=1e-4)

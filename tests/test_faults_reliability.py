@@ -1,4 +1,4 @@
-"""Fault injection, part 2 (issue 22), through the CLI: preemption, one process per run
+"""Fault injection, part 2, through the CLI: preemption, one process per run
 folder, no deletes outside a run, no silent non-training.
 
 Catalogue (each test names its case ids):

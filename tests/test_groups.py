@@ -537,7 +537,7 @@ def test_a_rollout_twice_in_a_batch_is_refreshed_once() -> None:
 def test_group_replay_composes_with_mix_ppg_replayed_groups_train_off_policy(
     tmp_path: Path,
 ) -> None:
-    # issue 25's combination with the seeds' machinery: groups replayed from earlier steps
+    # the group-level combination with the seeds' machinery: groups replayed from earlier steps
     # carry their stored version and behaviour log-probs, so Mix-PPG (paper 2) trains them as
     # off-policy tokens, clipped around its centre pi_k / pi_beh, beside the fresh groups
     import json

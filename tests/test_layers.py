@@ -8,7 +8,7 @@
 
 A module may import its own layer or any layer below, never one above. No cycles, no private
 imports. Read from the source with `ast`, function-level (lazy) imports included: a lazy import
-is still an arrow. README's "Layout" section draws the same picture."""
+is still an arrow. README's "How it is built" section draws the same picture."""
 
 from __future__ import annotations
 

@@ -158,7 +158,7 @@ def test_learner_autocast_step_refreshes_fresh_behaviour_logprobs(tiny_model, ch
             assert m["ratio_max"] > 1.001  # the bf16 learner disagrees with the fp32 sampler
 
 
-# -- precision: auto (issue 26) ----------------------------------------------------------
+# -- precision: auto ----------------------------------------------------------
 BIG = 135_000_000  # SmolLM2-135M's parameter count: above BF16_MIN_PARAMS
 NATIVE = {"model": "Test Xeon", "flags": ["avx512_bf16", "avx512f", "amx_bf16"]}
 EMULATED = {"model": "Old Xeon", "flags": ["avx512f", "avx512_vnni"]}

@@ -125,7 +125,7 @@ def test_replay_preset_is_written_in_ratios_and_scales_with_r() -> None:
     cfg = _no_warning("replay", [])  # R = 8 x 8 = 64
     assert (cfg.buffer.staleness_horizon, cfg.buffer.replay_ratio) == (4, 2)
     assert (cfg.buffer.capacity, cfg.batch_size) == (256, 128)
-    # a TRL user's 4 rollouts per step (issue #24): N = 16, B = 8, not 256 and 128
+    # a TRL user's 4 rollouts per step: N = 16, B = 8, not 256 and 128
     small = _no_warning("replay", ["rollout.prompts_per_step=1", "rollout.num_generations=4"])
     assert (small.buffer.capacity, small.batch_size) == (16, 8)
     api = ReplayConfig("replay", num_generations=4, generation_batch_size=4).to_config()

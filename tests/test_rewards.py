@@ -140,7 +140,7 @@ def test_always_wrong_output_drops_every_item(fn):
     assert res.errors == 3
     assert res.error_counts == {"broken": 3}
     assert "'broken'" in res.first_error
-    assert "for 3 completions" in res.first_error  # the real lengths (issue 22)
+    assert "for 3 completions" in res.first_error  # the real lengths
 
 
 def test_errors_count_rollouts_not_function_failures():

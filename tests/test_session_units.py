@@ -1,5 +1,5 @@
 """The session's small parts, in process: signal handling, the zero-gradient check's advantage
-test, the reflection rate (issue 21: they were only reached by subprocess tests, which the
+test, the reflection rate (they were only reached by subprocess tests, which the
 mutation run cannot see)."""
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def test_check_training_off_and_without_metrics_does_nothing():
     assert fake.failed_steps == 0
 
 
-# survivors of a random sample of the wiring scope's mutants (issue 21, fourth session)
+# survivors of a random sample of the wiring scope's mutants
 
 
 def _session(tmp_path, *extra: str, config: str | None = None):

@@ -1,4 +1,4 @@
-"""Tests for the wiring bugs a reviewer planted that the suite missed (issue 21):
+"""Tests for the wiring bugs a reviewer planted that the suite missed:
 
 - `auto` design's N and B swapped (the saved config and the design record agreed, both swapped);
 - ReMix's window capacity ignoring N_pol;

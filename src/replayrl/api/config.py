@@ -116,7 +116,7 @@ class ReplayConfig:
         **kwargs: TRL `GRPOConfig` argument names, or replayrl keys with `__` for the dot
             (`buffer__kind="replay"`, `remix__utd=2`).
 
-    TRL's arguments (README "From TRL" has the table): `output_dir` (the run folder),
+    TRL's arguments (docs/python-api.md, "From TRL"): `output_dir` (the run folder),
     `max_steps` (-1: `num_train_epochs` over the dataset), `learning_rate`,
     `lr_scheduler_type` (linear, cosine, constant), `warmup_steps`, `warmup_ratio`,
     `weight_decay`, `max_grad_norm`, `seed`, `num_generations`,

@@ -304,7 +304,8 @@ def check_names(names: Iterable[str], replayrl_keys: Iterable[str]) -> None:
         hints = "; ".join(f"{n}{suggest(n, [*KNOWN, *keys])}" for n in unknown)
         raise ConfigError(
             f"ReplayConfig: unknown argument(s) {hints}. TRL's GRPOConfig names are read "
-            "(README 'From TRL'), replayrl keys as section__key (buffer__kind), or overrides=[...]"
+            "(docs/python-api.md, 'From TRL'), replayrl keys as section__key (buffer__kind), "
+            "or overrides=[...]"
         )
 
 

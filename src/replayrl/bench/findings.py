@@ -1,4 +1,4 @@
-"""Measuring the papers' findings on finished runs (issue 13, item 5): pure helpers.
+"""Measuring the papers' findings on finished runs: pure functions.
 
 Everything here reads a run's per-step metrics (the rows of its `metrics.jsonl`, read with
 `replayrl.run.metrics.read_metrics`) and returns numbers; `benchmarks/findings.py` draws the

@@ -20,7 +20,7 @@ Everything is measured in one process, side by side, as medians over repeats:
 
 Every figure is tagged with the machine (CPU model and the flags that decide bf16/fp32 speed,
 threads, load average before and after): the same code runs 2-3x apart on two CPU families
-(issue 26), so a figure without its machine says little.
+so a figure without its machine says little.
 """
 
 from __future__ import annotations

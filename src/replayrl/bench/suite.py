@@ -521,7 +521,7 @@ def summarise(
     }
     for row in table.values():
         _add_baseline_ratios(row, results[row["baseline"]])
-    # below the plateau (issue #24): fractions of the baseline's gain, AUC on a common horizon
+    # below the plateau: fractions of the baseline's gain, AUC on a common horizon
     horizon = min(float(s["rollouts_generated"]) for rs in results.values() for s in rs)
     for name, row in table.items():
         row.update(score_against_gain(results[name], results[row["baseline"]], horizon))
@@ -674,7 +674,7 @@ def multi_task_table(summary: dict[str, Any]) -> str:
         "compute (paper 1's cost model, not measured): mu x generated rollouts + trained "
         f"rollouts, at each run's measured mu and at mu = {summary['paper_mu']}.",
         "",
-        "Gain columns (issue #24): ratios to the baseline at 90% of the baseline's median gain "
+        "Gain columns: ratios to the baseline at 90% of the baseline's median gain "
         "(start + 0.9 x (final - start); the headline), AUC (mean accuracy over the task's "
         "shortest run), and the verdict: non-inferior when the median final accuracy is within "
         "0.01 of the baseline's. The ratio columns before them are to the baseline's final.",
@@ -718,7 +718,7 @@ def multi_task_table(summary: dict[str, Any]) -> str:
             f"{HEADROOM_CEILING} and still rises):",
             *room,
         ]
-    targets = ["", "Issue #24's targets (medians over tasks):", *summary.get("verdict", [])]
+    targets = ["", "Reuse targets (medians over tasks):", *summary.get("verdict", [])]
     return "\n".join(lines + room + targets) + "\n"
 
 

@@ -1,6 +1,6 @@
 """Time-to-quality below the plateau: the cost to reach fractions of the baseline's gain.
 
-MLPerf-style targets (papers.md §4): the baseline's gain is its median final accuracy minus
+MLPerf-style targets: the baseline's gain is its median final accuracy minus
 its median starting accuracy (the eval before any update); the target for fraction f is
 ``start + f (final - start)``. For each variant: generated rollouts, modelled compute (paper
 1's cost model, arXiv 2604.08706: mu x generated + trained rollouts, at mu = 5.3 and at the
@@ -104,7 +104,7 @@ def area_under_curve(summary: dict[str, Any], horizon: float) -> float:
     return float(np.trapezoid(vals, grid) / horizon)
 
 
-HEADROOM_CEILING = 0.9  # issue #24: a task "does not saturate" when GRPO ends at or below this
+HEADROOM_CEILING = 0.9  # a task "does not saturate" when GRPO ends at or below this
 HEADROOM_MIN_GAIN = 0.1  # ... and it learns: the median gain is at least ten points
 RISING_MIN_SLOPE = 1e-6  # accuracy per 1,000 rollouts above which a fitted slope is "rising"
 
@@ -126,7 +126,7 @@ def last_quarter_slope(summary: dict[str, Any]) -> float:
 
 
 def headroom(baseline_runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Whether a task leaves room to compare methods below the plateau (issue #24, item 2):
+    """Whether a task leaves room to compare methods below the plateau:
     the baseline's median final accuracy at or below `HEADROOM_CEILING`, its median
     last-quarter slope above zero (still rising when the budget ends), and a median gain of at
     least `HEADROOM_MIN_GAIN` (a run that collapses and ticks up at the end leaves targets at
@@ -256,7 +256,7 @@ def over_tasks(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def verdict(over: dict[str, dict[str, Any]], baseline: str) -> list[str]:
-    """Issue #24's targets, stated met or not from the medians over tasks: the best reuse
+    """Reuse targets, stated met or not from the medians over tasks: the best reuse
     variant (lowest rollouts ratio to 90% of the gain among non-inferior ones) at >= 3x fewer
     rollouts and <= 0.5x modelled compute at mu = 5.3; every `auto` variant non-inferior."""
     key = f"gain{int(HEADLINE * 100)}_rollouts_ratio"

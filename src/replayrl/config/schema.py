@@ -126,7 +126,7 @@ class PrecisionConfig(_Section):
     # refreshed at every generation. auto = bfloat16 where the hardware computes it natively
     # (CPU flags + a timed self-check cached per machine, models/precision.py) for float32
     # models of >= 20M parameters, else model.dtype: bf16 is ~2x faster with AVX-512 BF16/AMX
-    # but ~1.5-2.6x slower where it is emulated (issue 26)
+    # but ~1.5-2.6x slower where it is emulated (BENCHMARKS.md, speed per machine)
     generation: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # learner forward/backward under torch.autocast to this dtype (fp32 master weights);
     # auto = bfloat16 under the same hardware test as `generation`, else none

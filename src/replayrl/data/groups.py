@@ -2,7 +2,7 @@
 the version that generated them and the question's correctness history.
 
 GRPO's signal lives in groups, not single rollouts: a group whose rewards are all equal has
-zero advantage everywhere and gives no gradient (issue 25: 0.44-0.62 of chain's groups late in
+zero advantage everywhere and gives no gradient (0.44-0.62 of chain's groups late in
 a GRPO run). DAPO (arXiv 2503.14476) drops such groups and samples more; TRL's former
 GRPOWithReplayBufferTrainer replaces them with stored high-variance groups; AR3PO (arXiv
 2509.25808) reuses earlier correct responses per question. All of them need the same record,

@@ -104,7 +104,7 @@ def is_reduced(dtype: torch.dtype | None) -> bool:
 
 # -- precision: auto ----------------------------------------------------------------------
 # bf16 pays only where the CPU computes it natively (AVX-512 BF16 / AMX): on an AVX-512 CPU
-# without them torch emulates bf16 matmuls at about half the fp32 rate (issue 26: 32.8 vs
+# without them torch emulates bf16 matmuls at about half the fp32 rate (measured: 32.8 vs
 # 63.6 GFLOP/s), so a bf16 run there is 1.5-2.6x slower than fp32. `auto` therefore asks the
 # hardware: CPU flags as a free pre-filter, then a short timed bf16-vs-fp32 matmul (like
 # oneDNN's own ISA check), cached per machine so a run pays for it once.

@@ -72,7 +72,7 @@ class Counters:
         self.retired_buffer_stats.append({**st, "size": 0.0})
 
     def flops(self, n_params: int) -> float:
-        """Estimated compute: 2 N per generated token + 6 N per trained token (design.md)."""
+        """Estimated compute: 2 N per generated token + 6 N per trained token (Kaplan et al.)."""
         return 2.0 * n_params * self.tokens_generated + 6.0 * n_params * self.tokens_trained
 
     def record_eval(self, metrics: dict[str, float], n_params: int) -> None:

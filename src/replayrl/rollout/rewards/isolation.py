@@ -29,12 +29,12 @@ what a function prints is not lost when output goes to a file. If the server die
 from outside), the next worker start forks a new one from the trainer as it is then.
 
 Not specified by any paper: our choice. Costs: a fork for the server, one per worker start
-(from the small server), JSON both ways per call (README "What happens when things fail"
-has the measured overhead); the function cannot use a CUDA context the trainer created
-(use `reward_isolation: thread` for a reward model on the GPU, or for a function that must
-change state in the trainer's process). A model object handed to the Python API was loaded
-before the reward set existed: the server holds its pages (one stale copy in all, not one
-per worker).
+(from the small server), JSON both ways per call (measured on the tiny model,
+2026-12-01: median 0.33 ms per call against 0.27 ms in a thread); the function cannot use a
+CUDA context the trainer created (use `reward_isolation: thread` for a reward model on the
+GPU, or for a function that must change state in the trainer's process). A model object
+handed to the Python API was loaded before the reward set existed: the server holds its
+pages (one stale copy in all, not one per worker).
 """
 
 from __future__ import annotations

@@ -1,0 +1,70 @@
+"""benchmarks/ holds tools: each script says what it does and takes --help; the plotting
+tools read the suites' and the speed bench's outputs correctly."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_script_has_a_docstring_and_an_argument_parser(script: Path) -> None:
+    source = script.read_text()
+    doc = ast.get_docstring(ast.parse(source))
+    assert doc and len(doc) > 40, f"{script.name}: no docstring saying what it does"
+    delegated = "from replayrl.bench." in source and "import main" in source
+    assert "ArgumentParser" in source or delegated, f"{script.name}: no --help"
+
+
+def _summary(baseline: float, variant: float | None) -> dict:
+    def block(median: float | None) -> dict:
+        return {"to_gain": {"0.9": {"rollouts": {"median": median}}}}
+
+    return {
+        "tasks": {
+            "t1": {"baseline": "grpo", "variants": {"grpo": block(baseline), "x": block(variant)}}
+        }
+    }
+
+
+def test_plot_targets_ratios_are_rollouts_over_the_baseline_and_inf_for_never() -> None:
+    tool = _load("plot_targets")
+    assert tool.ratios(_summary(1000.0, 500.0), "0.9") == {"grpo": {"t1": 1.0}, "x": {"t1": 0.5}}
+    assert math.isinf(tool.ratios(_summary(1000.0, None), "0.9")["x"]["t1"])
+    assert math.isinf(tool.ratios(_summary(1000.0, math.inf), "0.9")["x"]["t1"])
+
+
+def test_plot_targets_writes_a_png(tmp_path: Path) -> None:
+    tool = _load("plot_targets")
+    out = tmp_path / "p.png"
+    tool.plot(tool.ratios(_summary(1000.0, 500.0), "0.9"), "0.9", out, skip=[])
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_speed_groups_rows_by_section_and_skips_rows_without_a_rate() -> None:
+    tool = _load("plot_speed")
+    runs = [
+        {"rows": [{"section": "generation", "variant": "old", "tok_s": 49.0}]},
+        {
+            "rows": [
+                {"section": "learner", "variant": "new", "tok_s": 76.0},
+                {"section": "learner", "variant": "failed", "tok_s": None},
+            ]
+        },
+    ]
+    assert tool.sections(runs) == {"generation": [("old", 49.0)], "learner": [("new", 76.0)]}
