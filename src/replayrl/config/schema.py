@@ -365,7 +365,7 @@ class DesignConfig(_Section):
     # the feasible set `auto` searches: N >= R always; B >= R unless this is true
     allow_y_below_one: bool = False
     # B > N: a batch repeating rollouts within one update (paper 1's J credits it; see
-    # data/design.py feasible_design); false keeps B <= N
+    # design/theory.py feasible_design); false keeps B <= N
     allow_b_above_n: bool = False
     # predicted compute saving (vs on-policy) below which `auto` stays on-policy (N = B = R)
     min_saving: float = Field(0.05, ge=0, lt=1)
@@ -375,7 +375,7 @@ class DesignConfig(_Section):
     reuse_on_fallback: bool = False
     # alpha / rho measured: reuse only when the chosen buffer saves >= min_saving in at least
     # this share of `bootstrap` re-estimates on half-samples of the warm-up's prompt groups
-    # (data/staleness.py bootstrap_alpha_rho; the fit on three staleness levels is noisy);
+    # (design/staleness.py bootstrap_alpha_rho; the fit on three staleness levels is noisy);
     # 0 trusts the point estimate
     confidence: float = Field(0.9, ge=0, le=1)
     bootstrap: int = Field(200, ge=1)
