@@ -637,6 +637,17 @@ class LoggingConfig(_Section):
     reflection_words: list[str] = ["wait", "check", "verify", "let me"]
     # warn after this many consecutive steps without reward variance (signal.py)
     no_signal_patience: int = Field(5, ge=1)
+    completions: int = Field(
+        4,
+        ge=0,
+        description="completions written to completions.jsonl (and TensorBoard / W&B, and "
+        "printed with the progress bar) per logged step: prompt, completion, rewards, "
+        "advantage, trained or not, fresh or replayed; 0 = off (TRL: log_completions, "
+        "num_completions_to_print)",
+    )
+    completions_every: int = Field(
+        10, ge=1, description="log completions at step 1 and every this many steps after"
+    )
 
     @field_validator("name")
     @classmethod

@@ -27,6 +27,7 @@ from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.producer import Production
 from replayrl.run.accounting import format_accounting
 from replayrl.run.callbacks import RunHooks
+from replayrl.run.completions import CompletionsLog
 from replayrl.run.components import Components, build_batch_source, build_buffer, build_components
 from replayrl.run.metrics import MetricsLogger, Progress
 from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
@@ -82,6 +83,15 @@ class Session:
             self._restore(ckpt)
         self.metrics = MetricsLogger.from_config(  # JSONL, TensorBoard, W&B as configured
             run_dir, cfg, resume_step=self.counters.step if resume else None, log=log
+        )
+        lg = cfg.logging  # what the model wrote, every few steps (run/completions.py)
+        self.completions = CompletionsLog(
+            run_dir,
+            lg.completions,
+            lg.completions_every,
+            table=self.metrics.table,
+            printer=log if lg.progress else None,
+            resume_step=self.counters.step if resume else None,
         )
 
     def make_buffer(self, cfg: Config) -> Buffer:
@@ -207,6 +217,7 @@ class Session:
             self.learner.version += 1  # nothing to learn from (all dropped): still a new step
         t_train = time.perf_counter() - t1
         c.add_trained(sum(r.completion_ids.numel() for r in batch), len(batch), epochs, t_train)
+        self.completions.log(c.step, fresh, batch, version)
         stats["time/training_s"] = t_train
         if hasattr(self.generator, "load_weights"):  # an engine with its own copy (vLLM)
             self.generator.load_weights(
