@@ -47,39 +47,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from replayrl.models.loading import unwrap_model
-    from replayrl.models.precision import choose_for
-    from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
-    from replayrl.rollout.generation import HFGenerator
-    from replayrl.rollout.prompts import PromptRenderer
-    from replayrl.rollout.tasks import task_from_config
-    from replayrl.run.policy import load_policy
-
-    cfg = load_config(args.config, args.overrides)
-    if args.model:
-        cfg.model.path = args.model
-    cfg.model.lora.enabled = False  # evaluate as it is (an adapter folder loads with its base)
-    if cfg.train.threads:  # as a run would (a supervised warm-up may be built here)
-        import torch
-
-        torch.set_num_threads(cfg.train.threads)
-    model, tok, path = load_policy(cfg.model, cfg.task)
-    task = task_from_config(cfg.task)
-    rows = held_out_rows(cfg, task)
-    gen = HFGenerator(
-        unwrap_model(model),
-        tok,
-        cfg.eval.batch_size,
-        dtype=choose_for(cfg.precision, unwrap_model(model)).generation,  # as a run would
-        impl=cfg.rollout.generation_impl,
-    )
-    render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
-    res = evaluate_policy(cfg, gen, task, rows, render)
-    print(json.dumps({"model": path, "num_prompts": len(rows), **res}, indent=2))
-    return 0
-
-
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from replayrl.models.prepare import prepare
 
@@ -229,10 +196,9 @@ def _add_train_and_eval(sub: Any) -> None:
     )
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("eval", help="greedy pass@1 (and pass@k) on the task's held-out split")
-    _add_config_args(p)
-    p.add_argument("--model", help="model folder to evaluate (default: model.path / warm start)")
-    p.set_defaults(func=_cmd_eval)
+    from replayrl.cli.evaluate import add_eval_parser
+
+    add_eval_parser(sub, _add_config_args)
 
     p = sub.add_parser("config", help="config tools")
     csub = p.add_subparsers(dest="config_command", required=True)
