@@ -63,7 +63,10 @@ def test_eval_scores_every_row_of_a_file_with_the_runs_settings(
 def test_eval_with_k_reports_pass_at_k(tiny_run: Path, tmp_path: Path):
     data = sums_file(tmp_path / "few.jsonl", 3)
     out = tmp_path / "k.json"
-    assert main(["eval", "--run", str(tiny_run), "--data", str(data), "--k", "2", "--out", str(out)]) == 0
+    assert (
+        main(["eval", "--run", str(tiny_run), "--data", str(data), "--k", "2", "--out", str(out)])
+        == 0
+    )
     res = json.loads(out.read_text())
     assert 0.0 <= res["eval/pass@2"] <= 1.0 and res["eval/pass@2"] >= res["eval/accuracy"] - 1e-9
 
