@@ -269,7 +269,14 @@ class Session:
                 f"initial eval accuracy {first['eval/accuracy']:.3f} "
                 f"on {len(self.eval_rows)} prompts"
             )
-            warning = start_accuracy_warning(first["eval/accuracy"], len(self.eval_rows))
+            warning = start_accuracy_warning(
+                first["eval/accuracy"],
+                len(self.eval_rows),
+                # no model.path and not a model object ("<in-memory model>"): the tiny model
+                tiny_model=not cfg.model.path and not self.model_path.startswith("<"),
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                completions_file=str(self.completions.path) if cfg.logging.completions else None,
+            )
             if warning:
                 self.log(f"WARNING: {warning}")
 
