@@ -105,7 +105,9 @@ def logged_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "logging.name=c",
         ],
     )
-    train(cfg, log=lambda _: None)
+    said: list[str] = []
+    train(cfg, log=said.append)
+    (root / "said.txt").write_text("\n".join(said))
     return root / "c"
 
 
@@ -156,3 +158,16 @@ def test_trl_log_completions_and_count_map_to_the_key():
     assert ReplayConfig(learning_rate=1e-5).to_config().logging.completions == 4  # default on
     with pytest.raises(ConfigError, match="num_completions_to_print"):
         ReplayConfig(num_completions_to_print=-1).to_config()
+
+
+def test_a_sync_run_says_what_wall_seconds_covers_and_no_mu(logged_run: Path):
+    from replayrl.run.accounting import format_accounting
+
+    said = (logged_run.parent / "said.txt").read_text()
+    assert "accounting (seconds busy / idle" in said and "measured mu" not in said
+    summary = json.loads((logged_run / "summary.json").read_text())
+    assert "evaluations and checkpoints are not in it" in summary["wall_seconds_covers"]
+    acc = summary["accounting"]
+    if acc["mu"] is not None:  # an async run or `auto` shows it, with what it means
+        shown = format_accounting(acc["ledger"], acc, show_mu=True)
+        assert "generating a rollout took" in shown

@@ -9,9 +9,9 @@ commented there is documented without repeating the text.
 from __future__ import annotations
 
 import ast
-import json
 import inspect
 import io
+import json
 import tokenize
 from typing import Any
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     # the same path as the Python API (`replayrl.ReplayTrainer`): one way to train
     from replayrl.api.trainer import ReplayConfig, ReplayTrainer
 
@@ -43,6 +45,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "wall_seconds",
     )
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    covers = summary.get("wall_seconds_covers")
+    if covers:
+        elapsed = time.monotonic() - started
+        print(f"wall_seconds covers {covers}; end to end this command took {elapsed:.1f} s")
     print(f"run folder: {summary['run_dir']} (summary.json, metrics.jsonl, checkpoints/)")
     return 0
 

@@ -25,7 +25,7 @@ from replayrl.errors import RunFailed, RunStopped
 from replayrl.models.loading import unwrap_model
 from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.producer import Production
-from replayrl.run.accounting import format_accounting
+from replayrl.run.accounting import WALL_SECONDS_COVERS, format_accounting
 from replayrl.run.callbacks import RunHooks
 from replayrl.run.completions import CompletionsLog
 from replayrl.run.components import Components, build_batch_source, build_buffer, build_components
@@ -336,7 +336,9 @@ class Session:
 
     def report_accounting(self, summary: dict[str, Any]) -> None:
         acc = summary["accounting"]
-        self.log(format_accounting(acc["ledger"], acc))
+        # mu / gamma matter where generators run beside learners, or where `auto` used mu
+        show_mu = self.cfg.runtime != "sync" or bool(self.counters.design)
+        self.log(format_accounting(acc["ledger"], acc, show_mu=show_mu))
 
     def buffers(self) -> list[Any]:
         return self.source.buffers() if self.source is not None else []
@@ -355,6 +357,7 @@ class Session:
             num_parameters=self.n_params,
             model_path=self.model_path,
         )
+        summary["wall_seconds_covers"] = WALL_SECONDS_COVERS
         summary["no_signal_steps"] = self.reward_signal.total
         summary["precision"] = self.learner.precision_choice.as_dict()
         return summary
