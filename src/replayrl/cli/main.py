@@ -159,12 +159,12 @@ def _cmd_bench_suite(args: argparse.Namespace) -> int:
     if "tasks" in summary:  # a multi-task suite: one set of plots per task
         for task, s in summary["tasks"].items():
             runs = [Path(r) for v in s["variants"].values() for r in v["runs"]]
-            make_report(runs, out / task, target=s["target_accuracy"])
+            make_report(runs, out / task, baseline=s["baseline"])
         print((out / "table.md").read_text())
         print(f"summary: {out / 'summary.json'}; plots per task under {out}/<task>/")
         return 0
     runs = [Path(r) for v in summary["variants"].values() for r in v["runs"]]
-    plots = make_report(runs, out, target=summary["target_accuracy"])
+    plots = make_report(runs, out, baseline=summary["baseline"])
     print((out / "table.md").read_text())
     print(f"summary: {out / 'summary.json'}; plots: {', '.join(p.name for p in plots)}")
     return 0
@@ -185,7 +185,8 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from replayrl.bench.report import make_report
 
-    for path in make_report([Path(r) for r in args.runs], Path(args.out), args.target):
+    runs = [Path(r) for r in args.runs]
+    for path in make_report(runs, Path(args.out), args.target, baseline=args.baseline):
         print(path)
     return 0
 
@@ -323,10 +324,19 @@ def _add_tools(sub: Any) -> None:
     p = sub.add_parser("presets", help="list the shipped presets and bench suites")
     p.set_defaults(func=_cmd_presets)
 
-    p = sub.add_parser("report", help="plots from run folders (accuracy vs rollouts, ...)")
+    p = sub.add_parser(
+        "report",
+        help="plots from run folders: accuracy, reward and completion length against steps, "
+        "rollouts, compute",
+    )
     p.add_argument("runs", nargs="+", help="run folders (grouped by name without -s<seed>)")
     p.add_argument("--out", required=True, help="folder for the PNG plots")
-    p.add_argument("--target", type=float, help="draw this target accuracy")
+    p.add_argument(
+        "--baseline",
+        help="the baseline variant: shown in every panel, and the headline target (90%% of "
+        "its gain) drawn from it",
+    )
+    p.add_argument("--target", type=float, help="draw this target accuracy instead")
     p.set_defaults(func=_cmd_report)
 
 
