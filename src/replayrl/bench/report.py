@@ -261,10 +261,11 @@ def _small_multiples(
         rows, cols, figsize=(4 * cols, 3 * rows), sharex=True, sharey=True, squeeze=False
     )
     for ax, name in zip(axes.flat, names, strict=False):
-        for who in [baseline, name] if baseline in groups else [name]:
-            band = median_band(groups[who], x_key)  # type: ignore[index]
+        pair = [baseline, name] if baseline is not None and baseline in groups else [name]
+        for who in pair:
+            band = median_band(groups[who], x_key)
             if band is not None:
-                _draw_band(ax, band[0], band[1:], who, len(groups[who]))  # type: ignore[arg-type,index]
+                _draw_band(ax, band[0], band[1:], who, len(groups[who]))
         _draw_target(ax, target)
         ax.set_title(name, fontsize=9, color=method_color(name))
         ax.grid(alpha=0.3)

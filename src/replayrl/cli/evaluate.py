@@ -67,6 +67,7 @@ def rows_to_score(args: argparse.Namespace, cfg: Config) -> tuple[Any, list[Any]
     from replayrl.rollout.tasks import DatasetTask, task_from_config
 
     t = cfg.task
+    task: Any
     if args.data:
         task = DatasetTask(  # eval_size=0: nothing held out, every usable row is scored
             args.data,
@@ -126,7 +127,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"with the run's prompt rendering and max_new_tokens: {run / 'config.yaml'}")
     model, tok, path = load_policy(cfg.model, cfg.task)
     gen = HFGenerator(
-        unwrap_model(model),
+        unwrap_model(model),  # type: ignore[arg-type]
         tok,
         cfg.eval.batch_size,
         dtype=choose_for(cfg.precision, unwrap_model(model)).generation,  # as a run would
