@@ -50,7 +50,7 @@ def test_eval_scores_every_row_of_a_file_with_the_runs_settings(
     assert code == 0
     text = capsys.readouterr().out
     assert f"every row of {data} (12 rows)" in text
-    assert "prompt -> completion" in text  # --show 2 printed a table
+    assert "correct  answer" in text and "prompt -> completion" in text  # --show 2
     res = json.loads(out.read_text())
     assert res["num_prompts"] == 12 and len(res["completions"]) == 12
     assert res["max_new_tokens"] == 3  # the run's, not the default

@@ -153,14 +153,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _show(completions: list[dict[str, Any]], n: int) -> None:
-    from replayrl.run.completions import format_table
+    """The first n completions, one line each (the results file has them whole)."""
+    from replayrl.run.completions import short_text
 
-    if n > 0:
-        recs = [
-            {"origin": "eval", "trained": False, "reward": float(c["correct"]), **c}
-            for c in completions[:n]
-        ]
-        print(format_table(recs))
+    if n <= 0:
+        return
+    print(f"{'correct':<8} {'answer':<10} prompt -> completion")
+    for c in completions[:n]:
+        mark = "yes" if c["correct"] else "no"
+        print(
+            f"{mark:<8} {short_text(str(c.get('answer')), 10):<10} "
+            f"{short_text(str(c['prompt']), 40)} -> {short_text(str(c['completion']), 60)}"
+        )
 
 
 def _write_results(args: argparse.Namespace, run: Path | None, data: dict[str, Any]) -> Path:

@@ -84,8 +84,11 @@ def _record(step: int, r: Rollout, trained: bool, fresh: bool, version: int) -> 
     }
 
 
-def _short(text: str, chars: int = _PRINT_CHARS) -> str:
-    """One line of at most `chars` characters (newlines shown as ⏎, the end cut with …)."""
+def short_text(text: str, chars: int = _PRINT_CHARS) -> str:
+    """One line of at most `chars` characters (newlines shown as ⏎, the end cut with …); an
+    empty text (the model stopped at once) says so."""
+    if not text:
+        return "(empty)"
     flat = text.replace("\n", "⏎")
     return flat if len(flat) <= chars else flat[: chars - 1] + "…"
 
@@ -98,9 +101,10 @@ def format_table(records: Iterable[dict[str, Any]], chars: int = _PRINT_CHARS) -
         reward = f"{r['reward']:.3g}" if r.get("reward") is not None else "-"
         adv = f"{r['advantage']:.2f}" if r.get("advantage") is not None else "-"
         trained = "yes" if r.get("trained") else "no"
+        prompt = short_text(str(r["prompt"]), chars // 2)
+        completion = short_text(str(r["completion"]), chars)
         lines.append(
-            f"{r.get('origin', '-'):<8} {trained:<7} {reward:>7} {adv:>6}  "
-            f"{_short(str(r['prompt']), chars // 2)} -> {_short(str(r['completion']), chars)}"
+            f"{r.get('origin', '-'):<8} {trained:<7} {reward:>7} {adv:>6}  {prompt} -> {completion}"
         )
     return "\n".join(lines)
 
