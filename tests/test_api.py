@@ -209,13 +209,25 @@ def test_objects_in_the_api_train_like_files_and_names_in_the_cli(tmp_path: Path
         callbacks=[rec],
         log=lambda _: None,
     )
-    assert trainer.config.task.eval_size == 8 and trainer.config.task.path.startswith("<in-mem")
+    assert trainer.config.task.eval_size == 8
+    # the in-memory rows are copied into the run folder, and config.yaml names the copy
+    assert trainer.config.task.path == str((tmp_path / "api" / "data" / "train.jsonl").resolve())
+    # a callable named like a built-in reward is recorded by its importable name
+    assert trainer.config.rewards[0].name == "test_api:correctness"
     summary = trainer.train()
     cli_metrics = read_metrics(tmp_path / "cli" / "metrics.jsonl")
     api_metrics = trainer.metrics()
     assert [r["step"] for r in api_metrics] == [0, 1, 2, 3]
-    assert "reward/correctness" in api_metrics[1] and "train/loss" in api_metrics[1]
-    assert _comparable(api_metrics) == _comparable(cli_metrics)
+    # ... and never logs under the built-in's name
+    assert "reward/user_correctness" in api_metrics[1] and "train/loss" in api_metrics[1]
+    assert "reward/correctness" not in api_metrics[1]
+    renamed = [
+        {("reward/correctness" if k == "reward/user_correctness" else k): v for k, v in r.items()}
+        for r in api_metrics
+    ]
+    assert _comparable(renamed) == _comparable(cli_metrics)
+    copied = [json.loads(line) for line in (tmp_path / "api" / "data" / "train.jsonl").open()]
+    assert copied == rows
     # callbacks saw every step, evaluation and checkpoint
     assert rec.begun == 1 and rec.ended is summary
     assert [s for s, _ in rec.steps] == [1, 2, 3]
@@ -300,11 +312,27 @@ def test_a_callback_stops_the_run_and_train_resumes_it(tmp_path: Path) -> None:
     assert second["final_eval_accuracy"] == full["final_eval_accuracy"]
 
 
-def test_resuming_an_in_memory_run_needs_its_rows(tmp_path: Path) -> None:
+def test_an_in_memory_run_resumes_from_its_copy_of_the_rows(tmp_path: Path) -> None:
     args = ReplayConfig("grpo", output_dir=str(tmp_path / "r"), max_steps=1, overrides=TINY)
     ReplayTrainer(
         reward_funcs=correctness, args=args, train_dataset=_rows(40), log=lambda _: None
     ).train()
+    resumed = ReplayTrainer.from_run(
+        tmp_path / "r", ["train.steps=2"], reward_funcs=correctness, log=lambda _: None
+    )
+    assert resumed.train(resume_from_checkpoint=True)["steps"] == 2
+
+
+def test_rows_json_cannot_hold_are_not_copied_and_resuming_needs_them(tmp_path: Path) -> None:
+    rows = [{**r, "blob": object()} for r in _rows(40)]
+    said: list[str] = []
+    args = ReplayConfig("grpo", output_dir=str(tmp_path / "r"), max_steps=1, overrides=TINY)
+    trainer = ReplayTrainer(
+        reward_funcs=correctness, args=args, train_dataset=rows, log=said.append
+    )
+    assert trainer.config.task.path.startswith("<in-memory")
+    assert any("not copied into the run folder" in m for m in said)
+    trainer.train()
     with pytest.raises(ValueError, match="pass the same train_dataset"):
         ReplayTrainer.from_run(tmp_path / "r", reward_funcs=correctness).train(
             resume_from_checkpoint=True
@@ -348,4 +376,8 @@ def test_python_c_from_a_folder_outside_the_repository(tmp_path: Path) -> None:
     # the lambda's rewards are the run's rewards (one function, weight 1)
     for r in records[1:]:
         assert r["reward/reward_0"] == r["reward/mean"]
-    assert "<in-memory: Dataset of 60 rows>" in (run / "config.yaml").read_text()
+    saved = load_config(run / "config.yaml")
+    assert saved.task.path == str((run / "data" / "train.jsonl").resolve())
+    assert len((run / "data" / "train.jsonl").read_text().splitlines()) == 60
+    assert saved.rewards[0].name.startswith("<not replayable from the command line")
+    assert "it is a lambda" in saved.rewards[0].name

@@ -428,6 +428,8 @@ NOT_OBSERVED: dict[str, str] = {
             "no_signal_patience",
         )
     },
+    "logging.completions": "outputs only (completions.jsonl): tests/test_completions.py",
+    "logging.completions_every": "outputs only (completions.jsonl): tests/test_completions.py",
     "checkpoint.every": "checkpoints, not training: tests/test_checkpoint.py",
     "checkpoint.keep_last": "checkpoints, not training: tests/test_checkpoint.py",
     "workers.replay_ratio": "async pacing: tests/test_async_batch_source.py (tiny run)",

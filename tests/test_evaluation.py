@@ -138,4 +138,4 @@ def test_every_caller_evaluates_through_evaluate_policy() -> None:
     users = {p.name for p in src.rglob("*.py") if "evaluate_policy(" in p.read_text()} - {
         "evaluation.py"
     }
-    assert users == {"session.py", "trainer.py", "main.py", "trl_grpo.py"}
+    assert users == {"session.py", "trainer.py", "evaluate.py", "trl_grpo.py"}

@@ -86,10 +86,11 @@ def test_custom_reward_example(tmp_path: Path) -> None:
     stdout = _run("custom_reward.py", "--max-steps", "3", "--output-dir", str(out), cwd=tmp_path)
     assert "trained 3 steps" in stdout
     cfg = yaml.safe_load((out / "config.yaml").read_text())
-    assert cfg["rewards"] == [
-        {"name": "digit_credit", "weight": 1.0},
-        {"name": "digits_format", "weight": 0.2},
-    ]
+    # the script's own function cannot be imported by name: config.yaml says so and why
+    (mine, builtin) = cfg["rewards"]
+    assert mine["name"].startswith("<not replayable from the command line")
+    assert "digit_credit" in mine["name"] and "(__main__)" in mine["name"]
+    assert mine["weight"] == 1.0 and builtin == {"name": "digits_format", "weight": 0.2}
     assert cfg["remix"]["enabled"]
     steps = [r for r in read_metrics(out / "metrics.jsonl") if r["step"] > 0]
     assert len(steps) == 3

@@ -64,6 +64,13 @@ def test_start_accuracy_warning() -> None:
     assert start_accuracy_warning(0.05, 200) is None
     msg = start_accuracy_warning(0.0, 200)
     assert msg is not None and "eval accuracy is 0 on 200 prompts" in msg
+    assert "model.warmstart.steps" in msg  # the tiny model: its warm start
+    real = start_accuracy_warning(
+        0.0, 50, tiny_model=False, max_new_tokens=8, completions_file="runs/x/completions.jsonl"
+    )
+    assert real is not None and "warmstart" not in real
+    for hint in ("rollout.max_new_tokens=8", "chat_template", "runs/x/completions.jsonl", "parse"):
+        assert hint in real
 
 
 def test_a_run_without_reward_variance_says_so(tmp_path) -> None:

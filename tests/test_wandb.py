@@ -21,7 +21,10 @@ class _FakeRun:
     def __init__(self, calls: dict[str, Any]) -> None:
         self.calls = calls
 
-    def log(self, data: dict[str, float], step: int) -> None:
+    def log(self, data: dict[str, Any], step: int) -> None:
+        if "completions" in data:  # the completions log's table, apart from the metrics
+            self.calls["tables"].append((step, data["completions"]))
+            return
         self.calls["log"].append((step, dict(data)))
 
     def finish(self) -> None:
@@ -30,8 +33,14 @@ class _FakeRun:
 
 @pytest.fixture
 def fake_wandb(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    calls: dict[str, Any] = {"init": [], "log": [], "finished": 0}
+    calls: dict[str, Any] = {"init": [], "log": [], "tables": [], "finished": 0}
     module = types.ModuleType("wandb")
+
+    class Table:
+        def __init__(self, columns: list[str], data: list[list[Any]]) -> None:
+            self.columns, self.data = columns, data
+
+    module.Table = Table  # type: ignore[attr-defined]
 
     def init(**kwargs: Any) -> _FakeRun:
         calls["init"].append(kwargs)
@@ -75,6 +84,9 @@ def test_the_three_sinks_get_the_same_names_and_steps(fake_wandb, tmp_path: Path
     assert init["config"] == trainer.config.model_dump(mode="json")  # the whole run config
     assert init["id"] == (run_dir / WANDB_ID_FILE).read_text() and init["resume"] == "allow"
     assert fake_wandb["finished"] == 1
+    # the completions log as a W&B Table at step 1 (the first logged step)
+    (step, table), *_ = fake_wandb["tables"]
+    assert step == 1 and "completion" in table.columns and len(table.data) == 4
 
 
 def test_resume_logs_into_the_same_wandb_run(fake_wandb, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import inspect
 import io
+import json
 import tokenize
 from typing import Any
 
@@ -79,17 +80,23 @@ def key_docs(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, str
 
 
 def _value(cfg: Config, key: str) -> Any:
-    node: Any = cfg
+    """The key's value as plain data (what config.yaml holds)."""
+    node: Any = cfg.model_dump(mode="json")
     for part in key.split("."):
-        node = getattr(node, part)
-    return node.model_dump(mode="json") if isinstance(node, BaseModel) else node
+        node = node[part]
+    return node
+
+
+def _shown(value: Any) -> str:
+    """A value as a config file or an override writes it (null, true, "text"), not a repr."""
+    return json.dumps(value)
 
 
 def show_doc(cfg: Config) -> str:
     """`key = value  # description`, one line per key of the resolved config."""
     lines = []
     for key, doc in key_docs().items():
-        lines.append(f"{key} = {_value(cfg, key)!r}" + (f"  # {doc}" if doc else ""))
+        lines.append(f"{key} = {_shown(_value(cfg, key))}" + (f"  # {doc}" if doc else ""))
     return "\n".join(lines) + "\n"
 
 

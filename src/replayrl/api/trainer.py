@@ -57,13 +57,6 @@ def _is_path(x: Any) -> bool:
     return isinstance(x, (str, PathLike))
 
 
-def _reward_name(fn: Callable[..., Any], index: int) -> str:
-    """A reward callable's name in metrics (`reward/<name>`), as TRL names it: its __name__
-    (a lambda: reward_<index>)."""
-    name = getattr(fn, "__name__", None) or type(fn).__name__
-    return f"reward_{index}" if name == "<lambda>" else name
-
-
 @dataclass
 class TrainerState:
     """What TRL scripts read after training: `trainer.state.global_step` (steps trained) and
@@ -169,6 +162,7 @@ class ReplayTrainer:
         self._model_path = ""
         self._trained = False
         self._eval_dataset = eval_dataset
+        self._run_files: dict[str, str] = {}  # written into the run folder when it starts
         self.notes = self.args.notes  # differences from TRL's behaviour, said once at start
         extra: dict[str, Any] = trl_compat.lora_overrides(peft_config)
         self._take_model(model, processing_class, extra)
@@ -253,7 +247,8 @@ class ReplayTrainer:
 
     def _take_rewards(self, funcs: Any, extra: dict[str, Any]) -> list[Any] | None:
         """Reward callables -> WeightedReward objects (injected); names -> config only."""
-        from replayrl.rollout.rewards import WeightedReward, resolve_rewards
+        from replayrl.api.replayable import metric_name, reward_record
+        from replayrl.rollout.rewards import BUILTIN_REWARDS, WeightedReward, resolve_rewards
 
         self._named_rewards: list[str] = []
         if funcs is None:
@@ -269,20 +264,24 @@ class ReplayTrainer:
             raise ValueError(
                 f"reward_weights has {len(weights)} values for {len(items)} reward functions"
             )
-        names, rewards = [], []
+        names, records, rewards = [], [], []
         for i, (fn, w) in enumerate(zip(items, weights, strict=True)):
             if isinstance(fn, str):
                 rewards.append(resolve_rewards([(fn, w)])[0])  # errors now, not mid-run
                 names.append(fn)
+                records.append(fn)
             elif callable(fn):
-                name = _reward_name(fn, i)
+                # never a built-in reward's name: the metrics would pass it off as the built-in
+                name = metric_name(fn, i, frozenset(BUILTIN_REWARDS))
                 while name in names:  # two functions of the same name: keep both apart
                     name = f"{name}_{i}"
                 rewards.append(WeightedReward(name=name, fn=fn, weight=w))
                 names.append(name)
+                # config.yaml: `module:function` when importable, else why it is not
+                records.append(reward_record(fn, name))
             else:
                 raise TypeError(f"reward_funcs[{i}]: {fn!r} is neither callable nor a name")
-        extra["rewards"] = [{"name": n, "weight": w} for n, w in zip(names, weights, strict=True)]
+        extra["rewards"] = [{"name": n, "weight": w} for n, w in zip(records, weights, strict=True)]
         has_callable = any(callable(f) and not isinstance(f, str) for f in items)
         return rewards if has_callable else None
 
@@ -302,6 +301,9 @@ class ReplayTrainer:
             return None
         from replayrl.rollout.tasks import DatasetTask
 
+        # a one-pass iterator is read twice (the task, the run folder's copy): keep its rows
+        train = list(train) if hasattr(train, "__next__") else train
+        eval_ = list(eval_) if hasattr(eval_, "__next__") else eval_
         t = self.config.task
         explicit = self.args.sets("task.eval_size")
         loop_eval, eval_size = eval_, (t.eval_size if explicit else None)
@@ -327,10 +329,12 @@ class ReplayTrainer:
             )
         if task.skipped:
             self.log(task.skip_summary())
-        label = str(train) if _is_path(train) else _in_memory(task.source_label)
+        label = str(train) if _is_path(train) else self._copy(train, "train", task.source_label)
         eval_label = None
         if loop_eval is not None:
-            eval_label = str(eval_) if _is_path(eval_) else _in_memory(task.eval_label)
+            eval_label = (
+                str(eval_) if _is_path(eval_) else self._copy(eval_, "eval", task.eval_label)
+            )
         update = {
             "path": label,
             "eval_path": eval_label,
@@ -342,6 +346,22 @@ class ReplayTrainer:
             {**self.config.model_dump(mode="json"), "task": {**t.model_dump(), **update}}
         )
         return task
+
+    def _copy(self, rows: Any, split: str, label: str | None) -> str:
+        """config.yaml's path for in-memory rows: their JSONL copy in the run folder (written
+        when the run starts), or where they cannot be copied, the in-memory label and why."""
+        from replayrl.api.replayable import jsonl_copy
+
+        text, why = jsonl_copy(rows)
+        if text is None:
+            self.log(
+                f"warning: the {split} dataset is not copied into the run folder: {why}; "
+                "config.yaml cannot replay this run from the command line"
+            )
+            return _in_memory(label)
+        name = f"data/{split}.jsonl"
+        self._run_files[name] = text
+        return str((self.run_dir / name).resolve())
 
     def _chat_template(self, task: Any, no_eval_dataset: bool) -> bool:
         """TRL renders conversational prompts with the chat template and sends plain text as
@@ -500,7 +520,12 @@ class ReplayTrainer:
 
     # -- training ----------------------------------------------------------------------------
     def _hooks(self) -> RunHooks:
-        return RunHooks(task=self._task, rewards=self._rewards, callbacks=list(self.callbacks))
+        return RunHooks(
+            task=self._task,
+            rewards=self._rewards,
+            callbacks=list(self.callbacks),
+            run_files=dict(self._run_files),
+        )
 
     def train(
         self, resume_from_checkpoint: bool | str | PathLike[str] | None = None

@@ -117,8 +117,8 @@ NO_EFFECT = frozenset(
     dataloader_drop_last dataloader_persistent_workers dataloader_prefetch_factor
     dataloader_multiprocessing_context dataloader_in_order remove_unused_columns shuffle_dataset
     do_train do_eval do_predict local_rank ddp_find_unused_parameters ddp_bucket_cap_mb
-    ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout log_completions
-    num_completions_to_print log_unique_prompts log_multimodal save_only_model
+    ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout
+    log_unique_prompts log_multimodal save_only_model
     save_on_each_node per_device_eval_batch_size trust_remote_code pad_to_multiple_of
     ds3_gather_for_generation skip_memory_metrics include_num_input_tokens_seen
     average_tokens_across_devices gradient_checkpointing_kwargs vllm_mode vllm_model_impl
@@ -224,7 +224,9 @@ LR_SCHEDULES = {
     "constant": "constant",
     "constant_with_warmup": "constant",
 }
-KNOWN = frozenset([*DIRECT, *SPECIAL, *NO_EFFECT, *REFUSED])
+# the completions log (logging.completions): on here by default; TRL's switch and count set it
+COMPLETIONS = ("log_completions", "num_completions_to_print")
+KNOWN = frozenset([*DIRECT, *SPECIAL, *NO_EFFECT, *REFUSED, *COMPLETIONS])
 
 
 def plain(value: Any) -> Any:
@@ -516,4 +518,17 @@ def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -
     _schedule(values, t)
     _strategies(values, t)
     _steps(values, t)
+    _completions(values, t)
     return t
+
+
+def _completions(v: Mapping[str, Any], t: Translation) -> None:
+    """log_completions=False: no completions log; num_completions_to_print: per logged step."""
+    if v.get("log_completions") is False:
+        t.dotted["logging.completions"] = 0
+        return
+    n = v.get("num_completions_to_print")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"num_completions_to_print={n!r} must be an integer >= 0")
+        t.dotted["logging.completions"] = n

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     # the run's own entry points: the Python API (`replayrl.ReplayTrainer`) is an adapter
     # over the same two calls
     from replayrl.api.config import config_keys
@@ -43,40 +45,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "wall_seconds",
     )
     print(json.dumps({k: summary[k] for k in keys}, indent=2))
+    covers = summary.get("wall_seconds_covers")
+    if covers:
+        elapsed = time.monotonic() - started
+        print(f"wall_seconds covers {covers}; end to end this command took {elapsed:.1f} s")
     print(f"run folder: {summary['run_dir']} (summary.json, metrics.jsonl, checkpoints/)")
-    return 0
-
-
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from replayrl.models.loading import unwrap_model
-    from replayrl.models.precision import choose_for
-    from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
-    from replayrl.rollout.generation import HFGenerator
-    from replayrl.rollout.prompts import PromptRenderer
-    from replayrl.rollout.tasks import task_from_config
-    from replayrl.run.policy import load_policy
-
-    cfg = load_config(args.config, args.overrides)
-    if args.model:
-        cfg.model.path = args.model
-    cfg.model.lora.enabled = False  # evaluate as it is (an adapter folder loads with its base)
-    if cfg.train.threads:  # as a run would (a supervised warm-up may be built here)
-        import torch
-
-        torch.set_num_threads(cfg.train.threads)
-    model, tok, path = load_policy(cfg.model, cfg.task)
-    task = task_from_config(cfg.task)
-    rows = held_out_rows(cfg, task)
-    gen = HFGenerator(
-        unwrap_model(model),
-        tok,
-        cfg.eval.batch_size,
-        dtype=choose_for(cfg.precision, unwrap_model(model)).generation,  # as a run would
-        impl=cfg.rollout.generation_impl,
-    )
-    render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
-    res = evaluate_policy(cfg, gen, task, rows, render)
-    print(json.dumps({"model": path, "num_prompts": len(rows), **res}, indent=2))
     return 0
 
 
@@ -186,12 +159,12 @@ def _cmd_bench_suite(args: argparse.Namespace) -> int:
     if "tasks" in summary:  # a multi-task suite: one set of plots per task
         for task, s in summary["tasks"].items():
             runs = [Path(r) for v in s["variants"].values() for r in v["runs"]]
-            make_report(runs, out / task, target=s["target_accuracy"])
+            make_report(runs, out / task, baseline=s["baseline"])
         print((out / "table.md").read_text())
         print(f"summary: {out / 'summary.json'}; plots per task under {out}/<task>/")
         return 0
     runs = [Path(r) for v in summary["variants"].values() for r in v["runs"]]
-    plots = make_report(runs, out, target=summary["target_accuracy"])
+    plots = make_report(runs, out, baseline=summary["baseline"])
     print((out / "table.md").read_text())
     print(f"summary: {out / 'summary.json'}; plots: {', '.join(p.name for p in plots)}")
     return 0
@@ -212,7 +185,8 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from replayrl.bench.report import make_report
 
-    for path in make_report([Path(r) for r in args.runs], Path(args.out), args.target):
+    runs = [Path(r) for r in args.runs]
+    for path in make_report(runs, Path(args.out), args.target, baseline=args.baseline):
         print(path)
     return 0
 
@@ -231,10 +205,9 @@ def _add_train_and_eval(sub: Any) -> None:
     )
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("eval", help="greedy pass@1 (and pass@k) on the task's held-out split")
-    _add_config_args(p)
-    p.add_argument("--model", help="model folder to evaluate (default: model.path / warm start)")
-    p.set_defaults(func=_cmd_eval)
+    from replayrl.cli.evaluate import add_eval_parser
+
+    add_eval_parser(sub, _add_config_args)
 
     p = sub.add_parser("config", help="config tools")
     csub = p.add_subparsers(dest="config_command", required=True)
@@ -362,10 +335,19 @@ def _add_tools(sub: Any) -> None:
     p = sub.add_parser("presets", help="list the shipped presets and bench suites")
     p.set_defaults(func=_cmd_presets)
 
-    p = sub.add_parser("report", help="plots from run folders (accuracy vs rollouts, ...)")
+    p = sub.add_parser(
+        "report",
+        help="plots from run folders: accuracy, reward and completion length against steps, "
+        "rollouts, compute",
+    )
     p.add_argument("runs", nargs="+", help="run folders (grouped by name without -s<seed>)")
     p.add_argument("--out", required=True, help="folder for the PNG plots")
-    p.add_argument("--target", type=float, help="draw this target accuracy")
+    p.add_argument(
+        "--baseline",
+        help="the baseline variant: shown in every panel, and the headline target (90%% of "
+        "its gain) drawn from it",
+    )
+    p.add_argument("--target", type=float, help="draw this target accuracy instead")
     p.set_defaults(func=_cmd_report)
 
 

@@ -9,6 +9,7 @@ folder after `pip install replayrl`, without a source checkout.
 
 from __future__ import annotations
 
+import difflib
 from importlib import resources
 from pathlib import Path
 
@@ -50,10 +51,12 @@ def _resolve(kind: str, name_or_path: str | Path) -> Path:
         if shipped.is_file():
             return shipped
     label = "preset" if kind == PRESETS else "bench suite"
-    known = ", ".join(_names(kind)) or "(none)"
+    names = _names(kind)
+    close = difflib.get_close_matches(stem, names, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise UnknownNameError(
         f"{label} {text!r} not found: no such file, and not a shipped {label} name "
-        f"(shipped: {known})"
+        f"({hint}shipped: {', '.join(names) or '(none)'})"
     )
 
 
@@ -68,15 +71,18 @@ def resolve_suite(name_or_path: str | Path) -> Path:
 
 
 def description(path: Path) -> str:
-    """The first comment line of a YAML file (its one-line description), without `# `."""
+    """The first paragraph of a YAML file's leading comment (its description), as one line
+    without `# `: a sentence that runs over several comment lines is given whole."""
+    lines: list[str] = []
     for line in path.read_text().splitlines():
         stripped = line.strip()
-        if not stripped:
+        if not stripped and not lines:
             continue
-        if stripped.startswith("#"):
-            return stripped.lstrip("#").strip()
-        break
-    return ""
+        text = stripped.lstrip("#").strip()
+        if not stripped.startswith("#") or not text:  # the paragraph (or the comment) ends
+            break
+        lines.append(text)
+    return " ".join(lines)
 
 
 def listing(kind: str = PRESETS) -> list[tuple[str, str]]:

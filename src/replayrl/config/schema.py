@@ -41,26 +41,30 @@ def config_value(cfg: BaseModel, key: str) -> Any:
 class TinyModelConfig(_Section):
     """The built-in tiny Llama used when `model.path` is not set."""
 
-    num_layers: int = Field(2, ge=1)
-    hidden_size: int = Field(128, ge=8)
-    num_heads: int = Field(4, ge=1)
-    intermediate_size: int = Field(512, ge=8)
+    num_layers: int = Field(2, ge=1, description="transformer layers of the tiny model")
+    hidden_size: int = Field(128, ge=8, description="hidden width of the tiny model")
+    num_heads: int = Field(4, ge=1, description="attention heads of the tiny model")
+    intermediate_size: int = Field(512, ge=8, description="MLP width of the tiny model")
 
 
 class WarmStartConfig(_Section):
     """Short deterministic SFT so RL starts from a policy that is sometimes right."""
 
-    enabled: bool = True
+    enabled: bool = Field(
+        True, description="warm-start the tiny model by SFT (false: RL from random weights)"
+    )
     steps: int = Field(600, ge=0)  # phase 1: SFT on correct answers
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(3e-3, gt=0)
+    batch_size: int = Field(64, ge=1, description="SFT batch size of the tiny warm start")
+    lr: float = Field(3e-3, gt=0, description="SFT learning rate of phase 1 (correct answers)")
     # Phase 2: SFT on a teacher that forgets each carry with probability
     # `teacher_carry_error`: a systematic, fixable mistake (like a base model's), so the
     # policy is sometimes right and RL has something real to correct.
     mistake_steps: int = Field(150, ge=0)
-    mistake_lr: float = Field(1e-3, gt=0)
-    teacher_carry_error: float = Field(0.8, ge=0, le=1)
-    seed: int = 1234
+    mistake_lr: float = Field(1e-3, gt=0, description="SFT learning rate of phase 2 (the teacher)")
+    teacher_carry_error: float = Field(
+        0.8, ge=0, le=1, description="phase 2: chance the teacher forgets each carry"
+    )
+    seed: int = Field(1234, description="seed of the warm start's init and data")
 
 
 class LoraConfig(_Section):
@@ -89,9 +93,11 @@ class SFTWarmupConfig(_Section):
     instruct model that never writes reasoning-gym's `<answer>` tags): SFT first, then RL, as
     the papers' runs start from SFT models. Off (0 steps) by default."""
 
-    steps: int = Field(0, ge=0)
-    batch_size: int = Field(8, ge=1)
-    lr: float = Field(2e-5, gt=0)
+    steps: int = Field(
+        0, ge=0, description="supervised warm-up steps of model.path before RL (0 = none)"
+    )
+    batch_size: int = Field(8, ge=1, description="supervised warm-up batch size")
+    lr: float = Field(2e-5, gt=0, description="supervised warm-up learning rate")
     # the teacher's answer is replaced by a near miss with this probability (the task's
     # `sft_completion`), so the start policy is sometimes right and has mistakes RL can fix
     teacher_error: float = Field(0.0, ge=0, le=1)
@@ -101,7 +107,7 @@ class SFTWarmupConfig(_Section):
     # > 0: train LoRA adapters of this rank on every linear layer, then merge them into the
     # weights (much faster on CPU: no full-size optimizer state); 0: full fine-tuning
     lora_r: int = Field(16, ge=0)
-    seed: int = 1234
+    seed: int = Field(1234, description="seed of the supervised warm-up")
 
 
 class ModelConfig(_Section):
@@ -165,8 +171,8 @@ class TaskConfig(_Section):
     # reasoning (tasks/reasoning.py): the operation, operand lengths min_digits..digits, and
     # the number of terms of a chain
     op: Literal["add", "sub", "chain"] = "add"
-    min_digits: int = Field(1, ge=1, le=9)
-    terms: int = Field(4, ge=3, le=8)
+    min_digits: int = Field(1, ge=1, le=9, description="reasoning: shortest operand (digits)")
+    terms: int = Field(4, ge=3, le=8, description="reasoning, op chain: terms in the chain")
     eval_size: int = Field(200, ge=0)  # 0: nothing held out (no evaluation without eval_path)
     seed: int = Field(0, description="seed of the eval split and generated tasks")
     path: str | None = None  # dataset: JSONL, JSON, parquet or CSV file
@@ -249,11 +255,13 @@ class RolloutConfig(_Section):
 class VLLMConfig(_Section):
     """vLLM engine settings (rollout.backend = vllm; GPU only)."""
 
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
-    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="share of GPU memory vLLM may take (weights + KV cache)"
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans")
     enforce_eager: bool = True  # no CUDA graph capture: faster start, weights swap cleanly
     max_model_len: int | None = Field(None, ge=1)  # None: prompt + max_new_tokens bound
-    seed: int = 0
+    seed: int = Field(0, description="vLLM sampling seed")
 
 
 class BufferConfig(_Section):
@@ -352,7 +360,10 @@ class DesignConfig(_Section):
     # `measured` on the warm-up's per-sample gradients at staleness 0 .. warmup_steps
     # (replayrl/design/staleness.py; DESIGN_FALLBACK, logged, when that is ill-conditioned)
     alpha: Annotated[float, Field(ge=0, lt=0.5)] | Literal["measured"] = "measured"
-    rho: Annotated[float, Field(ge=0, le=1)] | Literal["measured"] = "measured"
+    rho: Annotated[float, Field(ge=0, le=1)] | Literal["measured"] = Field(
+        "measured",
+        description="correlation between buffer items (paper 1's rho): a number or measured",
+    )
     # generation / training cost per rollout: `measured` on the warm-up's timed steps, or a
     # number to design for another machine than this one (e.g. paper 1's GPU figure 5.3 on a
     # CPU where generation is cheap); the measured value is recorded either way
@@ -378,7 +389,9 @@ class DesignConfig(_Section):
     # (design/staleness.py bootstrap_alpha_rho; the fit on three staleness levels is noisy);
     # 0 trusts the point estimate
     confidence: float = Field(0.9, ge=0, le=1)
-    bootstrap: int = Field(200, ge=1)
+    bootstrap: int = Field(
+        200, ge=1, description="half-sample re-estimates of alpha, rho behind `confidence`"
+    )
 
 
 class AlgorithmConfig(_Section):
@@ -421,10 +434,10 @@ class AlgorithmConfig(_Section):
 class KLScheduleConfig(_Section):
     """lambda(t) = max(1 - decrement * ceil(max(t - start, 0) / every), floor) (paper 2)."""
 
-    start: int = Field(50, ge=0)
-    every: int = Field(10, ge=1)
-    decrement: float = Field(0.1, ge=0, le=1)
-    floor: float = Field(0.5, ge=0, le=1)
+    start: int = Field(50, ge=0, description="step after which lambda(t) starts to fall")
+    every: int = Field(10, ge=1, description="lambda(t) falls once every this many steps")
+    decrement: float = Field(0.1, ge=0, le=1, description="how much lambda(t) falls each time")
+    floor: float = Field(0.5, ge=0, le=1, description="lambda(t) never falls below this")
 
 
 class KLConfig(_Section):
@@ -521,10 +534,12 @@ def _nested_errors(prefix: str, exc: ValidationError) -> str:
 class CriticConfig(_Section):
     """PPO's value model (used when algorithm.advantage = gae)."""
 
-    lr: float = Field(1e-5, gt=0)
-    value_clip: float | None = Field(0.5, gt=0)
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(1.0, ge=0, le=1)
+    lr: float = Field(1e-5, gt=0, description="critic learning rate")
+    value_clip: float | None = Field(
+        0.5, gt=0, description="clip of the value update around the old value (None: off)"
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount gamma")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda")
     warmup_steps: int = Field(0, ge=0)  # critic-only updates before the policy moves
 
 
@@ -562,8 +577,8 @@ class EvalConfig(_Section):
     every: int = Field(10, ge=0)  # steps between evals; 0 = only at start and end
     num_prompts: int | None = Field(None, ge=1)  # None = the whole eval split
     pass_k: int = Field(0, ge=0)  # >1: also pass@k at `temperature`
-    temperature: float = Field(1.0, gt=0)
-    batch_size: int = Field(256, ge=1)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of pass@k")
+    batch_size: int = Field(256, ge=1, description="sequences decoded at once in evaluation")
 
 
 class LoggingConfig(_Section):
@@ -574,13 +589,24 @@ class LoggingConfig(_Section):
     # Weights & Biases (the `wandb` extra), beside JSONL and TensorBoard, with the same metric
     # names and the run config; WANDB_MODE=offline works without an account or network
     wandb: bool = False
-    wandb_project: str = "replayrl"
-    wandb_entity: str | None = None
+    wandb_project: str = Field("replayrl", description="W&B project")
+    wandb_entity: str | None = Field(None, description="W&B entity (user or team)")
     progress: bool = Field(True, description="progress bar")
     # a completion containing any of these counts toward `reflection_rate` (paper 2's finding)
     reflection_words: list[str] = ["wait", "check", "verify", "let me"]
     # warn after this many consecutive steps without reward variance (signal.py)
     no_signal_patience: int = Field(5, ge=1)
+    completions: int = Field(
+        4,
+        ge=0,
+        description="completions written to completions.jsonl (and TensorBoard / W&B, and "
+        "printed with the progress bar) per logged step: prompt, completion, rewards, "
+        "advantage, trained or not, fresh or replayed; 0 = off (TRL: log_completions, "
+        "num_completions_to_print)",
+    )
+    completions_every: int = Field(
+        10, ge=1, description="log completions at step 1 and every this many steps after"
+    )
 
     @field_validator("name")
     @classmethod
@@ -626,11 +652,11 @@ class RayConfig(_Section):
 
     address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join
     num_cpus: int | None = Field(None, ge=1)  # local instance only; None = all cores
-    generator_num_cpus: float = Field(1.0, ge=0)
-    generator_num_gpus: float = Field(0.0, ge=0)
-    learner_num_cpus: float = Field(1.0, ge=0)
-    learner_num_gpus: float = Field(0.0, ge=0)
-    buffer_num_cpus: float = Field(0.0, ge=0)
+    generator_num_cpus: float = Field(1.0, ge=0, description="CPUs per generator actor")
+    generator_num_gpus: float = Field(0.0, ge=0, description="GPUs per generator actor")
+    learner_num_cpus: float = Field(1.0, ge=0, description="CPUs per learner actor")
+    learner_num_gpus: float = Field(0.0, ge=0, description="GPUs per learner actor")
+    buffer_num_cpus: float = Field(0.0, ge=0, description="CPUs of the buffer actor")
 
 
 class Config(_Section):
@@ -639,7 +665,11 @@ class Config(_Section):
     runtime: Literal["sync", "async-local", "ray"] = "sync"
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
-    rewards: list[RewardSpec] = [RewardSpec(name="correctness", weight=1.0)]
+    rewards: list[RewardSpec] = Field(
+        [RewardSpec(name="correctness", weight=1.0)],
+        description="reward functions and weights: built-in names or file.py:function / "
+        "package.module:function",
+    )
     rollout: RolloutConfig = RolloutConfig()
     buffer: BufferConfig = BufferConfig()
     design: DesignConfig = DesignConfig()

@@ -55,6 +55,7 @@ def learn(
         learner.version += 1  # nothing to learn from (all dropped): still a new step
     t_train = time.perf_counter() - t1
     c.add_trained(sum(r.completion_ids.numel() for r in batch), len(batch), epochs, t_train)
+    s.completions.log(c.step, fresh, batch, version)  # a few readable samples, every k steps
     stats["time/training_s"] = t_train
     if hasattr(s.generator, "load_weights"):  # an engine with its own copy (vLLM)
         s.generator.load_weights(unwrap_model(s.model).named_parameters(), learner.version)

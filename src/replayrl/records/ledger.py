@@ -124,8 +124,16 @@ def role_summary(roles: dict[str, dict[str, float]], workers: int, trainers: int
     }
 
 
-def format_accounting(ledger: dict[str, Any], summary: dict[str, Any]) -> str:
-    """The end-of-run report: one line per role, then the rollout ledger."""
+WALL_SECONDS_COVERS = (
+    "the training loop only (generation, rewards, training steps); model loading, warm "
+    "start, evaluations and checkpoints are not in it"
+)
+
+
+def format_accounting(ledger: dict[str, Any], summary: dict[str, Any], show_mu: bool = True) -> str:
+    """The end-of-run report: one line per role, then the rollout ledger. `show_mu`: the
+    mu / gamma line, which matters where generators run beside learners (async runtimes) or
+    where `auto` sized the buffer from mu; a synchronous run's summary.json has them anyway."""
     lines = ["accounting (seconds busy / idle, rollouts, tokens):"]
     for name, r in summary["roles"].items():
         lines.append(
@@ -135,11 +143,12 @@ def format_accounting(ledger: dict[str, Any], summary: dict[str, Any]) -> str:
             + (f"  restarts {int(r['restarts'])}" if r.get("restarts") else "")
         )
     mu, g = summary.get("mu"), summary.get("gamma")
-    if mu is not None:
+    if mu is not None and show_mu:
         lines.append(
-            f"  measured mu = {mu:.3g} (generation vs training seconds per sample); "
-            f"gamma = (1 + W/T)/(1 + mu) = {g:.3g} for W={summary['workers']}, "
-            f"T={summary['trainers']}"
+            f"  measured mu = {mu:.3g}: generating a rollout took {mu:.3g}x the time of "
+            f"training on one; gamma = (1 + W/T)/(1 + mu) = {g:.3g} for W={summary['workers']} "
+            f"generator(s), T={summary['trainers']} learner(s): paper 1's compute per baseline "
+            "update"
         )
     led = ledger
     lines.append(

@@ -33,17 +33,29 @@ def evaluate(
     pass_k: int = 0,
     temperature: float = 1.0,
     render: Callable[[Any], str] | None = None,
+    completions: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Accuracy of greedy decoding (pass@1) and pass@k with k samples per prompt.
 
     `render` turns a row's prompt into the text generated from (chat template, see
-    `replayrl.rollout.prompts`); None sends the prompt as it is.
+    `replayrl.rollout.prompts`); None sends the prompt as it is. `completions`: a list that
+    receives each row's greedy completion ({prompt, completion, answer, correct}).
     """
     prompts = [render(r["prompt"]) if render else r["prompt"] for r in rows]
     greedy = generator.generate(
         prompts, 1, SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
     )
     correct = [task.is_correct(s.text, rows[s.prompt_index]) for s in greedy]
+    if completions is not None:
+        completions.extend(
+            {
+                "prompt": prompts[s.prompt_index],
+                "completion": s.text,
+                "answer": rows[s.prompt_index].get("answer"),
+                "correct": ok,
+            }
+            for s, ok in zip(greedy, correct, strict=True)
+        )
     out = {
         "eval/accuracy": sum(correct) / len(rows),
         "eval/completion_length": sum(s.completion_ids.numel() for s in greedy) / len(greedy),
@@ -70,6 +82,7 @@ def evaluate_policy(
     task: Task,
     rows: list[Row],
     render: Callable[[Any], str] | None = None,
+    completions: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """`evaluate` with the config's settings (`rollout.max_new_tokens`, `eval.pass_k`,
     `eval.temperature`): the evaluation of a run, the API, the CLI and the TRL peer."""
@@ -82,4 +95,5 @@ def evaluate_policy(
         pass_k=e.pass_k,
         temperature=e.temperature,
         render=render,
+        completions=completions,
     )

@@ -134,6 +134,10 @@ class RolloutProducer:
             step,
             group_base,
         )
+        # each function's own reward, for the completions log (combined: rollout.reward)
+        kept_idx = [i for i, x in enumerate(result.rewards) if x is not None]
+        for ro, i in zip(rollouts, kept_idx, strict=True):
+            ro.extras["rewards"] = {n: v[i] for n, v in result.per_function.items()}
         stats = {
             "reward/mean": _mean([x for x in result.rewards if x is not None]),
             "train/accuracy": _mean([float(x) for x in correct]),

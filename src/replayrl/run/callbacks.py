@@ -93,6 +93,7 @@ class RunHooks:
     policy: (model, tokenizer, model_path) used instead of `load_policy` for a new run (a
         resumed run always loads its checkpoint's policy).
     callbacks: called at the end of each step, after each evaluation and checkpoint.
+    run_files: written into a new run's folder when it starts.
     """
 
     task: Any = None
@@ -100,6 +101,9 @@ class RunHooks:
     policy: tuple[Any, Any, str] | None = None
     callbacks: list[ReplayCallback] = field(default_factory=list)
     stop_requested: bool = False
+    # files written into a new run's folder as it starts (path inside it -> text): the JSONL
+    # copy of an in-memory dataset that config.yaml's task.path names
+    run_files: dict[str, str] = field(default_factory=dict)
 
     def request_stop(self) -> None:
         """Stop after the current step (checked by the loop between steps)."""

@@ -24,7 +24,7 @@ from replayrl.records.folder import (
 from replayrl.run.callbacks import RunHooks
 from replayrl.run.session import InterruptOnSignal
 from replayrl.storage.checkpoint import clean_leftovers
-from replayrl.storage.io import quiet_transformers
+from replayrl.storage.io import atomic_write_text, quiet_transformers
 
 Log = Callable[[str], None]
 
@@ -57,6 +57,9 @@ def train(cfg: Config, log: Log = print, hooks: RunHooks | None = None) -> dict[
         # data, rewards loaded) and put back if the start fails
         with new_run_folder(run_dir, cfg.logging.overwrite, log=log):
             write_config(run_dir, cfg)
+            for name, text in (hooks.run_files if hooks is not None else {}).items():
+                (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(run_dir / name, text)  # e.g. an in-memory dataset's copy
             record_origin(run_dir, cfg)  # where it started, the reward files' SHA-256
             sign_run(run_dir, cfg, log)  # so that its own resume runs its reward code unasked
             start = _runtime(cfg, run_dir, log, resume=False, hooks=hooks)

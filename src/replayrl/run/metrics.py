@@ -89,6 +89,17 @@ class MetricsLogger:
         if self._wandb is not None and scalars:
             self._wandb.log(scalars, step=step)
 
+    def table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """A table of text rows (the completions log): TensorBoard text (Markdown), W&B Table."""
+        if not rows:
+            return
+        if self._tb is not None:
+            self._tb.add_text(key, markdown_table(columns, rows), step)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
+
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
@@ -107,6 +118,18 @@ def numeric(metrics: dict[str, Any]) -> dict[str, float]:
         for k, v in metrics.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     }
+
+
+def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table (TensorBoard renders it); `|` and newlines in cells are escaped."""
+
+    def cell(v: Any) -> str:
+        text = f"{v:.3g}" if isinstance(v, float) else str(v)
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def _start_wandb(run_dir: Path, kwargs: dict[str, Any]) -> Any:

@@ -23,11 +23,12 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import BatchSource
 from replayrl.errors import RunFailed, RunStopped
-from replayrl.records.ledger import format_accounting
+from replayrl.records.ledger import WALL_SECONDS_COVERS, format_accounting
 from replayrl.records.trust import record_signature
 from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.producer import Production
 from replayrl.run.callbacks import RunHooks
+from replayrl.run.completions import CompletionsLog
 from replayrl.run.components import Components, build_batch_source, build_buffer, build_components
 from replayrl.run.metrics import MetricsLogger, Progress
 from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
@@ -83,6 +84,15 @@ class Session:
             self._restore(ckpt)
         self.metrics = MetricsLogger.from_config(  # JSONL, TensorBoard, W&B as configured
             run_dir, cfg, resume_step=self.counters.step if resume else None, log=log
+        )
+        lg = cfg.logging  # what the model wrote, every few steps (run/completions.py)
+        self.completions = CompletionsLog(
+            run_dir,
+            lg.completions,
+            lg.completions_every,
+            table=self.metrics.table,
+            printer=log if lg.progress else None,
+            resume_step=self.counters.step if resume else None,
         )
 
     def make_buffer(self, cfg: Config) -> Buffer:
@@ -214,7 +224,14 @@ class Session:
                 f"initial eval accuracy {first['eval/accuracy']:.3f} "
                 f"on {len(self.eval_rows)} prompts"
             )
-            warning = start_accuracy_warning(first["eval/accuracy"], len(self.eval_rows))
+            warning = start_accuracy_warning(
+                first["eval/accuracy"],
+                len(self.eval_rows),
+                # no model.path and not a model object ("<in-memory model>"): the tiny model
+                tiny_model=not cfg.model.path and not self.model_path.startswith("<"),
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                completions_file=str(self.completions.path) if cfg.logging.completions else None,
+            )
             if warning:
                 self.log(f"WARNING: {warning}")
 
@@ -274,7 +291,9 @@ class Session:
 
     def report_accounting(self, summary: dict[str, Any]) -> None:
         acc = summary["accounting"]
-        self.log(format_accounting(acc["ledger"], acc))
+        # mu / gamma matter where generators run beside learners, or where `auto` used mu
+        show_mu = self.cfg.runtime != "sync" or bool(self.counters.design)
+        self.log(format_accounting(acc["ledger"], acc, show_mu=show_mu))
 
     def buffers(self) -> list[Any]:
         return self.source.buffers() if self.source is not None else []
@@ -293,6 +312,7 @@ class Session:
             num_parameters=self.n_params,
             model_path=self.model_path,
         )
+        summary["wall_seconds_covers"] = WALL_SECONDS_COVERS
         summary["no_signal_steps"] = self.reward_signal.total
         summary["precision"] = self.learner.precision_choice.as_dict()
         return summary

@@ -95,13 +95,35 @@ class RewardSignalMonitor:
         return SignalReport(metrics=metrics, warning=warning)
 
 
-def start_accuracy_warning(accuracy: float, num_prompts: int) -> str | None:
-    """A warning when the starting policy solves none of the eval prompts (else None)."""
+def start_accuracy_warning(
+    accuracy: float,
+    num_prompts: int,
+    tiny_model: bool = True,
+    max_new_tokens: int | None = None,
+    completions_file: str | None = None,
+) -> str | None:
+    """A warning when the starting policy solves none of the eval prompts (else None).
+
+    What to try depends on the model: the built-in tiny model (`tiny_model`, no model.path)
+    is only as good as its warm start; a real model that is never right is usually cut
+    short, prompted in a format it does not answer in, or answering in a form the grader or
+    reward does not parse, which its completions show (`completions_file`)."""
     if accuracy > 0:
         return None
-    return (
+    head = (
         f"the starting policy's eval accuracy is 0 on {num_prompts} prompts: with a 0/1 reward "
-        "it will rarely be right during training either, and nothing may be learned. Use a "
-        "stronger warm start (model.warmstart.*), an easier task, or a model that is "
-        "sometimes right"
+        "it will rarely be right during training either, and nothing may be learned. "
+    )
+    if tiny_model:
+        return head + (
+            "The built-in tiny model is only as good as its warm start: raise "
+            "model.warmstart.steps, or use an easier task"
+        )
+    cut = f"rollout.max_new_tokens={max_new_tokens}" if max_new_tokens else "max_new_tokens"
+    see = f" ({completions_file} shows what it writes)" if completions_file else ""
+    return head + (
+        f"Read the model's completions{see}, then check: the prompt format (a chat model "
+        "needs task.chat_template=true, a base model a prompt that ends where the answer "
+        f"starts), {cut} (is the answer cut off?), and whether the reward and the grader "
+        "parse the answer where the model puts it (last number, \\boxed{}, #### N)"
     )

@@ -73,7 +73,9 @@ class Ar3poConfig(Section):
     # correct responses kept per prompt (newest kept) and prompts kept (least recently
     # updated dropped first). Not specified: our choice
     store_per_prompt: int = Field(1, ge=1)
-    store_prompts: int = Field(10_000, ge=1)
+    store_prompts: int = Field(
+        10_000, ge=1, description="prompts whose correct responses are kept (LRU beyond)"
+    )
     # a reused response's old log-probs: current = the policy's at the step it is reused
     # (ratio 1 at the first pass, trained as if pi_old had sampled it); behaviour = those
     # stored when it was generated (true importance ratio, clipped as any token). Not

@@ -70,7 +70,9 @@ class ExgrpoConfig(Section):
     # entropy selection scores each) and questions kept (least recently stored dropped first).
     # Large enough not to bind in the presets' 80-step runs
     store_per_question: int = Field(64, ge=1)
-    store_questions: int = Field(10_000, ge=1)
+    store_questions: int = Field(
+        10_000, ge=1, description="questions kept in the experience store (LRU beyond)"
+    )
 
 
 __all__ = [

@@ -1,0 +1,198 @@
+"""`replayrl eval`: score a model on a file (every row), a run's task, or the built-in task.
+
+    replayrl eval --model runs/NAME/final --data questions.jsonl   # every row of the file
+    replayrl eval --run runs/NAME --data questions.jsonl           # the run's latest policy
+    replayrl eval --run runs/NAME                                  # the run's own eval split
+    replayrl eval                                                  # the built-in task
+
+With `--run` (or a `--model` folder inside a run folder) the run's config.yaml supplies the
+prompt rendering (chat template, system prompt), `rollout.max_new_tokens` and the data
+columns, so the model is scored as it was trained. It prints what it scored, pass@1 (and
+pass@k with `--k`), a few completions with `--show N`, and writes a results JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from replayrl.config.schema import Config, ConfigError, load_config
+
+
+def find_run(args: argparse.Namespace) -> Path | None:
+    """The run folder whose config applies: --run, else a --model folder's run folder."""
+    if args.run:
+        run = Path(args.run)
+        if not (run / "config.yaml").is_file():
+            raise FileNotFoundError(f"--run {run}: not a run folder (no config.yaml)")
+        return run
+    if args.model and not args.config:
+        model = Path(args.model).resolve()
+        for parent in (model.parent, model.parent.parent.parent):  # RUN/x, RUN/checkpoints/s/x
+            if (parent / "config.yaml").is_file() and (parent / "metrics.jsonl").is_file():
+                return parent
+    return None
+
+
+def eval_config(args: argparse.Namespace, run: Path | None) -> Config:
+    if run is not None and args.config:
+        raise ConfigError("--run takes the run's own config.yaml; drop --config")
+    cfg = load_config(run / "config.yaml" if run else args.config, args.overrides)
+    if args.k is not None:
+        cfg.eval.pass_k = args.k
+    cfg.model.lora.enabled = False  # evaluate as it is (an adapter folder loads with its base)
+    return cfg
+
+
+def model_path(args: argparse.Namespace, run: Path | None) -> str | None:
+    """--model, else the run's newest checkpoint's policy, else None (model.path)."""
+    if args.model:
+        return str(args.model)
+    if run is not None:
+        from replayrl.storage.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(run)
+        if ckpt is None:
+            raise FileNotFoundError(f"--run {run}: no complete checkpoint to evaluate")
+        return str(ckpt / "policy")
+    return None
+
+
+def rows_to_score(args: argparse.Namespace, cfg: Config) -> tuple[Any, list[Any], str]:
+    """(task, rows, what they are): every row of --data, else the config's held-out split."""
+    from replayrl.api.trainer import IN_MEMORY
+    from replayrl.rollout.evaluation import held_out_rows
+    from replayrl.rollout.tasks import DatasetTask, task_from_config
+
+    t = cfg.task
+    task: Any
+    if args.data:
+        task = DatasetTask(  # eval_size=0: nothing held out, every usable row is scored
+            args.data,
+            prompt_column=t.prompt_column,
+            answer_column=t.answer_column,
+            solution_column=t.solution_column,
+            format=t.format,
+            eval_size=0,
+            seed=t.seed,
+        )
+        rows = task.train_rows()
+        skipped = sum(task.skipped.values())
+        note = f", {skipped} rows skipped: {task.skip_summary()}" if skipped else ""
+        return task, rows, f"every row of {args.data} ({len(rows)} rows{note})"
+    if t.name == "dataset" and t.path and t.path.startswith(IN_MEMORY):
+        raise ConfigError(
+            f"this run trained on in-memory rows ({t.path}); pass them as a file: --data FILE"
+        )
+    task = task_from_config(t)
+    rows = held_out_rows(cfg, task)
+    if t.name == "dataset":
+        where = f"the held-out split of {t.eval_path or t.path}"
+    else:
+        where = f"the built-in task {t.name!r} ({_task_params(cfg)}), its held-out split"
+        if not args.run and not args.config:
+            where += " (no --data given: pass --data FILE to score your own rows)"
+    return task, rows, f"{where}, first {len(rows)} rows"
+
+
+def _task_params(cfg: Config) -> str:
+    t = cfg.task
+    if t.name == "arithmetic":
+        return f"{t.digits}-digit addition"
+    if t.name == "reasoning":
+        return f"{t.op}, {t.digits} digits, {t.terms} terms"
+    return ", ".join(t.reasoning_gym.datasets) if t.name == "reasoning_gym" else t.name
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from replayrl.models.loading import unwrap_model
+    from replayrl.models.precision import choose_for
+    from replayrl.rollout.evaluation import evaluate_policy
+    from replayrl.rollout.generation import HFGenerator
+    from replayrl.rollout.prompts import PromptRenderer
+    from replayrl.run.policy import load_policy
+
+    run = find_run(args)
+    cfg = eval_config(args, run)
+    cfg.model.path = model_path(args, run) or cfg.model.path
+    if cfg.train.threads:  # as a run would (a supervised warm-up may be built here)
+        import torch
+
+        torch.set_num_threads(cfg.train.threads)
+    task, rows, what = rows_to_score(args, cfg)
+    print(f"scoring: {what}")
+    if run is not None:
+        print(f"with the run's prompt rendering and max_new_tokens: {run / 'config.yaml'}")
+    model, tok, path = load_policy(cfg.model, cfg.task)
+    gen = HFGenerator(
+        unwrap_model(model),  # type: ignore[arg-type]
+        tok,
+        cfg.eval.batch_size,
+        dtype=choose_for(cfg.precision, unwrap_model(model)).generation,  # as a run would
+        impl=cfg.rollout.generation_impl,
+    )
+    render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
+    completions: list[dict[str, Any]] = []
+    res = evaluate_policy(cfg, gen, task, rows, render, completions=completions)
+    result = {
+        "model": path,
+        "scored": what,
+        "data": str(args.data) if args.data else None,
+        "run": str(run) if run is not None else None,
+        "num_prompts": len(rows),
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        **res,
+    }
+    print(json.dumps(result, indent=2))
+    _show(completions, args.show)
+    out = _write_results(args, run, {**result, "completions": completions})
+    print(f"results: {out}")
+    return 0
+
+
+def _show(completions: list[dict[str, Any]], n: int) -> None:
+    """The first n completions, one line each (the results file has them whole)."""
+    from replayrl.run.completions import short_text
+
+    if n <= 0:
+        return
+    print(f"{'correct':<8} {'answer':<10} prompt -> completion")
+    for c in completions[:n]:
+        mark = "yes" if c["correct"] else "no"
+        print(
+            f"{mark:<8} {short_text(str(c.get('answer')), 10):<10} "
+            f"{short_text(str(c['prompt']), 40)} -> {short_text(str(c['completion']), 60)}"
+        )
+
+
+def _write_results(args: argparse.Namespace, run: Path | None, data: dict[str, Any]) -> Path:
+    """--out, else eval_<data stem or task>.json in the run folder (or here, without one)."""
+    from replayrl.storage.io import atomic_write_json
+
+    if args.out:
+        out = Path(args.out)
+    else:
+        stem = Path(args.data).stem if args.data else "heldout"
+        out = (run if run is not None else Path(".")) / f"eval_{stem}.json"
+    atomic_write_json(out, data)
+    return out
+
+
+def add_eval_parser(sub: Any, add_config_args: Any) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="pass@1 (and pass@k) of a model on a file (--data), a run's eval split, or the "
+        "built-in task",
+    )
+    add_config_args(p)
+    p.add_argument("--model", help="model folder to evaluate (default: --run's latest policy)")
+    p.add_argument("--data", help="score every row of this file (JSONL / JSON / CSV / parquet)")
+    p.add_argument(
+        "--run", help="a run folder: its prompt rendering, max_new_tokens, columns and policy"
+    )
+    p.add_argument("--k", type=int, help="also pass@k: k samples per prompt at eval.temperature")
+    p.add_argument("--show", type=int, default=3, help="print this many completions (0: none)")
+    p.add_argument("--out", help="results JSON file (default: eval_<data>.json in the run folder)")
+    p.set_defaults(func=cmd_eval)
