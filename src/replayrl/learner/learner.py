@@ -48,6 +48,7 @@ from replayrl.learner.frozen import (
 )
 from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
 from replayrl.models import precision
+from replayrl.models.device import model_device
 
 # re-exported: callers import these from the learner
 __all__ = [
@@ -118,6 +119,11 @@ class Learner:
         self.model = model
         self.pad_id = pad_id
         self.cfg = cfg
+        # batches go where the policy's parameters are (train.device, or the device of a
+        # model handed over by the Python API); the critic and frozen copies follow it
+        self.device = model_device(model)
+        if critic is not None:
+            critic.to(self.device)
         self.loss_type = POLICY_LOSSES.check(cfg.algorithm.loss_type)
         self.lora = is_lora(model)
         # precision policy (replayrl/models/precision.py): learner autocast, oneDNN fp32
@@ -133,6 +139,10 @@ class Learner:
         gen = self.precision_choice.generation
         reduced = self.autocast is not None or (gen is not None and gen != torch.float32)
         reduced = reduced or (gen is None and cfg.model.dtype != "float32")
+        # a vLLM engine samples with its own kernels (and dtype): its log-probs are never the
+        # learner's, so the learner recomputes log pi_old and corrects for the mismatch
+        vllm = cfg.rollout.backend == "vllm"
+        reduced = reduced or vllm
         self.recompute_behaviour = p.recompute_behaviour_logprobs == "always" or (
             p.recompute_behaviour_logprobs == "auto" and reduced
         )
@@ -145,6 +155,11 @@ class Learner:
         # truncated IS weighs tokens by pi_learner_old / pi_sampler: both must exist, and the
         # loss must be one that scales with the advantage (correction.apply_token_weights)
         self.tis_cap = p.truncated_is_cap
+        if self.tis_cap is None and vllm and cfg.vllm.truncated_is_cap is not None:
+            # on by default with vLLM (as TRL's vllm_importance_sampling_correction), where the
+            # loss scales with the advantage (apply_token_weights)
+            if "rewards" not in POLICY_LOSSES.get(self.loss_type).inputs:
+                self.tis_cap = cfg.vllm.truncated_is_cap
         if self.tis_cap is not None and not self.recompute_behaviour:
             raise ValueError(
                 "precision.truncated_is_cap needs the learner's own log pi_old: set "
@@ -228,7 +243,7 @@ class Learner:
         out: list[torch.Tensor] = [torch.empty(0)] * len(rollouts)
         with torch.no_grad():
             for sl in micro_batches(len(ordered), self.cfg.train.micro_batch_size):
-                b = collate(ordered[sl], self.pad_id)
+                b = collate(ordered[sl], self.pad_id, device=self.device)
                 logps, _ = token_logprobs(
                     model,  # type: ignore[arg-type]
                     b,
@@ -250,7 +265,7 @@ class Learner:
         out: list[float] = []
         with torch.no_grad():
             for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-                b = collate(rollouts[sl], self.pad_id)
+                b = collate(rollouts[sl], self.pad_id, device=self.device)
                 _, ent = token_logprobs(
                     self.model,
                     b,
@@ -269,7 +284,7 @@ class Learner:
         self.critic.eval()
         with torch.no_grad():
             for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-                b = collate(rollouts[sl], self.pad_id)
+                b = collate(rollouts[sl], self.pad_id, device=self.device)
                 values.extend(unpad(self.critic(b), b["mask"]))
         self.critic.train()
         width = max(v.numel() for v in values)
@@ -456,7 +471,7 @@ class Learner:
                 extra["fuse"] = [
                     torch.full_like(r.behaviour_logprobs, float(id(r) in self._fuse)) for r in rows
                 ]
-            b = collate(rows, self.pad_id, extra)
+            b = collate(rows, self.pad_id, extra, device=self.device)
             if not policy_frozen:
                 self._policy_backward(b, weights, normaliser, acc)
                 if "fuse" in b and acc.current is not None:
@@ -625,7 +640,7 @@ class Learner:
     def measure_backward(self, rollouts: list[Rollout]) -> None:
         """A forward+backward pass with no optimizer step (to time training per sample)."""
         for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-            b = collate(rollouts[sl], self.pad_id)
+            b = collate(rollouts[sl], self.pad_id, device=self.device)
             logps, _ = token_logprobs(
                 self.model,
                 b,
