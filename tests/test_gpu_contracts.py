@@ -9,12 +9,11 @@ import random
 import zipfile
 from pathlib import Path
 
-import fake_vllm
 import numpy as np
 import pytest
 import torch
-from tiny import tiny_config
 
+import fake_vllm
 from replayrl.config.schema import load_config
 from replayrl.learner.batching import collate
 from replayrl.models.device import (
@@ -28,6 +27,7 @@ from replayrl.rollout.generation.hf import HFGenerator
 from replayrl.rollout.generation.stops import stop_token_ids
 from replayrl.rollout.generation.vllm import VLLMGenerator
 from replayrl.run.components import build_components
+from tiny import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -236,7 +236,9 @@ def test_worker_engines_get_distinct_seeds(monkeypatch, tmp_path):
 
     fake_vllm.install(monkeypatch)
     cfg = tiny_config(tmp_path, "rollout.backend=vllm", "train.seed=123", "train.device=cpu")
-    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"reward_isolation": "thread"})})
+    cfg = cfg.model_copy(
+        update={"rollout": cfg.rollout.model_copy(update={"reward_isolation": "thread"})}
+    )
     for w in (0, 1):
         GeneratorWorker(cfg, w, log=lambda _: None)
     seeds = [llm.kwargs["seed"] for llm in fake_vllm.LLM.instances]
@@ -289,3 +291,99 @@ def test_signature_script_reads_a_wheel_by_ast(tmp_path):
     }
     assert snap["SamplingParams"] == ["n"] and snap["EngineArgs"] == ["model", "logprobs_mode"]
     assert snap["CompletionOutput"] == ["index", "token_ids"]
+
+
+# ---- processes and GPUs -----------------------------------------------------------------------
+
+
+def test_process_group_backend_follows_the_parameters_not_the_machine(monkeypatch):
+    from replayrl.distributed.ddp import process_group_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine
+    assert process_group_backend(torch.device("cpu")) == "gloo"  # CPU learners on it
+    assert process_group_backend("cuda:1") == "nccl"
+
+
+def test_cpu_learners_on_a_gpu_machine_join_a_gloo_group(monkeypatch):
+    from replayrl.distributed import ddp
+
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        ddp.dist, "init_process_group", lambda backend, **kw: seen.update(b=backend)
+    )
+    ddp.init_group(0, 2, "127.0.0.1", 1, device="cpu")
+    assert seen == {"b": "gloo"}
+    ddp.init_group(0, 2, "127.0.0.1", 1, device="cuda:0")
+    assert seen == {"b": "nccl"} and ddp._group_device == torch.device("cuda:0")
+    ddp._group_device = torch.device("cpu")
+
+
+def test_async_local_workers_get_their_own_gpu():
+    from replayrl.distributed.gpus import generator_device
+
+    assert generator_device("cpu", 0, 8) == "cpu"
+    # learner on cuda:0 of 4 GPUs: workers on 1, 2, 3, then round again
+    assert [generator_device("cuda:0", w, 4) for w in range(4)] == [
+        "cuda:1",
+        "cuda:2",
+        "cuda:3",
+        "cuda:1",
+    ]
+    assert generator_device("cuda", 0, 1) == "cuda:0"  # one GPU: shared with the learner
+    assert generator_device("cuda:2", 0, 3) == "cuda:0"
+
+
+def test_local_pool_writes_each_workers_device_into_its_config(tmp_path, tiny_model, monkeypatch):
+    import yaml
+
+    from replayrl.distributed.local import LocalGeneratorPool
+
+    cfg = tiny_config(tmp_path, "runtime=async-local", "workers.generators=2")
+    pool = LocalGeneratorPool(cfg, tmp_path, tiny_model, log=lambda _: None)
+    assert pool.worker_config(1) == pool.cfg_yaml  # CPU learner: CPU workers, config as is
+    pool.learner_device = torch.device("cuda:0")  # as if the learner were on GPU 0 of 3
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    devices = [yaml.safe_load(pool.worker_config(w))["train"]["device"] for w in (0, 1)]
+    assert devices == ["cuda:1", "cuda:2"]
+
+
+def test_ray_actor_given_no_gpu_sees_none(monkeypatch):
+    import os
+
+    from replayrl.distributed.gpus import hide_gpus_unless_given
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    hide_gpus_unless_given([])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    hide_gpus_unless_given([2])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2"
+
+
+def test_a_learner_fed_by_workers_builds_no_engine(monkeypatch, tmp_path):
+    fake_vllm.install(monkeypatch)
+    cfg = tiny_config(tmp_path, "rollout.backend=vllm")
+    parts = build_components(cfg, log=lambda _: None, engine=False)
+    assert fake_vllm.LLM.instances == []  # no engine, no GPU share, no process group
+    assert isinstance(parts.generator, HFGenerator)  # evaluates with its own policy
+    from replayrl.recipes.asynchronous import AsyncSession
+    from replayrl.run.session import Session
+
+    assert Session.builds_engine and not AsyncSession.builds_engine
+
+
+def test_out_of_memory_in_a_step_is_a_one_line_run_failure(tmp_path):
+    from types import SimpleNamespace
+
+    from replayrl.errors import RunFailed
+    from replayrl.run.session import Session
+
+    fake = SimpleNamespace(run_dir=tmp_path)
+    guard = Session.out_of_memory_as_failure
+    with pytest.raises(RunFailed, match="out of GPU memory during training") as info:
+        with guard(fake):  # type: ignore[arg-type]
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert "no checkpoint written yet" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="other"):
+        with guard(fake):  # type: ignore[arg-type]
+            raise ValueError("other")

@@ -75,6 +75,17 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
+def oom_phase(exc: BaseException) -> str:
+    """'generation' when the error was raised inside a rollout backend, else 'training'."""
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/rollout/generation/" in name or "/vllm/" in name:
+            return "generation"
+        tb = tb.tb_next
+    return "training"
+
+
 def out_of_memory_message(where: str, last_checkpoint: str | None) -> str:
     """One line: what ran out of memory, the knobs that lower memory, the checkpoint to
     resume from."""

@@ -269,8 +269,12 @@ def build_components(
     policy: tuple[Any, Any, str] | None = None,
     task: Any = None,
     rewards: list[Any] | None = None,
+    engine: bool = True,
 ) -> Components:
     """Build every part of a run; `ckpt`: load the policy from this checkpoint (resume).
+
+    `engine=False` (a learner whose rollouts come from generator workers): no vLLM engine in
+    this process; its evaluations generate with its own policy (the hf backend).
 
     `policy` (model, tokenizer, model_path), `task` and `rewards` (WeightedReward list): objects
     from the Python API used instead of building them from the config; `policy` only without
@@ -315,7 +319,12 @@ def build_components(
     learner = build_learner(cfg, model, tokenizer.pad_token_id, model_path)
     window = build_window(cfg)
     # the transformers model itself (a LoRA wrapper's layers stay active inside it)
-    generator = build_generator(cfg, model, tokenizer, model_path, task, render)
+    gen_cfg = cfg
+    if not engine and cfg.rollout.backend == "vllm":
+        gen_cfg = cfg.model_copy(
+            update={"rollout": cfg.rollout.model_copy(update={"backend": "hf"})}
+        )
+    generator = build_generator(gen_cfg, model, tokenizer, model_path, task, render)
     prompt_rng = np.random.default_rng(cfg.train.seed)
     producer = build_producer(
         cfg, model, tokenizer, model_path, prompt_rng, log, task, rewards, generator, render
