@@ -387,3 +387,51 @@ def test_out_of_memory_in_a_step_is_a_one_line_run_failure(tmp_path):
     with pytest.raises(ValueError, match="other"):
         with guard(fake):  # type: ignore[arg-type]
             raise ValueError("other")
+
+
+# ---- TRL-style arguments ------------------------------------------------------------------------
+
+
+def test_trl_use_cpu_and_vllm_arguments_are_mapped_or_refused():
+    from replayrl.api.trl_args import translate
+    from replayrl.config.schema import ConfigError
+
+    t = translate({"use_cpu": True, "vllm_max_model_length": 512}, {}, remix=False)
+    assert t.dotted["train.device"] == "cpu" and t.dotted["vllm.max_model_len"] == 512
+    assert "train.device" not in translate({"use_cpu": False}, {}, remix=False).dotted
+    off = translate({"vllm_importance_sampling_correction": False}, {}, remix=False)
+    assert off.dotted["vllm.truncated_is_cap"] is None
+    cap = translate({"vllm_importance_sampling_clip_max": 3.0}, {}, remix=False)
+    assert cap.dotted["vllm.truncated_is_cap"] == 3.0
+    for bad, hint in (
+        ({"vllm_mode": "server"}, "runtime='ray'"),
+        ({"vllm_importance_sampling_mode": "sequence_truncate"}, "token_truncate"),
+        ({"vllm_importance_sampling_clip_min": 0.5}, "from above only"),
+    ):
+        with pytest.raises(ConfigError, match=hint):
+            translate(bad, {}, remix=False)
+
+
+def test_api_model_keeps_its_device_unless_one_is_asked(tmp_path, monkeypatch):
+    """The Python API's model object: train.device=auto leaves it where it is (a CUDA model
+    trains on CUDA); an explicit device (TRL's use_cpu=True) moves it."""
+    from replayrl.run import components
+
+    moved: list[torch.device] = []
+    cfg = tiny_config(tmp_path, "train.device=cpu")
+    parts = build_components(cfg, log=lambda _: None)
+    model = parts.model
+    original_to = type(model).to
+
+    def recording_to(self, *args, **kwargs):
+        moved.append(torch.device(args[0]))
+        return original_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "to", recording_to)
+    policy = (model, parts.tokenizer, parts.model_path)
+    components.build_components(cfg, log=lambda _: None, policy=policy)
+    assert moved == [torch.device("cpu")]
+    moved.clear()
+    auto = tiny_config(tmp_path / "b", "train.device=auto")
+    components.build_components(auto, log=lambda _: None, policy=policy)
+    assert moved == []

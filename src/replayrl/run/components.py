@@ -298,6 +298,8 @@ def build_components(
     rewards = reward_set(cfg, rewards)
     if policy is not None and ckpt is None:  # a model object from the Python API
         model, tokenizer, model_path = policy
+        if cfg.train.device != "auto":  # e.g. TRL's use_cpu=True; auto: the model's device
+            model = model.to(device)
     else:
         with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
             model, tokenizer, model_path = load_policy(
