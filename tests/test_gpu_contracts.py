@@ -435,3 +435,15 @@ def test_api_model_keeps_its_device_unless_one_is_asked(tmp_path, monkeypatch):
     auto = tiny_config(tmp_path / "b", "train.device=auto")
     components.build_components(auto, log=lambda _: None, policy=policy)
     assert moved == []
+
+
+def test_cli_eval_generates_with_the_configured_backend(monkeypatch, tmp_path, capsys):
+    from replayrl.cli.main import main
+    from tiny import TINY_MODEL
+
+    fake_vllm.install(monkeypatch)
+    argv = ["eval", *TINY_MODEL, "rollout.backend=vllm", "eval.num_prompts=4", "eval.batch_size=3"]
+    assert main(argv) == 0
+    (llm,) = fake_vllm.LLM.instances  # the vLLM engine evaluated, not transformers
+    assert llm.calls and llm.kwargs["seed"] == 0
+    assert '"num_prompts": 4' in capsys.readouterr().out

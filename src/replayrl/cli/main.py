@@ -48,33 +48,31 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from replayrl.models.loading import unwrap_model
-    from replayrl.models.precision import choose_for
+    from replayrl.models.device import resolve_device
     from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
-    from replayrl.rollout.generation import HFGenerator
     from replayrl.rollout.prompts import PromptRenderer
     from replayrl.rollout.tasks import task_from_config
+    from replayrl.run.components import build_generator
     from replayrl.run.policy import load_policy
 
     cfg = load_config(args.config, args.overrides)
     if args.model:
         cfg.model.path = args.model
     cfg.model.lora.enabled = False  # evaluate as it is (an adapter folder loads with its base)
+    # eval.batch_size sequences at once, with the run's backend (vLLM too), on train.device
+    cfg.rollout.decode_batch_size = cfg.eval.batch_size
+    device = resolve_device(cfg.train.device)
     if cfg.train.threads:  # as a run would (a supervised warm-up may be built here)
         import torch
 
         torch.set_num_threads(cfg.train.threads)
     model, tok, path = load_policy(cfg.model, cfg.task)
+    model = model.to(device)
     task = task_from_config(cfg.task)
     rows = held_out_rows(cfg, task)
-    gen = HFGenerator(
-        unwrap_model(model),
-        tok,
-        cfg.eval.batch_size,
-        dtype=choose_for(cfg.precision, unwrap_model(model)).generation,  # as a run would
-        impl=cfg.rollout.generation_impl,
-    )
     render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
+    # `path`: a vLLM engine loads the evaluated weights from it
+    gen = build_generator(cfg, model, tok, path, task, render)
     res = evaluate_policy(cfg, gen, task, rows, render)
     print(json.dumps({"model": path, "num_prompts": len(rows), **res}, indent=2))
     return 0
