@@ -152,25 +152,7 @@ class Learner:
         self.fuse_behaviour_recompute = True
         self._fuse: set[int] = set()  # ids of rollouts whose log pi_old the next update sets
         self._fused_stats: dict[str, float] = {}
-        # truncated IS weighs tokens by pi_learner_old / pi_sampler: both must exist, and the
-        # loss must be one that scales with the advantage (correction.apply_token_weights)
-        self.tis_cap = p.truncated_is_cap
-        if self.tis_cap is None and vllm and cfg.vllm.truncated_is_cap is not None:
-            # on by default with vLLM (as TRL's vllm_importance_sampling_correction), where the
-            # loss scales with the advantage (apply_token_weights)
-            if "rewards" not in POLICY_LOSSES.get(self.loss_type).inputs:
-                self.tis_cap = cfg.vllm.truncated_is_cap
-        if self.tis_cap is not None and not self.recompute_behaviour:
-            raise ValueError(
-                "precision.truncated_is_cap needs the learner's own log pi_old: set "
-                "precision.recompute_behaviour_logprobs=always (auto does it only with a "
-                "reduced generation or learner precision)"
-            )
-        if self.tis_cap is not None and "rewards" in POLICY_LOSSES.get(self.loss_type).inputs:
-            raise ValueError(
-                f"precision.truncated_is_cap scales advantages; algorithm.loss_type="
-                f"{self.loss_type} does not use them"
-            )
+        self.tis_cap = self._truncated_is_cap(cfg, vllm)
         # only what trains (with LoRA: the adapters; the base weights are frozen)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -203,6 +185,28 @@ class Learner:
         self.prev_model: FrozenPolicy | None = None  # pi_{k-1}
         if cfg.kl.beta > 0 and self.kl_weights(0)[0] > 0:
             self.base_model = initial_policy(self.model)
+
+    def _truncated_is_cap(self, cfg: Config, vllm: bool) -> float | None:
+        """C of truncated IS: precision.truncated_is_cap, else with vLLM vllm.truncated_is_cap
+        (on by default, as TRL's vllm_importance_sampling_correction) where it applies."""
+        cap = cfg.precision.truncated_is_cap
+        uses_rewards = "rewards" in POLICY_LOSSES.get(self.loss_type).inputs
+        if cap is None and vllm and self.recompute_behaviour and not uses_rewards:
+            return cfg.vllm.truncated_is_cap
+        # truncated IS weighs tokens by pi_learner_old / pi_sampler: both must exist, and the
+        # loss must be one that scales with the advantage (correction.apply_token_weights)
+        if cap is not None and not self.recompute_behaviour:
+            raise ValueError(
+                "precision.truncated_is_cap needs the learner's own log pi_old: set "
+                "precision.recompute_behaviour_logprobs=always (auto does it only with a "
+                "reduced generation or learner precision)"
+            )
+        if cap is not None and uses_rewards:
+            raise ValueError(
+                f"precision.truncated_is_cap scales advantages; algorithm.loss_type="
+                f"{self.loss_type} does not use them"
+            )
+        return cap
 
     # -- KL bookkeeping ----------------------------------------------------------------------
     def kl_lambda(self, step: int) -> float:

@@ -261,6 +261,35 @@ class Components:
     max_positions: int | None
 
 
+def place_policy(
+    cfg: Config,
+    device: torch.device,
+    log: Log,
+    ckpt: Path | None = None,
+    policy: tuple[Any, Any, str] | None = None,
+) -> tuple[Any, Any, str]:
+    """The run's policy on `device`: the API's model object (moved only when train.device is
+    not auto: it keeps its own device otherwise), else loaded from the config or `ckpt`."""
+    if policy is not None and ckpt is None:  # a model object from the Python API
+        model, tokenizer, model_path = policy
+        if cfg.train.device != "auto":  # e.g. TRL's use_cpu=True; auto: the model's device
+            model = model.to(device)
+        return model, tokenizer, model_path
+    lora = cfg.model.lora.enabled
+    # resume: the checkpoint's policy folder (LoRA: its adapter, on the configured base)
+    model_cfg = (
+        cfg.model.model_copy(update={"path": str(ckpt / "policy")})
+        if ckpt and not lora
+        else cfg.model
+    )
+    adapter = ckpt / "policy" if ckpt and lora else None
+    with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
+        model, tokenizer, model_path = load_policy(
+            model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
+        )
+    return model.to(device), tokenizer, model_path  # train.device (auto: cuda if available)
+
+
 def build_components(
     cfg: Config,
     log: Log = print,
@@ -285,28 +314,11 @@ def build_components(
     warm start and the critic's and buffers' set-up draws from it): keep it.
     """
     lora = cfg.model.lora.enabled
-    # resume: the checkpoint's policy folder (LoRA: its adapter, on the configured base)
-    model_cfg = (
-        cfg.model.model_copy(update={"path": str(ckpt / "policy")})
-        if ckpt and not lora
-        else cfg.model
-    )
-    adapter = ckpt / "policy" if ckpt and lora else None
     # first: train.device=cuda on a machine without CUDA fails here, in one line
     device = resolve_device(cfg.train.device)
     # the rewards before the model: their workers' fork server must not hold its pages
     rewards = reward_set(cfg, rewards)
-    if policy is not None and ckpt is None:  # a model object from the Python API
-        model, tokenizer, model_path = policy
-        if cfg.train.device != "auto":  # e.g. TRL's use_cpu=True; auto: the model's device
-            model = model.to(device)
-    else:
-        with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
-            model, tokenizer, model_path = load_policy(
-                model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
-            )
-        # train.device (auto: cuda when available); the API's model object keeps its own
-        model = model.to(device)
+    model, tokenizer, model_path = place_policy(cfg, device, log, ckpt, policy)
     if lora:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log(f"LoRA: training {trainable:,} adapter parameters; the base model stays frozen")
