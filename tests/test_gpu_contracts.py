@@ -447,3 +447,13 @@ def test_cli_eval_generates_with_the_configured_backend(monkeypatch, tmp_path, c
     (llm,) = fake_vllm.LLM.instances  # the vLLM engine evaluated, not transformers
     assert llm.calls and llm.kwargs["seed"] == 0
     assert '"num_prompts": 4' in capsys.readouterr().out
+
+
+def test_precision_auto_on_cuda_is_bf16_whatever_the_size(monkeypatch):
+    from replayrl.models.precision import choose
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    small = choose("auto", "auto", torch.float32, 1000, torch.device("cuda"))
+    assert small.generation == torch.bfloat16 and small.learner_autocast == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert choose("auto", "auto", torch.float32, 10**9, torch.device("cuda")).generation is None
