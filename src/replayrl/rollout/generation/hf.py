@@ -213,7 +213,8 @@ class HFGenerator:
     ) -> list[Sample]:
         tok = self.tokenizer
         pad = tok.pad_token_id
-        eos = (self.stop_ids[0] if len(self.stop_ids) == 1 else self.stop_ids) or None
+        stops = self.stop_ids
+        eos: int | list[int] | None = stops[0] if len(stops) == 1 else (stops or None)
         width = max(len(ids) for _, ids in jobs)
         input_ids = torch.full((len(jobs), width), pad, dtype=torch.long)
         attention = torch.zeros_like(input_ids)
