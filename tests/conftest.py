@@ -70,7 +70,13 @@ def tiny_model(char_tokenizer, tiny_model_config):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `ray` are skipped, one by one, when ray is not installed."""
+    """Tests marked `ray` are skipped, one by one, when ray is not installed; tests marked
+    `gpu` when this machine has no CUDA GPU (scripts/gpu_check.sh runs them on one)."""
+    if not torch.cuda.is_available():
+        no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (scripts/gpu_check.sh)")
+        for item in items:
+            if item.get_closest_marker("gpu") is not None:
+                item.add_marker(no_gpu)
     if importlib.util.find_spec("ray") is not None:
         return
     skip = pytest.mark.skip(reason="ray is not installed (the `ray` extra)")

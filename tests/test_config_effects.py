@@ -406,6 +406,8 @@ NOT_OBSERVED: dict[str, str] = {
     "train.micro_batch_size": "memory only: reproduces the full batch step, "
     "tests/test_learner.py::test_micro_batches_reproduce_the_full_batch_step",
     "train.threads": "speed only (torch threads)",
+    "train.device": "where tensors live, not what is computed (auto = cpu here): "
+    "tests/test_gpu_contracts.py (placement, meta-device inputs) and tests/test_gpu_device.py",
     "train.logprobs_impl": "same log-probs by design: tests/test_logprobs.py",
     "critic.warmup_steps": "read by the session (policy frozen while step < N): "
     "benchmarks/equivalence.py's ppo case, tests/test_wiring.py",
@@ -470,6 +472,8 @@ NOT_OBSERVED: dict[str, str] = {
             "seed",
         )
     },
+    "vllm.truncated_is_cap": "vLLM engine (CUDA GPU): the learner's cap is observed in "
+    "tests/test_gpu_contracts.py::test_vllm_truncated_is_is_on_by_default",
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from replayrl.config.schema import VLLMConfig, load_config
+from replayrl.config.schema import ConfigError, VLLMConfig, load_config
 from replayrl.rollout.generation import HFGenerator, SamplingParams, make_generator
 from replayrl.rollout.generation.vllm import VLLMGenerator
 
@@ -208,6 +208,7 @@ def test_generate_maps_outputs_to_samples(generator, char_tokenizer):
         "repetition_penalty": 1.0,
         "max_tokens": 3,
         "logprobs": 0,
+        "stop_token_ids": [EOS],  # the HF backend's stop tokens (stops.py)
         "skip_special_tokens": True,
     }
     assert use_tqdm is False
@@ -274,9 +275,11 @@ def test_load_weights_pushes_tensors_and_bumps_the_version(generator):
 
 
 def test_load_weights_needs_an_in_process_single_gpu_engine(fake_vllm, char_tokenizer):
-    tp2 = VLLMGenerator("/m", char_tokenizer, VLLMConfig(tensor_parallel_size=2))
-    with pytest.raises(NotImplementedError, match="tensor_parallel_size=1"):
-        tp2.load_weights([], version=1)
+    # TP > 1 fails at config load, not at the first weight push after a whole step
+    with pytest.raises(ValueError, match="tensor_parallel_size=2: only 1 is supported"):
+        VLLMConfig(tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="tensor_parallel_size"):
+        load_config(None, ["vllm.tensor_parallel_size=2"])
     gen = VLLMGenerator("/m", char_tokenizer, VLLMConfig())
     gen.llm.llm_engine = SimpleNamespace()  # a multiprocess engine has no model_executor
     with pytest.raises(RuntimeError, match=ENV):
@@ -300,7 +303,7 @@ def test_make_generator_vllm(fake_vllm, tiny_model, char_tokenizer):
         [
             "rollout.backend=vllm",
             "rollout.max_new_tokens=5",
-            "model.dtype=bfloat16",
+            "precision.generation=bfloat16",
             "vllm.gpu_memory_utilization=0.25",
             "vllm.seed=11",
         ],

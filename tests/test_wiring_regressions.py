@@ -124,6 +124,7 @@ TRL_EXPECTED: dict[str, tuple[Any, str, Any]] = {
     "scale_rewards": ("none", "algorithm.scale_rewards", False),
     "report_to": ("tensorboard", "logging.tensorboard", True),
     "disable_tqdm": (True, "logging.progress", False),
+    "vllm_max_model_length": (640, "vllm.max_model_len", 640),
 }
 # one-to-one names pinned elsewhere (tests/test_trl_api.py, tests/test_trl_parity.py)
 TRL_ELSEWHERE = {

@@ -127,7 +127,9 @@ class ReplayConfig:
     dapo / bnpo -> token_mean, dr_grpo), `scale_rewards`, `entropy_coef`, `bf16` (learner
     autocast), `gradient_checkpointing`, `save_strategy` / `save_steps` /
     `save_total_limit`, `eval_strategy` / `eval_steps`, `report_to`, `disable_tqdm`,
-    `reward_weights`. Logging and device arguments (`logging_steps`, `use_cpu`, ...) are
+    `reward_weights`, `use_cpu` (train.device=cpu; otherwise a model object trains on its own
+    device), `vllm_max_model_length`, `vllm_importance_sampling_correction` /
+    `_clip_max` (vllm.truncated_is_cap). Logging arguments (`logging_steps`, ...) are
     accepted and have no effect (every step is logged). Others are refused with what to use
     instead; a misspelled name gets the nearest names.
 

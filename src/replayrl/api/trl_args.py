@@ -6,7 +6,7 @@ in one of four groups:
 - **mapped** (`DIRECT`, and the ones `translate` handles together: batch terms, schedules,
   strategies, `loss_type`, `bf16`, ...): set the replayrl key with the same meaning;
 - **no effect here** (`NO_EFFECT`): accepted whatever the value (logging cadence, data loader
-  workers, devices: replayrl logs every step and runs on the model's device);
+  workers: replayrl logs every step);
 - **refused** (`REFUSED`): a value other than TRL's default is an error that says what to use
   instead, or why it is not supported;
 - anything else is an unknown name, answered with the nearest known names.
@@ -51,6 +51,7 @@ DIRECT: dict[str, str] = {
     "gradient_checkpointing": "model.gradient_checkpointing",  # (wins when both are given)
     "vllm_gpu_memory_utilization": "vllm.gpu_memory_utilization",
     "vllm_tensor_parallel_size": "vllm.tensor_parallel_size",
+    "vllm_max_model_length": "vllm.max_model_len",
 }
 NULLABLE = ("epsilon_high", "max_grad_norm")  # None has the same meaning here
 # mapped by `translate`, several at a time or with a value conversion
@@ -77,6 +78,11 @@ SPECIAL = (
     "reward_weights",
     "use_vllm",
     "top_k",
+    "use_cpu",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_cap",
 )
 TRL_DEFAULTS: dict[str, Any] = {
     "learning_rate": 1e-6,
@@ -111,7 +117,7 @@ TRL_DEFAULTS: dict[str, Any] = {
 # accepted with any value: nothing to do here (replayrl logs every step to metrics.jsonl,
 # trains on the model's device, reads datasets itself)
 NO_EFFECT = frozenset(
-    """use_cpu logging_steps logging_strategy logging_first_step logging_dir log_level
+    """logging_steps logging_strategy logging_first_step logging_dir log_level
     log_level_replica log_on_each_node logging_nan_inf_filter run_name project trackio_space_id
     trackio_bucket_id trackio_static_space_id dataloader_num_workers dataloader_pin_memory
     dataloader_drop_last dataloader_persistent_workers dataloader_prefetch_factor
@@ -121,11 +127,9 @@ NO_EFFECT = frozenset(
     log_unique_prompts log_multimodal save_only_model
     save_on_each_node per_device_eval_batch_size trust_remote_code pad_to_multiple_of
     ds3_gather_for_generation skip_memory_metrics include_num_input_tokens_seen
-    average_tokens_across_devices gradient_checkpointing_kwargs vllm_mode vllm_model_impl
-    vllm_enable_sleep_mode vllm_server_base_url vllm_server_host vllm_server_port
-    vllm_server_timeout vllm_group_port vllm_max_model_length vllm_importance_sampling_correction
-    vllm_importance_sampling_mode vllm_importance_sampling_clip_max
-    vllm_importance_sampling_clip_min vllm_importance_sampling_cap sapo_temperature_neg
+    average_tokens_across_devices gradient_checkpointing_kwargs vllm_model_impl
+    vllm_server_base_url vllm_server_host vllm_server_port
+    vllm_server_timeout vllm_group_port sapo_temperature_neg
     sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
     ref_model_mixup_alpha ref_model_sync_steps use_bias_correction_kl use_cache
     overwrite_output_dir eval_accumulation_steps eval_do_concat_batches eval_use_gather_object
@@ -192,6 +196,16 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "use_transformers_continuous_batching": (False, "not supported: use rollout__generation_impl"),
     "transformers_continuous_batching_config": (None, "not supported"),
     "vllm_structured_outputs_regex": (None, "not supported: no constrained decoding"),
+    "vllm_mode": (
+        "colocate",
+        "the engine runs in the generating process (colocate); for generator GPUs of their "
+        "own use runtime='ray' with ray__generator_num_gpus",
+    ),
+    "vllm_enable_sleep_mode": (False, "not supported: the engine stays loaded between steps"),
+    "vllm_importance_sampling_clip_min": (
+        None,
+        "not supported: the correction truncates from above only (vllm__truncated_is_cap)",
+    ),
     "max_prompt_length": (
         None,
         "not supported: prompts too long for the model are skipped and counted "
@@ -488,6 +502,27 @@ def _simple(name: str, value: Any, t: Translation) -> None:
         t.dotted["algorithm.loss_agg"] = LOSS_TYPES[value]
     elif name == "bf16":
         t.dotted["precision.learner_autocast"] = "bfloat16" if value else "none"
+    elif name == "use_cpu":
+        if value:  # else: the model's own device (or train.device)
+            t.dotted["train.device"] = "cpu"
+
+
+def _vllm_correction(values: Mapping[str, Any], t: Translation) -> None:
+    """TRL's vLLM importance-sampling correction -> vllm.truncated_is_cap: token-level
+    truncated IS, min(pi_learner_old / pi_vllm, C) (algorithms/correction.py)."""
+    mode = values.get("vllm_importance_sampling_mode", "sequence_mask")
+    if mode not in ("token_truncate", "sequence_mask"):
+        raise ConfigError(
+            f"vllm_importance_sampling_mode={mode!r}: not supported; replayrl weighs each "
+            "token by min(ratio, C) (token_truncate, vllm__truncated_is_cap)"
+        )
+    cap = values.get(
+        "vllm_importance_sampling_clip_max", values.get("vllm_importance_sampling_cap")
+    )
+    if cap is not None:
+        t.dotted["vllm.truncated_is_cap"] = float(cap)
+    if values.get("vllm_importance_sampling_correction") is False:
+        t.dotted["vllm.truncated_is_cap"] = None
 
 
 def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -> Translation:
@@ -508,9 +543,10 @@ def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -
     for name in ("output_dir", "scale_rewards", "report_to", "disable_tqdm", "reward_weights"):
         if name in values:
             _simple(name, values[name], t)
-    for name in ("loss_type", "bf16"):
+    for name in ("loss_type", "bf16", "use_cpu"):
         if name in values:
             _simple(name, values[name], t)
+    _vllm_correction(values, t)
     for name, key in DIRECT.items():
         # None: TRL's "unset" (save_total_limit: keep all); kept only where replayrl has it
         if name in values and (values[name] is not None or name in NULLABLE):

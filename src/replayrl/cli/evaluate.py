@@ -107,11 +107,10 @@ def _task_params(cfg: Config) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from replayrl.models.loading import unwrap_model
-    from replayrl.models.precision import choose_for
+    from replayrl.models.device import resolve_device
     from replayrl.rollout.evaluation import evaluate_policy
-    from replayrl.rollout.generation import HFGenerator
     from replayrl.rollout.prompts import PromptRenderer
+    from replayrl.run.components import build_generator
     from replayrl.run.policy import load_policy
 
     run = find_run(args)
@@ -125,15 +124,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"scoring: {what}")
     if run is not None:
         print(f"with the run's prompt rendering and max_new_tokens: {run / 'config.yaml'}")
+    # eval.batch_size sequences at once, with the run's backend (vLLM too), on train.device
+    cfg.rollout.decode_batch_size = cfg.eval.batch_size
     model, tok, path = load_policy(cfg.model, cfg.task)
-    gen = HFGenerator(
-        unwrap_model(model),  # type: ignore[arg-type]
-        tok,
-        cfg.eval.batch_size,
-        dtype=choose_for(cfg.precision, unwrap_model(model)).generation,  # as a run would
-        impl=cfg.rollout.generation_impl,
-    )
+    model = model.to(resolve_device(cfg.train.device))
     render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
+    # `path`: a vLLM engine loads the evaluated weights from it
+    gen = build_generator(cfg, model, tok, path, task, render)
     completions: list[dict[str, Any]] = []
     res = evaluate_policy(cfg, gen, task, rows, render, completions=completions)
     result = {

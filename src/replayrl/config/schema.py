@@ -256,12 +256,34 @@ class VLLMConfig(_Section):
     """vLLM engine settings (rollout.backend = vllm; GPU only)."""
 
     gpu_memory_utilization: float = Field(
-        0.3, gt=0, le=1, description="share of GPU memory vLLM may take (weights + KV cache)"
+        0.3, gt=0, le=1, description="share of the GPU's memory vLLM reserves (weights + KV)"
     )
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans")
-    enforce_eager: bool = True  # no CUDA graph capture: faster start, weights swap cleanly
-    max_model_len: int | None = Field(None, ge=1)  # None: prompt + max_new_tokens bound
-    seed: int = Field(0, description="vLLM sampling seed")
+    # one GPU per engine: the in-process weight push reaches a single worker's model only
+    tensor_parallel_size: int = Field(1, ge=1, le=1, description="1 (TP > 1 is not supported)")
+    # CUDA graphs stay valid across weight pushes: load_weights copies into the captured
+    # parameters in place (TRL's colocate mode does the same with graphs on)
+    enforce_eager: bool = Field(False, description="no CUDA graph capture (slower decoding)")
+    # None: the longest kept prompt + rollout.max_new_tokens (a small KV reservation)
+    max_model_len: int | None = Field(None, ge=1, description="engine context length")
+    # None: train.seed + the generator worker's index (each seed of a sweep and each worker
+    # draws its own sampling noise)
+    seed: int | None = Field(None, description="engine sampling seed; None: train.seed + worker")
+    # truncated importance sampling of the engine / trainer mismatch (precision.
+    # truncated_is_cap): with vLLM the sampler's kernels differ from the learner's, so this
+    # cap applies unless precision.truncated_is_cap is set; null: off
+    truncated_is_cap: float | None = Field(
+        2.0, gt=0, description="with vLLM: truncated IS cap C for the engine/trainer mismatch"
+    )
+
+    @field_validator("tensor_parallel_size", mode="before")
+    @classmethod
+    def _single_gpu_engine(cls, v: Any) -> Any:
+        if isinstance(v, int) and v > 1:
+            raise ValueError(
+                f"vllm.tensor_parallel_size={v}: only 1 is supported (policy weights are pushed "
+                "into one in-process engine worker); use a model that fits one GPU, or LoRA"
+            )
+        return v
 
 
 class BufferConfig(_Section):
@@ -563,6 +585,12 @@ class TrainConfig(_Section):
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; None: off")
     seed: int = Field(0, description="seed of sampling, shuffling and the model's init")
     threads: int | None = Field(None, ge=1)  # torch intra-op threads; None = torch default
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda|cuda:\d+)$",
+        description="where the policy, frozen KL policies, critic, batches, generation and "
+        "evaluation run: auto (cuda when available, else cpu), cpu, cuda or cuda:N",
+    )
     # learner log-probs: chunked = completion positions only, output head in chunks (less
     # memory, faster); full = full-vocabulary logits of every position, the implementation
     # before 0.2 (rounding differs at ~1e-7: select it to reproduce older runs bit for bit)

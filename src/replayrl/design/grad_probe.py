@@ -78,7 +78,7 @@ def sample_gradients(
     out = np.empty((len(rollouts), idx.numel()), dtype=np.float64)
     try:
         for i, r in enumerate(rollouts):
-            b = collate([r], learner.pad_id)
+            b = collate([r], learner.pad_id, device=learner.device)
             logps, _ = logprobs.token_logprobs(
                 model, b, cfg.rollout.temperature, False, learner.autocast, learner.full_logprobs
             )

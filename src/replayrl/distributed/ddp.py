@@ -1,4 +1,5 @@
-"""Data-parallel learners: gradients averaged with torch.distributed (gloo on CPU, nccl on GPU).
+"""Data-parallel learners: gradients averaged with torch.distributed (gloo for CPU parameters,
+nccl for CUDA ones).
 
 Each learner computes gradients on its own B / T rollouts (sampled from its own buffer
 shard), then all ranks average them before clipping, so every rank takes the same optimizer
@@ -21,10 +22,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_group(rank: int, world: int, address: str, port: int, timeout_s: float = 600) -> None:
+def process_group_backend(device: torch.device | str) -> str:
+    """nccl where the parameters (and so the gradients all-reduced) are CUDA tensors, gloo for
+    CPU ones: whether the machine has a GPU says nothing about where a learner trains."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+# where sum_over_ranks puts its count: the device the group's backend reduces on
+_group_device = torch.device("cpu")
+
+
+def init_group(
+    rank: int,
+    world: int,
+    address: str,
+    port: int,
+    timeout_s: float = 600,
+    device: torch.device | str = "cpu",
+) -> None:
+    """Join the learners' process group; `device`: where this rank's parameters live."""
     from datetime import timedelta
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    global _group_device
+    _group_device = torch.device(device)
+    backend = process_group_backend(device)
     dist.init_process_group(
         backend,
         init_method=f"tcp://{address}:{port}",
@@ -55,7 +76,7 @@ def sum_over_ranks(count: float) -> float:
     """A number summed over every rank (the loss normaliser's token / sequence count)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return count
-    t = torch.tensor([count], dtype=torch.float64)
+    t = torch.tensor([count], dtype=torch.float64, device=_group_device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return float(t.item())
 

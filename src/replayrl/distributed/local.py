@@ -24,9 +24,11 @@ import torch
 import yaml
 
 from replayrl.config.schema import Config, build_config, config_to_yaml
+from replayrl.distributed.gpus import generator_device
 from replayrl.distributed.weights import SharedWeights
 from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.errors import RewardFunctionFailed, RunFailed
+from replayrl.models.device import model_device
 from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
@@ -143,6 +145,18 @@ class LocalGeneratorPool:
         self.slots: list[_Slot] = []
         self.lost = 0  # rollouts of batches in progress when a worker died
         self.cfg_yaml = config_to_yaml(cfg)
+        self.learner_device = model_device(model)
+
+    def worker_config(self, worker_id: int) -> str:
+        """The run's config for one worker, with its own device (one GPU per worker where
+        the machine has more than the learner's; distributed/gpus.py)."""
+        device = generator_device(self.learner_device, worker_id, torch.cuda.device_count())
+        if device == "cpu" and self.learner_device.type == "cpu":
+            return self.cfg_yaml  # CPU runs: the worker reads the run's config as it is
+        cfg = self.cfg.model_copy(
+            update={"train": self.cfg.train.model_copy(update={"device": device})}
+        )
+        return config_to_yaml(cfg)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _spawn(self, worker_id: int, incarnation: int) -> _Slot:
@@ -150,7 +164,7 @@ class LocalGeneratorPool:
         p = self.ctx.Process(
             target=_worker_main,
             args=(
-                self.cfg_yaml,
+                self.worker_config(worker_id),
                 worker_id,
                 incarnation,
                 self.shared,

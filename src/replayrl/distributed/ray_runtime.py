@@ -23,9 +23,11 @@ import yaml
 
 from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.ddp import data_parallel, free_port, init_group, weights_digest
+from replayrl.distributed.gpus import hide_gpus_unless_given
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.errors import RunFailed, RunStopped
+from replayrl.models.device import model_device, resolve_device
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
 from replayrl.records.ledger import RoleClock, format_accounting
 from replayrl.run.components import buffer_kwargs, build_learner
@@ -56,6 +58,7 @@ class GeneratorActor:
 
     def __init__(self, cfg_yaml: str, worker_id: int, incarnation: int) -> None:
         _quiet()
+        hide_gpus_unless_given(_ray().get_gpu_ids())  # ray.generator_num_gpus=0: no GPU
         cfg = build_config(yaml.safe_load(cfg_yaml))
 
         def log(msg: str) -> None:
@@ -166,6 +169,7 @@ class FollowerActor:
 
     def __init__(self, cfg_yaml: str, rank: int, world: int, policy_path: str | None) -> None:
         _quiet()
+        hide_gpus_unless_given(_ray().get_gpu_ids())  # its own GPU (cuda:0 here), or none
         from replayrl.run.policy import load_policy
 
         cfg = build_config(yaml.safe_load(cfg_yaml))
@@ -174,13 +178,14 @@ class FollowerActor:
         model_cfg = cfg.model.model_copy(update={"path": policy_path}) if policy_path else cfg.model
         with torch.random.fork_rng():  # the same weights as rank 0 (same path / warm start)
             self.model, tok, path = load_policy(model_cfg, cfg.task, seed=cfg.train.seed)
+        self.model = self.model.to(resolve_device(cfg.train.device))
         self.learner = build_learner(_per_rank(cfg, world), self.model, tok.pad_token_id, path)
         self.rank, self.world = rank, world
         self.rng = np.random.default_rng(cfg.train.seed + 1 + rank)
         self.epochs = cfg.train.epochs
 
     def join(self, address: str, port: int) -> None:
-        init_group(self.rank, self.world, address, port)
+        init_group(self.rank, self.world, address, port, device=model_device(self.model))
         data_parallel(self.learner, self.world)
 
     def load_learner_state(self, state: dict[str, Any]) -> None:
@@ -389,7 +394,7 @@ class RayAsyncTrainer(AsyncSession):
         self.followers = [cls.remote(config_to_yaml(cfg), r, T, policy) for r in range(1, T)]
         address, port = ray.util.get_node_ip_address(), free_port()
         joins = [f.join.remote(address, port) for f in self.followers]
-        init_group(0, T, address, port)
+        init_group(0, T, address, port, device=self.learner.device)
         ray.get(joins)
         data_parallel(self.learner, T)
         self.learner.cfg = _per_rank(cfg, T)
@@ -425,6 +430,7 @@ class LearnerActor:
 
     def __init__(self, cfg_yaml: str, run_dir: str, resume: bool) -> None:
         _quiet()
+        hide_gpus_unless_given(_ray().get_gpu_ids())  # ray.learner_num_gpus=0: no GPU
         cfg = build_config(yaml.safe_load(cfg_yaml))
         cfg.logging.progress = False  # a progress bar does not survive Ray's log forwarding
         self.trainer = RayAsyncTrainer(cfg, Path(run_dir), resume=resume)

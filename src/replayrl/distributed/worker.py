@@ -19,8 +19,11 @@ from replayrl.config.schema import Config
 from replayrl.data.buffer.base import rollout_from_dict, rollout_to_dict
 from replayrl.data.rollout import Rollout
 from replayrl.distributed.weights import load_trainable
+from replayrl.models.device import resolve_device
 from replayrl.models.loading import unwrap_model
-from replayrl.run.components import build_producer, reward_set
+from replayrl.rollout.prompts import PromptRenderer
+from replayrl.rollout.tasks import task_from_config
+from replayrl.run.components import build_generator, build_producer, reward_set
 from replayrl.run.policy import load_policy
 from replayrl.storage.io import atomic_write_with
 from replayrl.storage.safe_state import dumps_single, loads_single
@@ -114,10 +117,27 @@ class GeneratorWorker:
         seed = worker_seed(cfg, worker_id, incarnation)
         rewards = reward_set(cfg)  # before the model: see run.components.reward_set
         self.model, tokenizer, path = load_policy(cfg.model, cfg.task, log=log, seed=cfg.train.seed)
+        # train.device of this worker (its own GPU: see distributed/gpus.py)
+        self.model = self.model.to(resolve_device(cfg.train.device))
         torch.manual_seed(seed)  # after the (cached) warm start: sampling differs per worker
         self.model.eval()
+        render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
+        task = task_from_config(cfg.task)
+        # a vLLM engine's seed: train.seed + this worker's offset (its own sampling noise)
+        generator = build_generator(
+            cfg, self.model, tokenizer, path, task, render, worker_offset=seed - cfg.train.seed
+        )
         self.producer = build_producer(
-            cfg, self.model, tokenizer, path, np.random.default_rng(seed), log, rewards=rewards
+            cfg,
+            self.model,
+            tokenizer,
+            path,
+            np.random.default_rng(seed),
+            log,
+            task=task,
+            rewards=rewards,
+            generator=generator,
+            render=render,
         )
         self.version = -1  # no weights yet: the learner publishes before anything is generated
         self.seq = 0

@@ -12,12 +12,16 @@ TokenFields = dict[str, Sequence[torch.Tensor]]
 
 
 def collate(
-    rollouts: Sequence[Rollout], pad_id: int, token_fields: TokenFields | None = None
+    rollouts: Sequence[Rollout],
+    pad_id: int,
+    token_fields: TokenFields | None = None,
+    device: torch.device | str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Right-padded [prompt + completion] rows; `mask` marks completion tokens of `targets`.
 
     Per-token fields (behaviour log-probs, and any `token_fields`: one 1-D tensor per rollout
-    over its completion tokens) are laid out like `mask`.
+    over its completion tokens) are laid out like `mask`. `device`: where the batch goes (the
+    model's device); None keeps it on the CPU, where it is built.
     """
     lengths = [r.prompt_ids.numel() + r.completion_ids.numel() for r in rollouts]
     width = max(lengths)
@@ -35,8 +39,9 @@ def collate(
         # the token at position t is predicted by logits at t-1
         mask[i, p - 1 : p - 1 + c] = 1
         for k, values in fields.items():
-            placed[k][i, p - 1 : p - 1 + c] = values[i]
-    return {
+            # a field computed on the model's device (frozen log-probs) lands on the CPU here
+            placed[k][i, p - 1 : p - 1 + c] = values[i].to(placed[k].device)
+    batch = {
         "input_ids": ids,
         "attention_mask": attn,
         "mask": mask,
@@ -45,6 +50,9 @@ def collate(
         "rewards": torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
         "baselines": torch.tensor([r.group_mean_reward for r in rollouts], dtype=torch.float32),
     }
+    if device is None:
+        return batch
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def unpad(tokens: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:

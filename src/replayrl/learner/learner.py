@@ -48,6 +48,7 @@ from replayrl.learner.frozen import (
 )
 from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
 from replayrl.models import precision
+from replayrl.models.device import model_device
 
 # re-exported: callers import these from the learner
 __all__ = [
@@ -118,6 +119,11 @@ class Learner:
         self.model = model
         self.pad_id = pad_id
         self.cfg = cfg
+        # batches go where the policy's parameters are (train.device, or the device of a
+        # model handed over by the Python API); the critic and frozen copies follow it
+        self.device = model_device(model)
+        if critic is not None:
+            critic.to(self.device)
         self.loss_type = POLICY_LOSSES.check(cfg.algorithm.loss_type)
         self.lora = is_lora(model)
         # precision policy (replayrl/models/precision.py): learner autocast, oneDNN fp32
@@ -133,6 +139,10 @@ class Learner:
         gen = self.precision_choice.generation
         reduced = self.autocast is not None or (gen is not None and gen != torch.float32)
         reduced = reduced or (gen is None and cfg.model.dtype != "float32")
+        # a vLLM engine samples with its own kernels (and dtype): its log-probs are never the
+        # learner's, so the learner recomputes log pi_old and corrects for the mismatch
+        vllm = cfg.rollout.backend == "vllm"
+        reduced = reduced or vllm
         self.recompute_behaviour = p.recompute_behaviour_logprobs == "always" or (
             p.recompute_behaviour_logprobs == "auto" and reduced
         )
@@ -142,20 +152,7 @@ class Learner:
         self.fuse_behaviour_recompute = True
         self._fuse: set[int] = set()  # ids of rollouts whose log pi_old the next update sets
         self._fused_stats: dict[str, float] = {}
-        # truncated IS weighs tokens by pi_learner_old / pi_sampler: both must exist, and the
-        # loss must be one that scales with the advantage (correction.apply_token_weights)
-        self.tis_cap = p.truncated_is_cap
-        if self.tis_cap is not None and not self.recompute_behaviour:
-            raise ValueError(
-                "precision.truncated_is_cap needs the learner's own log pi_old: set "
-                "precision.recompute_behaviour_logprobs=always (auto does it only with a "
-                "reduced generation or learner precision)"
-            )
-        if self.tis_cap is not None and "rewards" in POLICY_LOSSES.get(self.loss_type).inputs:
-            raise ValueError(
-                f"precision.truncated_is_cap scales advantages; algorithm.loss_type="
-                f"{self.loss_type} does not use them"
-            )
+        self.tis_cap = self._truncated_is_cap(cfg, vllm)
         # only what trains (with LoRA: the adapters; the base weights are frozen)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -188,6 +185,28 @@ class Learner:
         self.prev_model: FrozenPolicy | None = None  # pi_{k-1}
         if cfg.kl.beta > 0 and self.kl_weights(0)[0] > 0:
             self.base_model = initial_policy(self.model)
+
+    def _truncated_is_cap(self, cfg: Config, vllm: bool) -> float | None:
+        """C of truncated IS: precision.truncated_is_cap, else with vLLM vllm.truncated_is_cap
+        (on by default, as TRL's vllm_importance_sampling_correction) where it applies."""
+        cap = cfg.precision.truncated_is_cap
+        uses_rewards = "rewards" in POLICY_LOSSES.get(self.loss_type).inputs
+        if cap is None and vllm and self.recompute_behaviour and not uses_rewards:
+            return cfg.vllm.truncated_is_cap
+        # truncated IS weighs tokens by pi_learner_old / pi_sampler: both must exist, and the
+        # loss must be one that scales with the advantage (correction.apply_token_weights)
+        if cap is not None and not self.recompute_behaviour:
+            raise ValueError(
+                "precision.truncated_is_cap needs the learner's own log pi_old: set "
+                "precision.recompute_behaviour_logprobs=always (auto does it only with a "
+                "reduced generation or learner precision)"
+            )
+        if cap is not None and uses_rewards:
+            raise ValueError(
+                f"precision.truncated_is_cap scales advantages; algorithm.loss_type="
+                f"{self.loss_type} does not use them"
+            )
+        return cap
 
     # -- KL bookkeeping ----------------------------------------------------------------------
     def kl_lambda(self, step: int) -> float:
@@ -228,7 +247,7 @@ class Learner:
         out: list[torch.Tensor] = [torch.empty(0)] * len(rollouts)
         with torch.no_grad():
             for sl in micro_batches(len(ordered), self.cfg.train.micro_batch_size):
-                b = collate(ordered[sl], self.pad_id)
+                b = collate(ordered[sl], self.pad_id, device=self.device)
                 logps, _ = token_logprobs(
                     model,  # type: ignore[arg-type]
                     b,
@@ -250,7 +269,7 @@ class Learner:
         out: list[float] = []
         with torch.no_grad():
             for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-                b = collate(rollouts[sl], self.pad_id)
+                b = collate(rollouts[sl], self.pad_id, device=self.device)
                 _, ent = token_logprobs(
                     self.model,
                     b,
@@ -269,7 +288,7 @@ class Learner:
         self.critic.eval()
         with torch.no_grad():
             for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-                b = collate(rollouts[sl], self.pad_id)
+                b = collate(rollouts[sl], self.pad_id, device=self.device)
                 values.extend(unpad(self.critic(b), b["mask"]))
         self.critic.train()
         width = max(v.numel() for v in values)
@@ -451,7 +470,7 @@ class Learner:
                 extra["fuse"] = [
                     torch.full_like(r.behaviour_logprobs, float(id(r) in self._fuse)) for r in rows
                 ]
-            b = collate(rows, self.pad_id, extra)
+            b = collate(rows, self.pad_id, extra, device=self.device)
             if not policy_frozen:
                 self._policy_backward(b, weights, normaliser, acc)
                 if "fuse" in b and acc.current is not None:
@@ -620,7 +639,7 @@ class Learner:
     def measure_backward(self, rollouts: list[Rollout]) -> None:
         """A forward+backward pass with no optimizer step (to time training per sample)."""
         for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-            b = collate(rollouts[sl], self.pad_id)
+            b = collate(rollouts[sl], self.pad_id, device=self.device)
             logps, _ = token_logprobs(
                 self.model,
                 b,

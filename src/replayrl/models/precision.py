@@ -261,10 +261,11 @@ def choose(
         return PrecisionChoice(fixed_gen, fixed_ac, "as configured")
     if model_dtype != torch.float32:
         bf16, reason = False, f"model weights are {model_dtype}"
+    elif device is not None and device.type == "cuda":
+        # tensor cores compute bf16 natively whatever the model's size
+        bf16, reason = torch.cuda.is_bf16_supported(), "CUDA bf16 support"
     elif n_params < BF16_MIN_PARAMS:
         bf16, reason = False, f"{n_params / 1e6:.1f}M parameters: too small for bf16 to pay"
-    elif device is not None and device.type == "cuda":
-        bf16, reason = torch.cuda.is_bf16_supported(), "CUDA bf16 support"
     else:
         hw = hardware_check()
         bf16, reason = hw.native, hw.reason + (" [cached]" if hw.cached else "")

@@ -82,6 +82,9 @@ def staleness_bounded(cfg: Config) -> Config:
 class AsyncSession(Session):
     """A session whose producer runs elsewhere (a GeneratorPool) concurrently with training."""
 
+    # rollouts come from the pool's workers: no vLLM engine (and no GPU share) in the learner
+    builds_engine = False
+
     def __init__(
         self,
         cfg: Config,
@@ -314,7 +317,8 @@ def _learn_while_generating(
             continue
         t0 = time.perf_counter()
         s.learner_clock.idle_s += t0 - waited_since
-        s.learner_step(B)
+        with s.out_of_memory_as_failure():
+            s.learner_step(B)
         s.learner_clock.busy_s += time.perf_counter() - t0
         if s.learner.version % cfg.workers.sync_every == 0:
             pool.publish(s.model, s.learner.version)

@@ -29,7 +29,8 @@ def run_sync(s: Session) -> dict[str, Any]:
     with StopOnSignal() as stop:
         # a Python API callback may stop early: the run still finishes (eval, checkpoint)
         while c.step < s.cfg.train.steps and not s.hooks.stop_requested:
-            sync_step(s, progress)
+            with s.out_of_memory_as_failure():
+                sync_step(s, progress)
             if stop.requested:
                 s.interrupted(progress, stop.signum)  # between steps: the checkpoint is exact
     progress.close()

@@ -25,7 +25,9 @@ from replayrl.data.sources.base import SourceContext
 from replayrl.data.sources.buffer import BatchSource
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
+from replayrl.models.device import resolve_device
 from replayrl.models.loading import unwrap_model
+from replayrl.rollout.context_bound import longest_prompt_tokens
 from replayrl.rollout.evaluation import held_out_rows
 from replayrl.rollout.generation import Generator, make_generator
 from replayrl.rollout.producer import RolloutProducer
@@ -83,6 +85,38 @@ def build_learner(cfg: Config, model: Any, pad_id: int, model_path: str) -> Lear
     return Learner(model, pad_id, cfg, critic=critic)
 
 
+def build_generator(
+    cfg: Config,
+    model: Any,
+    tokenizer: Any,
+    model_path: str,
+    task: Any,
+    render: PromptRenderer,
+    worker_offset: int = 0,
+) -> Generator:
+    """The rollout backend; a vLLM engine's context is bounded by the longest prompt the run
+    keeps + rollout.max_new_tokens (unless vllm.max_model_len is set), and its seed is
+    train.seed + `worker_offset` (unless vllm.seed is set)."""
+    max_prompt_len = None
+    if cfg.rollout.backend == "vllm" and cfg.vllm.max_model_len is None:
+        max_prompt_len = longest_prompt_tokens(
+            task,
+            render,
+            tokenizer,
+            getattr(model.config, "max_position_embeddings", None),
+            cfg.rollout.max_new_tokens,
+            seed=cfg.train.seed,
+        )
+    return make_generator(
+        cfg,
+        unwrap_model(model),
+        tokenizer,
+        model_path,
+        max_prompt_len=max_prompt_len,
+        worker_offset=worker_offset,
+    )
+
+
 def reward_set(cfg: Config, rewards: list[Any] | None = None) -> list[Any]:
     """The run's rewards (`rewards`, or resolved from the config) with, under
     `reward_isolation=process`, their workers' fork server running: build it before the
@@ -109,16 +143,22 @@ def build_producer(
     """Prompts -> generation -> scoring -> rollouts, on this model's weights."""
     if render is None:
         render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
+    if task is None:
+        task = task_from_config(cfg.task)
+    if generator is None:
+        generator = build_generator(cfg, model, tokenizer, model_path, task, render)
     return RolloutProducer(
         cfg,
-        task if task is not None else task_from_config(cfg.task),
+        task,
         rewards
         if rewards is not None
         else resolve_rewards([(r.name, r.weight) for r in cfg.rewards]),
         tokenizer,
         render,
-        generator or make_generator(cfg, unwrap_model(model), tokenizer, model_path),
-        getattr(model.config, "max_position_embeddings", None),
+        generator,
+        # a prompt longer than the engine's context is skipped and counted, never sent to it
+        getattr(generator, "max_model_len", None)
+        or getattr(model.config, "max_position_embeddings", None),
         prompt_rng,
         log,
     )
@@ -146,6 +186,35 @@ class Components:
     max_positions: int | None
 
 
+def place_policy(
+    cfg: Config,
+    device: torch.device,
+    log: Log,
+    ckpt: Path | None = None,
+    policy: tuple[Any, Any, str] | None = None,
+) -> tuple[Any, Any, str]:
+    """The run's policy on `device`: the API's model object (moved only when train.device is
+    not auto: it keeps its own device otherwise), else loaded from the config or `ckpt`."""
+    if policy is not None and ckpt is None:  # a model object from the Python API
+        model, tokenizer, model_path = policy
+        if cfg.train.device != "auto":  # e.g. TRL's use_cpu=True; auto: the model's device
+            model = model.to(device)
+        return model, tokenizer, model_path
+    lora = cfg.model.lora.enabled
+    # resume: the checkpoint's policy folder (LoRA: its adapter, on the configured base)
+    model_cfg = (
+        cfg.model.model_copy(update={"path": str(ckpt / "policy")})
+        if ckpt and not lora
+        else cfg.model
+    )
+    adapter = ckpt / "policy" if ckpt and lora else None
+    with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
+        model, tokenizer, model_path = load_policy(
+            model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
+        )
+    return model.to(device), tokenizer, model_path  # train.device (auto: cuda if available)
+
+
 def build_components(
     cfg: Config,
     log: Log = print,
@@ -154,8 +223,12 @@ def build_components(
     policy: tuple[Any, Any, str] | None = None,
     task: Any = None,
     rewards: list[Any] | None = None,
+    engine: bool = True,
 ) -> Components:
     """Build every part of a run; `ckpt`: load the policy from this checkpoint (resume).
+
+    `engine=False` (a learner whose rollouts come from generator workers): no vLLM engine in
+    this process; its evaluations generate with its own policy (the hf backend).
 
     `policy` (model, tokenizer, model_path), `task` and `rewards` (WeightedReward list): objects
     from the Python API used instead of building them from the config; `policy` only without
@@ -166,22 +239,11 @@ def build_components(
     warm start and the critic's and buffers' set-up draws from it): keep it.
     """
     lora = cfg.model.lora.enabled
-    # resume: the checkpoint's policy folder (LoRA: its adapter, on the configured base)
-    model_cfg = (
-        cfg.model.model_copy(update={"path": str(ckpt / "policy")})
-        if ckpt and not lora
-        else cfg.model
-    )
-    adapter = ckpt / "policy" if ckpt and lora else None
+    # first: train.device=cuda on a machine without CUDA fails here, in one line
+    device = resolve_device(cfg.train.device)
     # the rewards before the model: their workers' fork server must not hold its pages
     rewards = reward_set(cfg, rewards)
-    if policy is not None and ckpt is None:  # a model object from the Python API
-        model, tokenizer, model_path = policy
-    else:
-        with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
-            model, tokenizer, model_path = load_policy(
-                model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
-            )
+    model, tokenizer, model_path = place_policy(cfg, device, log, ckpt, policy)
     if lora:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log(f"LoRA: training {trainable:,} adapter parameters; the base model stays frozen")
@@ -195,7 +257,12 @@ def build_components(
     buffer = make_main_buffer(cfg) if not cfg.needs_design else None
     learner = build_learner(cfg, model, tokenizer.pad_token_id, model_path)
     # the transformers model itself (a LoRA wrapper's layers stay active inside it)
-    generator = make_generator(cfg, unwrap_model(model), tokenizer, model_path)
+    gen_cfg = cfg
+    if not engine and cfg.rollout.backend == "vllm":
+        gen_cfg = cfg.model_copy(
+            update={"rollout": cfg.rollout.model_copy(update={"backend": "hf"})}
+        )
+    generator = build_generator(gen_cfg, model, tokenizer, model_path, task, render)
     prompt_rng = np.random.default_rng(cfg.train.seed)
     producer = build_producer(
         cfg, model, tokenizer, model_path, prompt_rng, log, task, rewards, generator, render

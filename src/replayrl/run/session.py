@@ -12,7 +12,8 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import BatchSource
 from replayrl.errors import RunFailed, RunStopped
+from replayrl.models.device import is_out_of_memory, oom_phase, out_of_memory_message
 from replayrl.records.ledger import WALL_SECONDS_COVERS, format_accounting
 from replayrl.records.trust import record_signature
 from replayrl.rollout.evaluation import evaluate_policy
@@ -48,6 +50,10 @@ Log = Callable[[str], None]
 class Session:
     """One run: its components, counters, metrics log and checkpoints."""
 
+    # this process generates the rollouts it trains on (a vLLM engine here if configured);
+    # False for learners fed by generator workers (recipes/asynchronous.py)
+    builds_engine = True
+
     def __init__(
         self,
         cfg: Config,
@@ -67,7 +73,14 @@ class Session:
             raise FileNotFoundError(describe_missing(run_dir))
         h = self.hooks
         self.parts: Components = build_components(
-            cfg, log, ckpt, self.make_buffer, policy=h.policy, task=h.task, rewards=h.rewards
+            cfg,
+            log,
+            ckpt,
+            self.make_buffer,
+            policy=h.policy,
+            task=h.task,
+            rewards=h.rewards,
+            engine=self.builds_engine,
         )
         p = self.parts
         self.model, self.tokenizer, self.model_path = p.model, p.tokenizer, p.model_path
@@ -263,6 +276,19 @@ class Session:
         ck = cfg.checkpoint.every
         if ck and c.step % ck == 0 and c.step != cfg.train.steps:
             self.checkpoint()
+
+    @contextmanager
+    def out_of_memory_as_failure(self) -> Iterator[None]:
+        """A CUDA out-of-memory error in a step becomes RunFailed: one line naming the knobs
+        that lower memory and the last good checkpoint, not a torch traceback."""
+        try:
+            yield
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            ckpt = latest_checkpoint(self.run_dir)
+            where = oom_phase(exc)
+            raise RunFailed(out_of_memory_message(where, str(ckpt) if ckpt else None)) from None
 
     def interrupted(self, progress: Progress, signum: int = signal.SIGINT) -> None:
         """Checkpoint between steps (exactly an uninterrupted run's state) and stop; raises

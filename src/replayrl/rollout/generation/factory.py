@@ -9,6 +9,7 @@ from replayrl.config.schema import Config
 from replayrl.models.precision import choose_for, enable_fast_fp32_matmul
 from replayrl.rollout.generation.base import Generator
 from replayrl.rollout.generation.hf import HFGenerator
+from replayrl.rollout.generation.stops import stop_token_ids
 
 
 def make_generator(
@@ -18,14 +19,17 @@ def make_generator(
     model_path: str,
     *,
     max_prompt_len: int | None = None,
+    worker_offset: int = 0,
 ) -> Generator:
     """The configured Generator; `model` is the transformers model itself (unwrap peft first).
 
     hf generates with `model`; vllm loads its own engine from `model_path` (weights follow the
     policy through `load_weights`). `max_prompt_len` bounds vLLM's context when
-    `vllm.max_model_len` is unset.
+    `vllm.max_model_len` is unset; `worker_offset` is added to `train.seed` for the engine's
+    seed (each generator worker samples its own noise). Both backends stop on the same tokens.
     """
     backend = cfg.rollout.backend
+    stops = stop_token_ids(model, tokenizer)
     if backend == "hf":
         if cfg.precision.fast_fp32_matmul:
             enable_fast_fp32_matmul()
@@ -37,6 +41,7 @@ def make_generator(
             cfg.rollout.decode_batch_size,
             dtype=dtype,
             impl=cfg.rollout.generation_impl,
+            stop_ids=stops,
         )
     if backend == "vllm":
         if cfg.model.lora.enabled:
@@ -46,12 +51,19 @@ def make_generator(
             )
         from replayrl.rollout.generation.vllm import VLLMGenerator  # lazy: imports vllm
 
+        # the engine samples in the precision the HF backend would (bf16 on a CUDA GPU that
+        # has it, under precision: auto), never silently in fp32
+        chosen = choose_for(cfg.precision, model).generation
+        dtype = str(chosen or next(model.parameters()).dtype).removeprefix("torch.")
+        seed = cfg.vllm.seed if cfg.vllm.seed is not None else cfg.train.seed + worker_offset
         return VLLMGenerator(
             model_path,
             tokenizer,
             cfg.vllm,
             max_prompt_len=max_prompt_len,
             max_new_tokens=cfg.rollout.max_new_tokens,
-            dtype=cfg.model.dtype,
+            dtype=dtype,
+            seed=seed,
+            stop_ids=stops,
         )
     raise ValueError(f"rollout.backend: unknown backend {backend!r} (hf or vllm)")

@@ -28,6 +28,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from replayrl.rollout.generation.base import Sample, SamplingParams
 from replayrl.rollout.generation.decoders import make_decoder
 from replayrl.rollout.generation.sampling import sample_next
+from replayrl.rollout.generation.stops import stop_token_ids
 
 GenerationImpl = Literal["fast", "fast_hf", "generate"]
 # drop finished rows from the decode batch (one copy of the KV cache) once this share of the
@@ -52,6 +53,7 @@ class HFGenerator:
         *,
         impl: GenerationImpl = "fast",
         dtype: torch.dtype | None = None,
+        stop_ids: list[int] | None = None,
     ) -> None:
         if impl not in ("fast", "fast_hf", "generate"):
             raise ValueError(f"HFGenerator impl={impl!r}: use 'fast', 'fast_hf' or 'generate'")
@@ -62,6 +64,8 @@ class HFGenerator:
         self.impl = impl
         self.dtype = dtype
         self._copy: torch.nn.Module | None = None  # the policy in `dtype`, when that differs
+        # a completion ends at the first of these (the vLLM backend stops on the same ones)
+        self.stop_ids = list(stop_ids) if stop_ids else stop_token_ids(None, tokenizer)
 
     def _encode(self, prompts: list[str]) -> list[list[int]]:
         return [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -134,8 +138,9 @@ class HFGenerator:
         params: SamplingParams,
     ) -> list[Sample]:
         tok = self.tokenizer
-        pad, eos = tok.pad_token_id, tok.eos_token_id
+        pad = tok.pad_token_id
         device = _device(model)
+        stops = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
         width = max(len(ids) for _, ids, _ in groups)
         input_ids = torch.full((len(groups), width), pad, dtype=torch.long)
         attention = torch.zeros_like(input_ids)
@@ -166,7 +171,7 @@ class HFGenerator:
             keep_new = ~done
             tokens[live[keep_new], step] = nxt[keep_new]
             logps[live[keep_new], step] = lp[keep_new]
-            done = done | (nxt == eos)
+            done = done | torch.isin(nxt, stops)
             if step == steps - 1 or bool(done.all()):
                 break
             if int(done.sum()) >= max(1, int(_COMPACT_FRACTION * done.numel())):
@@ -182,11 +187,11 @@ class HFGenerator:
         self, jobs: list[tuple[int, list[int]]], new_tokens: torch.Tensor, token_logps: torch.Tensor
     ) -> list[Sample]:
         tok = self.tokenizer
-        eos = tok.eos_token_id
+        stops = torch.tensor(self.stop_ids, dtype=torch.long)
         samples = []
         for row, (prompt_index, ids) in enumerate(jobs):
             toks = new_tokens[row]
-            hits = (toks == eos).nonzero()
+            hits = torch.isin(toks, stops).nonzero()
             length = int(hits[0]) + 1 if len(hits) else toks.numel()
             completion = toks[:length].clone()
             samples.append(
@@ -207,7 +212,9 @@ class HFGenerator:
         self, model: torch.nn.Module, jobs: list[tuple[int, list[int]]], params: SamplingParams
     ) -> list[Sample]:
         tok = self.tokenizer
-        pad, eos = tok.pad_token_id, tok.eos_token_id
+        pad = tok.pad_token_id
+        stops = self.stop_ids
+        eos: int | list[int] | None = stops[0] if len(stops) == 1 else (stops or None)
         width = max(len(ids) for _, ids in jobs)
         input_ids = torch.full((len(jobs), width), pad, dtype=torch.long)
         attention = torch.zeros_like(input_ids)

@@ -1,7 +1,8 @@
 """Sampling with a vLLM engine (rollout.backend = vllm), behind the same Generator interface.
 
-UNTESTED ON A GPU: written against vLLM's documented API; checked only with a fake engine in
-tests/test_vllm_backend.py.
+Not yet run on a GPU: checked with a recording stand-in for `vllm` (tests/fake_vllm) whose
+calls are compared with a snapshot of vLLM 0.33.0's signatures
+(tests/data/vllm_0.33.0_signatures.json, scripts/vllm_signatures.py).
 
 Assumptions (vLLM >= 0.11, V1 engine):
 - Behaviour log-probs: `logprobs_mode="processed_logprobs"` returns log softmax of the logits
@@ -17,9 +18,12 @@ Assumptions (vLLM >= 0.11, V1 engine):
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import random
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -41,6 +45,25 @@ def _import_vllm() -> Any:
     return vllm
 
 
+@contextmanager
+def trainer_state_kept() -> Iterator[None]:
+    """Run a block that may reseed Python's, numpy's and torch's global generators and change
+    torch's thread count (vLLM's engine start does both); restore all of them after it."""
+    threads = torch.get_num_threads()
+    py_state, np_state = random.getstate(), np.random.get_state()
+    cpu_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(cpu_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
 class VLLMGenerator:
     """A vLLM engine on `model_path`; `load_weights` pushes new policy weights into it."""
 
@@ -53,27 +76,35 @@ class VLLMGenerator:
         max_new_tokens: int | None = None,
         dtype: str = "auto",
         policy_version: int = 0,
+        seed: int | None = None,
+        stop_ids: list[int] | None = None,
     ) -> None:
         self._vllm = _import_vllm()
         self.tokenizer = tokenizer
         self.policy_version = policy_version
         self.tensor_parallel_size = cfg.tensor_parallel_size
+        # the same stop tokens as the HF backend (generation_config's EOS ids, stops.py)
+        eos = tokenizer.eos_token_id
+        self.stop_ids = list(stop_ids) if stop_ids else ([] if eos is None else [eos])
         # Explicit cfg.max_model_len wins; else the run's prompt + completion bound (a small
         # KV reservation); else None and vLLM takes the model's own context length.
         self.max_model_len = cfg.max_model_len
         if self.max_model_len is None and max_prompt_len and max_new_tokens:
             self.max_model_len = max_prompt_len + max_new_tokens
-        self.llm = self._vllm.LLM(
-            model=model_path,
-            dtype=dtype,
-            seed=cfg.seed,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            enforce_eager=cfg.enforce_eager,
-            max_model_len=self.max_model_len,
-            # log softmax(logits / T) of the sampled token: the quantity the learner recomputes
-            logprobs_mode="processed_logprobs",
-        )
+        with trainer_state_kept():
+            # vLLM's worker seeds random / numpy / torch with its own seed and sets torch's
+            # threads to 1: the trainer's streams and threads are put back afterwards
+            self.llm = self._vllm.LLM(
+                model=model_path,
+                dtype=dtype,
+                seed=seed if seed is not None else (cfg.seed or 0),
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                tensor_parallel_size=cfg.tensor_parallel_size,
+                enforce_eager=cfg.enforce_eager,
+                max_model_len=self.max_model_len,
+                # log softmax(logits / T) of the sampled token: what the learner recomputes
+                logprobs_mode="processed_logprobs",
+            )
 
     def _encode(self, prompts: list[str]) -> list[list[int]]:
         # our own ids, not vLLM's tokenisation (which would add a BOS): same as the HF backend
@@ -97,6 +128,7 @@ class VLLMGenerator:
             repetition_penalty=1.0,
             max_tokens=params.max_new_tokens,
             logprobs=0,  # only the sampled token's log-prob
+            stop_token_ids=self.stop_ids,
             skip_special_tokens=True,
         )
 
@@ -119,27 +151,24 @@ class VLLMGenerator:
         )
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
-        eos = self.tokenizer.eos_token_id
         samples: list[Sample] = []
         for prompt_index, (ids, out) in enumerate(zip(encoded, outputs, strict=True)):
             prompt_ids = torch.tensor(ids, dtype=torch.long)
             for comp in sorted(out.outputs, key=lambda c: c.index):
-                samples.append(self._to_sample(prompt_index, prompt_ids, comp, eos))
+                samples.append(self._to_sample(prompt_index, prompt_ids, comp))
         return samples
 
-    def _to_sample(
-        self, prompt_index: int, prompt_ids: torch.Tensor, comp: Any, eos: int
-    ) -> Sample:
-        """One vLLM CompletionOutput as a Sample (ids up to and including the first EOS)."""
+    def _to_sample(self, prompt_index: int, prompt_ids: torch.Tensor, comp: Any) -> Sample:
+        """One vLLM CompletionOutput as a Sample (ids up to and including the first stop)."""
         token_ids = list(comp.token_ids)
         if comp.logprobs is None or len(comp.logprobs) != len(token_ids):
             raise RuntimeError("vLLM returned no per-token log-probs (logprobs=0 was requested)")
         # one dict per position, {token id: Logprob}; with logprobs=0 it holds the sampled token
         logprobs = [comp.logprobs[i][tok].logprob for i, tok in enumerate(token_ids)]
-        # vLLM stops on EOS and keeps it in token_ids; cut defensively at the first one anyway
-        if eos in token_ids:
-            length = token_ids.index(eos) + 1
-            token_ids, logprobs = token_ids[:length], logprobs[:length]
+        # vLLM stops on a stop token and keeps it in token_ids; cut at the first one anyway
+        hits = [i for i, tok in enumerate(token_ids) if tok in self.stop_ids]
+        if hits:
+            token_ids, logprobs = token_ids[: hits[0] + 1], logprobs[: hits[0] + 1]
         completion = torch.tensor(token_ids, dtype=torch.long)
         return Sample(
             prompt_index=prompt_index,
@@ -148,7 +177,7 @@ class VLLMGenerator:
             logprobs=torch.tensor(logprobs, dtype=torch.float32),
             text=self.tokenizer.decode(completion, skip_special_tokens=True),
             # "length": max_tokens reached; "stop": EOS or another stop token of the model
-            truncated=eos not in token_ids and comp.finish_reason != "stop",
+            truncated=not hits and comp.finish_reason != "stop",
             policy_version=self.policy_version,
         )
 
