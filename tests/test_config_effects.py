@@ -168,9 +168,9 @@ def observe_design(cfg: Config, _: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
         produced.append(1)
         return [_rollout(i, 0) for i in range(cfg.rollouts_per_step)], {}
 
+    monkeypatch.setattr(design_auto, "produce_fresh", lambda session: produce())
     s = SimpleNamespace(
         cfg=cfg,
-        produce=produce,
         learner=SimpleNamespace(measure_backward=lambda rollouts: None),
         counters=SimpleNamespace(generation_seconds=0.0),
         log=lambda _: None,

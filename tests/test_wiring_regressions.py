@@ -55,9 +55,11 @@ def test_auto_design_puts_x_star_r_in_the_buffer_and_y_star_r_in_the_batch(
             "design.allow_b_above_n=true",
         ],
     )
+    monkeypatch.setattr(
+        design_auto, "produce_fresh", lambda session: ([_rollout(i, 0) for i in range(R)], {})
+    )
     s = SimpleNamespace(
         cfg=cfg,
-        produce=lambda: ([_rollout(i, 0) for i in range(R)], {}),
         learner=SimpleNamespace(measure_backward=lambda rollouts: None),
         counters=SimpleNamespace(generation_seconds=0.0),
         log=lambda _: None,

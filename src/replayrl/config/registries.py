@@ -17,21 +17,22 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
-from replayrl.algorithms.registry import Registry
 from replayrl.config.section import Section
 
 T = TypeVar("T")
 
 
-class PluginRegistry(Registry[T]):
-    """A `Registry` whose entries are registered by `providers` (module names), imported on
-    first use."""
+class PluginRegistry(Generic[T]):
+    """Name -> entry, filled by `providers` (module names) imported on first use; registering
+    a name twice and asking for an unknown one are errors naming the config key. (The same
+    contract as `replayrl.algorithms.registry.Registry`, kept torch-free here: reading a
+    config must not load the algorithms package.)"""
 
     def __init__(self, kind: str, config_key: str, providers: tuple[str, ...]) -> None:
-        super().__init__(kind, config_key)
-        self.providers = providers
+        self.kind, self.config_key, self.providers = kind, config_key, providers
+        self._entries: dict[str, T] = {}
         self._loading = False
         self._loaded = False
 
@@ -46,21 +47,40 @@ class PluginRegistry(Registry[T]):
         finally:
             self._loading = False
 
+    def add(self, name: str, entry: T) -> T:
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        self._entries[name] = entry
+        return entry
+
+    def remove(self, name: str) -> None:
+        """Unregister (a plugin's or a test's own entry)."""
+        self._entries.pop(name, None)
+
     def get(self, name: str) -> T:
         self.load()
-        return super().get(name)
+        if name not in self._entries:
+            raise ValueError(
+                f"{self.config_key}: unknown {self.kind} {name!r} (known: {', '.join(self)})"
+            )
+        return self._entries[name]
+
+    def check(self, name: str) -> str:
+        """`name` if registered, else the error `get` raises (for config validators)."""
+        self.get(name)
+        return name
 
     def __contains__(self, name: object) -> bool:
         self.load()
-        return super().__contains__(name)
+        return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         self.load()
-        return super().__iter__()
+        return iter(sorted(self._entries))
 
     def __len__(self) -> int:
         self.load()
-        return super().__len__()
+        return len(self._entries)
 
 
 @dataclass(frozen=True)

@@ -692,7 +692,7 @@ class Config(_Section):
     # machine train concurrently with the learner; ray: generators, buffer, learners as actors
     runtime: Literal["sync", "async-local", "ray"] = "sync"
     model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig()
+    task: TaskConfig = Field(default_factory=TaskConfig)  # checked against TASKS per config
     rewards: list[RewardSpec] = Field(
         [RewardSpec(name="correctness", weight=1.0)],
         description="reward functions and weights: built-in names or file.py:function / "
@@ -704,7 +704,8 @@ class Config(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     kl: KLConfig = KLConfig()
     remix: RemixConfig = RemixConfig()
-    groups: GroupsConfig = GroupsConfig()
+    # built per config: its registered sections load with the first config, not on import
+    groups: GroupsConfig = Field(default_factory=GroupsConfig)
     critic: CriticConfig = CriticConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
