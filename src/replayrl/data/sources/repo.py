@@ -31,7 +31,7 @@ Our choices (not specified in the paper, or changed; said again in docs/methods/
   filled buffer; our generated tasks draw a new prompt each time, so the preset draws
   `prompt_pool` training prompts once and visits them in shuffled passes (`PromptPool`);
 * the variance-driven strategy (the code's `max_variance_k`, an exhaustive search over all
-  k-subsets with ties to the higher reward sum) is computed exactly in O(n log n) from the
+  k-subsets with ties to the higher reward sum) is computed exactly from the
   sorted rewards: a variance-maximising k-subset is some of the lowest and the rest of the
   highest rewards (`max_variance_subset`);
 * `max_prompts`: the number of prompts whose buffers are kept (least recently stored dropped
