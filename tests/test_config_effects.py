@@ -354,6 +354,14 @@ NOT_OBSERVED: dict[str, str] = {
         for k in ("store_per_question", "store_questions")
     },
     **{
+        f"groups.repo.{k}": "RePO's source, built from the config and run: tests/test_repo.py "
+        "(test_config_keys_reach_the_repo_source, the strategy, source and pool tests)"
+        for k in ("strategy", "num_replays", "buffer_size", "min_buffer", "prompt_pool")
+    },
+    "groups.repo.max_prompts": "the per-prompt buffers' cap, built from the config: "
+    "tests/test_repo.py (test_config_keys_reach_the_repo_source, "
+    "test_store_keeps_the_newest_per_prompt_and_the_most_recent_prompts)",
+    **{
         f"train.{k}": "the per-step learning rate in metrics.jsonl: tests/test_trl_lr.py"
         for k in ("lr_scheduler", "warmup_ratio", "warmup_steps")
     },

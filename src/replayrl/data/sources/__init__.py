@@ -9,7 +9,7 @@ docs read the names from the registry.
 from __future__ import annotations
 
 from replayrl.config.registries import BATCH_SOURCES, BatchSourceSpec
-from replayrl.data.sources import ar3po, buffer, exgrpo, group_sources
+from replayrl.data.sources import ar3po, buffer, exgrpo, group_sources, repo
 
 BATCH_SOURCES.add(
     "none",
@@ -66,5 +66,16 @@ BATCH_SOURCES.add(
         ("generation_rounds", "rollouts_reused"),
         "ExGRPO: bucketed replay of successful trajectories, lowest entropy first "
         "(arXiv 2510.02245)",
+    ),
+)
+BATCH_SOURCES.add(
+    "repo",
+    BatchSourceSpec(
+        repo.build_repo,
+        repo.RepoConfig,
+        repo.check_repo,
+        ("rollouts_reused",),
+        "RePO: per-prompt replay buffers, earlier responses retrieved by a replay strategy "
+        "and trained beside the fresh ones (arXiv 2506.09340)",
     ),
 )
