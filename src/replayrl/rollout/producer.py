@@ -76,7 +76,7 @@ class RolloutProducer:
         return n + self.cfg.rollout.max_new_tokens <= self.max_positions
 
     def _rows(
-        self, again: list[str] | None, given: list[Row] | None
+        self, again: list[str] | None, given: list[Row] | None, num_prompts: int | None = None
     ) -> tuple[list[Any], list[str]]:
         """(rows, texts generated from): `again`'s from the latest call, the `given` task rows,
         or newly sampled ones."""
@@ -87,7 +87,9 @@ class RolloutProducer:
             return [self._recent_rows[t] for t in again], list(again)
         rows = given
         if rows is None:
-            rows = self.task.sample_train(self.cfg.rollout.prompts_per_step, self.prompt_rng)
+            rows = self.task.sample_train(
+                num_prompts or self.cfg.rollout.prompts_per_step, self.prompt_rng
+            )
         # the text generated from (chat template); rows keep their prompt for reward functions
         texts = [self.render(row["prompt"]) for row in rows]
         self._recent_rows = dict(zip(texts, rows, strict=True))
@@ -101,15 +103,18 @@ class RolloutProducer:
         again: list[str] | None = None,
         num_generations: int | None = None,
         rows: list[Row] | None = None,
+        num_prompts: int | None = None,
     ) -> Production:
         """Generate with weights of `version`; group ids are `group_base + prompt index`.
         `again`: prompt texts of the latest call to generate for once more (AR3PO's rounds)
         instead of sampling new prompts; `rows`: these task rows instead (sources that revisit
         questions: ExGRPO); `num_generations`: completions per prompt (default
-        rollout.num_generations). `last_rows` maps the call's group ids to their rows."""
+        rollout.num_generations); `num_prompts`: new prompts to sample (default
+        rollout.prompts_per_step; ReMix's fixed composition generates fewer while mixing).
+        `last_rows` maps the call's group ids to their rows."""
         t0 = time.perf_counter()
         r = self.cfg.rollout
-        rows, texts = self._rows(again, rows)
+        rows, texts = self._rows(again, rows, num_prompts)
         fits = [self.fits(t) for t in texts]
         kept = [row for row, ok in zip(rows, fits, strict=True) if ok]
         kept_texts = [t for t, ok in zip(texts, fits, strict=True) if ok]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from replayrl.algorithms import ADVANTAGES
-from replayrl.config.schema import Config
+from replayrl.config.schema import Config, ConfigError
 from replayrl.data.ar3po import Ar3poSource, CorrectResponseStore
 from replayrl.data.batch_source import BatchSource, BufferSource, RemixSource
 from replayrl.data.buffer import Buffer, make_buffer
@@ -104,8 +104,36 @@ def build_batch_source(
     if gs.source == "exgrpo":
         return build_exgrpo_source(cfg, buffer, producer, learner)
     if cfg.remix.enabled:
-        return RemixSource(buffer, window, cfg.batch_size, cfg.remix)
+        check_replay_advantage(cfg)
+        return RemixSource(
+            buffer,
+            window,
+            cfg.batch_size,
+            cfg.remix,
+            budget=cfg.generated_budget,
+            prompts_per_step=cfg.rollout.prompts_per_step,
+        )
     return BufferSource(buffer, cfg.batch_size, cfg.train.epochs)
+
+
+def check_replay_advantage(cfg: Config) -> None:
+    """remix.replay_advantage against the registered estimator: a group estimator's advantage
+    is computed once at generation (stored: a replayed rollout keeps its behaviour group's),
+    a critic estimator's is recomputed with the current critic at every step."""
+    wanted = cfg.remix.replay_advantage
+    critic = ADVANTAGES.get(cfg.algorithm.advantage).needs_critic
+    if wanted == "recomputed" and not critic:
+        raise ConfigError(
+            f"remix.replay_advantage=recomputed with algorithm.advantage="
+            f"{cfg.algorithm.advantage}: a group advantage cannot be recomputed against pi_k "
+            "(pi_k sampled no group for a replayed prompt); use stored, or a critic (gae)"
+        )
+    if wanted == "stored" and critic:
+        raise ConfigError(
+            f"remix.replay_advantage=stored with algorithm.advantage={cfg.algorithm.advantage}: "
+            "the critic's advantages are recomputed at every step, none is stored; use "
+            "recomputed"
+        )
 
 
 def build_ar3po(cfg: Config, buffer: Buffer, producer: RolloutProducer | None) -> Ar3poSource:
