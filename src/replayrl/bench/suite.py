@@ -173,6 +173,9 @@ def variant_config(
     k = eval_every_rollouts(suite, quick)
     if k is None:
         return cfg
+    if cfg.remix.enabled and cfg.remix.composition == "fixed":
+        # mixing steps generate (1 - p) R, later ones R: the grid is counted in rollouts
+        return load_config(v["config"], [*overrides, f"eval.every_rollouts={k}"])
     r = cfg.rollouts_per_step
     if k % r:
         raise ConfigError(
