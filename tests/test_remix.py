@@ -237,3 +237,21 @@ def test_reincarnation_step_and_share_are_exclusive() -> None:
         load_config("remix-grpo", ["remix.reincarnation_at=0.3"])  # the preset sets T = 50
     cfg = load_config("remix-grpo", ["remix.reincarnation_step=null", "remix.reincarnation_at=0.3"])
     assert cfg.remix.reincarnation_at == 0.3
+
+
+def test_normalised_ess_by_hand() -> None:
+    import math
+
+    from replayrl.algorithms.losses import clip_stats, normalised_ess
+
+    assert normalised_ess(torch.ones(4)) == pytest.approx(1.0)
+    # (1 + 3)^2 / (2 x (1 + 9)) = 0.8
+    assert normalised_ess(torch.tensor([1.0, 3.0])) == pytest.approx(0.8)
+    # one weight carries everything: 1 / N
+    assert normalised_ess(torch.tensor([1.0, 1e-12, 1e-12, 1e-12])) == pytest.approx(0.25)
+    assert math.isnan(normalised_ess(torch.tensor([])))
+    # fresh tokens (ratios 1, 1) and stale ones (1, 3), split by `stale`
+    ratio = torch.tensor([1.0, 1.0, 1.0, 3.0])
+    out = clip_stats(ratio, torch.ones(4), torch.tensor([False, False, True, True]), 0.2, 0.2)
+    assert out["on_policy/ess"] == pytest.approx(1.0)
+    assert out["off_policy/ess"] == pytest.approx(0.8)
