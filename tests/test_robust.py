@@ -137,3 +137,23 @@ def test_every_suite_variant_gets_the_baselines_groups_and_budget(tmp_path: Path
     assert fairness_problems(suite, plan) == [
         "add6/remix-nobudget: set train.rollout_budget (fixed ReMix batches)"
     ]
+
+
+def test_a_run_that_spent_its_rollout_budget_counts_as_finished(tmp_path: Path) -> None:
+    import json
+
+    from replayrl.bench.suite import finished_run, variant_config
+
+    suite = load_suite("tuning")
+    cfg = variant_config(suite, "remix-grpo.b", 0, tmp_path)
+    run = tmp_path / "remix-grpo.b-s0"
+    run.mkdir()
+    from replayrl.config.schema import config_to_yaml
+
+    (run / "config.yaml").write_text(config_to_yaml(cfg))
+    # stopped at step 174 of train.steps = 1000 with the 10,240 budget spent: finished
+    (run / "summary.json").write_text(json.dumps({"steps": 174, "rollouts_generated": 10272}))
+    assert finished_run(cfg, run) is not None
+    # stopped short of the budget (interrupted): not finished
+    (run / "summary.json").write_text(json.dumps({"steps": 100, "rollouts_generated": 6000}))
+    assert finished_run(cfg, run) is None

@@ -130,9 +130,15 @@ def finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
         done.train.batch_size = cfg.train.batch_size
     if done == cfg:
         data = json.loads(summary.read_text())
-        if data.get("steps") == cfg.train.steps:
+        if data.get("steps") == cfg.train.steps or _budget_spent(cfg, data):
             return data
     return None
+
+
+def _budget_spent(cfg: Any, summary: dict[str, Any]) -> bool:
+    """A run with train.rollout_budget ends before train.steps once it has generated that many."""
+    budget = cfg.train.rollout_budget
+    return budget is not None and summary.get("rollouts_generated", 0) >= budget
 
 
 def eval_every_rollouts(suite: dict[str, Any], quick: bool) -> int | None:
