@@ -417,6 +417,7 @@ NOT_OBSERVED: dict[str, str] = {
     "tests/test_generation_decoders.py",
     "train.steps": f"run length: {ELSEWHERE} tests/test_run.py",
     "train.rollout_budget": f"run length in generated rollouts: {ELSEWHERE} tests/test_remix.py",
+    "eval.every_rollouts": f"when evaluations happen: {ELSEWHERE} tests/test_remix.py",
     "remix.replay_advantage": "a check only (each estimator allows one value: group "
     "advantages are stored, a critic's recomputed): tests/test_remix.py",
     "train.micro_batch_size": "memory only: reproduces the full batch step, "
