@@ -45,7 +45,16 @@ TASKS = ["add", "sub", "chain"]
 OFF_POLICY = ["replay", "replay-posbias", "remix-grpo"]
 WITH_REPLAY = ["replay", "replay-posbias", "replay-auto"]
 PASS_K = 8
-OFF_CLIP = "train/off_policy/clip_frac"
+# staleness, per step (mean over steps, median over seeds): effective sample size / N of the
+# importance weights on stale and fresh tokens, the batch's policy lag, the KL-Convex terms
+STALENESS = {
+    "ESS/N stale": "train/off_policy/ess",
+    "ESS/N fresh": "train/on_policy/ess",
+    "lag mean": "batch/age_mean",
+    "lag max": "batch/age_max",
+    "KL term base": "train/kl_term_base",
+    "KL term prev": "train/kl_term_prev",
+}
 SMOOTH = 5  # steps in the moving average of the per-step figures (the tables use raw values)
 COLORS = {
     "grpo": "black",
@@ -304,6 +313,19 @@ def passk_table(runs: Runs, cache: dict[str, Any]) -> list[dict[str, Any]]:
 # ---- report sections --------------------------------------------------------------------
 
 
+def staleness_cells(seeds: dict[int, dict[str, Any]]) -> list[str]:
+    """The staleness columns: per metric, the median over seeds of its mean over steps."""
+    out = []
+    for name, key in STALENESS.items():
+        v = med([window_mean(curve(r, key), 0, float("inf")) for r in seeds.values()])
+        out.append(
+            fmt(v, 2 if name.startswith("lag") else 3)
+            if not name.startswith("KL")
+            else ("n/a" if v is None else f"{v:.2g}")
+        )
+    return out
+
+
 def whipping_section(runs: Runs, out: Path) -> list[str]:
     plot_per_step(
         runs, "completion_length", ["grpo", *OFF_POLICY], "sampled completion length", out
@@ -318,13 +340,17 @@ def whipping_section(runs: Runs, out: Path) -> list[str]:
         "rollouts at temperature 1), median over seeds. Columns: mean over steps 1-80 (the "
         "steps every variant has; GRPO generates 128 rollouts a step, the others 64) and over "
         "generated rollouts 2,561-7,680 (the same data budget for all); the difference to GRPO "
-        "in brackets; then the range over seeds of the second, and how off-policy the updates "
-        "are: the mean over steps of the clipped fraction of off-policy tokens "
-        "(`train/off_policy/clip_frac`; n/a: no off-policy tokens).",
+        "in brackets; then the range over seeds of the second, and how stale the updates "
+        "are, each the mean over steps: the effective sample size over N of the importance "
+        "weights pi_theta / pi_behaviour on stale and on fresh tokens (1 = all weights equal; "
+        "`train/off_policy/ess`, `train/on_policy/ess`), the policy-version lag of the batch "
+        "(`batch/age_mean`, `batch/age_max`) and the KL-Convex terms' size in the loss "
+        "(coefficient x KL: `train/kl_term_base`, `train/kl_term_prev`); n/a: not logged (no "
+        "stale tokens, no KL term, or a run from before these metrics).",
         "",
         "| task | variant | seeds | length, steps 1-80 | length, rollouts 2,561-7,680 | "
-        "range over seeds | off-policy clip frac |",
-        "|---|---|---|---|---|---|---|",
+        f"range over seeds | {' | '.join(STALENESS)} |",
+        "|---|---|---|---|---|---|" + "---|" * len(STALENESS),
     ]
     shorter = total = 0
     for task, variants in runs.items():
@@ -349,10 +375,10 @@ def whipping_section(runs: Runs, out: Path) -> list[str]:
                 if db is not None:
                     total += 1
                     shorter += db < 0
-            clip = med([window_mean(curve(r, OFF_CLIP), 0, float("inf")) for r in seeds.values()])
+            stale = " | ".join(staleness_cells(seeds))
             lines.append(
                 f"| {task} | {v} | {sorted(seeds)} | {cells[0]} | {cells[1]} | "
-                f"{spread(per_seed, 1)} | {fmt(clip)} |"
+                f"{spread(per_seed, 1)} | {stale} |"
             )
     lines += [
         "",

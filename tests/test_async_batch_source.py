@@ -38,6 +38,7 @@ def test_async_local_remix_mixes_the_window_then_reincarnates(tmp_path: Path) ->
             "train.steps=4",
             "remix.enabled=true",
             "algorithm.loss_type=mix_ppg",
+            "remix.composition=additive",  # asynchronous: R fresh per delivery
             "remix.off_policy_fraction=0.2",
             "remix.num_policies=2",
             "remix.reincarnation_step=2",
@@ -89,7 +90,9 @@ def _rollout(version: int) -> Rollout:
 
 
 def test_remix_pending_deliveries_survive_a_checkpoint_and_count_in_the_ledger() -> None:
-    cfg = load_config(None, ["remix.enabled=true", "algorithm.loss_type=mix_ppg"])
+    cfg = load_config(
+        None, ["remix.enabled=true", "algorithm.loss_type=mix_ppg", "remix.composition=additive"]
+    )
     window = make_buffer("replay", 16)
     src = RemixSource(make_buffer("onpolicy", None), window, 8, cfg.remix)
     src.push([_rollout(0) for _ in range(3)])
@@ -106,7 +109,9 @@ def test_remix_pending_deliveries_past_the_staleness_bound_are_dropped_and_count
 
     from replayrl.run.state import Counters, ledger
 
-    cfg = load_config(None, ["remix.enabled=true", "algorithm.loss_type=mix_ppg"])
+    cfg = load_config(
+        None, ["remix.enabled=true", "algorithm.loss_type=mix_ppg", "remix.composition=additive"]
+    )
     queue = make_buffer("onpolicy", None, max_staleness=1)
     src = RemixSource(queue, make_buffer("replay", 16), 8, cfg.remix)
     src.push([_rollout(0) for _ in range(3)] + [_rollout(4) for _ in range(2)])

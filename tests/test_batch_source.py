@@ -51,9 +51,30 @@ class CountingLearner:
         self.reincarnations += 1
 
 
-def _remix(p: float = 0.5, T: int | None = 3, window: list[Any] | None = None) -> RemixSource:
-    rm = RemixConfig(enabled=True, off_policy_fraction=p, utd=2, utd_after=1, reincarnation_step=T)
-    return RemixSource(RecordingBuffer(), RecordingBuffer(window), batch_size=4, rm=rm)
+def _remix(
+    p: float = 0.5,
+    T: int | None = 3,
+    window: list[Any] | None = None,
+    composition: str = "additive",
+    at: float | None = None,
+) -> RemixSource:
+    rm = RemixConfig(
+        enabled=True,
+        off_policy_fraction=p,
+        utd=2,
+        utd_after=1,
+        reincarnation_step=T,
+        reincarnation_at=at,
+        composition=composition,
+    )
+    return RemixSource(
+        RecordingBuffer(),
+        RecordingBuffer(window),
+        batch_size=4,
+        rm=rm,
+        budget=100,
+        prompts_per_step=8,
+    )
 
 
 def test_buffer_source_pushes_then_samples_b_with_the_version() -> None:
@@ -139,3 +160,53 @@ def test_remix_state_round_trip_keeps_or_drops_the_window() -> None:
     other.load_state_dict({"buffer": {"items": []}, "window": None})  # saved after T
     assert other.window is None
     assert other.state_dict() == {"buffer": {"items": []}, "window": None}
+
+
+@pytest.mark.parametrize(
+    ("p", "prompts", "fresh", "n_stale"),
+    # fixed composition (paper 2, sec. 3.1), P = 8 prompts, B = 4 rollouts: round((1 - p) 8)
+    # prompts generated; the window fills B - fresh (none when fresh already fills B)
+    [(0.5, 4, 2, 2), (0.25, 6, 3, 1), (0.4, 5, 1, 3), (0.5, 4, 5, 0)],
+)
+def test_fixed_composition_generates_1_minus_p_and_fills_b_from_the_window(
+    p: float, prompts: int, fresh: int, n_stale: int
+) -> None:
+    src = _remix(p, window=[f"w{i}" for i in range(10)], composition="fixed")
+    src.before_step(CountingLearner(), Counters(step=1), print)
+    assert src.prompts_this_step() == prompts
+    new = [f"f{i}" for i in range(fresh)]
+    batch, passes = src.next_batch(new, version=9)
+    assert batch == new + [f"w{i}" for i in range(n_stale)] and passes == 2
+
+
+def test_fixed_composition_generates_all_p_prompts_after_reincarnation() -> None:
+    src = _remix(0.5, T=2, window=["w"], composition="fixed")
+    src.before_step(CountingLearner(), Counters(step=2), print)
+    assert not src.mixing and src.prompts_this_step() is None  # the config's P again
+    additive = _remix(0.5, T=2, window=["w"])
+    additive.before_step(CountingLearner(), Counters(step=1), print)
+    assert additive.mixing and additive.prompts_this_step() is None  # R fresh every step
+
+
+def test_reincarnation_at_a_share_of_the_generated_budget() -> None:
+    # budget 100 rollouts, at = 0.3: the first step starting with >= 30 generated
+    src = _remix(T=None, window=["w0", "w1"], at=0.3)
+    learner, counters = CountingLearner(), Counters()
+    for step, generated in enumerate((0, 10, 20, 29)):
+        counters.step, counters.rollouts_generated = step, generated
+        src.before_step(learner, counters, print)
+        assert src.mixing and learner.reincarnations == 0
+    counters.step, counters.rollouts_generated = 4, 30
+    src.before_step(learner, counters, print)
+    assert learner.reincarnations == 1 and counters.reincarnation_step == 4 and not src.mixing
+    counters.step, counters.rollouts_generated = 5, 40  # still past: not twice
+    src.before_step(learner, counters, print)
+    assert learner.reincarnations == 1
+
+
+def test_reincarnation_at_needs_a_budget_and_fixed_needs_p() -> None:
+    rm = RemixConfig(enabled=True, reincarnation_step=None, reincarnation_at=0.5)
+    with pytest.raises(ValueError, match="budget"):
+        RemixSource(RecordingBuffer(), RecordingBuffer(), 4, rm, prompts_per_step=2)
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        RemixSource(RecordingBuffer(), RecordingBuffer(), 4, RemixConfig(enabled=True))

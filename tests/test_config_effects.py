@@ -63,14 +63,20 @@ def observe_data(cfg: Config, _: Any) -> Any:
     if window is not None:
         window.push([_rollout(i, i // R) for i in range(5 * R)])
     source = build_batch_source(cfg, build_buffer(cfg))
-    counters = SimpleNamespace(step=0, reincarnation_step=None, retire=lambda b: None)
+    counters = SimpleNamespace(
+        step=0, reincarnation_step=None, retire=lambda b: None, rollouts_generated=0
+    )
     learner = SimpleNamespace(reincarnate=lambda: None)
     batches = []
     for step in range(4):
         counters.step = step
         source.before_step(learner, counters, lambda _: None)
-        batch, passes = source.next_batch([_rollout(i, step) for i in range(R)], step)
-        batches.append((len(batch), passes))
+        # ReMix's fixed composition generates fewer prompts while mixing
+        prompts = getattr(source, "prompts_this_step", lambda: None)()
+        fresh = R if prompts is None else prompts * cfg.rollout.num_generations
+        batch, passes = source.next_batch([_rollout(i, step) for i in range(fresh)], step)
+        counters.rollouts_generated += fresh
+        batches.append((fresh, len(batch), passes))
     return draws, len(buf), None if window is None else len(window), batches
 
 
@@ -234,11 +240,19 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
     "train.batch_size": ("data", 4, ()),
     "train.epochs": ("data", 2, ()),
     "remix.enabled": ("data", True, ("algorithm.loss_type=mix_ppg",)),
-    "remix.off_policy_fraction": ("data", 0.6, REMIX),
+    # fixed composition: round((1 - p) P) fresh prompts, 3 at p = 0.4 and 2 at p = 0.6 (P = 5)
+    "remix.off_policy_fraction": ("data", 0.6, (*REMIX, "rollout.prompts_per_step=5")),
     "remix.num_policies": ("data", 3, REMIX),
     "remix.utd": ("data", 3, REMIX),
     "remix.reincarnation_step": ("data", 3, REMIX),
     "remix.utd_after": ("data", 2, REMIX),
+    # at 8 of a 32-rollout budget: reincarnation at step 1 (without it: never, T is null)
+    "remix.reincarnation_at": (
+        "data",
+        0.25,
+        (*REMIX, "remix.reincarnation_step=null", "train.rollout_budget=32"),
+    ),
+    "remix.composition": ("data", "additive", REMIX),
     "rollout.prompts_per_step": ("producer", 3, ()),
     "rollout.num_generations": ("producer", 2, ()),
     "rollout.temperature": ("producer", 0.7, ()),
@@ -411,6 +425,10 @@ NOT_OBSERVED: dict[str, str] = {
     "rollout.generation_impl": "same samples by design (oracle: fast decode == generate), "
     "tests/test_generation_decoders.py",
     "train.steps": f"run length: {ELSEWHERE} tests/test_run.py",
+    "train.rollout_budget": f"run length in generated rollouts: {ELSEWHERE} tests/test_remix.py",
+    "eval.every_rollouts": f"when evaluations happen: {ELSEWHERE} tests/test_remix.py",
+    "remix.replay_advantage": "a check only (each estimator allows one value: group "
+    "advantages are stored, a critic's recomputed): tests/test_remix.py",
     "train.micro_batch_size": "memory only: reproduces the full batch step, "
     "tests/test_learner.py::test_micro_batches_reproduce_the_full_batch_step",
     "train.threads": "speed only (torch threads)",

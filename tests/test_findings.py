@@ -106,11 +106,12 @@ def test_moving_average_trailing() -> None:
 
 
 def _fake_run(
-    d: Path, steps: int, per_step: int, length, entropy: float, clip=None, **summary
+    d: Path, steps: int, per_step: int, length, entropy: float, ess=None, **summary
 ) -> None:
     """A finished run folder: per-step rows with `length(step)`, a constant entropy and
-    off-policy clip fraction (`clip`; None as runs without off-policy tokens log it), an
-    eval row every 4 steps (accuracy rising by 0.01 a step), and a summary.json."""
+    stale tokens' ESS / N (`ess`; None as runs without stale tokens log it; the batch lag
+    alternates 0, 2), an eval row every 4 steps (accuracy rising by 0.01 a step), and a
+    summary.json."""
     d.mkdir(parents=True)
     rows = [{"step": 0, "eval/accuracy": 0.2}]
     for s in range(1, steps + 1):
@@ -120,7 +121,10 @@ def _fake_run(
                 "completion_length": length(s),
                 "train/entropy": entropy,
                 "rollouts_generated": s * per_step,
-                "train/off_policy/clip_frac": clip,
+                "train/off_policy/ess": ess,
+                "train/on_policy/ess": 1.0,
+                "batch/age_mean": float(2 * (s % 2)),
+                "batch/age_max": float(2 * (s % 2)),
             }
         )
         if s % 4 == 0:
@@ -144,7 +148,7 @@ def test_findings_script_tables(tmp_path: Path) -> None:
     script = _script()
     root = tmp_path / "runs"
     _fake_run(root / "add" / "grpo-s0", 80, 128, lambda s: 40.0, 0.02, final_eval_accuracy=0.9)
-    _fake_run(root / "add" / "replay-s0", 120, 64, lambda s: 38.0, 0.03, clip=0.1)
+    _fake_run(root / "add" / "replay-s0", 120, 64, lambda s: 38.0, 0.03, ess=0.8)
     _fake_run(
         root / "add" / "remix-grpo-s0",
         120,
@@ -159,10 +163,14 @@ def test_findings_script_tables(tmp_path: Path) -> None:
     md = (out / "findings.md").read_text()
     assert "- add: grpo [0], remix-grpo [0], replay [0]" in md
     # lengths: 38 vs GRPO's 40 in both windows
-    assert "| add | replay | [0] | 38.0 (-2.0) | 38.0 (-2.0) | one seed | 0.100 |" in md
+    # ESS / N stale 0.8, fresh 1.0, lag mean and max 1.0 (0, 2, 0, 2 ...), no KL terms
+    assert (
+        "| add | replay | [0] | 38.0 (-2.0) | 38.0 (-2.0) | one seed | 0.800 | 1.000 | 1.00 | "
+        "1.00 | n/a | n/a |" in md
+    )
     # remix over steps 1-80: 50 steps of 36 and 30 of 44 -> 39.0; rollouts 2,561-7,680 are
     # steps 41-120: 10 of 36 and 70 of 44 -> 43.0
-    assert "| add | remix-grpo | [0] | 39.0 (-1.0) | 43.0 (+3.0) | one seed | n/a |" in md
+    assert "| add | remix-grpo | [0] | 39.0 (-1.0) | 43.0 (+3.0) | one seed | n/a | 1.000 |" in md
     assert "| add | remix-grpo | [0] | 36.0 | 44.0 | 44.0 | +8.0 |" in md
     assert "| add | grpo | [0] | 40.0 | 40.0 | 40.0 | +0.0 |" in md
     assert "shorter than GRPO at equal data: 1 of 2" in md

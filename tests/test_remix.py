@@ -149,6 +149,7 @@ def test_remix_run_mixes_then_reincarnates(tmp_path: Path) -> None:
         "remix.enabled=true",
         "remix.reincarnation_step=2",
         "remix.off_policy_fraction=0.5",
+        "remix.composition=additive",
         "kl.beta=0.001",
         "kl.target=convex",
         "algorithm.entropy_coef=0.001",
@@ -183,3 +184,74 @@ def test_ppo_with_critic_trains_value_head(tmp_path: Path) -> None:
     state = load_state(tmp_path / "ppo/checkpoints/step_000002")
     head = state["learner"]["critic"]["head.weight"]
     assert head.abs().sum() > 0  # moved from its zero initialisation
+
+
+def test_fixed_composition_run_budget_and_reincarnation_share(tmp_path: Path) -> None:
+    # P = 2 prompts x 4 = R = 8; p = 0.5: mixing steps generate round(0.5 x 2) = 1 prompt = 4
+    # fresh + 4 from the window (B = 8); budget 40 rollouts, reincarnation at 0.2 x 40 = 8
+    # generated: steps 1, 2 mix (4 + 4 generated), step 3 starts with 8 -> reincarnation,
+    # then 8 per step: 16, 24, 32, 40 -> the budget is spent after step 6 (train.steps=50)
+    cfg = _tiny_cfg(
+        tmp_path,
+        "logging.name=fixed",
+        "train.steps=50",
+        "train.rollout_budget=40",
+        "eval.every_rollouts=16",
+        "algorithm.loss_type=mix_ppg",
+        "remix.enabled=true",
+        "remix.reincarnation_step=null",
+        "remix.reincarnation_at=0.2",
+        "remix.off_policy_fraction=0.5",
+    )
+    assert cfg.remix.composition == "fixed"  # the default
+    summary = train(cfg, log=lambda _: None)
+    rows = read_metrics(tmp_path / "fixed/metrics.jsonl")
+    steps = {m["step"]: m for m in rows if m["step"] and "rollouts_generated" in m}
+    assert summary["reincarnation_step"] == 2  # counted from 0: the third step
+    assert [steps[s]["rollouts_generated"] for s in sorted(steps)] == [4, 8, 16, 24, 32, 40]
+    assert [steps[s]["batch/batch_size"] for s in sorted(steps)] == [4, 8, 8, 8, 8, 8]
+    assert steps[1]["train/off_policy/tokens"] == 0 and steps[2]["train/off_policy/tokens"] > 0
+    assert 0 < steps[2]["train/off_policy/ess"] <= 1 and steps[2]["batch/age_max"] == 1
+    assert all(steps[s]["train/off_policy/tokens"] == 0 for s in (3, 4, 5, 6))
+    # evals at the start, after crossing 16 (step 3) and 32 (step 5), and at the end (step 6)
+    assert [e["step"] for e in summary["evals"]] == [0, 3, 5, 6]
+
+
+def test_replay_advantage_is_checked_against_the_estimator() -> None:
+    from replayrl.config.schema import ConfigError
+    from replayrl.run.components import check_replay_advantage
+
+    base = ["remix.enabled=true", "algorithm.loss_type=mix_ppg"]
+    check_replay_advantage(load_config(None, [*base, "remix.replay_advantage=stored"]))
+    grpo_recomputed = load_config(None, [*base, "remix.replay_advantage=recomputed"])
+    with pytest.raises(ConfigError, match="cannot be recomputed"):
+        check_replay_advantage(grpo_recomputed)
+    gae = [*base, "algorithm.advantage=gae"]
+    check_replay_advantage(load_config(None, [*gae, "remix.replay_advantage=recomputed"]))
+    with pytest.raises(ConfigError, match="recomputed at every step"):
+        check_replay_advantage(load_config(None, [*gae, "remix.replay_advantage=stored"]))
+
+
+def test_reincarnation_step_and_share_are_exclusive() -> None:
+    with pytest.raises(Exception, match="give one"):
+        load_config("remix-grpo", ["remix.reincarnation_at=0.3"])  # the preset sets T = 50
+    cfg = load_config("remix-grpo", ["remix.reincarnation_step=null", "remix.reincarnation_at=0.3"])
+    assert cfg.remix.reincarnation_at == 0.3
+
+
+def test_normalised_ess_by_hand() -> None:
+    import math
+
+    from replayrl.algorithms.losses import clip_stats, normalised_ess
+
+    assert normalised_ess(torch.ones(4)) == pytest.approx(1.0)
+    # (1 + 3)^2 / (2 x (1 + 9)) = 0.8
+    assert normalised_ess(torch.tensor([1.0, 3.0])) == pytest.approx(0.8)
+    # one weight carries everything: 1 / N
+    assert normalised_ess(torch.tensor([1.0, 1e-12, 1e-12, 1e-12])) == pytest.approx(0.25)
+    assert math.isnan(normalised_ess(torch.tensor([])))
+    # fresh tokens (ratios 1, 1) and stale ones (1, 3), split by `stale`
+    ratio = torch.tensor([1.0, 1.0, 1.0, 3.0])
+    out = clip_stats(ratio, torch.ones(4), torch.tensor([False, False, True, True]), 0.2, 0.2)
+    assert out["on_policy/ess"] == pytest.approx(1.0)
+    assert out["off_policy/ess"] == pytest.approx(0.8)

@@ -247,6 +247,7 @@ REMIX = [
     "remix.utd=2",
     "remix.utd_after=1",
     "remix.reincarnation_step=2",
+    "remix.composition=additive",  # R fresh + p / (1 - p) R stale (the counts asserted below)
     "kl.beta=0.01",
     "kl.target=convex",
     # the policy must move for pi_T to differ from the initial policy: an entropy bonus

@@ -245,6 +245,18 @@ def clipped_value_loss(
     return loss, {"value_clip_frac": frac, "value_mse": _masked_mean(unclipped.detach(), mask)}
 
 
+def normalised_ess(weights: torch.Tensor) -> float:
+    """Kish's effective sample size of importance weights over N, ESS / N =
+    (sum w)^2 / (N sum w^2), in (0, 1]: 1 when all weights are equal, 1 / N when one weight
+    carries everything (the staleness measure of off-policy RL, e.g. paper 2's Mix-PPG
+    weights w = pi_theta / pi_{k-i} per token). NaN without weights."""
+    n = weights.numel()
+    if n == 0:
+        return math.nan
+    w = weights.double()
+    return float(w.sum() ** 2 / (n * (w**2).sum()))
+
+
 def clip_stats(
     ratio: torch.Tensor,
     centre: torch.Tensor,
@@ -252,12 +264,14 @@ def clip_stats(
     eps_low: float,
     eps_high: float,
 ) -> dict[str, float]:
-    """Mean ratio and share of tokens outside [c - eps_low, c + eps_high], fresh vs stale."""
+    """Mean ratio, share of tokens outside [c - eps_low, c + eps_high] and ESS / N of the
+    ratios (`normalised_ess`), fresh vs stale."""
     outside = (ratio < centre - eps_low) | (ratio > centre + eps_high)
     out = {}
     for name, sel in (("on_policy", ~stale), ("off_policy", stale)):
         n = int(sel.sum())
         out[f"{name}/ratio_mean"] = float(ratio[sel].mean()) if n else math.nan
         out[f"{name}/clip_frac"] = float(outside[sel].float().mean()) if n else math.nan
+        out[f"{name}/ess"] = normalised_ess(ratio[sel])
         out[f"{name}/tokens"] = float(n)
     return out

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from replayrl.bench.robust import robust_over_tasks, robust_score, robust_table
 from replayrl.bench.targets import (
     HEADLINE,
     HEADROOM_CEILING,
@@ -129,9 +130,15 @@ def finished_run(cfg, run_dir: Path) -> dict[str, Any] | None:
         done.train.batch_size = cfg.train.batch_size
     if done == cfg:
         data = json.loads(summary.read_text())
-        if data.get("steps") == cfg.train.steps:
+        if data.get("steps") == cfg.train.steps or _budget_spent(cfg, data):
             return data
     return None
+
+
+def _budget_spent(cfg: Any, summary: dict[str, Any]) -> bool:
+    """A run with train.rollout_budget ends before train.steps once it has generated that many."""
+    budget = cfg.train.rollout_budget
+    return budget is not None and summary.get("rollouts_generated", 0) >= budget
 
 
 def eval_every_rollouts(suite: dict[str, Any], quick: bool) -> int | None:
@@ -173,6 +180,9 @@ def variant_config(
     k = eval_every_rollouts(suite, quick)
     if k is None:
         return cfg
+    if cfg.remix.enabled and cfg.remix.composition == "fixed":
+        # mixing steps generate (1 - p) R, later ones R: the grid is counted in rollouts
+        return load_config(v["config"], [*overrides, f"eval.every_rollouts={k}"])
     r = cfg.rollouts_per_step
     if k % r:
         raise ConfigError(
@@ -259,6 +269,75 @@ def planned_runs(
     return plan
 
 
+OWN_BUDGET_SOURCES = ("dynamic_sampling", "ar3po", "exgrpo")  # generate a varying number
+
+
+def planned_budget(cfg: Any) -> int | None:
+    """Generated rollouts a run will spend: train.rollout_budget, else train.steps x R; None
+    when steps x R does not say (ReMix's fixed composition generates (1 - p) R while mixing)."""
+    if cfg.train.rollout_budget is not None:
+        return int(cfg.train.rollout_budget)
+    if cfg.remix.enabled and cfg.remix.composition == "fixed":
+        return None
+    return int(cfg.train.steps * cfg.rollouts_per_step)
+
+
+def fairness_problems(suite: dict[str, Any], plan: list[tuple[str, Any, Any, Path]]) -> list[str]:
+    """Variants whose groups (rollout.num_generations) or generated-rollout budget differ from
+    their baseline's on the same task, unless the suite says why the method sets its own
+    (`own_budget: <reason>`: DAPO's over-sampling, AR3PO's rounds, ExGRPO's extra questions)."""
+    base_cfg: dict[str, Any] = {}
+    for label, cfg, _, _ in plan:
+        name, task = _label_parts(label)
+        if name == suite["baseline"]:
+            base_cfg.setdefault(task, cfg)
+    problems, seen = [], set()
+    for label, cfg, _, _ in plan:
+        name, task = _label_parts(label)
+        v = suite["variants"][name]
+        b = base_cfg.get(task)
+        if b is None or name == suite["baseline"] or v.get("own_budget") or (name, task) in seen:
+            continue
+        seen.add((name, task))
+        where = f"{task + '/' if task else ''}{name}"
+        if cfg.groups.source in OWN_BUDGET_SOURCES:
+            problems.append(
+                f"{where}: groups.source={cfg.groups.source} generates a varying number per "
+                "step: say why its budget is its own (`own_budget: <reason>`)"
+            )
+            continue
+        g, gb = cfg.rollout.num_generations, b.rollout.num_generations
+        if g != gb:
+            problems.append(f"{where}: rollout.num_generations={g}, the baseline's is {gb}")
+        n, nb = planned_budget(cfg), planned_budget(b)
+        if n is None:
+            problems.append(f"{where}: set train.rollout_budget (fixed ReMix batches)")
+        elif n != nb:
+            problems.append(f"{where}: {n} generated rollouts, the baseline's budget is {nb}")
+    return problems
+
+
+def _label_parts(label: str) -> tuple[str, str | None]:
+    """(variant, task) of a plan label `task/variant-sSEED` or `variant-sSEED`."""
+    task, _, rest = label.rpartition("/")
+    return rest.rsplit("-s", 1)[0], task or None
+
+
+def check_fairness(
+    suite: dict[str, Any], plan: list[tuple[str, Any, Any, Path]], quick: bool, log: Log
+) -> None:
+    """Refuse (`fair: strict`) or warn loudly (the default) when a variant's groups or budget
+    differ from its baseline's; --quick shrinks every run and is not checked."""
+    problems = [] if quick else fairness_problems(suite, plan)
+    if not problems:
+        return
+    head = "variants compared at other groups or budgets than the baseline's"
+    if suite.get("fair") == "strict":
+        raise ConfigError(f"suite {suite['name']}: {head}:\n  " + "\n  ".join(problems))
+    for line in problems:
+        log(f"WARNING (unfair comparison) {line}")
+
+
 def interleave_tasks(
     runs: list[tuple[str, Any, str | None, Path]],
 ) -> list[tuple[str, Any, str | None, Path]]:
@@ -306,6 +385,7 @@ def run_pending(
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     plan = planned_runs(suite, seeds, out_root, quick, only, only_tasks)
+    check_fairness(suite, plan, quick, log)  # the baseline's groups and budget, or say why
     pending = []
     for label, cfg, peer, run_dir in plan:
         if peer == "trl" and not _trl_installed():
@@ -525,6 +605,8 @@ def summarise(
     horizon = min(float(s["rollouts_generated"]) for rs in results.values() for s in rs)
     for name, row in table.items():
         row.update(score_against_gain(results[name], results[row["baseline"]], horizon))
+        # the headline: crossings of a 3-eval trailing mean, final = mean of the last 3
+        row.update(robust_score(results[name], results[row["baseline"]]))
     summary = {
         "suite": suite["name"],
         "suite_file": suite["path"],
@@ -590,7 +672,8 @@ def markdown_table(summary: dict[str, Any]) -> str:
             f"{_fmt(r['best_eval_accuracy'])} | {_fmt(r['generation_seconds'])} | "
             f"{_fmt(r['training_seconds'])} | {_fmt(r['mu'])} | {_fmt(r['final_entropy'])} |"
         )
-    text = "\n".join(lines) + "\n\n" + gain_table(summary["variants"])
+    text = "\n".join(lines) + "\n\n" + robust_table(summary["variants"])
+    text += "\n" + gain_table(summary["variants"])
     if summary.get("headroom"):
         text += "\n" + headroom_line(summary["suite"], summary["headroom"]) + "\n"
     if summary.get("tuning_choice"):
@@ -641,6 +724,7 @@ def summarise_tasks(
             },
             "mu": stats([r["mu"]["median"] for r in rows.values()]),
             **over_tasks(rows),  # below the plateau: 90% of the gain, AUC, non-inferiority
+            **robust_over_tasks(rows),  # the same on smoothed crossings (the headline)
         }
     summary = {
         "suite": suite["name"],
@@ -674,22 +758,28 @@ def multi_task_table(summary: dict[str, Any]) -> str:
         "compute (paper 1's cost model, not measured): mu x generated rollouts + trained "
         f"rollouts, at each run's measured mu and at mu = {summary['paper_mu']}.",
         "",
-        "Gain columns: ratios to the baseline at 90% of the baseline's median gain "
-        "(start + 0.9 x (final - start); the headline), AUC (mean accuracy over the task's "
-        "shortest run), and the verdict: non-inferior when the median final accuracy is within "
-        "0.01 of the baseline's. The ratio columns before them are to the baseline's final.",
+        "Robust columns (the headline): a target counts as reached when the mean of 3 "
+        "consecutive evaluations first reaches it (held: and stays there to the end of the "
+        "run); final = mean of the last 3 evaluations; targets at 90% of the baseline's median "
+        "gain measured the same way; verdict: non-inferior when that median final is within "
+        "0.01 of the baseline's. Gain columns, first-eval crossings and the last "
+        "eval: ratios to the baseline at 90% of its median gain (start + 0.9 x (final - "
+        "start)), AUC (mean accuracy over the task's shortest run), the verdict on the last "
+        "eval. The ratio columns after them are to the baseline's final.",
         "",
-        "| task | variant | reached | final acc | **rollouts ratio to 90% gain** | modelled "
-        f"ratio to 90% gain (mu={summary['paper_mu']}) | wall ratio to 90% gain | AUC | verdict "
-        "| rollouts ratio | wall ratio | modelled ratio "
+        "| task | variant | final (mean of last 3) | **rollouts ratio to 90% gain (mean of 3)** "
+        "| held ratio | verdict (mean of last 3) | reached | final acc | rollouts ratio to 90% "
+        f"gain (first eval) | modelled ratio to 90% gain (mu={summary['paper_mu']}) | wall ratio "
+        "to 90% gain | AUC | verdict | rollouts ratio | wall ratio | modelled ratio "
         f"(measured mu) | modelled ratio (mu={summary['paper_mu']}) | mu |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, s in summary["tasks"].items():
         for name, r in s["variants"].items():
             g = r["to_gain"][str(HEADLINE)]
             lines.append(
-                f"| {task} | {name} | {r['reached_target']}/{r['final_eval_accuracy']['n']} | "
+                f"| {task} | {name} | {_robust_cells(r)} | "
+                f"{r['reached_target']}/{r['final_eval_accuracy']['n']} | "
                 f"{_fmt(r['final_eval_accuracy'])} | {_ratio(g['rollouts_ratio'])} | "
                 f"{_ratio(g['compute_paper_mu_ratio'])} | {_ratio(g['wall_seconds_ratio'])} | "
                 f"{_fmt(r['auc'])} | {'non-inferior' if r['non_inferior'] else 'INFERIOR'} | "
@@ -699,7 +789,7 @@ def multi_task_table(summary: dict[str, Any]) -> str:
             )
     for name, r in summary["median_over_tasks"].items():
         lines.append(
-            f"| **median over {len(r['tasks'])} tasks** | {name} | "
+            f"| **median over {len(r['tasks'])} tasks** | {name} | {_robust_over_cells(r)} | "
             f"{r['reached_target']}/{r['runs']} | {_fmt(r['final_eval_accuracy'])} | "
             f"{_ratio(r['gain90_rollouts_ratio']['median'])} | "
             f"{_ratio(r['gain90_compute_paper_mu_ratio']['median'])} | "
@@ -720,6 +810,33 @@ def multi_task_table(summary: dict[str, Any]) -> str:
         ]
     targets = ["", "Reuse targets (medians over tasks):", *summary.get("verdict", [])]
     return "\n".join(lines + room + targets) + "\n"
+
+
+def _robust_cells(r: dict[str, Any]) -> str:
+    """A per-task row's robust cells: final (mean of last 3), smoothed and held ratios to 90%
+    of the gain, verdict (n/a: a summary written before these figures)."""
+    rb = r.get("robust")
+    if rb is None:
+        return "n/a | n/a | n/a | n/a"
+    c = rb["to_gain"][str(HEADLINE)]
+    verdict_text = "non-inferior" if rb["non_inferior"] else "INFERIOR"
+    return (
+        f"{_fmt(rb['final_mean'])} | {_ratio(c['rollouts_ratio'])} | "
+        f"{_ratio(c['rollouts_held_ratio'])} | {verdict_text}"
+    )
+
+
+def _robust_over_cells(r: dict[str, Any]) -> str:
+    """The median-over-tasks row's robust cells (medians of the per-task figures)."""
+    if "robust_gain90_rollouts_ratio" not in r:
+        return "n/a | n/a | n/a | n/a"
+    verdict_text = "non-inferior" if r["robust_non_inferior"] else "INFERIOR"
+    return (
+        f"{r['robust_final_minus_baseline']['median']:+.3f} vs baseline | "
+        f"{_ratio(r['robust_gain90_rollouts_ratio']['median'])} | "
+        f"{_ratio(r['robust_gain90_held_ratio']['median'])} | {verdict_text} "
+        f"({r['robust_non_inferior_tasks']}/{len(r['tasks'])} tasks)"
+    )
 
 
 def headroom_line(task: str, h: dict[str, Any]) -> str:

@@ -487,7 +487,28 @@ class RemixConfig(_Section):
     num_policies: int = Field(2, ge=1)  # N_pol: replay rollouts of the last N_pol policies
     utd: int = Field(2, ge=1)  # m: gradient passes over each batch before reincarnation
     reincarnation_step: int | None = Field(50, ge=0)  # T; None = never
+    reincarnation_at: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="policy reincarnation once this fraction of the run's generated-rollout "
+        "budget (train.rollout_budget, else train.steps x R) is spent; instead of "
+        "reincarnation_step (set that to null)",
+    )
     utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
+    composition: Literal["fixed", "additive"] = Field(
+        "fixed",
+        description="fixed: the paper's batch of B = R rollouts, (1 - p) B fresh (fewer "
+        "prompts generated per mixing step) + p B from the window; additive: all R fresh "
+        "plus p / (1 - p) R from the window (the presets before this key)",
+    )
+    replay_advantage: Literal["stored", "recomputed"] | None = Field(
+        None,
+        description="advantage of a replayed rollout: stored (its behaviour group's, group "
+        "estimators) or recomputed (the current critic's GAE, critic estimators); None = "
+        "the estimator's only possible one. A group estimator cannot recompute: pi_k never "
+        "sampled a group for a replayed prompt",
+    )
 
 
 class GroupsConfig(_Section):
@@ -599,10 +620,24 @@ class TrainConfig(_Section):
     # reward function failed on every call, every update was skipped as non-finite, or the
     # gradient was exactly 0 despite non-zero advantages) end the run with an error; 0 = never
     failure_patience: int = Field(3, ge=0)
+    rollout_budget: int | None = Field(
+        None,
+        ge=1,
+        description="stop once this many rollouts were generated (train.steps stays an upper "
+        "bound); None = train.steps x R. Compares methods that generate different numbers "
+        "per step (ReMix's fixed composition) at one generated budget",
+    )
 
 
 class EvalConfig(_Section):
     every: int = Field(10, ge=0)  # steps between evals; 0 = only at start and end
+    every_rollouts: int | None = Field(
+        None,
+        ge=1,
+        description="evaluate after each step that crosses a multiple of this many generated "
+        "rollouts, instead of every `every` steps (a grid in rollouts for runs whose steps "
+        "generate different numbers: ReMix's fixed composition)",
+    )
     num_prompts: int | None = Field(None, ge=1)  # None = the whole eval split
     pass_k: int = Field(0, ge=0)  # >1: also pass@k at `temperature`
     temperature: float = Field(1.0, gt=0, description="sampling temperature of pass@k")
@@ -758,6 +793,9 @@ class Config(_Section):
                 )
             if self.algorithm.loss_type != "mix_ppg":
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
+            self._check_remix()
+        if self.train.rollout_budget is not None and self.runtime != "sync":
+            raise ValueError(f"train.rollout_budget needs runtime=sync (got {self.runtime})")
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
         self._check_loss_requirements()
@@ -782,6 +820,22 @@ class Config(_Section):
                     f"(got {value}): {spec.why}"
                 )
 
+    def _check_remix(self) -> None:
+        """ReMix's reincarnation point: one of step and budget share (the fixed composition's
+        runtime is checked in _check_async; remix.replay_advantage against the registered
+        estimator when the run is built: run/components.py)."""
+        rm = self.remix
+        if rm.reincarnation_at is not None and rm.reincarnation_step is not None:
+            raise ValueError(
+                f"remix.reincarnation_at={rm.reincarnation_at} and remix.reincarnation_step="
+                f"{rm.reincarnation_step}: give one (set remix.reincarnation_step=null)"
+            )
+
+    @property
+    def generated_budget(self) -> int:
+        """The run's generated-rollout budget: train.rollout_budget, else train.steps x R."""
+        return self.train.rollout_budget or self.train.steps * self.rollouts_per_step
+
     def _check_signal(self) -> None:
         """Settings that would train nothing, or less than the log says, are refused."""
         if self.algorithm.advantage in ("grpo", "rloo") and self.rollout.num_generations < 2:
@@ -805,6 +859,11 @@ class Config(_Section):
         if self.remix.enabled and w.learners > 1:
             # one window of recent policies' rollouts, kept by the rank-0 learner
             raise ValueError(f"remix.enabled needs workers.learners=1 (got {w.learners})")
+        if self.remix.enabled and self.remix.composition == "fixed":
+            raise ValueError(
+                f"remix.composition=fixed needs runtime=sync (got {rt}): the asynchronous "
+                "generators do not size their batches by phase; set remix.composition=additive"
+            )
         if self.needs_design:
             raise ValueError(
                 f"buffer.capacity/train.batch_size=auto needs runtime=sync (got runtime={rt}): "

@@ -408,6 +408,10 @@ class Learner:
             self.version += 1
         out = {k: _nanmean(v) for k, v in sums.items()}
         out.update(kl_lambda=self.kl_lambda(step), kl_coef_base=w_base, kl_coef_prev=w_prev)
+        # the KL-Convex terms' size in the loss: coefficient x per-token KL (k3 estimate)
+        for name, w in (("base", w_base), ("prev", w_prev)):
+            if f"kl_to_{name}" in out:
+                out[f"kl_term_{name}"] = w * out[f"kl_to_{name}"]
         out.update(refreshed)
         out.update(self._fused_stats)
         out["advantage_abs_max"] = _advantage_abs_max(batch, fields)

@@ -18,7 +18,10 @@ def produce_fresh(s: Session) -> tuple[list[Rollout], dict[str, float]]:
     """Generate with the current weights, score, and turn samples into rollouts with group
     advantages (the producer); the run's counters account for them."""
     c = s.counters
-    p = s.producer.produce(s.learner.version, c.step, c.step * GROUP_STRIDE)
+    # a source may ask for fewer new prompts this step (ReMix's fixed composition while mixing)
+    prompts_this_step = getattr(s.source, "prompts_this_step", None)
+    n = prompts_this_step() if prompts_this_step is not None else None
+    p = s.producer.produce(s.learner.version, c.step, c.step * GROUP_STRIDE, num_prompts=n)
     c.account(p)
     return p.rollouts, {
         **p.stats,

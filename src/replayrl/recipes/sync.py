@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from replayrl.config.schema import Config
 from replayrl.design.auto import auto_design
 from replayrl.design.theory import cost_ratio
 from replayrl.recipes.steps import learn, produce_fresh
@@ -29,12 +30,22 @@ def run_sync(s: Session) -> dict[str, Any]:
     with StopOnSignal() as stop:
         # a Python API callback may stop early: the run still finishes (eval, checkpoint)
         while c.step < s.cfg.train.steps and not s.hooks.stop_requested:
+            if budget_spent(s.cfg, c.rollouts_generated):
+                s.log(f"train.rollout_budget spent: {c.rollouts_generated} rollouts generated")
+                break
             with s.out_of_memory_as_failure():
                 sync_step(s, progress)
             if stop.requested:
                 s.interrupted(progress, stop.signum)  # between steps: the checkpoint is exact
     progress.close()
     return s.finish()
+
+
+def budget_spent(cfg: Config, generated: int) -> bool:
+    """train.rollout_budget reached (a step never starts past it; the last one may end above
+    it by up to one step's rollouts)."""
+    budget = cfg.train.rollout_budget
+    return budget is not None and generated >= budget
 
 
 def sync_step(s: Session, progress: Progress) -> None:

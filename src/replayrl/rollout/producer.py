@@ -75,11 +75,16 @@ class RolloutProducer:
         n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         return n + self.cfg.rollout.max_new_tokens <= self.max_positions
 
-    def _rows(self, given: list[Row] | None) -> tuple[list[Any], list[str]]:
-        """(rows, texts generated from): the `given` task rows, or newly sampled ones."""
+    def _rows(
+        self, given: list[Row] | None, num_prompts: int | None = None
+    ) -> tuple[list[Any], list[str]]:
+        """(rows, texts generated from): the `given` task rows, or `num_prompts` newly sampled
+        ones (default rollout.prompts_per_step)."""
         rows = given
         if rows is None:
-            rows = self.task.sample_train(self.cfg.rollout.prompts_per_step, self.prompt_rng)
+            rows = self.task.sample_train(
+                num_prompts or self.cfg.rollout.prompts_per_step, self.prompt_rng
+            )
         # the text generated from (chat template); rows keep their prompt for reward functions
         texts = [self.render(row["prompt"]) for row in rows]
         self.rows_by_text = dict(zip(texts, rows, strict=True))
@@ -92,15 +97,18 @@ class RolloutProducer:
         group_base: int,
         rows: list[Row] | None = None,
         num_generations: int | None = None,
+        num_prompts: int | None = None,
     ) -> Production:
         """Generate with weights of `version`; group ids are `group_base + prompt index`.
         `rows`: generate for these task rows instead of sampling new prompts (the one hook of
         the batch sources that revisit prompts: AR3PO's rounds, ExGRPO's stored questions);
-        `num_generations`: completions per prompt (default rollout.num_generations).
-        `last_rows` maps the call's group ids to their rows."""
+        `num_generations`: completions per prompt (default rollout.num_generations);
+        `num_prompts`: new prompts to sample (default rollout.prompts_per_step; ReMix's fixed
+        composition generates fewer while mixing). `last_rows` maps the call's group ids to
+        their rows."""
         t0 = time.perf_counter()
         r = self.cfg.rollout
-        rows, texts = self._rows(rows)
+        rows, texts = self._rows(rows, num_prompts)
         fits = [self.fits(t) for t in texts]
         kept = [row for row, ok in zip(rows, fits, strict=True) if ok]
         kept_texts = [t for t, ok in zip(texts, fits, strict=True) if ok]

@@ -91,6 +91,7 @@ class Session:
         log(f"precision: {self.learner.precision_choice.describe()}")  # `auto` resolved
         self.counters = Counters()
         self.failed_steps = 0  # steps in a row that trained nothing (check_training)
+        self._generated_at_last_step = 0  # eval.every_rollouts' grid (set again by start)
         # no silent non-learning: steps whose groups all have equal rewards (signal.py)
         self.reward_signal = RewardSignalMonitor(patience=cfg.logging.no_signal_patience)
         if ckpt is not None:
@@ -224,6 +225,7 @@ class Session:
     def start(self) -> None:
         """Log the replay design and evaluate the starting policy (not on resume)."""
         cfg, c = self.cfg, self.counters
+        self._generated_at_last_step = c.rollouts_generated  # eval.every_rollouts' grid
         R, B = cfg.rollouts_per_step, cfg.batch_size
         if cfg.buffer.kind == "replay" and cfg.buffer.capacity:
             self.log(
@@ -262,8 +264,7 @@ class Session:
                 "prompts_skipped_too_long": float(c.prompts_skipped_too_long),
             }
         )
-        every = cfg.eval.every
-        if (every and c.step % every == 0) or c.step == cfg.train.steps:
+        if self.eval_due() or c.step == cfg.train.steps:
             stats.update(self.timed_eval())
         stats["wall_seconds"] = c.wall_seconds
         self.metrics.log(c.step, stats)
@@ -289,6 +290,17 @@ class Session:
             ckpt = latest_checkpoint(self.run_dir)
             where = oom_phase(exc)
             raise RunFailed(out_of_memory_message(where, str(ckpt) if ckpt else None)) from None
+
+    def eval_due(self) -> bool:
+        """After this step: every eval.every steps, or (eval.every_rollouts = K) when the
+        generated rollouts crossed a multiple of K during the step."""
+        c, k = self.counters, self.cfg.eval.every_rollouts
+        before = self._generated_at_last_step
+        self._generated_at_last_step = c.rollouts_generated
+        if k is not None:
+            return c.rollouts_generated // k > before // k
+        every = self.cfg.eval.every
+        return bool(every) and c.step % every == 0
 
     def interrupted(self, progress: Progress, signum: int = signal.SIGINT) -> None:
         """Checkpoint between steps (exactly an uninterrupted run's state) and stop; raises

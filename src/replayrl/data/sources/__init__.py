@@ -15,6 +15,7 @@ BATCH_SOURCES.add(
     "none",
     BatchSourceSpec(
         buffer.build_buffer_source,
+        check=buffer.check_buffer_source,
         metrics=("rollouts_discarded",),  # ReMix's window, dropped at reincarnation
         summary="the buffer's batches: on-policy or replay (arXiv 2604.08706); ReMix's "
         "mix when remix.enabled (arXiv 2507.06892)",

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 
 class Ar3poConfig(Section):
-    """AR3PO (arXiv 2509.25808; data/ar3po.py): adaptive rollout in rounds of
+    """AR3PO (arXiv 2509.25808; data/sources/ar3po.py): adaptive rollout in rounds of
     rollout.num_generations responses per prompt, and reuse of a stored correct response for
     a group with none."""
 

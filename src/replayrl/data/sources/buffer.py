@@ -28,6 +28,7 @@ class Counters(Protocol):
 
     step: int
     reincarnation_step: int | None
+    rollouts_generated: int
 
     def retire(self, buffer: Any) -> None: ...
 
@@ -95,6 +96,17 @@ class PendingRollouts:
         return {"size": n, "pushed": n + d, "dropped_stale": d}
 
 
+def stale_count(fresh: int, batch_size: int, rm: RemixConfig) -> int:
+    """Rollouts a Mix-PPG batch draws from the window beside `fresh` new ones (paper 2, sec.
+    3.1: a share p of each batch from the last N_pol policies, 1 - p fresh). Fixed: the batch
+    is B, so B - fresh (the step generated round((1 - p) B) of them); additive: the batch
+    grows to fresh / (1 - p), i.e. round(p / (1 - p) x fresh) stale."""
+    p = rm.off_policy_fraction
+    if rm.composition == "fixed":
+        return max(0, batch_size - fresh)
+    return round(p / (1 - p) * fresh)
+
+
 class RemixSource(BufferSource):
     """ReMix (arXiv 2507.06892): before step T, Mix-PPG batches = the fresh rollouts
     plus a share p sampled (without removal) from the window of the last N_pol policies'
@@ -104,17 +116,52 @@ class RemixSource(BufferSource):
     "Fresh" is what was pushed since the last batch: one generation batch in the synchronous
     loop, the deliveries since the last step in the asynchronous one."""
 
-    def __init__(self, buffer: Buffer, window: Buffer | None, batch_size: int, rm: RemixConfig):
+    def __init__(
+        self,
+        buffer: Buffer,
+        window: Buffer | None,
+        batch_size: int,
+        rm: RemixConfig,
+        budget: int | None = None,
+        prompts_per_step: int | None = None,
+    ):
+        """`budget`: the run's generated-rollout budget (remix.reincarnation_at is a share of
+        it); `prompts_per_step`: P, of which a fixed-composition mixing step generates
+        round((1 - p) P)."""
         super().__init__(buffer, batch_size, rm.utd_after)
         self.window, self.rm = window, rm
+        self.budget, self.prompts_per_step = budget, prompts_per_step
+        if rm.reincarnation_at is not None and budget is None:
+            raise ValueError("remix.reincarnation_at needs the run's generated-rollout budget")
+        if rm.composition == "fixed" and prompts_per_step is None:
+            raise ValueError("remix.composition=fixed needs rollout.prompts_per_step")
         self.step = 0  # the step about to run (set by before_step)
         self.pending: list[Rollout] = []  # pushed while mixing, not yet in a batch
         self.pending_dropped_stale = 0  # pending rollouts past the buffer's staleness bound
 
+    def reincarnation_due(self, step: int, generated: int) -> bool:
+        """At step T (remix.reincarnation_step), or at the first step that starts with
+        remix.reincarnation_at x budget rollouts generated."""
+        at = self.rm.reincarnation_at
+        if at is not None:
+            assert self.budget is not None
+            return generated >= at * self.budget
+        return step == self.rm.reincarnation_step
+
+    def prompts_this_step(self) -> int | None:
+        """Prompts to generate for at the step about to run: round((1 - p) P), at least 1,
+        while mixing with the fixed composition (the window fills the rest of B); None = the
+        config's P."""
+        if self.rm.composition != "fixed" or not self.mixing:
+            return None
+        assert self.prompts_per_step is not None
+        return max(1, round((1 - self.rm.off_policy_fraction) * self.prompts_per_step))
+
     def before_step(self, learner: Any, counters: Counters, log: Log) -> None:
         self.step = step = counters.step
         self._drop_stale_pending(getattr(learner, "version", None))
-        if step == self.rm.reincarnation_step and counters.reincarnation_step is None:
+        due = self.reincarnation_due(step, getattr(counters, "rollouts_generated", 0))
+        if due and counters.reincarnation_step is None:
             learner.reincarnate()
             if self.window is not None:
                 counters.retire(self.window)
@@ -150,14 +197,14 @@ class RemixSource(BufferSource):
         return len(self.pending) if self.mixing else super().available()
 
     def sample(self, version: int, n: int | None = None) -> tuple[list[Rollout], int]:
-        """Mixing: every pending fresh rollout plus p / (1 - p) as many from the window (`n`
-        does not apply); after T: the on-policy queue's batch."""
+        """Mixing: every pending fresh rollout plus stale ones from the window (`n` does not
+        apply): B - fresh of them (fixed composition) or p / (1 - p) x fresh (additive); after
+        T: the on-policy queue's batch."""
         if not self.mixing:
             return super().sample(version, n)
         assert self.window is not None
         fresh, self.pending = self.pending, []
-        p = self.rm.off_policy_fraction
-        n_stale = round(p / (1 - p) * len(fresh))  # p of the batch is replayed, 1 - p fresh
+        n_stale = stale_count(len(fresh), self.batch_size, self.rm)
         stale = self.window.sample(n_stale, current_version=version) if n_stale else []
         self.window.push(fresh)
         return fresh + stale, self.rm.utd
@@ -209,5 +256,36 @@ def build_buffer_source(ctx: SourceContext) -> BufferSource:
     mix of fresh and recent policies' rollouts (paper 2), which shares the loop's buffer."""
     cfg = ctx.cfg
     if cfg.remix.enabled:
-        return RemixSource(ctx.buffer, remix_window(cfg), cfg.batch_size, cfg.remix)
+        return RemixSource(
+            ctx.buffer,
+            remix_window(cfg),
+            cfg.batch_size,
+            cfg.remix,
+            budget=cfg.generated_budget,
+            prompts_per_step=cfg.rollout.prompts_per_step,
+        )
     return BufferSource(ctx.buffer, cfg.batch_size, cfg.train.epochs)
+
+
+def check_buffer_source(cfg: Config) -> None:
+    """With remix.enabled, remix.replay_advantage against the registered estimator: a group
+    estimator's advantage is computed once at generation (stored: a replayed rollout keeps its
+    behaviour group's), a critic estimator's is recomputed with the current critic each step."""
+    if not cfg.remix.enabled:
+        return
+    from replayrl.algorithms import ADVANTAGES  # lazy: reading a config loads no torch
+
+    wanted = cfg.remix.replay_advantage
+    critic = ADVANTAGES.get(cfg.algorithm.advantage).needs_critic
+    if wanted == "recomputed" and not critic:
+        raise ValueError(
+            f"remix.replay_advantage=recomputed with algorithm.advantage="
+            f"{cfg.algorithm.advantage}: a group advantage cannot be recomputed against pi_k "
+            "(pi_k sampled no group for a replayed prompt); use stored, or a critic (gae)"
+        )
+    if wanted == "stored" and critic:
+        raise ValueError(
+            f"remix.replay_advantage=stored with algorithm.advantage={cfg.algorithm.advantage}: "
+            "the critic's advantages are recomputed at every step, none is stored; use "
+            "recomputed"
+        )

@@ -1,6 +1,6 @@
 """Batch sources that decide per group: DAPO's dynamic sampling and TRL's group replay.
 
-Both plug into the loop as any `BatchSource` (data/batch_source.py): the loop generates one
+Both plug into the loop as any `BatchSource` (data/sources/buffer.py): the loop generates one
 call's fresh rollouts and asks for (batch, passes). What differs is what they do with groups
 that carry no signal (all rewards equal: zero advantage, no gradient, full generation cost):
 
