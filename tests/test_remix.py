@@ -218,18 +218,17 @@ def test_fixed_composition_run_budget_and_reincarnation_share(tmp_path: Path) ->
 
 
 def test_replay_advantage_is_checked_against_the_estimator() -> None:
+    """Checked when the config is read (the buffer source's registry check)."""
     from replayrl.config.schema import ConfigError
-    from replayrl.run.components import check_replay_advantage
 
     base = ["remix.enabled=true", "algorithm.loss_type=mix_ppg"]
-    check_replay_advantage(load_config(None, [*base, "remix.replay_advantage=stored"]))
-    grpo_recomputed = load_config(None, [*base, "remix.replay_advantage=recomputed"])
+    load_config(None, [*base, "remix.replay_advantage=stored"])
     with pytest.raises(ConfigError, match="cannot be recomputed"):
-        check_replay_advantage(grpo_recomputed)
+        load_config(None, [*base, "remix.replay_advantage=recomputed"])
     gae = [*base, "algorithm.advantage=gae"]
-    check_replay_advantage(load_config(None, [*gae, "remix.replay_advantage=recomputed"]))
+    load_config(None, [*gae, "remix.replay_advantage=recomputed"])
     with pytest.raises(ConfigError, match="recomputed at every step"):
-        check_replay_advantage(load_config(None, [*gae, "remix.replay_advantage=stored"]))
+        load_config(None, [*gae, "remix.replay_advantage=stored"])
 
 
 def test_reincarnation_step_and_share_are_exclusive() -> None:
