@@ -26,7 +26,7 @@ def test_config_show_doc_writes_values_as_yaml_does_not_python_reprs():
 
 
 def test_a_preset_typo_suggests_the_nearest_name():
-    with pytest.raises(ConfigError, match="did you mean replay\\?"):
+    with pytest.raises(ConfigError, match=r"did you mean replay\b"):  # the nearest first
         load_config("replya")
 
 
