@@ -629,15 +629,7 @@ class ReplayTrainer:
         cfg, model, tok = self.config, self.model, self.tokenizer
         t = cfg.task
         if eval_dataset is not None:
-            task = DatasetTask(  # every usable row is evaluated (eval_size=0: nothing held out)
-                eval_dataset,
-                prompt_column=t.prompt_column,
-                answer_column=t.answer_column,
-                solution_column=t.solution_column,
-                format=t.format,
-                eval_size=0,
-                seed=t.seed,
-            )
+            task = DatasetTask.to_score(eval_dataset, t)
             rows = task.train_rows()
         else:
             task = self._task if self._task is not None else task_from_config(t)

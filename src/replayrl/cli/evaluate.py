@@ -69,15 +69,7 @@ def rows_to_score(args: argparse.Namespace, cfg: Config) -> tuple[Any, list[Any]
     t = cfg.task
     task: Any
     if args.data:
-        task = DatasetTask(  # eval_size=0: nothing held out, every usable row is scored
-            args.data,
-            prompt_column=t.prompt_column,
-            answer_column=t.answer_column,
-            solution_column=t.solution_column,
-            format=t.format,
-            eval_size=0,
-            seed=t.seed,
-        )
+        task = DatasetTask.to_score(args.data, t)
         rows = task.train_rows()
         skipped = sum(task.skipped.values())
         note = f", {skipped} rows skipped: {task.skip_summary()}" if skipped else ""

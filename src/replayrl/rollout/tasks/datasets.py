@@ -488,6 +488,21 @@ class DatasetTask:
         """The whole train split (e.g. for an SFT warm start)."""
         return [dict(r) for r in self._train]
 
+    @classmethod
+    def to_score(cls, source: Any, task_cfg: Any) -> DatasetTask:
+        """Every usable row of `source` (nothing held out: `train_rows()` are the rows to
+        score), read with the columns and answer format of a config's `task` section."""
+        t = task_cfg
+        return cls(
+            source,
+            prompt_column=t.prompt_column,
+            answer_column=t.answer_column,
+            solution_column=t.solution_column,
+            format=t.format,
+            eval_size=0,
+            seed=t.seed,
+        )
+
     def is_correct(self, completion: Any, row: Row) -> bool:
         """Does the completion's final answer (boxed / #### / last number) match row['answer']?"""
         return answers_match(extract_answer(completion_text(completion)), row.get("answer"))
