@@ -162,6 +162,9 @@ def test_findings_script_tables(tmp_path: Path) -> None:
     assert script.main([str(root), str(out), "--tasks", "add"]) == 0
     md = (out / "findings.md").read_text()
     assert "- add: grpo [0], remix-grpo [0], replay [0]" in md
+    # the commands block quotes this report's own command, and no buffer runs it did not read
+    assert f"benchmarks/findings.py {root} {out} --tasks add\n" in md
+    assert "buffer_sizes.py" not in md
     # lengths: 38 vs GRPO's 40 in both windows
     # ESS / N stale 0.8, fresh 1.0, lag mean and max 1.0 (0, 2, 0, 2 ...), no KL terms
     assert (
