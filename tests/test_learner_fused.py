@@ -38,7 +38,14 @@ def rollouts(tiny_model, char_tokenizer) -> list[Rollout]:
     ]
 
 
-def _step(model, pad: int, batch: list[Rollout], fuse: bool, *overrides: str):
+def _step(
+    model,
+    pad: int,
+    batch: list[Rollout],
+    fuse: bool,
+    *overrides: str,
+    stale: list[bool] | None = None,
+):
     cfg = load_config(
         None,
         [
@@ -56,7 +63,7 @@ def _step(model, pad: int, batch: list[Rollout], fuse: bool, *overrides: str):
     inner = learner._per_rollout
     learner._per_rollout = lambda m, rs: calls.append(len(rs)) or inner(m, rs)  # type: ignore[method-assign]
     batch = [copy.deepcopy(r) for r in batch]
-    metrics = learner.train_step(batch, np.random.default_rng(0))
+    metrics = learner.train_step(batch, np.random.default_rng(0), stale=stale)
     return learner, batch, metrics, calls
 
 
@@ -86,6 +93,42 @@ def test_fused_equals_separate_pass(tiny_model, char_tokenizer, rollouts, epochs
     assert len(moments_f) == len(moments_s) > 0
     for a, b in zip(moments_f, moments_s, strict=True):
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-4)
+    for a, b in zip(lf.model.parameters(), ls.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_fused_mix_ppg_keeps_fresh_anchors_at_the_refreshed_log_probs(
+    tiny_model, char_tokenizer, rollouts
+):
+    """Mix-PPG over fresh and stale rollouts, two passes over one mini-batch: fresh tokens'
+    anchor log pi_k is the refreshed log pi_old in every pass (c = pi_k / pi_beh = 1), so the
+    fused refresh trains exactly as the separate pass does. Kept in the sampler's bf16
+    values from pass 2 on, c would differ from 1 on fresh tokens and the steps would part."""
+    pad = char_tokenizer.pad_token_id
+    batch = [copy.deepcopy(r) for r in rollouts]
+    stale = [i % 3 == 0 for i in range(len(batch))]
+    for r, s in zip(batch, stale, strict=True):
+        r.policy_version = -1 if s else 0  # stale: an earlier policy's, never refreshed
+    runs = {
+        fuse: _step(
+            tiny_model,
+            pad,
+            batch,
+            fuse,
+            "algorithm.loss_type=mix_ppg",
+            "algorithm.epsilon=0.01",  # a band narrower than the bf16 sampler's mismatch
+            "train.epochs=2",
+            stale=stale,
+        )
+        for fuse in (True, False)
+    }
+    (lf, _, mf, cf), (ls, _, ms, cs) = runs[True], runs[False]
+    # the fused step: only the anchor pass; the separate one refreshes the fresh rollouts first
+    assert cf == [len(batch)] and cs == [len(batch) - sum(stale), len(batch)]
+    assert mf["behaviour_refreshed"] == ms["behaviour_refreshed"] == len(batch) - sum(stale)
+    assert mf["clip_frac"] > 0  # the band binds, so its centre matters
+    for k in ("loss", "policy_loss", "grad_norm", "clip_frac"):
+        assert mf[k] == pytest.approx(ms[k], rel=1e-5, abs=1e-6), k
     for a, b in zip(lf.model.parameters(), ls.model.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
 

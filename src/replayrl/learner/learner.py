@@ -404,6 +404,13 @@ class Learner:
                 chunk_fields: TokenFields = {k: [v[i] for i in idx] for k, v in fields.items()}
                 for k, v in self._update(chunk, chunk_fields, weights, policy_frozen).items():
                     sums[k].append(v)
+            if "anchor_logprobs" in fields:
+                # a fused refresh replaced fresh rollouts' log pi_old during this pass: their
+                # anchor log pi_k must follow it (c = 1 on fresh tokens in every pass)
+                fields["anchor_logprobs"] = [
+                    a if s else r.behaviour_logprobs
+                    for a, s, r in zip(fields["anchor_logprobs"], stale_flags, batch, strict=True)
+                ]
         if not policy_frozen:
             self.version += 1
         out = {k: _nanmean(v) for k, v in sums.items()}
