@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from replayrl.bench.suite import load_suite, variant_config
-from replayrl.design.grad_probe import sample_gradients
-from replayrl.design.probe import WarmupProbe
 from replayrl.design.staleness import MIN_SIGNAL, estimate_alpha_rho
+from replayrl.learner.grad_probe import sample_gradients
+from replayrl.recipes.probe import WarmupProbe
 from replayrl.run.session import Session
 
 

@@ -65,7 +65,7 @@ def profile(task: str) -> None:
 
 
 def precision(task: str, steps: int) -> None:
-    from replayrl.run.entry import train
+    from replayrl.launch.entry import train
 
     settings = {
         "fp32": [],

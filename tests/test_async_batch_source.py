@@ -14,7 +14,7 @@ from replayrl.config.schema import load_config
 from replayrl.data.buffer import make_buffer
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import RemixSource
-from replayrl.run.entry import train
+from replayrl.launch.entry import train
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from tiny import TINY_RUN
 

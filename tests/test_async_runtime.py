@@ -20,9 +20,9 @@ from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import BufferSource
 from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
 from replayrl.distributed.worker import Delivery
+from replayrl.launch.entry import train
 from replayrl.recipes.asynchronous import AsyncSession
 from replayrl.records.ledger import ledger_stats, role_summary, rollout_ledger
-from replayrl.run.entry import train
 from replayrl.run.state import Counters, summarize
 from replayrl.storage.checkpoint import load_state
 from tiny import TINY_RUN

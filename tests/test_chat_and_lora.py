@@ -14,13 +14,13 @@ from transformers import AutoModelForCausalLM
 
 from replayrl.config.schema import ConfigError, ModelConfig, TaskConfig, load_config
 from replayrl.data.rollout import Rollout
+from replayrl.launch.entry import resume, train
 from replayrl.learner.learner import AdaptersDisabled, AdapterSnapshot, Learner
 from replayrl.models.export import export_merged
 from replayrl.models.loading import apply_lora, build_char_tokenizer, build_tiny_model
 from replayrl.rollout.generation import HFGenerator, SamplingParams
 from replayrl.rollout.prompts import render_plain, render_prompt
 from replayrl.rollout.tasks import ArithmeticTask
-from replayrl.run.entry import resume, train
 from replayrl.run.policy import load_policy
 from tiny import TINY_MODEL, tiny_config
 

@@ -10,6 +10,7 @@ import torch
 
 from replayrl.config.schema import load_config
 from replayrl.data.rollout import Rollout
+from replayrl.launch.entry import train
 from replayrl.run.completions import (
     FILE,
     CompletionsLog,
@@ -17,7 +18,6 @@ from replayrl.run.completions import (
     format_table,
     read_completions,
 )
-from replayrl.run.entry import train
 from tiny import TINY_RUN
 
 

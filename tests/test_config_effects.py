@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-import replayrl.design.auto as design_auto
+import replayrl.recipes.auto as design_auto
 from replayrl.algorithms import ADVANTAGES, group_advantages
 from replayrl.config.schema import Config, load_config
 from replayrl.data.rollout import Rollout

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from replayrl.config.schema import ConfigError, load_config
-from replayrl.run.entry import train
+from replayrl.launch.entry import train
 from replayrl.run.metrics import read_metrics
 
 

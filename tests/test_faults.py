@@ -37,10 +37,10 @@ from replayrl.cli.main import main
 from replayrl.config.schema import Config, ConfigError, load_config
 from replayrl.distributed.worker import Delivery
 from replayrl.errors import RunFailed
+from replayrl.launch.entry import train
 from replayrl.records.folder import new_run_folder, run_guard
 from replayrl.rollout.rewards import WeightedReward, score
 from replayrl.rollout.tasks import task_from_config
-from replayrl.run.entry import train
 from replayrl.run.metrics import read_metrics
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from tiny import TINY_RUN

@@ -23,9 +23,10 @@ PKG = SRC / "replayrl"
 # top to bottom; every subpackage (and top-level module) of replayrl sits in exactly one layer
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("api", "cli", "bench"),
-    ("run", "recipes", "distributed", "design", "records"),
+    ("launch",),
+    ("run", "recipes", "distributed", "records"),
     ("rollout", "data", "learner"),
-    ("algorithms", "models", "config"),
+    ("algorithms", "design", "models", "config"),
     ("storage", "errors"),
 )
 

@@ -12,11 +12,11 @@ import torch
 
 from replayrl.config.schema import load_config
 from replayrl.data.rollout import Rollout
+from replayrl.launch.entry import train
 from replayrl.learner.learner import collate, token_logprobs, unpad
 from replayrl.learner.logprobs import refresh_behaviour_logprobs
 from replayrl.models import precision
 from replayrl.rollout.generation import HFGenerator, SamplingParams
-from replayrl.run.entry import train
 from tiny import tiny_config
 
 

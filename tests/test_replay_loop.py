@@ -9,7 +9,7 @@ import pytest
 
 from replayrl.cli.main import main
 from replayrl.config.schema import load_config
-from replayrl.run.entry import resume, train
+from replayrl.launch.entry import resume, train
 from replayrl.run.metrics import read_metrics
 from replayrl.storage.checkpoint import load_state
 from tiny import tiny_config

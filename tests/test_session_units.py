@@ -197,7 +197,7 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path,
 
 def test_resolve_design_samples_with_replacement_only_when_b_exceeds_n():
     from replayrl.config.schema import load_config
-    from replayrl.design.auto import resolve_design
+    from replayrl.recipes.auto import resolve_design
 
     auto = load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])
     assert not auto.buffer.with_replacement

@@ -68,7 +68,7 @@ def test_prepared_folder_loads_and_generates(prepared: Path) -> None:
 
 @needs_smollm2
 def test_one_lora_step_of_the_preset(prepared: Path, tmp_path: Path) -> None:
-    from replayrl.run.entry import train
+    from replayrl.launch.entry import train
 
     root = Path(__file__).resolve().parents[1]
     reward = resolve_preset("smollm2-gsm").parent / "rewards" / "answer_format.py"

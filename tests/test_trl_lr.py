@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from replayrl.launch import entry
 from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
-from replayrl.run import entry
 from replayrl.run.metrics import read_metrics
 from tiny import tiny_config
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from replayrl.launch.entry import resume
 from replayrl.records.trust import RECORD
-from replayrl.run.entry import resume
 from replayrl.storage.checkpoint import latest_checkpoint, load_state, manifest_value
 from replayrl.storage.trust import (
     KEY_ENV,

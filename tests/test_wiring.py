@@ -29,13 +29,13 @@ from replayrl.algorithms import (
 )
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.rollout import Rollout
-from replayrl.design.auto import resolve_design
+from replayrl.launch.entry import train
 from replayrl.learner.batching import collate
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner, token_logprobs
+from replayrl.recipes.auto import resolve_design
 from replayrl.recipes.sync import sync_step
 from replayrl.rollout.generation import HFGenerator, SamplingParams
-from replayrl.run.entry import train
 from replayrl.run.metrics import Progress, read_metrics
 from replayrl.run.session import Session
 from tiny import tiny_config

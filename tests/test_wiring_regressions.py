@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-import replayrl.design.auto as design_auto
+import replayrl.recipes.auto as design_auto
 from replayrl.api.config import ReplayConfig
 from replayrl.api.trl_args import DIRECT, SPECIAL
 from replayrl.config.schema import Config, load_config

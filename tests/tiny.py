@@ -48,7 +48,7 @@ def crash_and_resume(
     import pytest
 
     from replayrl.api.trainer import ReplayConfig, ReplayTrainer
-    from replayrl.run.entry import resume
+    from replayrl.launch.entry import resume
     from replayrl.run.metrics import read_metrics
     from replayrl.run.session import Session
 

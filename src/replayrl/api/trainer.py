@@ -541,7 +541,7 @@ class ReplayTrainer:
         tokens_generated, wall_seconds, run_dir and evals (every evaluation). A callback that
         stops the run early leaves `steps` below the configured `train.steps`.
         """
-        from replayrl.run import entry as run
+        from replayrl.launch import entry as run
 
         hooks = self._hooks()
         for note in self.notes:  # once, before anything runs

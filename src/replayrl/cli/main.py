@@ -27,7 +27,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     # over the same two calls
     from replayrl.api.config import config_keys
     from replayrl.api.trl_args import check_override_keys
-    from replayrl.run import entry
+    from replayrl.launch import entry
 
     check_override_keys([o.split("=", 1)[0].strip() for o in args.overrides], config_keys())
     if args.resume:

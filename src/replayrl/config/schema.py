@@ -376,7 +376,7 @@ DESIGN_FALLBACK = {"alpha": 0.25, "rho": 0.5}
 
 class DesignConfig(_Section):
     """Inputs of paper 1's cost model, used when capacity or batch size is `auto`
-    (experimental: replayrl/design/auto.py measures them on the run's warm-up)."""
+    (experimental: replayrl/recipes/auto.py measures them on the run's warm-up)."""
 
     # power-law exponent of sigma(x) and correlation between buffer items: a number, or
     # `measured` on the warm-up's per-sample gradients at staleness 0 .. warmup_steps

@@ -440,7 +440,7 @@ class Learner:
     def loss_knobs(self) -> dict[str, float | None]:
         """The configured loss's knobs, each read from the config key its registry entry
         names. One place, so the training step and the alpha / rho probe
-        (design/grad_probe.py) give a loss the same values."""
+        (learner/grad_probe.py) give a loss the same values."""
         spec = POLICY_LOSSES.get(self.loss_type)
         return {k: config_value(self.cfg, key) for k, key in spec.knobs.items()}
 

@@ -7,7 +7,7 @@ rate of the schedule's first steps after its LR warm-up, `probe_lr_steps`; a sep
 generator). Before each update, and once more at the last policy, it generates
 `design.probe_batches` batches that are only measured, never trained on, and computes at the
 last policy the per-sample gradients of those: staleness W, W-1, ..., 1 and 0 for W warm-up
-steps (design/grad_probe.py). alpha and rho come from design/staleness.py.
+steps (learner/grad_probe.py). alpha and rho come from design/staleness.py.
 
 Why separate batches (our choice; the paper does not say how to measure): one update on a
 batch shrinks that batch's own per-sample gradients on our reasoning tasks (mean squared norm
@@ -41,13 +41,13 @@ import torch
 
 from replayrl.config.schema import DESIGN_FALLBACK, Config
 from replayrl.data.rollout import Rollout
-from replayrl.design.grad_probe import sample_gradients
 from replayrl.design.staleness import (
     MIN_LEVELS,
     AlphaRhoEstimate,
     bootstrap_alpha_rho,
     estimate_alpha_rho,
 )
+from replayrl.learner.grad_probe import sample_gradients
 from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
 from replayrl.models.loading import unwrap_model
 from replayrl.recipes.steps import produce_fresh

@@ -14,13 +14,6 @@ from typing import Any
 
 from replayrl.config.schema import Config
 from replayrl.data.rollout import Rollout
-from replayrl.design.probe import (
-    MEASURED,
-    WarmupProbe,
-    measured_keys,
-    probe_blocker,
-    resolve_alpha_rho,
-)
 from replayrl.design.theory import (
     FeasibleDesign,
     cost_ratio,
@@ -28,6 +21,13 @@ from replayrl.design.theory import (
     estimate_mu,
     feasible_design,
     on_policy_design,
+)
+from replayrl.recipes.probe import (
+    MEASURED,
+    WarmupProbe,
+    measured_keys,
+    probe_blocker,
+    resolve_alpha_rho,
 )
 from replayrl.recipes.steps import produce_fresh
 from replayrl.run.session import Session
