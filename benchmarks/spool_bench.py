@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from replayrl.data.rollout import Rollout
-from replayrl.distributed.worker import Delivery
+from replayrl.recipes.pool import Delivery
 from replayrl.storage.safe_state import dumps_single, loads_single
 
 

@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from replayrl.distributed.worker import Delivery
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
+from replayrl.recipes.pool import Delivery
 
 
 class InProcessPool:

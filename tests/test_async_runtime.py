@@ -19,9 +19,9 @@ from replayrl.data.buffer import make_buffer
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import BufferSource
 from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
-from replayrl.distributed.worker import Delivery
 from replayrl.launch.entry import train
 from replayrl.recipes.asynchronous import AsyncSession
+from replayrl.recipes.pool import Delivery
 from replayrl.records.ledger import ledger_stats, role_summary, rollout_ledger
 from replayrl.run.state import Counters, summarize
 from replayrl.storage.checkpoint import load_state

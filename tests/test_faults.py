@@ -35,9 +35,9 @@ from hypothesis import strategies as st
 
 from replayrl.cli.main import main
 from replayrl.config.schema import Config, ConfigError, load_config
-from replayrl.distributed.worker import Delivery
 from replayrl.errors import RunFailed
 from replayrl.launch.entry import train
+from replayrl.recipes.pool import Delivery
 from replayrl.records.folder import new_run_folder, run_guard
 from replayrl.rollout.rewards import WeightedReward, score
 from replayrl.rollout.tasks import task_from_config

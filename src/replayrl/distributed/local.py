@@ -26,9 +26,10 @@ import yaml
 from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.gpus import generator_device
 from replayrl.distributed.weights import SharedWeights
-from replayrl.distributed.worker import Delivery, GeneratorWorker
+from replayrl.distributed.worker import GeneratorWorker
 from replayrl.errors import RewardFunctionFailed, RunFailed
 from replayrl.models.device import model_device
+from replayrl.recipes.pool import Delivery
 from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]

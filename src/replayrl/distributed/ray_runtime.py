@@ -25,10 +25,11 @@ from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.ddp import data_parallel, free_port, init_group, weights_digest
 from replayrl.distributed.gpus import hide_gpus_unless_given
 from replayrl.distributed.weights import trainable_state
-from replayrl.distributed.worker import Delivery, GeneratorWorker
+from replayrl.distributed.worker import GeneratorWorker
 from replayrl.errors import RunFailed, RunStopped
 from replayrl.models.device import model_device, resolve_device
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
+from replayrl.recipes.pool import Delivery
 from replayrl.records.ledger import RoleClock, format_accounting
 from replayrl.run.components import buffer_kwargs, build_learner
 from replayrl.run.session import StopOnSigint, signal_name

@@ -20,13 +20,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from replayrl.config.schema import Config
 from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
 from replayrl.design.theory import cost_ratio
-from replayrl.distributed.worker import Delivery
+from replayrl.recipes.pool import Delivery, GeneratorPool
 from replayrl.recipes.steps import learn
 from replayrl.records.ledger import RoleClock
 from replayrl.rollout.producer import Production
@@ -37,22 +37,6 @@ from replayrl.storage.io import atomic_write_json
 
 Log = Callable[[str], None]
 _IDLE_SLEEP_S = 0.01
-
-
-class GeneratorPool(Protocol):
-    """What the learner needs from its generators, wherever they run."""
-
-    lost: int
-
-    def start(self) -> None: ...
-    def publish(self, model: Any, version: int) -> None: ...
-    def poll(self) -> list[Delivery]: ...
-    def check(self) -> list[Delivery]: ...
-    def set_hold(self, hold: bool) -> None: ...
-    def pause(self, paused: bool) -> None: ...
-    def stop(self) -> list[Delivery]: ...
-    def pids(self) -> dict[str, int]: ...
-    def restarts(self) -> dict[str, int]: ...
 
 
 def _clock(d: dict[str, float] | None) -> RoleClock:
