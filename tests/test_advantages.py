@@ -78,9 +78,9 @@ def _produced(tmp_path: Path, *overrides: str) -> list[Rollout]:
     hooks = RunHooks(rewards=[WeightedReward("length", _length)])
     cfg = tiny_config(tmp_path, "train.threads=1", "rollout.max_new_tokens=6", *overrides)
     s = Session(cfg, run_dir, log=quiet, hooks=hooks)
-    from replayrl.recipes.steps import produce_fresh
+    from tiny import produce_fresh_of
 
-    rollouts, _ = produce_fresh(s)
+    rollouts, _ = produce_fresh_of(s)
     assert rollouts
     return rollouts
 

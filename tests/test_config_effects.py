@@ -174,11 +174,13 @@ def observe_design(cfg: Config, _: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
         produced.append(1)
         return [_rollout(i, 0) for i in range(cfg.rollouts_per_step)], {}
 
-    monkeypatch.setattr(design_auto, "produce_fresh", lambda session: produce())
+    monkeypatch.setattr(design_auto, "produce_fresh", lambda *parts: produce())
     s = SimpleNamespace(
         cfg=cfg,
-        learner=SimpleNamespace(measure_backward=lambda rollouts: None),
+        learner=SimpleNamespace(measure_backward=lambda rollouts: None, version=0),
         counters=SimpleNamespace(generation_seconds=0.0),
+        producer=None,  # produce_fresh is scripted above
+        source=None,
         log=lambda _: None,
     )
     new, _, record = design_auto.auto_design(s)  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ from replayrl.design.theory import (
     power_law_variance,
     reduced_objective,
 )
-from replayrl.recipes.steps import produce_fresh
+from tiny import produce_fresh_of
 
 SWEEP = settings(max_examples=60, deadline=None, derandomize=True)
 mus = st.floats(0.5, 20.0)
@@ -639,7 +639,7 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
     before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
     probe = WarmupProbe(s)
     for _ in range(2):
-        probe.update(produce_fresh(s)[0])
+        probe.update(produce_fresh_of(s)[0])
     assert s.learner.version == 2 and s.learner.updates == 2
     moved = any(not torch.equal(before[k], v) for k, v in s.learner.model.state_dict().items())
     assert moved  # the probe's updates really changed the policy ...
@@ -684,7 +684,7 @@ def test_the_probe_updates_at_the_learning_rate_after_the_lr_warm_up(tmp_path):
     probe = WarmupProbe(s)
     lrs = []
     for _ in range(2):
-        probe.update(produce_fresh(s)[0])
+        probe.update(produce_fresh_of(s)[0])
         lrs.append(s.learner.optimizer.param_groups[0]["lr"])
     assert lrs == pytest.approx([3e-4, 3e-4])
     probe.restore()
@@ -731,7 +731,7 @@ def _replace_produce(monkeypatch, fn) -> None:
     import replayrl.recipes.probe as design_probe
 
     for module in (design_auto, design_probe):
-        monkeypatch.setattr(module, "produce_fresh", lambda session: fn())
+        monkeypatch.setattr(module, "produce_fresh", lambda *parts: fn())
 
 
 def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path, monkeypatch):
@@ -744,7 +744,7 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path, monk
     from replayrl.recipes.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
-    produce = functools.partial(produce_fresh, s)
+    produce = functools.partial(produce_fresh_of, s)
     reward_s = {"value": 7.0}
 
     def produce_reporting_reward_time():
@@ -806,7 +806,7 @@ def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path
     probe = WarmupProbe(s)
     probe.seconds = 10.0
     t0 = time.perf_counter()
-    probe.update(produce_fresh(s)[0])
+    probe.update(produce_fresh_of(s)[0])
     probe.update([])  # every rollout of a batch dropped: the policy version still moves on
     wall = time.perf_counter() - t0
     assert s.learner.version == 2 and [v for _, v in loads] == [1, 2]
@@ -901,7 +901,7 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
     probe = design_probe.WarmupProbe(s)
     trained = []
     for _ in range(2):
-        trained.append(produce_fresh(s)[0])
+        trained.append(produce_fresh_of(s)[0])
         probe.update(trained[-1])
     assert probe.finish().reason == "spied"
     rows = seen["rows"]
@@ -943,7 +943,7 @@ def test_a_probe_whose_measured_batches_all_come_back_empty_falls_back(tmp_path,
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
-    produce = functools.partial(produce_fresh, s)
+    produce = functools.partial(produce_fresh_of, s)
     probe = WarmupProbe(s)
     _replace_produce(monkeypatch, lambda: ([], produce()[1]))
     for _ in range(2):
@@ -975,7 +975,7 @@ def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_p
     from replayrl.recipes import auto as design_auto
 
     s = _auto_session(tmp_path, "design.alpha=0.25", "design.rho=0.5", "design.warmup_steps=3")
-    produce, backward = functools.partial(produce_fresh, s), s.learner.measure_backward
+    produce, backward = functools.partial(produce_fresh_of, s), s.learner.measure_backward
     gen, train = [], []
 
     def slow_produce():

@@ -154,14 +154,14 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path,
     s = Session(cfg, tmp_path / "run", log=lambda _: None)
     s.start()
     import replayrl.recipes.sync as sync_recipe
-    from replayrl.recipes.steps import produce_fresh
+    from tiny import produce_fresh_of
 
     calls, ends = [], []
 
     def slow_produce():
         t0 = time.perf_counter()
         time.sleep(0.6)
-        rollouts, stats = produce_fresh(s)
+        rollouts, stats = produce_fresh_of(s)
         stats["time/reward_s"] = 0.4  # as if reward functions took 0.4 s of it
         calls.append((time.perf_counter() - t0, len(rollouts)))
         return rollouts, stats
@@ -172,7 +172,7 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path,
         end_step(stats, progress)
         ends.append(dict(stats))
 
-    monkeypatch.setattr(sync_recipe, "produce_fresh", lambda session: slow_produce())
+    monkeypatch.setattr(sync_recipe, "produce_fresh", lambda *parts: slow_produce())
     s.end_step = recording_end_step  # type: ignore[method-assign]
     progress = Progress(3, 0, False)
     c = s.counters
@@ -305,7 +305,19 @@ def test_learn_with_nothing_to_train_still_makes_one_new_version(tmp_path):
     s.generator.load_weights = lambda params, version: loaded.append(version)  # type: ignore[attr-defined]
     stats: dict[str, float] = {}
     t0 = time.perf_counter()
-    seconds = learn(s, [], 1, [], stats)
+    seconds = learn(
+        s.learner,
+        s.counters,
+        [],
+        1,
+        [],
+        stats,
+        cfg=s.cfg,
+        shuffle_rng=s.parts.shuffle_rng,
+        check_training=s.check_training,
+        completions=s.completions,
+        generator=s.generator,
+    )
     assert 0.0 <= seconds <= time.perf_counter() - t0
     assert stats["time/training_s"] == seconds and s.counters.training_seconds == seconds
     assert s.learner.version == v + 1 and loaded == [v + 1]
@@ -330,10 +342,10 @@ def test_a_steps_checks_and_signal_get_the_steps_own_number(tmp_path):
 
 def test_produce_reports_reward_timeouts_and_evaluate_renders_like_training(tmp_path, monkeypatch):
     import replayrl.run.session as session_module
-    from replayrl.recipes.steps import produce_fresh
+    from tiny import produce_fresh_of
 
     s = _session(tmp_path)
-    _, stats = produce_fresh(s)
+    _, stats = produce_fresh_of(s)
     assert stats["rollouts/dropped_reward_timeout"] == 0.0
     seen = []
     monkeypatch.setattr(

@@ -56,12 +56,14 @@ def test_auto_design_puts_x_star_r_in_the_buffer_and_y_star_r_in_the_batch(
         ],
     )
     monkeypatch.setattr(
-        design_auto, "produce_fresh", lambda session: ([_rollout(i, 0) for i in range(R)], {})
+        design_auto, "produce_fresh", lambda *parts: ([_rollout(i, 0) for i in range(R)], {})
     )
     s = SimpleNamespace(
         cfg=cfg,
-        learner=SimpleNamespace(measure_backward=lambda rollouts: None),
+        learner=SimpleNamespace(measure_backward=lambda rollouts: None, version=0),
         counters=SimpleNamespace(generation_seconds=0.0),
+        producer=None,  # produce_fresh is scripted above
+        source=None,
         log=lambda _: None,
     )
     new, warmup, record = design_auto.auto_design(s)  # type: ignore[arg-type]

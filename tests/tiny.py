@@ -82,3 +82,10 @@ def crash_and_resume(
         ]
 
     return whole, resumed, per_step("whole"), per_step("crash")
+
+
+def produce_fresh_of(s: Any) -> tuple[list[Any], dict[str, float]]:
+    """`recipes.steps.produce_fresh` on a session's parts, as the loops call it."""
+    from replayrl.recipes.steps import produce_fresh
+
+    return produce_fresh(s.producer, s.source, s.counters, s.learner.version)

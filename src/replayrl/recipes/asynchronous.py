@@ -218,7 +218,19 @@ class AsyncSession(Session):
         assert self.pool is not None
         self.pool.set_hold(self.hold(B))
         self._stats = {}
-        t_train = learn(self, batch, epochs, self.fresh, self._stats)
+        t_train = learn(
+            self.learner,
+            c,
+            batch,
+            epochs,
+            self.fresh,
+            self._stats,
+            cfg=self.cfg,
+            shuffle_rng=self.parts.shuffle_rng,
+            check_training=self.check_training,
+            completions=self.completions,
+            generator=self.generator,
+        )
         self.learner_clock.rollouts += len(batch) * epochs
         self.learner_clock.tokens += sum(r.completion_ids.numel() for r in batch) * epochs
         self.learner_clock.batches += 1

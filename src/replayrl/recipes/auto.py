@@ -165,7 +165,7 @@ def _warmup(s: Session, probe: WarmupProbe | None) -> tuple[list[float], list[Ro
     produced: list[Rollout] = []
     for _ in range(s.cfg.design.warmup_steps):
         t0 = time.perf_counter()
-        rollouts, stats = produce_fresh(s)
+        rollouts, stats = produce_fresh(s.producer, s.source, s.counters, s.learner.version)
         t_gen = time.perf_counter() - t0 - stats.get("time/reward_s", 0.0)  # not rewards
         produced.extend(rollouts)
         if rollouts:

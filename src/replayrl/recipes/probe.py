@@ -137,7 +137,7 @@ class WarmupProbe:
         s = self.s
         for _ in range(s.cfg.design.probe_batches):
             t0 = time.perf_counter()
-            batch, stats = produce_fresh(s)
+            batch, stats = produce_fresh(s.producer, s.source, s.counters, s.learner.version)
             s.counters.generation_seconds += max(
                 time.perf_counter() - t0 - stats.get("time/reward_s", 0.0), 0.0
             )

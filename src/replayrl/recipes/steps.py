@@ -1,27 +1,44 @@
 """The two halves of a step that every loop shares: generate fresh rollouts with the current
 weights, and train the learner on a batch. The synchronous loop calls both each step; the
 asynchronous learner calls `learn` when a batch is ready (generators produce elsewhere); the
-`auto` design's warm-up calls `produce_fresh`."""
+`auto` design's warm-up calls `produce_fresh`. Each takes the parts of a run it touches, not
+the session that holds them, so a loop shows what a step reads and changes."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
+import numpy as np
+
+from replayrl.config.schema import Config
 from replayrl.data.buffer import batch_stats
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.base import GROUP_STRIDE
+from replayrl.data.sources.buffer import BatchSource
+from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
-from replayrl.run.session import Session, reflection_rate
+from replayrl.rollout.producer import RolloutProducer
+from replayrl.run.completions import CompletionsLog
+from replayrl.run.session import reflection_rate
+from replayrl.run.state import Counters
+
+# the session's no-silent-non-training guard: (batch, train metrics, 1-based step) -> None
+CheckTraining = Callable[[list[Rollout], dict[str, float], int], None]
 
 
-def produce_fresh(s: Session) -> tuple[list[Rollout], dict[str, float]]:
-    """Generate with the current weights, score, and turn samples into rollouts with group
-    advantages (the producer); the run's counters account for them."""
-    c = s.counters
+def produce_fresh(
+    producer: RolloutProducer, source: BatchSource | None, counters: Counters, version: int
+) -> tuple[list[Rollout], dict[str, float]]:
+    """Generate with the weights of `version`, score, and turn samples into rollouts with
+    group advantages (the producer); `counters` account for them. `source`: the run's batch
+    source (None during the `auto` warm-up, which has none yet)."""
+    c = counters
     # a source may ask for fewer new prompts this step (ReMix's fixed composition while mixing)
-    prompts_this_step = getattr(s.source, "prompts_this_step", None)
+    prompts_this_step = getattr(source, "prompts_this_step", None)
     n = prompts_this_step() if prompts_this_step is not None else None
-    p = s.producer.produce(s.learner.version, c.step, c.step * GROUP_STRIDE, num_prompts=n)
+    p = producer.produce(version, c.step, c.step * GROUP_STRIDE, num_prompts=n)
     c.account(p)
     return p.rollouts, {
         **p.stats,
@@ -31,26 +48,37 @@ def produce_fresh(s: Session) -> tuple[list[Rollout], dict[str, float]]:
 
 
 def learn(
-    s: Session, batch: list[Rollout], epochs: int, fresh: list[Rollout], stats: dict[str, float]
+    learner: Learner,
+    counters: Counters,
+    batch: list[Rollout],
+    epochs: int,
+    fresh: list[Rollout],
+    stats: dict[str, float],
+    *,
+    cfg: Config,
+    shuffle_rng: np.random.Generator,
+    check_training: CheckTraining,
+    completions: CompletionsLog,
+    generator: Any,
 ) -> float:
     """One learner step on `batch`, `epochs` passes (`fresh`: this step's new rollouts, for
-    text metrics); returns its seconds. The counters' step advances; engines with their own
-    weights (vLLM) get the new ones."""
-    cfg, c, learner = s.cfg, s.counters, s.learner
+    text metrics); returns its seconds. The counters' step advances; a `generator` engine
+    with its own weights (vLLM) gets the new ones. `stats` receives the step's metrics."""
+    c = counters
     version = learner.version
     t1 = time.perf_counter()
     if batch:
         stats.update({f"batch/{k}": v for k, v in batch_stats(batch, version).items()})
         train_metrics = learner.train_step(
             batch,
-            s.parts.shuffle_rng,
+            shuffle_rng,
             step=c.step + 1,  # t in the paper's lambda(t): 1-based update count
             epochs=epochs,
             stale=[r.policy_version < version for r in batch],
             policy_frozen=c.step < cfg.critic.warmup_steps and learner.critic is not None,
         )
         stats.update({f"train/{k}": v for k, v in train_metrics.items()})
-        s.check_training(batch, train_metrics, c.step + 1)  # no silent non-training
+        check_training(batch, train_metrics, c.step + 1)  # no silent non-training
         stats["reflection_rate"] = reflection_rate(
             [r.completion_text for r in fresh], cfg.logging.reflection_words
         )
@@ -58,8 +86,8 @@ def learn(
         learner.version += 1  # nothing to learn from (all dropped): still a new step
     t_train = time.perf_counter() - t1
     c.add_trained(sum(r.completion_ids.numel() for r in batch), len(batch), epochs, t_train)
-    s.completions.log(c.step, fresh, batch, version)  # a few readable samples, every k steps
+    completions.log(c.step, fresh, batch, version)  # a few readable samples, every k steps
     stats["time/training_s"] = t_train
-    if hasattr(s.generator, "load_weights"):  # an engine with its own copy (vLLM)
-        s.generator.load_weights(unwrap_model(s.model).named_parameters(), learner.version)
+    if hasattr(generator, "load_weights"):  # an engine with its own copy (vLLM)
+        generator.load_weights(unwrap_model(learner.model).named_parameters(), learner.version)
     return t_train

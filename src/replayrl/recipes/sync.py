@@ -54,12 +54,25 @@ def sync_step(s: Session, progress: Progress) -> None:
     c = s.counters
     s.source.before_step(s.learner, c, s.log)  # ReMix: reincarnation at step T
     t_start = time.perf_counter()
-    fresh, stats = produce_fresh(s)  # generate, score, group advantages
+    # generate, score, group advantages
+    fresh, stats = produce_fresh(s.producer, s.source, c, s.learner.version)
     t_reward = stats.get("time/reward_s", 0.0)  # user code, not generation: not in mu
     t_gen = time.perf_counter() - t_start - t_reward
     s.watch_signal(fresh, stats, c.step + 1)  # before ReMix / buffer sampling: fresh only
     batch, epochs = s.source.next_batch(fresh, s.learner.version)  # push, sample
-    t_train = learn(s, batch, epochs, fresh, stats)  # update
+    t_train = learn(  # update
+        s.learner,
+        c,
+        batch,
+        epochs,
+        fresh,
+        stats,
+        cfg=s.cfg,
+        shuffle_rng=s.parts.shuffle_rng,
+        check_training=s.check_training,
+        completions=s.completions,
+        generator=s.generator,
+    )
     c.generation_seconds += t_gen
     mu = cost_ratio(t_gen, len(fresh), t_train, len(batch) * epochs)
     if mu is not None:  # a step that generated or trained nothing measures nothing
