@@ -103,15 +103,6 @@ class Row:
         return 100.0 * self.tokens / self.cpu_seconds / self.bound
 
 
-def _median_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
-    times, last = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        last = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), last
-
-
 # -- bounds -------------------------------------------------------------------------------------
 def _best_time(fn: Callable[[], object], repeats: int) -> float:
     """Fastest of `repeats` runs: a bound is what the machine can do, and on a shared machine

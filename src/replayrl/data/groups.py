@@ -85,10 +85,6 @@ class Group:
     def __len__(self) -> int:
         return len(self.rollouts)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(r.num_completion_tokens for r in self.rollouts)
-
 
 def split_groups(rollouts: Iterable[Rollout]) -> list[Group]:
     """Rollouts -> groups by `group_id`, in order of first appearance (rollouts keep their

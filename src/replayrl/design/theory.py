@@ -447,8 +447,6 @@ def format_report(report: DesignReport) -> str:
 
 # --------------------------------------------------------------------------- feasible design
 
-ON_POLICY = (1.0, 1.0)  # x = N/R = 1, y = B/R = 1: each fresh rollout trained on once
-
 
 def constrained_y(
     x: ArrayLike, mu: float, rho: float, y_min: float, y_at_most_x: bool = False

@@ -13,10 +13,6 @@ from typing import Any
 import torch
 
 
-def trainable_names(model: torch.nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A detached CPU copy of the trainable parameters (what a weight sync sends)."""
     return {

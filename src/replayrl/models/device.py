@@ -60,11 +60,6 @@ def model_device(model: object) -> torch.device:
     return torch.device("cpu") if first is None else first.device
 
 
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """Every tensor of a collated batch on `device` (the same objects when already there)."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """A CUDA (or other accelerator) out-of-memory error, by type or torch's message."""
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(

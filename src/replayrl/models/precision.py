@@ -98,10 +98,6 @@ def autocast(dtype: torch.dtype | None, device: torch.device) -> Iterator[None]:
         yield
 
 
-def is_reduced(dtype: torch.dtype | None) -> bool:
-    return dtype is not None and dtype != torch.float32
-
-
 # -- precision: auto ----------------------------------------------------------------------
 # bf16 pays only where the CPU computes it natively (AVX-512 BF16 / AMX): on an AVX-512 CPU
 # without them torch emulates bf16 matmuls at about half the fp32 rate (measured: 32.8 vs
