@@ -8,8 +8,9 @@ w_i = pi_theta / pi_theta_old on fresh tokens, clipped as GRPO; on a replayed tr
 w* = pi_theta / pi_theta_past (its behaviour log-probs, recorded when it was generated), shaped
 by f(w) = w / (w + beta) (policy shaping, beta = 0.1; the code's `off_policy_reshape=p_div_p_0.1`
 with the importance correction `exp_is_correct=True`) and not clipped. The share rho is set by
-the batch's composition (data/exgrpo.py), so the loss sees one batch and aggregates as every
-other loss (`algorithm.loss_agg`); which tokens are replayed is the learner's `stale` field.
+the batch's composition (data/sources/exgrpo.py), so the loss sees one batch and aggregates
+as every other loss (`algorithm.loss_agg`); which tokens are replayed is the learner's `stale`
+field.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Moving a TRL GRPO script over changes the import, the class names and the config
     trainer.train()
 
 The command line (`replayrl train`) is a thin layer over the same two classes, so a config
-trains the same way from either. `ReplayConfig` lives in api_config.py.
+trains the same way from either. `ReplayConfig` lives in api/config.py.
 """
 
 from __future__ import annotations

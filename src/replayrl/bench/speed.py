@@ -210,16 +210,17 @@ def _random_rollouts(vocab: int, n: int, prompt_len: int, completion_len: int) -
 
 @dataclass(frozen=True)
 class Path_:
-    """One way of running: the old path or a new one in some precision."""
+    """One way of running: the reference path (`old`: transformers' generate and forward) or
+    a fast one in some precision."""
 
     name: str
     old: bool
     gen_dtype: torch.dtype | None = None  # None: the weights' (fp32)
     autocast: torch.dtype | None = None
-    impl: str = "fast"  # HFGenerator impl of a new path (the old one uses `generate`)
+    impl: str = "fast"  # HFGenerator impl of a fast path (the reference uses `generate`)
     # learner: the lean Llama training forward (lean_forward.py) and log pi_old of fresh
     # rollouts from the first update's forward; False: transformers' forward and a separate
-    # no-grad pass (the new path before them)
+    # no-grad pass (a fast path without them, to measure what they save)
     lean: bool = True
 
     def setup(self) -> None:
@@ -685,7 +686,7 @@ def format_mismatch(rows: list[dict[str, object]]) -> str:
 
 
 def main(args) -> int:
-    """`replayrl bench speed` (arguments parsed by cli.py)."""
+    """`replayrl bench speed` (arguments parsed by cli/main.py)."""
     sections = tuple(args.sections or ("generation", "learner", "grpo"))
     unknown = set(sections) - {"generation", "learner", "grpo"}
     if unknown:

@@ -363,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def legacy_bench_form(argv: list[str]) -> list[str]:
-    """`replayrl bench NAME ...` (the form before the subcommands) is `bench suite NAME ...`."""
+    """`replayrl bench NAME ...` is `bench suite NAME ...`: a suite is the common case, so its
+    name may follow `bench` directly."""
     if len(argv) >= 2 and argv[0] == "bench" and not argv[1].startswith("-"):
         if argv[1] not in BENCH_COMMANDS:
             return ["bench", "suite", *argv[1:]]

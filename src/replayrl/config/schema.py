@@ -204,8 +204,9 @@ class RolloutConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _renamed_decode_batch_size(cls, data: Any) -> Any:
-        """`generation_batch_size` (before 0.3) is `decode_batch_size`: read the old name with a
-        warning, refuse both (TRL uses the old name for completions per step)."""
+        """`generation_batch_size` is read as `decode_batch_size`, with a warning, so that
+        configs that use it keep running; both at once are refused (TRL's generation_batch_size
+        is the completions per step, which would make the name ambiguous)."""
         if not isinstance(data, dict) or "generation_batch_size" not in data:
             return data
         if "decode_batch_size" in data:
@@ -232,7 +233,7 @@ class RolloutConfig(_Section):
         8, ge=1, description="completion length cap (TRL: max_completion_length)"
     )
     # sequences decoded at once (memory only; not TRL's generation_batch_size, which is the
-    # completions per step R). Named generation_batch_size before 0.3: still read, with a warning
+    # completions per step R); a config's generation_batch_size is read as this, with a warning
     decode_batch_size: int = Field(256, ge=1, description="sequences decoded at once (memory only)")
     # seconds one reward-function call may take before its rollouts are dropped (reason
     # "timeout"; the call is abandoned in a background thread); null: no timeout
@@ -247,8 +248,8 @@ class RolloutConfig(_Section):
     # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling, an
     # in-place KV cache for Llama-architecture models; ~2-3x); fast_hf = the same loop over
     # transformers' own forward and cache (what fast does for other architectures);
-    # generate = transformers generate + torch.multinomial, the implementation before 0.2
-    # (other random draws: select it to reproduce runs and BENCHMARKS.md's default suite)
+    # generate = transformers generate + torch.multinomial (other random draws than fast's:
+    # select it to reproduce the runs made with it, such as BENCHMARKS.md's default suite)
     generation_impl: Literal["fast", "fast_hf", "generate"] = "fast"
 
 
@@ -393,7 +394,7 @@ class DesignConfig(_Section):
     warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu (and alpha, rho)
     # alpha / rho measured: batches generated at each warm-up policy and at the last one only
     # for their per-sample gradients, never trained on (an update shrinks the gradients of
-    # the batch it took, median 0.13x: design_probe.py); more batches, less noise, more cost
+    # the batch it took, median 0.13x: recipes/probe.py); more batches, less noise, more cost
     probe_batches: int = Field(1, ge=1)
     # the feasible set `auto` searches: N >= R always; B >= R unless this is true
     allow_y_below_one: bool = False
@@ -613,8 +614,9 @@ class TrainConfig(_Section):
         "evaluation run: auto (cuda when available, else cpu), cpu, cuda or cuda:N",
     )
     # learner log-probs: chunked = completion positions only, output head in chunks (less
-    # memory, faster); full = full-vocabulary logits of every position, the implementation
-    # before 0.2 (rounding differs at ~1e-7: select it to reproduce older runs bit for bit)
+    # memory, faster); full = full-vocabulary logits of every position, the reference the
+    # chunked one is tested against (rounding differs at ~1e-7: select it to reproduce runs
+    # made with it bit for bit)
     logprobs_impl: Literal["chunked", "full"] = "chunked"
     # no silent non-training: this many steps in a row in which nothing could be trained (a
     # reward function failed on every call, every update was skipped as non-finite, or the

@@ -49,7 +49,7 @@ level of zero gradients gave float-cancellation spreads of 1e-18 and a "measured
 
 How sure: `bootstrap_alpha_rho` re-estimates on stratified half-samples of the same prompt
 groups, recentred on the full estimate, so the design can ask whether its predicted saving
-survives the sampling noise of this warm-up's gradients (data/design.py
+survives the sampling noise of this warm-up's gradients (design/theory.py
 `design_confidence`). That is not the spread between seeds, whose policy updates differ (on
 the held-out tasks measured alpha ranged from 0 to 0.18 across seeds and tasks).
 """

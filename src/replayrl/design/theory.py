@@ -615,7 +615,7 @@ def design_confidence(
     against on-policy: 1 - J(x, y) / J(1, 1) >= min_saving, with arXiv 2604.08706's
     J(x, y) = sigma^2(x) (1 + y/mu) (1/y + 1/x + rho), sigma^2(x) = x^(2 alpha).
 
-    `draws` are bootstrap re-estimates of alpha and rho (data/staleness.py
+    `draws` are bootstrap re-estimates of alpha and rho (design/staleness.py
     `bootstrap_alpha_rho`); a None draw (its resample could not be estimated) counts as not
     saving, so a design whose measurement is often ill-conditioned is not trusted either.
     With no draws the answer is 0.

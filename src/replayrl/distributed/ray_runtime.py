@@ -32,7 +32,7 @@ from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bou
 from replayrl.recipes.pool import Delivery
 from replayrl.records.ledger import RoleClock, format_accounting
 from replayrl.run.components import buffer_kwargs, build_learner
-from replayrl.run.session import StopOnSigint, signal_name
+from replayrl.run.session import StopOnSignal, signal_name
 from replayrl.storage.checkpoint import latest_checkpoint
 from replayrl.storage.io import quiet_transformers
 
@@ -491,13 +491,13 @@ class RayDriver:
     def _wait(self, ray: Any, actor: Any, ref: Any) -> dict[str, Any]:
         """The learner actor's result; the first Ctrl-C asks it to stop after its step.
 
-        StopOnSigint installs its own SIGINT handler, as the sync and async-local loops do:
+        StopOnSignal installs its own SIGINT handler, as the sync and async-local loops do:
         relying on Python's default KeyboardInterrupt inside `ray.get` ignored Ctrl-C when the
         process started with SIGINT ignored (any background job of a non-interactive shell,
         e.g. a CI script), and the run went on to its last step.
         """
         sent = False
-        with StopOnSigint() as stop:
+        with StopOnSignal() as stop:
             while not ray.wait([ref], timeout=_POLL_S)[0]:
                 if stop.requested and not sent:
                     self.signum = stop.signum

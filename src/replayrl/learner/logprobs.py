@@ -41,7 +41,8 @@ _lean = True
 
 @contextlib.contextmanager
 def reference_impl(enabled: bool = True) -> Iterator[None]:
-    """Use the full-logits computation (the old path) inside this block: for benchmarks."""
+    """Use the full-logits computation (the reference the chunked one is tested against)
+    inside this block: for benchmarks."""
     global _reference
     saved, _reference = _reference, enabled
     try:

@@ -40,7 +40,7 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, Any]]:
     Returns the resolved config (the session's own is not changed), the warm-up rollouts
     (real, version 0: they go into the buffer) and the design record. The training passes
     used for timing take no optimizer step; the alpha / rho probe's updates are undone
-    (recipes/design_probe.py).
+    (recipes/probe.py).
     """
     cfg, R = s.cfg, s.cfg.rollouts_per_step
     probe, why_not = _start_probe(s)

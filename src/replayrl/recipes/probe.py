@@ -1,6 +1,6 @@
 """`design.alpha` / `design.rho` = measured: the warm-up probe that measures them.
 
-The `auto` warm-up (recipes/sync.py: auto_design) generates `design.warmup_steps` batches to
+The `auto` warm-up (recipes/auto.py: auto_design) generates `design.warmup_steps` batches to
 time mu. To see staleness it also needs policy updates, so when alpha or rho is `measured` the
 warm-up takes one on-policy update after each of its batches (the run's own loss; the learning
 rate of the schedule's first steps after its LR warm-up, `probe_lr_steps`; a separate shuffle

@@ -404,9 +404,6 @@ class StopOnSignal:
         self._previous = {}
 
 
-StopOnSigint = StopOnSignal  # the name the runtimes imported first
-
-
 class InterruptOnSignal:
     """Outside the loop (loading, the first eval, the final summary): SIGTERM and SIGHUP
     raise `RunStopped` as SIGINT raises KeyboardInterrupt, so the cleanup that Ctrl-C runs

@@ -37,10 +37,10 @@ class Counters:
     rollouts_lost_worker_died: int = 0  # async: the batch a killed generator was producing
     rollouts_discarded: int = 0  # ReMix's window contents dropped at reincarnation
     retired_buffer_stats: list[dict[str, float]] = field(default_factory=list)
-    # group sources (data/group_sources.py): generated and scored, never trained on
+    # group sources (data/sources/group_sources.py): generated and scored, never trained on
     rollouts_filtered_no_signal: int = 0  # groups without reward variance dropped / replaced
     rollouts_filtered_surplus: int = 0  # groups beyond a full dynamic-sampling batch
-    # `auto` design's alpha / rho probe: batches of the policies it undoes (recipes/sync.py)
+    # `auto` design's alpha / rho probe: batches of the policies it undoes (recipes/probe.py)
     rollouts_discarded_probe: int = 0
     rollouts_reused: int = 0  # replayed (not fresh) rollouts in training batches, per pass
     generation_rounds: int = 0  # generation calls beyond each step's first (dynamic sampling)
@@ -82,7 +82,7 @@ class Counters:
                 "rollouts_generated": self.rollouts_generated,
                 "tokens_generated": self.tokens_generated,
                 "tokens_trained": self.tokens_trained,
-                # trained rollouts (repeats and epochs counted): bench.py's modelled compute
+                # trained rollouts (repeats and epochs counted): bench/targets.py's modelled compute
                 "rollouts_trained": self.rollouts_trained,
                 "flops": self.flops(n_params),
                 "wall_seconds": self.wall_seconds,

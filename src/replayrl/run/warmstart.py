@@ -1,6 +1,6 @@
 """SFT warm starts, built once per config and cached, deterministic: the tiny demo model's
 (from scratch, on the task's teacher) and a pretrained model's short supervised warm-up on the
-task's answers (`model.sft`). It sits above `tasks` (the teachers) and `models`; models.py
+task's answers (`model.sft`). It sits above `tasks` (the teachers) and `models`; models/loading.py
 imports nothing from here."""
 
 from __future__ import annotations

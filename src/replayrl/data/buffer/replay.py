@@ -367,7 +367,7 @@ class ReplayBuffer(BaseBuffer):
                         f"and a window of {fresh.cap} ({len(items)} rollouts)"
                     )
                 kept_reserve, kept_fresh = items[:nr], items[nr:]
-            else:  # legacy single-FIFO state
+            else:  # a single FIFO's state (no split): the newest window is fresh, the rest reserve
                 split = max(0, len(items) - fresh.cap)
                 older = [r for r in items[:split] if r.correct]
                 kept_reserve = older[max(0, len(older) - reserve.cap) :] if reserve.cap else []

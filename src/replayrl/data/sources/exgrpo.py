@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 
 class ExgrpoConfig(Section):
-    """ExGRPO (arXiv 2510.02245; data/exgrpo.py): per-question experience of successful
+    """ExGRPO (arXiv 2510.02245): per-question experience of successful
     trajectories, bucketed replay preferring medium difficulty, lowest-entropy selection,
     retirement of always-solved questions, and a mixed batch/objective."""
 
