@@ -297,7 +297,7 @@ def test_policy_frozen_only_during_a_critics_warmup(tmp_path, preset, frozen):
 def test_learn_with_nothing_to_train_still_makes_one_new_version(tmp_path):
     import time
 
-    from replayrl.recipes.steps import learn
+    from tiny import learn_on
 
     s = _session(tmp_path)
     v, loaded = s.learner.version, []
@@ -305,19 +305,7 @@ def test_learn_with_nothing_to_train_still_makes_one_new_version(tmp_path):
     s.generator.load_weights = lambda params, version: loaded.append(version)  # type: ignore[attr-defined]
     stats: dict[str, float] = {}
     t0 = time.perf_counter()
-    seconds = learn(
-        s.learner,
-        s.counters,
-        [],
-        1,
-        [],
-        stats,
-        cfg=s.cfg,
-        shuffle_rng=s.parts.shuffle_rng,
-        check_training=s.check_training,
-        completions=s.completions,
-        generator=s.generator,
-    )
+    seconds = learn_on(s, [], 1, [], stats)
     assert 0.0 <= seconds <= time.perf_counter() - t0
     assert stats["time/training_s"] == seconds and s.counters.training_seconds == seconds
     assert s.learner.version == v + 1 and loaded == [v + 1]

@@ -89,3 +89,17 @@ def produce_fresh_of(s: Any) -> tuple[list[Any], dict[str, float]]:
     from replayrl.recipes.steps import produce_fresh
 
     return produce_fresh(s.producer, s.source, s.counters, s.learner.version)
+
+
+def learn_on(s: Any, *step: Any) -> float:
+    """`recipes.steps.learn(batch, epochs, fresh, stats)` on a session's parts."""
+    from replayrl.recipes.steps import learn
+
+    parts = {
+        "cfg": s.cfg,
+        "shuffle_rng": s.parts.shuffle_rng,
+        "check_training": s.check_training,
+        "completions": s.completions,
+        "generator": s.generator,
+    }
+    return learn(s.learner, s.counters, *step, **parts)
