@@ -146,7 +146,7 @@ class Session:
         self.parts.prompt_rng.bit_generator.state = state["prompt_rng"]
         self.parts.shuffle_rng.bit_generator.state = state["shuffle_rng"]
         self.counters = Counters(**state["counters"])
-        if "reward_signal" in state:  # checkpoints from before the monitor start it afresh
+        if "reward_signal" in state:  # a checkpoint without it: the monitor starts afresh
             self.reward_signal.load_state_dict(state["reward_signal"])
         set_rng_state(state["rng"])
         self.log(
