@@ -21,6 +21,14 @@ BATCH_SOURCES.add(
         "mix when remix.enabled (arXiv 2507.06892)",
     ),
 )
+# the ledger terms of rollouts a group source generates but never pushes to a buffer
+NO_SIGNAL = (
+    "rollouts_filtered_no_signal",
+    "filtered_no_signal",
+    "filtered without reward variance",
+)
+SURPLUS = ("rollouts_filtered_surplus", "filtered_surplus", "surplus groups")
+
 BATCH_SOURCES.add(
     "dynamic_sampling",
     BatchSourceSpec(
@@ -35,6 +43,8 @@ BATCH_SOURCES.add(
         ),
         "DAPO's dynamic sampling: drop groups without reward variance, generate more "
         "(arXiv 2503.14476)",
+        frozen_on_resume=("carry_surplus",),  # the carried groups are in the checkpoint
+        ledger=(NO_SIGNAL, SURPLUS),
     ),
 )
 BATCH_SOURCES.add(
@@ -45,6 +55,8 @@ BATCH_SOURCES.add(
         group_sources.check_group_replay,
         ("rollouts_filtered_no_signal", "rollouts_reused"),
         "TRL's former replay trainer: zero-std groups replaced by stored high-spread ones",
+        frozen_on_resume=("capacity",),  # the checkpointed group store's size
+        ledger=(NO_SIGNAL,),
     ),
 )
 BATCH_SOURCES.add(
@@ -56,6 +68,8 @@ BATCH_SOURCES.add(
         ("generation_rounds", "rollouts_reused"),
         "AR3PO: adaptive rollout in rounds and reuse of stored correct responses "
         "(arXiv 2509.25808)",
+        # the checkpointed store's bounds: a smaller one would keep more than it allows
+        frozen_on_resume=("store_per_prompt", "store_prompts"),
     ),
 )
 BATCH_SOURCES.add(
@@ -67,6 +81,8 @@ BATCH_SOURCES.add(
         ("generation_rounds", "rollouts_reused"),
         "ExGRPO: bucketed replay of successful trajectories, lowest entropy first "
         "(arXiv 2510.02245)",
+        # the checkpointed store's bounds: a smaller one would keep more than it allows
+        frozen_on_resume=("store_per_question", "store_questions"),
     ),
 )
 BATCH_SOURCES.add(
@@ -78,5 +94,7 @@ BATCH_SOURCES.add(
         ("rollouts_reused",),
         "RePO: per-prompt replay buffers, earlier responses retrieved by a replay strategy "
         "and trained beside the fresh ones (arXiv 2506.09340)",
+        # the prompt pool (drawn once, its pass order checkpointed) and the buffers' bounds
+        frozen_on_resume=("prompt_pool", "buffer_size", "max_prompts"),
     ),
 )
