@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny import TINY_RUN
 
 from replayrl.config.registries import BATCH_SOURCES
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.run.entry import resume, train
+from tiny import TINY_RUN
 
 # settings under which a source's state fills within two steps of the tiny run, so that a
 # changed key meets a non-empty store (a plugin source runs with its defaults)
@@ -70,9 +70,7 @@ def _changes(name: str, base: list[str]) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("name", [n for n in BATCH_SOURCES if BATCH_SOURCES.get(n).config])
-def test_each_key_of_a_source_is_refused_or_resumes_and_trains(
-    name: str, tmp_path: Path
-) -> None:
+def test_each_key_of_a_source_is_refused_or_resumes_and_trains(name: str, tmp_path: Path) -> None:
     warnings.simplefilter("ignore", UserWarning)  # e.g. ExGRPO under grpo_clip
     base = [*TINY_RUN, f"groups.source={name}", *FILLS.get(name, [])]
     run = tmp_path / "run"
