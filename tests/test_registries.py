@@ -107,6 +107,24 @@ def test_resume_keys_come_from_the_registry_entry() -> None:
         BATCH_SOURCES.remove("echo")
 
 
+def test_a_task_names_its_own_resume_keys() -> None:
+    from replayrl.records.folder import check_resume_config
+    from replayrl.rollout.tasks import ArithmeticTask
+
+    spec = TaskSpec(lambda t: None, ArithmeticTask, summary="test", frozen_on_resume=("digits",))
+    TASKS.add("frozen_digits", spec)
+    try:
+        saved = load_config(None, ["task.name=frozen_digits"])
+        check_resume_config(saved, load_config(None, ["task.name=frozen_digits", "task.seed=3"]))
+        with pytest.raises(ConfigError, match=r"task\.digits \(the checkpoint has 2, now 3\)"):
+            check_resume_config(
+                saved, load_config(None, ["task.name=frozen_digits", "task.digits=3"])
+            )
+        check_resume_config(load_config(None), load_config(None, ["task.digits=3"]))
+    finally:
+        TASKS.remove("frozen_digits")
+
+
 def test_a_plugin_sources_counters_reach_the_ledger_and_the_summary() -> None:
     """A counter that is not a `Counters` field is kept in `extra`; a declared ledger term
     makes the ledger balance and is printed in the end-of-run report."""
