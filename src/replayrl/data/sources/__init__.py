@@ -2,8 +2,10 @@
 
 Each reuse method is one module here holding its config section, its check, its builder and
 its metrics (the run's counters it adds to: `replayrl.run.state.Counters`); the lines below
-register them (`replayrl.config.registries.BATCH_SOURCES`), and the schema, the run and the
-docs read the names from the registry.
+register them (`replayrl.config.registries.BATCH_SOURCES`) with the keys of its section a
+resume may not change (`frozen_on_resume`, read by `replayrl.records.folder`) and its
+rollout-ledger terms (`ledger`, read by `replayrl.records.ledger`). The schema, the run, the
+resume check, the ledger and `replayrl presets` read them from the registry.
 """
 
 from __future__ import annotations
