@@ -55,6 +55,9 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "dapo": ("dapo", ["groups.dynamic_sampling.max_rounds=3"]),
     "ar3po": ("ar3po", []),
     "exgrpo": ("exgrpo", ["groups.exgrpo.start_accuracy=0.0"]),
+    # a pool small enough that prompts come back with filled per-prompt buffers
+    "repo": ("repo", ["groups.repo.prompt_pool=16", "groups.repo.min_buffer=4"]),
+    "group-replay": ("group-replay", ["groups.group_replay.capacity=8"]),
 }
 
 # wall-clock measurements differ between any two runs

@@ -72,6 +72,103 @@ def test_each_source_declares_metrics_the_run_counts() -> None:
         spec = BATCH_SOURCES.get(name)
         assert set(spec.metrics) <= fields, name
         assert spec.summary, name
+        own = set(spec.config.model_fields) if spec.config else set()
+        assert {k for k in spec.frozen_on_resume if "." not in k} <= own, name
+        assert {counter for counter, _, _ in spec.ledger} <= set(spec.metrics), name
+
+
+def test_resume_keys_come_from_the_registry_entry() -> None:
+    from replayrl.records.folder import check_resume_config
+
+    saved = load_config("repo")
+    # RePO's prompt pool is drawn once and its pass order is checkpointed
+    with pytest.raises(ConfigError, match=r"groups\.repo\.prompt_pool \(the checkpoint has 256"):
+        check_resume_config(saved, load_config("repo", ["groups.repo.prompt_pool=128"]))
+    with pytest.raises(ConfigError, match=r"groups\.exgrpo\.store_per_question"):
+        check_resume_config(
+            load_config("exgrpo"), load_config("exgrpo", ["groups.exgrpo.store_per_question=8"])
+        )
+    check_resume_config(saved, load_config("repo", ["groups.repo.strategy=recency"]))
+    BATCH_SOURCES.add(
+        "echo",
+        BatchSourceSpec(
+            lambda ctx: None, _EchoConfig, summary="test", frozen_on_resume=("passes",)
+        ),
+    )
+    try:
+        echo = load_config("grpo", ["groups.source=echo"])
+        with pytest.raises(ConfigError, match=r"groups\.echo\.passes"):
+            check_resume_config(
+                echo, load_config("grpo", ["groups.source=echo", "groups.echo.passes=1"])
+            )
+        # another source's frozen key is not this run's concern
+        check_resume_config(saved, load_config("repo", ["groups.echo.passes=1"]))
+    finally:
+        BATCH_SOURCES.remove("echo")
+
+
+def test_a_task_names_its_own_resume_keys() -> None:
+    from replayrl.records.folder import check_resume_config
+    from replayrl.rollout.tasks import ArithmeticTask
+
+    spec = TaskSpec(lambda t: None, ArithmeticTask, summary="test", frozen_on_resume=("digits",))
+    TASKS.add("frozen_digits", spec)
+    try:
+        saved = load_config(None, ["task.name=frozen_digits"])
+        check_resume_config(saved, load_config(None, ["task.name=frozen_digits", "task.seed=3"]))
+        with pytest.raises(ConfigError, match=r"task\.digits \(the checkpoint has 2, now 3\)"):
+            check_resume_config(
+                saved, load_config(None, ["task.name=frozen_digits", "task.digits=3"])
+            )
+        check_resume_config(load_config(None), load_config(None, ["task.digits=3"]))
+    finally:
+        TASKS.remove("frozen_digits")
+
+
+def test_a_plugin_sources_counters_reach_the_ledger_and_the_summary() -> None:
+    """A counter that is not a `Counters` field is kept in `extra`; a declared ledger term
+    makes the ledger balance and is printed in the end-of-run report."""
+    from replayrl.records.ledger import format_accounting
+    from replayrl.run.state import ledger, summarize
+
+    spec = BatchSourceSpec(
+        lambda ctx: None,
+        metrics=("rollouts_echoed",),
+        summary="test",
+        ledger=(("rollouts_echoed", "echoed", "echoed away"),),
+    )
+    c = Counters(rollouts_generated=5)
+    c.add("rollouts_echoed", 5)
+    c.add("rollouts_reused", 2)  # a field: stored there
+    assert c.extra == {"rollouts_echoed": 5} and c.rollouts_reused == 2
+    assert c.count("rollouts_echoed") == 5 and c.count("rollouts_reused") == 2
+    assert not ledger(c, [])["balanced"]  # not registered: 5 generated rollouts unaccounted
+    BATCH_SOURCES.add("echo", spec)
+    try:
+        led = ledger(c, [])
+        assert led["echoed"] == 5 and led["balanced"] and led["filtered_no_signal"] == 0
+        roles = {"roles": {}, "mu": None, "workers": 1, "trainers": 1, "gamma": None}
+        assert "+ echoed away 5 (balanced)" in format_accounting(led, roles)
+        run = dict(policy_version=0, num_eval_prompts=0, run_dir="x", num_parameters=1)
+        s = summarize(load_config("grpo"), c, [], model_path="m", **run)
+        assert s["rollouts_echoed"] == 5 and s["accounting"]["ledger"]["echoed"] == 5
+    finally:
+        BATCH_SOURCES.remove("echo")
+
+
+def test_presets_lists_each_source_with_its_summary_and_counters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from replayrl.cli.main import main
+
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    out = out[[i for i, x in enumerate(out) if x.startswith("batch sources")][0] :]
+    for name in BATCH_SOURCES:
+        spec = BATCH_SOURCES.get(name)
+        line = [x for x in out if x.startswith(f"{name} ")]
+        assert len(line) == 1 and spec.summary in line[0], name
+        assert all(m in line[0] for m in spec.metrics), name
 
 
 def test_the_method_checks_run_from_the_registry() -> None:

@@ -91,8 +91,14 @@ class BatchSourceSpec:
     config: its section, under `groups.<name>` (None: it has no settings of its own).
     check: `(Config) -> None`, raising ValueError for settings it cannot run with (the
         runtime, the buffer, the batch size...); called when the config selects it.
-    metrics: the names of the metrics it logs each step (documented, and checked by tests).
-    summary: one line for `--help`, the docs and error messages.
+    metrics: the run counters it adds to (`replayrl.run.state.Counters` fields, reported in
+        summary.json and listed by `replayrl presets`).
+    summary: one line for `replayrl presets`, the docs and error messages.
+    frozen_on_resume: the keys its checkpointed state depends on (a store's bounds, a prompt
+        pool's size), which a resume may not change: names in its `groups.<name>` section, or
+        full dotted keys. Any other key of its section must resume and train.
+    ledger: (counter, ledger term, phrase in the end-of-run report) for those of its counters
+        that count generated rollouts never pushed to a buffer, so the rollout ledger balances.
     """
 
     build: Callable[[Any], Any]
@@ -100,6 +106,8 @@ class BatchSourceSpec:
     check: Callable[[Any], None] | None = None
     metrics: tuple[str, ...] = ()
     summary: str = ""
+    frozen_on_resume: tuple[str, ...] = ()
+    ledger: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,9 @@ class TaskSpec:
 
     For the built-in tiny model's warm start (run/warmstart.py): `warmstart_fields`, the
     `task.*` keys its cached warm start depends on (None: all of them), and `tiny_check`,
-    which refuses settings that warm start cannot give a usable start policy for."""
+    which refuses settings that warm start cannot give a usable start policy for.
+    `frozen_on_resume`: the `task.*` keys a resume may not change (its checkpointed state
+    depends on them)."""
 
     build: Callable[[Any], Any]
     make: Callable[..., Any]
@@ -117,6 +127,7 @@ class TaskSpec:
     summary: str = ""
     warmstart_fields: frozenset[str] | None = None
     tiny_check: Callable[[Any], None] | None = None
+    frozen_on_resume: tuple[str, ...] = ()
 
 
 BATCH_SOURCES: PluginRegistry[BatchSourceSpec] = PluginRegistry(

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from replayrl.config.registries import BATCH_SOURCES, TASKS
 from replayrl.config.schema import Config, ConfigError, config_to_yaml, load_config
 from replayrl.errors import RunFailed
 from replayrl.records.trust import Verdict, reward_refs, sign_or_warn, verify_run_folder
@@ -55,11 +56,25 @@ FROZEN_ON_RESUME = (
     "remix.num_policies",
     "runtime",
     "workers.learners",
-    "groups.source",  # the group store / carried groups live in the checkpoint
-    "groups.group_replay.capacity",
-    "groups.dynamic_sampling.carry_surplus",
-    "groups.ar3po.store_per_prompt",
+    "groups.source",  # the source's own state (stores, carried groups) is in the checkpoint
 )
+
+
+def frozen_on_resume(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The keys a resume may not change: the run-wide ones above, then those the batch source
+    and the task declare in their registry entries (`frozen_on_resume`), for the source and
+    task of either side (a record without them: the defaults)."""
+    keys = list(FROZEN_ON_RESUME)
+    default = Config().model_dump(mode="json")
+    for side in (saved, new):
+        source = _get(side, "groups.source") or _get(default, "groups.source")
+        if source in BATCH_SOURCES:
+            own = BATCH_SOURCES.get(source).frozen_on_resume
+            keys += [k if "." in k else f"groups.{source}.{k}" for k in own]
+        task = _get(side, "task.name") or _get(default, "task.name")
+        if task in TASKS:
+            keys += [k if "." in k else f"task.{k}" for k in TASKS.get(task).frozen_on_resume]
+    return list(dict.fromkeys(keys))
 
 
 def _aside_path(run_dir: Path) -> Path:
@@ -229,7 +244,7 @@ def check_resume_config(
     b = new.model_dump(mode="json")
     bad = [
         f"{k} (the checkpoint has {_get(a, k)!r}, now {_get(b, k)!r})"
-        for k in FROZEN_ON_RESUME
+        for k in frozen_on_resume(a, b)
         # a key the checkpoint's record predates (added since) is compared with its default
         if _get(a, k) != _get(b, k) and not (_get(a, k) is None and _is_default(k, _get(b, k)))
     ]

@@ -2,12 +2,12 @@
 
 The ledger must balance: generated = dropped (reward error) + lost (worker died mid-batch)
 + in a buffer + evicted + consumed (removed by on-policy sampling) + dropped as stale
-+ discarded (ReMix's window at reincarnation) + filtered (group sources: groups without
-reward variance dropped or replaced, surplus groups beyond a full batch; never pushed to a
-buffer) + discarded by the `auto` design's alpha / rho probe (its warm-up batches after the
-first and its own batch came from policies it undoes; never pushed). Replayed rollouts
-are reuse, not generation: they appear in no ledger term (the summary's `rollouts_reused`
-counts them). A run that does not balance says so.
++ discarded (ReMix's window at reincarnation) + filtered (the terms batch sources declare
+in their registry entries: e.g. groups without reward variance dropped or replaced, surplus
+groups beyond a full batch; never pushed to a buffer) + discarded by the `auto` design's
+alpha / rho probe (its warm-up batches after the first and its own batch came from policies
+it undoes; never pushed). Replayed rollouts are reuse, not generation: they appear in no
+ledger term (the summary's `rollouts_reused` counts them). A run that does not balance says so.
 """
 
 from __future__ import annotations
@@ -16,9 +16,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from replayrl.config.registries import BATCH_SOURCES
 from replayrl.design.theory import cost_ratio, gamma
 
 BUFFER_KEYS = ("size", "evicted", "consumed", "dropped_stale", "pushed")
+
+
+def source_terms() -> list[tuple[str, str, str]]:
+    """(counter, ledger term, phrase) of every registered batch source's filtered rollouts
+    (`BatchSourceSpec.ledger`), each term once: every ledger has the same terms, whichever
+    source the run used."""
+    seen: dict[str, tuple[str, str, str]] = {}
+    for name in BATCH_SOURCES:
+        for entry in BATCH_SOURCES.get(name).ledger:
+            seen.setdefault(entry[1], entry)
+    return list(seen.values())
 
 
 def ledger_stats(buffer: Any) -> dict[str, float]:
@@ -37,11 +49,13 @@ def rollout_ledger(
     lost_worker_died: int,
     buffer_stats: Iterable[dict[str, float]],
     discarded: int = 0,
-    filtered_no_signal: int = 0,
-    filtered_surplus: int = 0,
     discarded_probe: int = 0,
+    filtered: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Sum the buffers' counters and check that generated rollouts are all accounted for."""
+    """Sum the buffers' counters and check that generated rollouts are all accounted for.
+    `filtered`: ledger term -> rollouts a batch source generated but never pushed (the terms
+    its registry entry declares, `source_terms`)."""
+    filtered = dict(filtered or {})
     totals = dict.fromkeys(BUFFER_KEYS, 0)
     for st in buffer_stats:
         for k in BUFFER_KEYS:
@@ -54,8 +68,7 @@ def rollout_ledger(
         + totals["consumed"]
         + totals["dropped_stale"]
         + discarded
-        + filtered_no_signal
-        + filtered_surplus
+        + sum(filtered.values())
         + discarded_probe
     )
     stored = totals["size"] + totals["evicted"] + totals["consumed"] + totals["dropped_stale"]
@@ -68,8 +81,7 @@ def rollout_ledger(
         "consumed": totals["consumed"],
         "dropped_stale": totals["dropped_stale"],
         "discarded_at_reincarnation": discarded,
-        "filtered_no_signal": filtered_no_signal,
-        "filtered_surplus": filtered_surplus,
+        **filtered,
         "discarded_probe": discarded_probe,
         "pushed": totals["pushed"],
         "balanced": accounted == generated and stored + discarded == totals["pushed"],
@@ -161,12 +173,9 @@ def format_accounting(ledger: dict[str, Any], summary: dict[str, Any], show_mu: 
             if led["discarded_at_reincarnation"]
             else ""
         )
-        + (
-            f" + filtered without reward variance {led['filtered_no_signal']:,}"
-            if led.get("filtered_no_signal")
-            else ""
+        + "".join(
+            f" + {phrase} {led[term]:,}" for _, term, phrase in source_terms() if led.get(term)
         )
-        + (f" + surplus groups {led['filtered_surplus']:,}" if led.get("filtered_surplus") else "")
         + (
             f" + discarded by the design probe {led['discarded_probe']:,}"
             if led.get("discarded_probe")

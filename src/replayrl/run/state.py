@@ -3,12 +3,18 @@ end-of-run summary and accounting computed from them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from replayrl.config.schema import Config
 from replayrl.design.theory import estimate_mu
-from replayrl.records.ledger import RoleClock, ledger_stats, role_summary, rollout_ledger
+from replayrl.records.ledger import (
+    RoleClock,
+    ledger_stats,
+    role_summary,
+    rollout_ledger,
+    source_terms,
+)
 
 
 @dataclass
@@ -37,7 +43,7 @@ class Counters:
     rollouts_lost_worker_died: int = 0  # async: the batch a killed generator was producing
     rollouts_discarded: int = 0  # ReMix's window contents dropped at reincarnation
     retired_buffer_stats: list[dict[str, float]] = field(default_factory=list)
-    # group sources (data/sources/group_sources.py): generated and scored, never trained on
+    # group sources (data/sources/): generated and scored, never trained on
     rollouts_filtered_no_signal: int = 0  # groups without reward variance dropped / replaced
     rollouts_filtered_surplus: int = 0  # groups beyond a full dynamic-sampling batch
     # `auto` design's alpha / rho probe: batches of the policies it undoes (recipes/probe.py)
@@ -46,6 +52,21 @@ class Counters:
     generation_rounds: int = 0  # generation calls beyond each step's first (dynamic sampling)
     short_steps: int = 0  # dynamic-sampling steps that hit max_rounds before a full batch
     roles: dict[str, dict[str, float]] = field(default_factory=dict)  # async role clocks
+    # a plugin source's counters (`BatchSourceSpec.metrics`) that are not fields above
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str) -> int:
+        """A counter a batch source declares (`BatchSourceSpec.metrics` / `.ledger`)."""
+        if name in _FIELDS:
+            return getattr(self, name)
+        return self.extra.get(name, 0)
+
+    def add(self, name: str, n: int) -> None:
+        """Add `n` to a source's counter: a field above, or a plugin's own in `extra`."""
+        if name in _FIELDS:
+            setattr(self, name, getattr(self, name) + n)
+        else:
+            self.extra[name] = self.extra.get(name, 0) + n
 
     def account(self, p: Any) -> None:
         """Add one generation batch (a `Production`) to the counters (the ledger's inputs)."""
@@ -93,6 +114,9 @@ class Counters:
         )
 
 
+_FIELDS = frozenset(f.name for f in fields(Counters)) - {"extra"}
+
+
 def ledger(c: Counters, buffers: list[Any]) -> dict[str, Any]:
     return rollout_ledger(
         c.rollouts_generated,
@@ -100,9 +124,8 @@ def ledger(c: Counters, buffers: list[Any]) -> dict[str, Any]:
         c.rollouts_lost_worker_died,
         [*(ledger_stats(b) for b in buffers), *c.retired_buffer_stats],
         c.rollouts_discarded,
-        filtered_no_signal=c.rollouts_filtered_no_signal,
-        filtered_surplus=c.rollouts_filtered_surplus,
         discarded_probe=c.rollouts_discarded_probe,
+        filtered={term: c.count(counter) for counter, term, _ in source_terms()},
     )
 
 
@@ -149,6 +172,7 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
         "rollouts_reused": c.rollouts_reused,
         "generation_rounds_extra": c.generation_rounds,
         "short_steps": c.short_steps,
+        **c.extra,  # a plugin source's own counters
         "mu_median": estimate_mu(c.mu_per_step),
         "design": c.design,
         "reincarnation_step": c.reincarnation_step,

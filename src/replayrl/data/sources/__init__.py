@@ -2,8 +2,10 @@
 
 Each reuse method is one module here holding its config section, its check, its builder and
 its metrics (the run's counters it adds to: `replayrl.run.state.Counters`); the lines below
-register them (`replayrl.config.registries.BATCH_SOURCES`), and the schema, the run and the
-docs read the names from the registry.
+register them (`replayrl.config.registries.BATCH_SOURCES`) with the keys of its section a
+resume may not change (`frozen_on_resume`, read by `replayrl.records.folder`) and its
+rollout-ledger terms (`ledger`, read by `replayrl.records.ledger`). The schema, the run, the
+resume check, the ledger and `replayrl presets` read them from the registry.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ BATCH_SOURCES.add(
         "mix when remix.enabled (arXiv 2507.06892)",
     ),
 )
+# the ledger terms of rollouts a group source generates but never pushes to a buffer
+NO_SIGNAL = (
+    "rollouts_filtered_no_signal",
+    "filtered_no_signal",
+    "filtered without reward variance",
+)
+SURPLUS = ("rollouts_filtered_surplus", "filtered_surplus", "surplus groups")
+
 BATCH_SOURCES.add(
     "dynamic_sampling",
     BatchSourceSpec(
@@ -35,6 +45,8 @@ BATCH_SOURCES.add(
         ),
         "DAPO's dynamic sampling: drop groups without reward variance, generate more "
         "(arXiv 2503.14476)",
+        frozen_on_resume=("carry_surplus",),  # the carried groups are in the checkpoint
+        ledger=(NO_SIGNAL, SURPLUS),
     ),
 )
 BATCH_SOURCES.add(
@@ -45,6 +57,8 @@ BATCH_SOURCES.add(
         group_sources.check_group_replay,
         ("rollouts_filtered_no_signal", "rollouts_reused"),
         "TRL's former replay trainer: zero-std groups replaced by stored high-spread ones",
+        frozen_on_resume=("capacity",),  # the checkpointed group store's size
+        ledger=(NO_SIGNAL,),
     ),
 )
 BATCH_SOURCES.add(
@@ -56,6 +70,8 @@ BATCH_SOURCES.add(
         ("generation_rounds", "rollouts_reused"),
         "AR3PO: adaptive rollout in rounds and reuse of stored correct responses "
         "(arXiv 2509.25808)",
+        # the checkpointed store's bounds: a smaller one would keep more than it allows
+        frozen_on_resume=("store_per_prompt", "store_prompts"),
     ),
 )
 BATCH_SOURCES.add(
@@ -67,6 +83,8 @@ BATCH_SOURCES.add(
         ("generation_rounds", "rollouts_reused"),
         "ExGRPO: bucketed replay of successful trajectories, lowest entropy first "
         "(arXiv 2510.02245)",
+        # the checkpointed store's bounds: a smaller one would keep more than it allows
+        frozen_on_resume=("store_per_question", "store_questions"),
     ),
 )
 BATCH_SOURCES.add(
@@ -78,5 +96,7 @@ BATCH_SOURCES.add(
         ("rollouts_reused",),
         "RePO: per-prompt replay buffers, earlier responses retrieved by a replay strategy "
         "and trained beside the fresh ones (arXiv 2506.09340)",
+        # the prompt pool (drawn once, its pass order checkpointed) and the buffers' bounds
+        frozen_on_resume=("prompt_pool", "buffer_size", "max_prompts"),
     ),
 )

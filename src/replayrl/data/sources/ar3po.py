@@ -35,7 +35,6 @@ references to rollouts already trained on, so it is not a ledger buffer.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,9 +48,8 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.groups import split_groups
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.base import SourceContext, require_fresh_groups
-from replayrl.data.sources.buffer import BufferSource, Log
-from replayrl.data.sources.group_sources import GROUP_STRIDE, GroupCounters, Production
+from replayrl.data.sources.base import GROUP_STRIDE, SourceContext, require_fresh_groups
+from replayrl.data.sources.grouped import GroupSource, Production
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
@@ -192,7 +190,7 @@ class CorrectResponseStore:
         self.added, self.reused, self.dropped = (int(x) for x in state["counters"])
 
 
-class Ar3poSource(BufferSource):
+class Ar3poSource(GroupSource):
     """AR3PO's batch: the loop's first call is round 1 (k = rollout.num_generations per
     prompt); rounds 2..max_rounds generate k more for the prompts `round_allocation` keeps;
     a prompt still without a correct response gets `responses_to_reuse` from the store; every
@@ -214,28 +212,18 @@ class Ar3poSource(BufferSource):
         scale_rewards: bool,
         ar: Ar3poConfig,
     ) -> None:
-        super().__init__(buffer, 0, epochs)
+        super().__init__(buffer, epochs)
         self.produce, self.store, self.ar = produce, store, ar
         self.per_round, self.prompts_per_call = per_round, prompts_per_call
         self.scale_rewards = scale_rewards
-        self.counters: GroupCounters | None = None
-        self.learner: Any = None
-        self.log: Log = print
-
-    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
-        self.learner, self.counters, self.log = learner, counters, log
 
     def _round(self, version: int, rnd: int, texts: list[str]) -> tuple[int, list[Rollout]]:
         """Round `rnd` (>= 1 after the loop's first) for `texts`, accounted like the first:
         (its group base, its rollouts)."""
-        c = self.counters
-        assert c is not None and self.produce is not None, "before_step binds the counters"
+        c, produce = self.bound, self.produce
+        assert produce is not None
         base = c.step * GROUP_STRIDE + rnd * self.prompts_per_call
-        t0 = time.perf_counter()
-        p = self.produce(version, c.step, base, texts, self.per_round)
-        c.account(p)
-        c.generation_seconds += max(0.0, time.perf_counter() - t0 - p.reward_seconds)
-        c.generation_rounds += 1
+        p = self.generate(lambda: produce(version, c.step, base, texts, self.per_round))
         return base, p.rollouts
 
     def _rounds(self, fresh: list[Rollout], version: int) -> list[list[Rollout]]:
@@ -280,29 +268,21 @@ class Ar3poSource(BufferSource):
         return copies
 
     def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
-        c = self.counters
-        assert c is not None, "before_step binds the counters"
+        c = self.bound
         members = self._rounds(fresh, version)
         generated = [r for m in members for r in m]
         copies = self._reuse(members)
         for m in members:
             regroup(m, m[0].group_id, self.scale_rewards)
         self.store.add(generated)  # after the look-ups: reuse is of earlier steps' responses
-        self.buffer.push(generated)  # fresh responses through the on-policy queue
-        batch = self.buffer.sample(len(generated), current_version=version)
+        batch = self.train_fresh(generated, version)
         c.rollouts_reused += len(copies) * self.epochs
         return batch + copies, self.epochs
 
-    def buffers(self) -> list[Any]:
-        return [self.buffer]  # the store holds trained rollouts again: reuse, not the ledger
+    # the store holds trained rollouts again: reuse, not the ledger (buffers(): the queue)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "ar3po_store": self.store.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if state.get("ar3po_store") is not None:
-            self.store.load_state_dict(state["ar3po_store"])
+    def parts(self) -> dict[str, Any]:
+        return {"ar3po_store": self.store}
 
 
 # -- registry entry (data/sources/__init__.py) -----------------------------------------------

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -40,9 +39,8 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts, make_rng
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.base import SourceContext, require_fresh_groups
-from replayrl.data.sources.buffer import BufferSource, Log
-from replayrl.data.sources.group_sources import GROUP_STRIDE, GroupCounters
+from replayrl.data.sources.base import GROUP_STRIDE, SourceContext, require_fresh_groups
+from replayrl.data.sources.grouped import GroupSource, RngState
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
@@ -347,7 +345,7 @@ Produce = Callable[..., Any]  # (version, step, group_base, rows=...) -> Product
 Entropies = Callable[[list[Rollout]], list[float]]
 
 
-class ExgrpoSource(BufferSource):
+class ExgrpoSource(GroupSource):
     """ExGRPO's batch: the step's fresh groups (rollout.prompts_per_step questions, the share
     1 - rho) plus `replay_count` replayed questions, each with K - 1 fresh rollouts generated
     now and its selected stored trajectory. Until mixing starts (the first step whose fresh
@@ -374,36 +372,26 @@ class ExgrpoSource(BufferSource):
         scale_rewards: bool,
         seed: int,
     ) -> None:
-        super().__init__(buffer, 0, epochs)
+        super().__init__(buffer, epochs)
         self.store, self.ex, self.scale_rewards = store, ex, scale_rewards
         self.produce, self.rows, self.sample_rows = produce, rows, sample_rows
         self.entropies = entropies
         self.rng = make_rng(seed)
         self.mixing = False
-        self.counters: GroupCounters | None = None
-        self.log: Log = print
-
-    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
-        self.counters, self.log = counters, log
 
     def _call(self, version: int, call: int, rows: list[dict[str, Any]], k: int) -> list[Rollout]:
         """Extra generation call `call` (>= 1) of this step for `rows`, k completions each,
         accounted as the loop accounts its own."""
-        c = self.counters
-        assert c is not None and self.produce is not None, "before_step binds the counters"
+        c, produce = self.bound, self.produce
+        assert produce is not None
         base = c.step * GROUP_STRIDE + call * (GROUP_STRIDE // 16)
-        t0 = time.perf_counter()
-        p = self.produce(version, c.step, base, rows=rows, num_generations=k)
-        c.account(p)
-        c.generation_seconds += max(0.0, time.perf_counter() - t0 - p.reward_seconds)
-        c.generation_rounds += 1
+        p = self.generate(lambda: produce(version, c.step, base, rows=rows, num_generations=k))
         return list(p.rollouts)
 
     def _replayed_groups(self, version: int, n: int) -> tuple[list[Group], list[Rollout]]:
         """(mixed groups, their replayed rollouts) of n replayed questions: K - 1 fresh
         rollouts and the selected trajectory each, advantages over the mixed group."""
-        c = self.counters
-        assert c is not None
+        c = self.bound
         qs = sample_questions(
             self.store.eligible(), self.store.group_size, n, self.ex.sigma, self.rng
         )
@@ -427,8 +415,7 @@ class ExgrpoSource(BufferSource):
         return groups, old
 
     def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
-        c = self.counters
-        assert c is not None, "before_step binds the counters"
+        c = self.bound
         rows = dict(self.rows())  # the loop's call: group_id -> task row
         groups = split_groups(fresh)
         acc = sum(g.num_correct for g in groups) / max(1, sum(len(g) for g in groups))
@@ -456,26 +443,19 @@ class ExgrpoSource(BufferSource):
             mixed_fresh = [Group(f) for f in fresh_of if f]
             self.store.update(groups + mixed_fresh, {**rows, **mixed_rows})
         replay_fresh = [r for g in mixed for r in g.rollouts if id(r) not in replayed_ids]
-        trained_fresh = flatten(groups) + replay_fresh
-        self.buffer.push(trained_fresh)
-        batch = self.buffer.sample(len(trained_fresh), current_version=version)
+        batch = self.train_fresh(flatten(groups) + replay_fresh, version)
         c.rollouts_reused += len(replayed) * self.epochs
         return batch + replayed, self.epochs
 
+    def parts(self) -> dict[str, Any]:
+        return {"experience": self.store, "exgrpo_rng": RngState(self.rng)}
+
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "experience": self.store.state_dict(),
-            "exgrpo_mixing": self.mixing,
-            "exgrpo_rng": dict(self.rng.bit_generator.state),
-        }
+        return {**super().state_dict(), "exgrpo_mixing": self.mixing}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        if state.get("experience") is not None:
-            self.store.load_state_dict(state["experience"])
-            self.mixing = bool(state["exgrpo_mixing"])
-            self.rng.bit_generator.state = state["exgrpo_rng"]
+        self.mixing = bool(state.get("exgrpo_mixing", self.mixing))
 
 
 # -- registry entry (data/sources/__init__.py) -----------------------------------------------

@@ -21,9 +21,8 @@ rollouts as reused (`rollouts_reused`, per pass), never as generated.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -34,7 +33,7 @@ from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.base import GROUP_STRIDE, SourceContext, require_fresh_groups
-from replayrl.data.sources.buffer import BufferSource, Log
+from replayrl.data.sources.grouped import GroupCounters, GroupSource, Production
 
 
 class DynamicSamplingConfig(Section):
@@ -78,31 +77,9 @@ if TYPE_CHECKING:
     from replayrl.config.schema import Config
 
 
-class Production(Protocol):
-    """What a generation call returns (`replayrl.rollout.producer.Production`)."""
-
-    rollouts: list[Rollout]
-    seconds: float
-    reward_seconds: float
-
-
 Produce = Callable[[int, int, int], Production]  # (version, step, group_base) -> Production
 
-
-class GroupCounters(Protocol):
-    """The run's counters a group source reads and adds to (`replayrl.run.state.Counters`)."""
-
-    step: int
-    reincarnation_step: int | None
-    generation_seconds: float
-    rollouts_filtered_no_signal: int
-    rollouts_filtered_surplus: int
-    rollouts_reused: int
-    generation_rounds: int
-    short_steps: int
-
-    def account(self, p: Any) -> None: ...
-    def retire(self, buffer: Any) -> None: ...
+__all__ = ["GROUP_STRIDE", "GroupCounters", "Production"]  # what the other sources import
 
 
 def select_signal_groups(
@@ -180,7 +157,7 @@ class CarriedGroups:
         self.pushed, self.consumed, self.evicted = (int(x) for x in state["counters"])
 
 
-class DynamicSamplingSource(BufferSource):
+class DynamicSamplingSource(GroupSource):
     """DAPO dynamic sampling: a batch of `train_prompts` groups with reward variance, from as
     many generation calls as it takes (at most `max_rounds` per step, the first the loop's).
 
@@ -198,33 +175,21 @@ class DynamicSamplingSource(BufferSource):
         epochs: int,
         ds: DynamicSamplingConfig,
     ) -> None:
-        super().__init__(buffer, 0, epochs)
+        super().__init__(buffer, epochs)
         self.produce, self.train_prompts, self.ds = produce, train_prompts, ds
         self.prompts_per_call = prompts_per_call
         # carry_surplus: not specified, our choice (off by default: DAPO/verl drop them)
         self.carried = CarriedGroups() if ds.carry_surplus else None
-        self.counters: GroupCounters | None = None
-        self.log: Log = print
-
-    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
-        self.counters, self.log = counters, log
 
     def _more(self, version: int, call: int) -> list[Rollout]:
         """Generation call number `call` (>= 1) of this step, accounted like the first."""
-        c = self.counters
-        assert c is not None and self.produce is not None, "before_step binds the counters"
+        c, produce = self.bound, self.produce
+        assert produce is not None
         base = c.step * GROUP_STRIDE + call * self.prompts_per_call
-        t0 = time.perf_counter()
-        p = self.produce(version, c.step, base)
-        c.account(p)
-        # generation time as the loop measures it: the call minus time in reward functions
-        c.generation_seconds += max(0.0, time.perf_counter() - t0 - p.reward_seconds)
-        c.generation_rounds += 1
-        return p.rollouts
+        return self.generate(lambda: produce(version, c.step, base)).rollouts
 
     def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
-        c = self.counters
-        assert c is not None, "before_step binds the counters"
+        c = self.bound
         # carried surplus of the last step first (trained once, one version later: not reuse)
         carried = self.carried.take(self.train_prompts) if self.carried is not None else []
         kept = list(carried)
@@ -247,25 +212,17 @@ class DynamicSamplingSource(BufferSource):
             rollouts = self._more(version, call)
         if len(kept) < self.train_prompts:
             c.short_steps += 1
-        batch = flatten(kept[len(carried) :])
-        self.buffer.push(batch)  # fresh groups through the on-policy queue: pushed, consumed
-        fresh_batch = self.buffer.sample(len(batch), current_version=version)
+        fresh_batch = self.train_fresh(flatten(kept[len(carried) :]), version)
         return flatten(carried) + fresh_batch, self.epochs
 
     def buffers(self) -> list[Any]:
         return [self.buffer, *([self.carried] if self.carried is not None else [])]
 
-    def state_dict(self) -> dict[str, Any]:
-        carried = self.carried.state_dict() if self.carried is not None else None
-        return {**super().state_dict(), "carried_groups": carried}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if self.carried is not None and state.get("carried_groups") is not None:
-            self.carried.load_state_dict(state["carried_groups"])
+    def parts(self) -> dict[str, Any]:
+        return {"carried_groups": self.carried}
 
 
-class GroupReplaySource(BufferSource):
+class GroupReplaySource(GroupSource):
     """TRL's GRPO with replay buffer: the step's groups with reward variance are trained and
     offered to a `ScoredGroupBuffer` (score `trl_group_score`); each zero-std group is replaced
     by a stored group drawn with probability proportional to its score. With nothing stored
@@ -275,16 +232,11 @@ class GroupReplaySource(BufferSource):
     def __init__(
         self, buffer: Buffer, store: ScoredGroupBuffer, epochs: int, gr: GroupReplayConfig
     ) -> None:
-        super().__init__(buffer, 0, epochs)
+        super().__init__(buffer, epochs)
         self.store, self.gr = store, gr
-        self.counters: GroupCounters | None = None
-
-    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
-        self.counters = counters
 
     def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
-        c = self.counters
-        assert c is not None, "before_step binds the counters"
+        c = self.bound
         groups = split_groups(fresh)
         signal = [g for g in groups if g.reward_std > self.gr.zero_std_tol]
         zero = [g for g in groups if g.reward_std <= self.gr.zero_std_tol]
@@ -295,25 +247,17 @@ class GroupReplaySource(BufferSource):
             self.store.add(signal, [trl_group_score(g) for g in signal])
         kept_zero = zero[len(replayed) :]  # replaced ones are dropped, counted
         c.rollouts_filtered_no_signal += sum(len(g) for g in zero[: len(replayed)])
-        trained_fresh = flatten(signal + kept_zero)
-        self.buffer.push(trained_fresh)
-        batch = self.buffer.sample(len(trained_fresh), current_version=version)
+        batch = self.train_fresh(flatten(signal + kept_zero), version)
         old = flatten(replayed)
         for r in old:
             r.times_sampled += 1
         c.rollouts_reused += len(old) * self.epochs
         return batch + old, self.epochs
 
-    def buffers(self) -> list[Any]:
-        return [self.buffer]  # the store holds trained rollouts again: reuse, not the ledger
+    # the store holds trained rollouts again: reuse, not the ledger (buffers(): the queue)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "group_store": self.store.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if state.get("group_store") is not None:
-            self.store.load_state_dict(state["group_store"])
+    def parts(self) -> dict[str, Any]:
+        return {"group_store": self.store}
 
 
 # -- registry entries (data/sources/__init__.py) ---------------------------------------------

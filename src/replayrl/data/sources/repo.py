@@ -56,9 +56,8 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts, make_rng
 from replayrl.data.groups import split_groups
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.base import SourceContext, require_fresh_groups
-from replayrl.data.sources.buffer import BufferSource, Log
-from replayrl.data.sources.group_sources import GROUP_STRIDE, GroupCounters
+from replayrl.data.sources.base import GROUP_STRIDE, SourceContext, require_fresh_groups
+from replayrl.data.sources.grouped import GroupSource, RngState
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
@@ -277,14 +276,20 @@ class PromptPool:
         return {"order": self.order, "passes": self.passes, "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.order, self.passes = [int(i) for i in state["order"]], int(state["passes"])
+        order = [int(i) for i in state["order"]]
+        if any(not 0 <= i < len(self.rows) for i in order):
+            raise ValueError(
+                f"groups.repo.prompt_pool={len(self.rows)}: the checkpoint's pool pass visits "
+                f"prompt {max(order)}; resume with the run's own prompt_pool"
+            )
+        self.order, self.passes = order, int(state["passes"])
         self.rng.bit_generator.state = state["rng"]
 
 
 # -- the batch source ------------------------------------------------------------------------
 
 
-class RepoSource(BufferSource):
+class RepoSource(GroupSource):
     """RePO's batch: the step's fresh groups (G_on per prompt, GRPO advantages) plus, for
     each of those prompts whose buffer holds `min_buffer` responses, G_off responses
     retrieved by the strategy with advantages among themselves; then the fresh responses are
@@ -301,14 +306,9 @@ class RepoSource(BufferSource):
         seed: int,
         pool: PromptPool | None = None,
     ) -> None:
-        super().__init__(buffer, 0, epochs)
+        super().__init__(buffer, epochs)
         self.store, self.rp, self.scale_rewards, self.pool = store, rp, scale_rewards, pool
         self.rng = make_rng(seed)
-        self.counters: GroupCounters | None = None
-        self.log: Log = print
-
-    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
-        self.counters, self.log = counters, log
 
     def replayed(self, fresh: list[Rollout], step: int) -> list[Rollout]:
         """The off-policy responses for the fresh groups' prompts (before storing them)."""
@@ -327,32 +327,19 @@ class RepoSource(BufferSource):
         return out
 
     def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
-        c = self.counters
-        assert c is not None, "before_step binds the counters"
+        c = self.bound
         old = self.replayed(fresh, c.step)  # before storing: a step never replays its own
         self.store.add(fresh)
-        self.buffer.push(fresh)
-        batch = self.buffer.sample(len(fresh), current_version=version)
+        batch = self.train_fresh(fresh, version)
         c.rollouts_reused += len(old) * self.epochs
         return batch + old, self.epochs
 
-    def state_dict(self) -> dict[str, Any]:
-        out = {
-            **super().state_dict(),
-            "prompt_replay": self.store.state_dict(),
-            "repo_rng": dict(self.rng.bit_generator.state),
+    def parts(self) -> dict[str, Any]:
+        return {
+            "prompt_replay": self.store,
+            "repo_rng": RngState(self.rng),
+            "prompt_pool": self.pool,
         }
-        if self.pool is not None:
-            out["prompt_pool"] = self.pool.state_dict()
-        return out
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if state.get("prompt_replay") is not None:
-            self.store.load_state_dict(state["prompt_replay"])
-            self.rng.bit_generator.state = state["repo_rng"]
-        if self.pool is not None and state.get("prompt_pool") is not None:
-            self.pool.load_state_dict(state["prompt_pool"])
 
 
 # -- registry entry (data/sources/__init__.py) -----------------------------------------------
