@@ -158,9 +158,9 @@ def observe_learner(cfg: Config, ctx: Any) -> Any:
     learner = Learner(copy.deepcopy(model), tok.pad_token_id, cfg, critic=critic)
     learner.fuse_behaviour_recompute = False
     rng = np.random.default_rng(0)
-    batch = copy.deepcopy(rollouts)  # a step may refresh log pi_old in place (extras too)
-    for step in (4, 5):
-        learner.train_step(batch, rng, step=step, stale=[step == 5] * len(batch))
+    batch = copy.deepcopy(rollouts)
+    for step in (4, 5):  # fresh at t = 4, stale (an older version's) at t = 5
+        learner.train_step(batch, rng, step=step)
     parts = [learner.model] + ([critic] if critic is not None else [])
     return torch.cat([p.detach().flatten() for m in parts for p in m.parameters()])
 

@@ -122,7 +122,11 @@ def test_every_model_input_follows_the_model_device(tmp_path):
     # the same calls with the learner's device pretended to be 'meta': inputs must follow
     # (the full-logits path: the lean one reads token ids on the host before its forward)
     learner.device, learner.full_logprobs = torch.device("meta"), True
-    for call in (learner.current_logprobs, learner._gae_fields):
+
+    def gae(rs: list) -> None:
+        learner._gae_fields(rs, *learner._collate(rs))
+
+    for call in (learner.current_logprobs, gae):
         seen.clear()
         with pytest.raises((RuntimeError, NotImplementedError)):
             call(rollouts)  # meta inputs into CPU weights: torch refuses, after the hook
