@@ -431,6 +431,8 @@ NOT_OBSERVED: dict[str, str] = {
     "advantages are stored, a critic's recomputed): tests/test_remix.py",
     "train.micro_batch_size": "memory only: reproduces the full batch step, "
     "tests/test_learner.py::test_micro_batches_reproduce_the_full_batch_step",
+    "train.max_tokens_per_micro_batch": "memory only: the row split's gradient, "
+    "tests/test_learner_batch.py::test_token_budget_gives_the_row_split_gradient",
     "train.threads": "speed only (torch threads)",
     "train.device": "where tensors live, not what is computed (auto = cpu here): "
     "tests/test_gpu_contracts.py (placement, meta-device inputs) and tests/test_gpu_device.py",
