@@ -4,9 +4,13 @@ One `train_step` per sampled batch: frozen quantities first (no grad: log pi_k f
 clip centre, the base / previous policies for KL, critic values for GAE), then `epochs`
 passes of shuffled mini-batches, each one optimizer step accumulated over micro-batches.
 What the loss is lives in `algorithms.objective`; this module batches, calls it and steps.
-Micro-batches group rollouts of the same prompt (the lean forward runs a shared prompt
-once); with reduced precision, fresh rollouts take log pi_old from the first update's own
-forward when one mini-batch covers the batch (`_fusable`), else from a separate no-grad pass.
+The batch is collated once per step, on the learner's device; the frozen fields are added to
+that padded batch (as verl keeps `old_log_prob` in its batch), and each mini- and micro-batch
+is a row selection of it. Micro-batches group rollouts of the same prompt (the lean forward
+runs a shared prompt once), `train.micro_batch_size` rows each or packed by
+`train.max_tokens_per_micro_batch`; with reduced precision, fresh rollouts take log pi_old
+from the first update's own forward when one mini-batch covers the batch (`_fusable`), else
+from a separate no-grad pass, and the learner keeps it beside the rollouts (`pi_old.PiOld`).
 """
 
 from __future__ import annotations
