@@ -17,33 +17,12 @@ from replayrl.data.buffer.replay import ReplayBuffer
 from replayrl.data.rollout import Rollout
 from replayrl.learner.batching import collate, take, token_micro_batches
 from replayrl.learner.learner import Learner
-from replayrl.rollout.generation import HFGenerator, SamplingParams
-
-
-def _rollouts(model, tok, max_new_tokens: int, seed: int = 5) -> list[Rollout]:
-    gen = HFGenerator(model, tok, 16, dtype=torch.bfloat16)  # a bf16 sampler
-    torch.manual_seed(seed)
-    params = SamplingParams(max_new_tokens=max_new_tokens)
-    samples = gen.generate(["1+2=", "12+34=", "7+80="], 4, params)
-    return [
-        Rollout(
-            prompt_ids=s.prompt_ids,
-            completion_ids=s.completion_ids,
-            behaviour_logprobs=s.logprobs,
-            reward=float(i % 2),
-            advantage=1.0 if i % 3 else -1.0,
-            correct=bool(i % 2),
-            group_id=s.prompt_index,
-            policy_version=0,
-            step=0,
-        )
-        for i, s in enumerate(samples)
-    ]
+from tiny import bf16_sampled_rollouts
 
 
 @pytest.fixture(scope="module")
 def rollouts(tiny_model, char_tokenizer) -> list[Rollout]:
-    return _rollouts(tiny_model, char_tokenizer, 6)
+    return bf16_sampled_rollouts(tiny_model, char_tokenizer)
 
 
 def _learner(model, pad: int, *overrides: str) -> Learner:
@@ -145,8 +124,8 @@ def test_long_completions_take_more_micro_batches_than_short_ones(
     tiny_model, char_tokenizer, monkeypatch
 ):
     pad = char_tokenizer.pad_token_id
-    short = _rollouts(tiny_model, char_tokenizer, 1, seed=1)
-    long = _rollouts(tiny_model, char_tokenizer, 12, seed=1)
+    short = bf16_sampled_rollouts(tiny_model, char_tokenizer, 1, seed=1)
+    long = bf16_sampled_rollouts(tiny_model, char_tokenizer, 12, seed=1)
     assert len(short) == len(long) == 12
     assert sum(r.completion_ids.numel() for r in long) > 3 * len(long)
     counts = {}

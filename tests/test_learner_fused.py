@@ -13,29 +13,12 @@ import torch
 from replayrl.config.schema import load_config
 from replayrl.data.rollout import Rollout
 from replayrl.learner.learner import Learner
-from replayrl.rollout.generation import HFGenerator, SamplingParams
+from tiny import bf16_sampled_rollouts
 
 
 @pytest.fixture(scope="module")
 def rollouts(tiny_model, char_tokenizer) -> list[Rollout]:
-    model = copy.deepcopy(tiny_model)
-    gen = HFGenerator(model, char_tokenizer, 16, dtype=torch.bfloat16)  # a bf16 sampler
-    torch.manual_seed(5)
-    samples = gen.generate(["1+2=", "12+34=", "7+80="], 4, SamplingParams(max_new_tokens=6))
-    return [
-        Rollout(
-            prompt_ids=s.prompt_ids,
-            completion_ids=s.completion_ids,
-            behaviour_logprobs=s.logprobs,
-            reward=float(i % 2),
-            advantage=1.0 if i % 3 else -1.0,
-            correct=False,
-            group_id=s.prompt_index,
-            policy_version=0,
-            step=0,
-        )
-        for i, s in enumerate(samples)
-    ]
+    return bf16_sampled_rollouts(tiny_model, char_tokenizer)
 
 
 def _step(
