@@ -202,3 +202,8 @@ def test_a_buffer_held_rollout_is_unchanged_by_the_log_pi_old_refresh(
     for a, b in zip(restored.items(), buffer.items(), strict=True):
         assert a.behaviour_logprobs is not b.behaviour_logprobs
         assert torch.equal(resumed.pi_old.of(a), learner.pi_old.of(b))
+
+
+def test_no_rollouts_give_no_log_probs(tiny_model, char_tokenizer):
+    learner = _learner(tiny_model, char_tokenizer.pad_token_id)
+    assert learner.current_logprobs([]) == [] and learner.mean_entropies([]) == []

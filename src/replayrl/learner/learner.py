@@ -307,6 +307,8 @@ class Learner:
 
     def _per_rollout(self, model: object, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
         """Per-token log-probs of each completion under `model` (no gradient)."""
+        if not rollouts:
+            return []
         b, lengths = self._collate(rollouts)
         rows = self._shared_rows(rollouts, range(len(rollouts)))
         return unpad(self._logprobs_in(model, b, lengths, rows), b["mask"])
@@ -328,6 +330,8 @@ class Learner:
                 full=self.full_logprobs,
             )[1]
 
+        if not rollouts:
+            return []
         b, lengths = self._collate(rollouts)
         ent = self._frozen(fn, b, lengths, range(len(rollouts)))
         return [float(e.mean()) if e.numel() else 0.0 for e in unpad(ent, b["mask"])]
@@ -708,6 +712,8 @@ class Learner:
 
     def measure_backward(self, rollouts: list[Rollout]) -> None:
         """A forward+backward pass with no optimizer step (to time training per sample)."""
+        if not rollouts:
+            return
         b, lengths = self._collate(rollouts)
         for part in self._micro(range(len(rollouts)), lengths):
             mb = take(b, part, max(lengths[i] for i in part))
