@@ -207,3 +207,18 @@ def test_a_buffer_held_rollout_is_unchanged_by_the_log_pi_old_refresh(
 def test_no_rollouts_give_no_log_probs(tiny_model, char_tokenizer):
     learner = _learner(tiny_model, char_tokenizer.pad_token_id)
     assert learner.current_logprobs([]) == [] and learner.mean_entropies([]) == []
+
+
+def test_a_resumed_replay_run_trains_on_the_refreshed_log_pi_old(tmp_path, monkeypatch):
+    """The refreshed log pi_old of rollouts the buffer still holds is part of the checkpoint:
+    a bf16-sampled replay run crashed and resumed trains exactly as the uninterrupted one."""
+    from tiny import TINY_RUN, crash_and_resume
+
+    over = [*TINY_RUN, "train.threads=1", "checkpoint.every=1", "train.epochs=2"]
+    over += ["precision.generation=bfloat16", "precision.recompute_behaviour_logprobs=always"]
+    whole, resumed, whole_steps, crash_steps = crash_and_resume(
+        tmp_path, monkeypatch, "replay", over
+    )
+    assert all(s["train/behaviour_refreshed"] > 0 for s in whole_steps)
+    assert all(s["train/behaviour_not_refreshed"] == 0 for s in whole_steps)
+    assert crash_steps == whole_steps and len(whole_steps) == 4
