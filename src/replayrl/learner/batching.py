@@ -128,9 +128,11 @@ def token_micro_batches(lengths: Sequence[int], max_tokens: int, max_rows: int) 
 
     Dynamic batch size as verl's (`train.max_tokens_per_micro_batch`): a micro-batch of short
     completions holds more rows than one of long ones, so the learner's memory is bounded by
-    tokens, not rows. Slices stay consecutive, so rollouts `shared_prompt_order` put next to
-    each other stay together; the padded size is what the forward's tensors hold. A row
-    longer than the budget alone cannot fit: an error, not a silent overrun.
+    tokens, not rows. verl balances unpadded token counts over a computed number of
+    partitions; here rows are padded, so the cost is the padded size the forward's tensors
+    hold, and slices stay consecutive, so rollouts `shared_prompt_order` put next to each
+    other (one prompt, similar lengths) stay together. A row longer than the budget alone
+    cannot fit: an error, not a silent overrun.
     """
     out: list[slice] = []
     start, longest = 0, 0
