@@ -222,3 +222,22 @@ def test_a_resumed_replay_run_trains_on_the_refreshed_log_pi_old(tmp_path, monke
     assert all(s["train/behaviour_refreshed"] > 0 for s in whole_steps)
     assert all(s["train/behaviour_not_refreshed"] == 0 for s in whole_steps)
     assert crash_steps == whole_steps and len(whole_steps) == 4
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_a_rollout_twice_in_the_batch_is_refreshed_once_and_trained_on_it_twice(
+    rollouts, tiny_model, char_tokenizer, fuse: bool
+):
+    learner = _learner(
+        tiny_model,
+        char_tokenizer.pad_token_id,
+        "precision.recompute_behaviour_logprobs=always",
+        "train.micro_batch_size=3",
+    )
+    learner.fuse_behaviour_recompute = fuse
+    batch = [copy.deepcopy(r) for r in rollouts[:6]]
+    m = learner.train_step(batch + batch[:2], np.random.default_rng(0))  # group replay's case
+    assert m["behaviour_refreshed"] == 6 and len(learner.pi_old) == 6
+    assert m["behaviour_mismatch_max"] > 1e-3
+    # every row, the repeated ones too, starts from the refreshed log pi_old: ratio 1
+    assert m["ratio_max"] == pytest.approx(1.0, abs=1e-5)

@@ -409,16 +409,14 @@ class Learner:
         rows = [i for i, r in enumerate(batch) if id(r) in ids]
         if self._fusable(len(batch), epochs):
             return counts, rows
-        first: dict[int, int] = {}
+        first: dict[int, int] = {}  # a rollout twice in the batch is computed once
         for i in rows:
             first.setdefault(id(batch[i]), i)
-        lp = self._logprobs_in(
-            self.model, b, lengths, self._shared_rows(batch, sorted(first.values()))
-        )
+        keep = sorted(first.values())
+        lp = self._logprobs_in(self.model, b, lengths, self._shared_rows(batch, keep))
         src = torch.tensor([first[id(batch[i])] for i in rows], device=self.device)
         dst = torch.tensor(rows, device=self.device)
         b["old_logprobs"][dst] = torch.where(b["mask"][dst].bool(), lp[src], b["old_logprobs"][dst])
-        keep = sorted(first.values())
         stats = self.pi_old.store([batch[i] for i in keep], unpad(lp[keep], b["mask"][keep]))
         return {**counts, **stats}, []
 
