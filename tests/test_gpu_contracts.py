@@ -122,7 +122,11 @@ def test_every_model_input_follows_the_model_device(tmp_path):
     # the same calls with the learner's device pretended to be 'meta': inputs must follow
     # (the full-logits path: the lean one reads token ids on the host before its forward)
     learner.device, learner.full_logprobs = torch.device("meta"), True
-    for call in (learner.current_logprobs, learner._gae_fields):
+
+    def gae(rs: list) -> None:
+        learner._gae_fields(rs, *learner._collate(rs))
+
+    for call in (learner.current_logprobs, gae):
         seen.clear()
         with pytest.raises((RuntimeError, NotImplementedError)):
             call(rollouts)  # meta inputs into CPU weights: torch refuses, after the hook
@@ -442,6 +446,7 @@ def test_cli_eval_generates_with_the_configured_backend(monkeypatch, tmp_path, c
     from tiny import TINY_MODEL
 
     fake_vllm.install(monkeypatch)
+    monkeypatch.chdir(tmp_path)  # `eval` without a run writes eval_<split>.json here
     argv = ["eval", *TINY_MODEL, "rollout.backend=vllm", "eval.num_prompts=4", "eval.batch_size=3"]
     assert main(argv) == 0
     (llm,) = fake_vllm.LLM.instances  # the vLLM engine evaluated, not transformers

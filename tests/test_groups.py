@@ -528,10 +528,10 @@ def test_a_record_without_the_group_keys_resumes_with_their_defaults() -> None:
 
 
 def test_a_rollout_twice_in_a_batch_is_refreshed_once() -> None:
-    from replayrl.learner.logprobs import fresh_rollouts
+    from replayrl.learner.pi_old import PiOld, fresh_rollouts
 
     a, b = grp(0, [1, 0], version=3)
-    assert fresh_rollouts([a, b, a, b], 3) == [a, b]
+    assert fresh_rollouts([a, b, a, b], 3, PiOld()) == [a, b]
 
 
 def test_group_replay_composes_with_mix_ppg_replayed_groups_train_off_policy(

@@ -13,29 +13,12 @@ import torch
 from replayrl.config.schema import load_config
 from replayrl.data.rollout import Rollout
 from replayrl.learner.learner import Learner
-from replayrl.rollout.generation import HFGenerator, SamplingParams
+from tiny import bf16_sampled_rollouts
 
 
 @pytest.fixture(scope="module")
 def rollouts(tiny_model, char_tokenizer) -> list[Rollout]:
-    model = copy.deepcopy(tiny_model)
-    gen = HFGenerator(model, char_tokenizer, 16, dtype=torch.bfloat16)  # a bf16 sampler
-    torch.manual_seed(5)
-    samples = gen.generate(["1+2=", "12+34=", "7+80="], 4, SamplingParams(max_new_tokens=6))
-    return [
-        Rollout(
-            prompt_ids=s.prompt_ids,
-            completion_ids=s.completion_ids,
-            behaviour_logprobs=s.logprobs,
-            reward=float(i % 2),
-            advantage=1.0 if i % 3 else -1.0,
-            correct=False,
-            group_id=s.prompt_index,
-            policy_version=0,
-            step=0,
-        )
-        for i, s in enumerate(samples)
-    ]
+    return bf16_sampled_rollouts(tiny_model, char_tokenizer)
 
 
 def _step(
@@ -44,7 +27,6 @@ def _step(
     batch: list[Rollout],
     fuse: bool,
     *overrides: str,
-    stale: list[bool] | None = None,
 ):
     cfg = load_config(
         None,
@@ -59,11 +41,16 @@ def _step(
     )
     learner = Learner(copy.deepcopy(model), pad, cfg)
     learner.fuse_behaviour_recompute = fuse
-    calls = []
-    inner = learner._per_rollout
-    learner._per_rollout = lambda m, rs: calls.append(len(rs)) or inner(m, rs)  # type: ignore[method-assign]
+    calls = []  # rows of each separate no-grad pass of the policy
+    inner = learner._logprobs_in
+
+    def spy(model, b, lengths, rows):
+        calls.append(len(rows))
+        return inner(model, b, lengths, rows)
+
+    learner._logprobs_in = spy  # type: ignore[method-assign]
     batch = [copy.deepcopy(r) for r in batch]
-    metrics = learner.train_step(batch, np.random.default_rng(0), stale=stale)
+    metrics = learner.train_step(batch, np.random.default_rng(0))
     return learner, batch, metrics, calls
 
 
@@ -86,9 +73,10 @@ def test_fused_equals_separate_pass(tiny_model, char_tokenizer, rollouts, epochs
         assert mf[k] == pytest.approx(ms[k], rel=1e-5, abs=1e-6), k
     assert mf["behaviour_mismatch_max"] > 1e-3  # bf16 sampler vs fp32 learner: refreshed
     assert mf["ratio_max"] == pytest.approx(1.0, abs=1e-5) or epochs > 1
-    for a, b in zip(bf, bs, strict=True):  # the stored log pi_old and the sampler's
-        assert torch.allclose(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-5)
-        assert torch.equal(a.extras["sampler_logprobs"], b.extras["sampler_logprobs"])
+    for a, b, r in zip(bf, bs, rollouts, strict=True):  # the refreshed log pi_old, beside
+        assert torch.allclose(lf.pi_old.of(a), ls.pi_old.of(b), atol=1e-5)
+        assert torch.equal(a.behaviour_logprobs, r.behaviour_logprobs)  # still the sampler's
+        assert torch.equal(b.behaviour_logprobs, r.behaviour_logprobs)
     moments_f, moments_s = _first_moments(lf), _first_moments(ls)
     assert len(moments_f) == len(moments_s) > 0
     for a, b in zip(moments_f, moments_s, strict=True):
@@ -118,7 +106,6 @@ def test_fused_mix_ppg_keeps_fresh_anchors_at_the_refreshed_log_probs(
             "algorithm.loss_type=mix_ppg",
             "algorithm.epsilon=0.01",  # a band narrower than the bf16 sampler's mismatch
             "train.epochs=2",
-            stale=stale,
         )
         for fuse in (True, False)
     }
@@ -137,12 +124,12 @@ def test_several_mini_batches_use_the_separate_pass(tiny_model, char_tokenizer, 
     """After the first mini-batch's update the weights differ from the ones that generated
     the rollouts: log pi_old must come from the pass before any update."""
     pad = char_tokenizer.pad_token_id
-    _, bf, mf, cf = _step(tiny_model, pad, rollouts, True, "train.mini_batch_size=6")
-    _, bs, ms, cs = _step(tiny_model, pad, rollouts, False, "train.mini_batch_size=6")
+    lf, bf, mf, cf = _step(tiny_model, pad, rollouts, True, "train.mini_batch_size=6")
+    ls, bs, ms, cs = _step(tiny_model, pad, rollouts, False, "train.mini_batch_size=6")
     assert cf == cs == [len(rollouts)]
     assert mf["loss"] == pytest.approx(ms["loss"], rel=1e-6)
     for a, b in zip(bf, bs, strict=True):
-        assert torch.equal(a.behaviour_logprobs, b.behaviour_logprobs)
+        assert torch.equal(lf.pi_old.of(a), ls.pi_old.of(b))
 
 
 def test_micro_batch_regrouping_keeps_the_step(tiny_model, char_tokenizer, rollouts):

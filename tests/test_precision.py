@@ -4,6 +4,8 @@ learner's own log pi_old; generation-dtype resolution."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import gc
 import json
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from replayrl.config.schema import load_config
 from replayrl.data.rollout import Rollout
 from replayrl.launch.entry import train
 from replayrl.learner.learner import collate, token_logprobs, unpad
-from replayrl.learner.logprobs import refresh_behaviour_logprobs
+from replayrl.learner.pi_old import PiOld, fresh_rollouts, refresh_counts
 from replayrl.models import precision
 from replayrl.rollout.generation import HFGenerator, SamplingParams
 from tiny import tiny_config
@@ -57,6 +59,13 @@ def test_generation_and_autocast_dtypes():
     assert cfg.precision.learner_autocast == "auto" and cfg.precision.fast_fp32_matmul
 
 
+def _refresh(rollouts, version, table, recompute):
+    """What the learner's separate no-grad pass does: counts, then the fresh ones stored."""
+    counts = refresh_counts(rollouts, version, table)
+    fresh = fresh_rollouts(rollouts, version, table)
+    return {**counts, **(table.store(fresh, recompute(fresh)) if fresh else {})}
+
+
 def test_refresh_replaces_only_fresh_unrefreshed_rollouts():
     fresh = _rollout(3, [-1.0, -2.0])
     stale = _rollout(2, [-0.5])
@@ -66,17 +75,41 @@ def test_refresh_replaces_only_fresh_unrefreshed_rollouts():
         calls.append(len(rs))
         return [r.behaviour_logprobs + 0.1 for r in rs]
 
-    stats = refresh_behaviour_logprobs([fresh, stale], 3, recompute)
+    table = PiOld()
+    stats = _refresh([fresh, stale], 3, table, recompute)
     assert calls == [1]
-    assert torch.allclose(fresh.behaviour_logprobs, torch.tensor([-0.9, -1.9]))
-    assert torch.equal(fresh.extras["sampler_logprobs"], torch.tensor([-1.0, -2.0]))
-    assert torch.equal(stale.behaviour_logprobs, torch.tensor([-0.5]))  # untouched
+    assert torch.allclose(table.of(fresh), torch.tensor([-0.9, -1.9]))
+    # beside the rollout, not in it: the stored rollout keeps its sampler's log-probs
+    assert torch.equal(fresh.behaviour_logprobs, torch.tensor([-1.0, -2.0]))
+    assert torch.equal(table.sampler(fresh), torch.tensor([-1.0, -2.0]))
+    assert "sampler_logprobs" not in fresh.extras
+    assert torch.equal(table.of(stale), torch.tensor([-0.5]))  # untouched
     assert stats["behaviour_refreshed"] == 1 and stats["behaviour_not_refreshed"] == 1
     assert abs(stats["behaviour_mismatch_mean"] - 0.1) < 1e-6
     assert stats["behaviour_ratio_outside"] == 0.0  # exp(0.1) = 1.105 is inside [0.8, 1.2]
     # a second pass (the rollout replayed later) leaves it alone
-    stats = refresh_behaviour_logprobs([fresh], 3, recompute)
+    stats = _refresh([fresh], 3, table, recompute)
     assert calls == [1] and stats["behaviour_refreshed"] == 0
+    # a copy sharing the sampler's values (a group source's reuse) shares the refresh
+    copy_ = dataclasses.replace(fresh)
+    assert torch.allclose(table.of(copy_), torch.tensor([-0.9, -1.9]))
+
+
+def test_refreshed_log_pi_old_survives_a_checkpoint_and_leaves_with_its_rollout():
+    fresh = _rollout(3, [-1.0, -2.0])
+    table = PiOld()
+    table.store([fresh], [torch.tensor([-0.75, -1.5])])
+    saved = table.state_dict()
+    restored = PiOld()
+    restored.load_state_dict(saved)
+    # the resumed buffer's rollout: new tensors, the same sampler values
+    again = _rollout(3, [-1.0, -2.0])
+    assert restored.refreshed(again)
+    assert torch.equal(restored.of(again), torch.tensor([-0.75, -1.5]))
+    assert not restored.refreshed(_rollout(3, [-1.0, -2.5]))
+    del fresh, saved
+    gc.collect()
+    assert len(table) == 0  # evicted with the rollout's sampler tensor
 
 
 def test_bf16_sampler_logprobs_refreshed_to_the_learners(tiny_model, char_tokenizer):
@@ -101,10 +134,11 @@ def test_bf16_sampler_logprobs_refreshed_to_the_learners(tiny_model, char_tokeni
             lp, _ = token_logprobs(model, b, 1.0)
         return unpad(lp, b["mask"])
 
-    stats = refresh_behaviour_logprobs(rollouts, 4, recompute)
+    table = PiOld()
+    stats = _refresh(rollouts, 4, table, recompute)
     assert stats["behaviour_mismatch_max"] > 1e-3  # bf16 sampling differs from the fp32 learner
     # afterwards the learner's ratio on fresh data is 1 to fp32 accuracy
-    b = collate(rollouts, pad)
+    b = collate(rollouts, pad, {"old_logprobs": [table.of(r) for r in rollouts]})
     with torch.no_grad():
         lp, _ = token_logprobs(model, b, 1.0)
     m = b["mask"].bool()
@@ -152,7 +186,9 @@ def test_learner_autocast_step_refreshes_fresh_behaviour_logprobs(tiny_model, ch
             assert m["behaviour_refreshed"] == len(batch)
             assert m["behaviour_mismatch_max"] > 1e-3  # fp32 sampler vs bf16 learner
             assert m["ratio_max"] == pytest.approx(1.0, abs=1e-5)
-            assert all("sampler_logprobs" in r.extras for r in batch)
+            assert all(learner.pi_old.refreshed(r) for r in batch)
+            for r, orig in zip(batch, rollouts, strict=True):  # the sampler's, unchanged
+                assert torch.equal(r.behaviour_logprobs, orig.behaviour_logprobs)
         else:
             assert "behaviour_refreshed" not in m
             assert m["ratio_max"] > 1.001  # the bf16 learner disagrees with the fp32 sampler

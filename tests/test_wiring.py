@@ -30,7 +30,7 @@ from replayrl.algorithms import (
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.rollout import Rollout
 from replayrl.launch.entry import train
-from replayrl.learner.batching import collate
+from replayrl.learner.batching import collate, unpad
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner, token_logprobs
 from replayrl.recipes.auto import resolve_design
@@ -131,7 +131,7 @@ def test_mix_ppg_receives_the_clip_centre_of_stale_rollouts(
     stale = [r.policy_version < 1 for r in batch]
     calls = _record_objective(monkeypatch)
     current = token_logprobs(learner.model, collate(batch, learner.pad_id), 1.0)[0].detach()
-    learner.train_step(batch, np.random.default_rng(0), step=1, stale=stale)
+    learner.train_step(batch, np.random.default_rng(0), step=1)  # stale: by version
     anchor = calls[0]["inputs"]["anchor_logprobs"]
     assert anchor is not None, "Mix-PPG's clip centre pi_k / pi_beh was not passed in"
     mask = calls[0]["mask"].bool()
@@ -205,9 +205,11 @@ def test_gae_returns_carry_the_outcome_reward_from_the_last_token(
         "critic.lam=1.0",
         critic=critic,
     )
-    fields = learner._gae_fields(rollouts)
-    assert any(r.reward for r in rollouts) and len(fields["returns"]) == len(rollouts)
-    for r, ret, v in zip(rollouts, fields["returns"], fields["old_values"], strict=True):
+    b, lengths = learner._collate(rollouts)
+    learner._gae_fields(rollouts, b, lengths)
+    returns, values = unpad(b["returns"], b["mask"]), unpad(b["old_values"], b["mask"])
+    assert any(r.reward for r in rollouts) and len(returns) == len(rollouts)
+    for r, ret, v in zip(rollouts, returns, values, strict=True):
         c = r.completion_ids.numel()
         assert torch.equal(v, torch.zeros(c))
         expected = r.reward * 0.5 ** torch.arange(c - 1, -1, -1, dtype=torch.float32)
@@ -600,14 +602,24 @@ def test_reincarnation_without_kl_keeps_no_frozen_copy(rollouts, tiny_model, cha
     assert learner.base_model is None  # no KL term: no pi_base copy held in memory
 
 
+def _frozen_fields(
+    learner: Learner, rollouts: list[Rollout], stale: list[bool], step: int
+) -> dict[str, list[torch.Tensor]]:
+    """The fields a step's frozen pass adds to its padded batch, per rollout."""
+    b, lengths = learner._collate(rollouts)
+    before = set(b)
+    learner._frozen_fields(rollouts, b, lengths, stale, step)
+    return {k: unpad(b[k], b["mask"]) for k in set(b) - before}
+
+
 def test_frozen_forwards_run_only_for_terms_that_weigh(rollouts, tiny_model, char_tokenizer):
     # each frozen forward costs a full pass over the batch: only the weighted ones run
     pad, n = char_tokenizer.pad_token_id, len(rollouts)
     no_kl = _learner(tiny_model, pad, "kl.beta=0.0")
-    assert set(no_kl._frozen_fields(rollouts, [True] * n, step=1)) == {"stale"}
+    assert set(_frozen_fields(no_kl, rollouts, [True] * n, step=1)) == {"stale"}
     assert no_kl.base_model is None and no_kl.prev_model is None
     base_only = _learner(tiny_model, pad, "kl.beta=0.1", "kl.target=reference")
-    assert set(base_only._frozen_fields(rollouts, [False] * n, step=1)) == {
+    assert set(_frozen_fields(base_only, rollouts, [False] * n, step=1)) == {
         "base_logprobs",
         "stale",
     }
@@ -622,7 +634,7 @@ def test_frozen_forwards_run_only_for_terms_that_weigh(rollouts, tiny_model, cha
         "kl.schedule.decrement=0.3",
         "algorithm.loss_type=mix_ppg",
     )
-    fields = convex._frozen_fields(rollouts, [False] * (n - 1) + [True], step=1)
+    fields = _frozen_fields(convex, rollouts, [False] * (n - 1) + [True], step=1)
     assert set(fields) == {"anchor_logprobs", "base_logprobs", "prev_logprobs", "stale"}
     # mix_ppg's anchor only for stale data: fresh rollouts keep their behaviour log-probs
     assert torch.equal(fields["anchor_logprobs"][0], rollouts[0].behaviour_logprobs)

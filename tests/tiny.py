@@ -103,3 +103,33 @@ def learn_on(s: Any, *step: Any) -> float:
         "generator": s.generator,
     }
     return learn(s.learner, s.counters, *step, **parts)
+
+
+def bf16_sampled_rollouts(
+    model: Any, tokenizer: Any, max_new_tokens: int = 6, seed: int = 5
+) -> list[Any]:
+    """12 rollouts (3 prompts x 4) of version 0 sampled in bf16 from `model` (so an fp32
+    learner's log pi_old differs from the sampler's), with made-up rewards and advantages."""
+    import torch
+
+    from replayrl.data.rollout import Rollout
+    from replayrl.rollout.generation import HFGenerator, SamplingParams
+
+    gen = HFGenerator(model, tokenizer, 16, dtype=torch.bfloat16)
+    torch.manual_seed(seed)
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    samples = gen.generate(["1+2=", "12+34=", "7+80="], 4, params)
+    return [
+        Rollout(
+            prompt_ids=s.prompt_ids,
+            completion_ids=s.completion_ids,
+            behaviour_logprobs=s.logprobs,
+            reward=float(i % 2),
+            advantage=1.0 if i % 3 else -1.0,
+            correct=False,
+            group_id=s.prompt_index,
+            policy_version=0,
+            step=0,
+        )
+        for i, s in enumerate(samples)
+    ]

@@ -92,8 +92,8 @@ def gae(
     mask = mask.to(values.dtype)
     values = values * mask
     adv = torch.zeros_like(values)
-    last = torch.zeros(values.size(0), dtype=values.dtype)
-    next_value = torch.zeros(values.size(0), dtype=values.dtype)
+    last = values.new_zeros(values.size(0))
+    next_value = values.new_zeros(values.size(0))
     for t in reversed(range(values.size(1))):
         m = mask[:, t]
         delta = rewards[:, t] + gamma * next_value - values[:, t]

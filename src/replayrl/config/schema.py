@@ -596,6 +596,10 @@ class TrainConfig(_Section):
     mini_batch_size: int | None = Field(None, ge=1)  # rollouts per optimizer update; None = B
     epochs: int = Field(1, ge=1)  # passes over each batch (update-to-data ratio)
     micro_batch_size: int = Field(64, ge=1)  # memory only: gradient accumulation chunk
+    # memory only: micro-batches packed to at most this many padded tokens (rows x longest
+    # prompt + completion), at most micro_batch_size rows each (verl's dynamic batch size);
+    # None = micro_batch_size rows each
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
     lr: float = Field(1e-4, gt=0, description="policy learning rate (peak, after warm-up)")
     # learning-rate schedule over train.steps learner steps (torch LambdaLR in the learner):
     # constant (the presets), linear decay to 0 (TRL's default) or cosine, after a linear

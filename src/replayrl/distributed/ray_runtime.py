@@ -201,7 +201,6 @@ class FollowerActor:
             self.rng,
             step=step,
             epochs=self.epochs,
-            stale=[r.policy_version < version for r in batch],
         )
         return {
             "busy_s": time.perf_counter() - t0,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from replayrl.algorithms.losses import call_policy_loss
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout import Rollout, is_stale
 from replayrl.learner import logprobs
 from replayrl.learner.batching import collate
 
@@ -78,7 +78,9 @@ def sample_gradients(
     out = np.empty((len(rollouts), idx.numel()), dtype=np.float64)
     try:
         for i, r in enumerate(rollouts):
-            b = collate([r], learner.pad_id, device=learner.device)
+            # log pi_old as a training step reads it (the learner's refreshed values if any)
+            old = {"old_logprobs": [learner.pi_old.of(r)]}
+            b = collate([r], learner.pad_id, old, device=learner.device)
             logps, _ = logprobs.token_logprobs(
                 model, b, cfg.rollout.temperature, False, learner.autocast, learner.full_logprobs
             )
@@ -86,7 +88,7 @@ def sample_gradients(
             avail = {"anchor_logprobs": logps.detach(), "rewards": b["rewards"]}
             avail["baselines"] = b["baselines"]
             # an earlier policy's rollout, marked as a training step marks it (exgrpo)
-            stale = float(r.policy_version < learner.version)
+            stale = float(is_stale(r, learner.version))
             avail["stale"] = torch.full_like(b["mask"], stale, dtype=logps.dtype)
             loss, _ = call_policy_loss(
                 learner.loss_type, logps, b["old_logprobs"], b["advantages"], b["mask"],

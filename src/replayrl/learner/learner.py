@@ -4,9 +4,13 @@ One `train_step` per sampled batch: frozen quantities first (no grad: log pi_k f
 clip centre, the base / previous policies for KL, critic values for GAE), then `epochs`
 passes of shuffled mini-batches, each one optimizer step accumulated over micro-batches.
 What the loss is lives in `algorithms.objective`; this module batches, calls it and steps.
-Micro-batches group rollouts of the same prompt (the lean forward runs a shared prompt
-once); with reduced precision, fresh rollouts take log pi_old from the first update's own
-forward when one mini-batch covers the batch (`_fusable`), else from a separate no-grad pass.
+The batch is collated once per step, on the learner's device; the frozen fields are added to
+that padded batch (as verl keeps `old_log_prob` in its batch), and each mini- and micro-batch
+is a row selection of it. Micro-batches group rollouts of the same prompt (the lean forward
+runs a shared prompt once), `train.micro_batch_size` rows each or packed by
+`train.max_tokens_per_micro_batch`; with reduced precision, fresh rollouts take log pi_old
+from the first update's own forward when one mini-batch covers the batch (`_fusable`), else
+from a separate no-grad pass, and the learner keeps it beside the rollouts (`pi_old.PiOld`).
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ from replayrl.algorithms.kl import kl_convex_lambda
 from replayrl.algorithms.losses import clip_stats
 from replayrl.algorithms.objective import ObjectiveWeights, critic_objective, policy_objective
 from replayrl.config.schema import Config, config_value
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout import Rollout, is_stale
 from replayrl.learner import logprobs
 from replayrl.learner.batching import (
-    TokenFields,
     collate,
     micro_batches,
+    put_rows,
     shared_prompt_order,
+    take,
+    token_micro_batches,
     unpad,
 )
 from replayrl.learner.critic import ValueModel
@@ -47,6 +53,7 @@ from replayrl.learner.frozen import (
     snapshot,
 )
 from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
+from replayrl.learner.pi_old import PiOld, fresh_rollouts, refresh_counts
 from replayrl.models import precision
 from replayrl.models.device import model_device
 
@@ -76,14 +83,12 @@ def token_logprobs(
     return logprobs.token_logprobs(model, batch, temperature, entropy_grad, autocast, full)
 
 
-def _advantage_abs_max(
-    batch: Sequence[Rollout], fields: Mapping[str, Sequence[torch.Tensor]]
-) -> float:
+def _advantage_abs_max(batch: Sequence[Rollout], b: Mapping[str, torch.Tensor]) -> float:
     """The largest |advantage| the loss saw: per token for a critic's estimator (GAE), else
     per rollout (the no-silent-non-training check compares it with the gradient)."""
-    token = fields.get("token_advantages")
-    if token:
-        return max(float(t.abs().max()) if t.numel() else 0.0 for t in token)
+    token = b.get("token_advantages")
+    if token is not None:
+        return float(token.abs().max()) if token.numel() else 0.0
     return max((abs(float(r.advantage)) for r in batch), default=0.0)
 
 
@@ -150,8 +155,9 @@ class Learner:
         # (detached: the same weights, so the same values) instead of a separate no-grad pass
         # (`_fusable` says when); False: always the separate pass (benchmarks, tests)
         self.fuse_behaviour_recompute = True
-        self._fuse: set[int] = set()  # ids of rollouts whose log pi_old the next update sets
         self._fused_stats: dict[str, float] = {}
+        # the learner's own log pi_old of fresh rollouts, beside them (pi_old.py)
+        self.pi_old = PiOld()
         self.tis_cap = self._truncated_is_cap(cfg, vllm)
         # only what trains (with LoRA: the adapters; the base weights are frozen)
         self.optimizer = torch.optim.AdamW(
@@ -240,24 +246,72 @@ class Learner:
             self.base_model = None
 
     # -- frozen per-token quantities ---------------------------------------------------------
-    def _per_rollout(self, model: object, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
-        # micro-batches of rollouts sharing prompts (the lean forward runs each prompt once)
-        order = shared_prompt_order(rollouts)
-        ordered = [rollouts[i] for i in order]
-        out: list[torch.Tensor] = [torch.empty(0)] * len(rollouts)
+    def _micro(self, rows: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
+        """`rows` (in order) cut into micro-batches: `train.micro_batch_size` rows each, or
+        packed by `train.max_tokens_per_micro_batch` with that row cap."""
+        t = self.cfg.train
+        if t.max_tokens_per_micro_batch is None:
+            slices = micro_batches(len(rows), t.micro_batch_size)
+        else:
+            slices = token_micro_batches(
+                [lengths[i] for i in rows], t.max_tokens_per_micro_batch, t.micro_batch_size
+            )
+        return [list(rows[sl]) for sl in slices]
+
+    def _frozen(
+        self,
+        fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+        b: dict[str, torch.Tensor],
+        lengths: Sequence[int],
+        rows: Sequence[int],
+    ) -> torch.Tensor:
+        """`fn`'s per-token values of `rows`, run per micro-batch without grad, laid out like
+        `b["mask"]` (zeros off the completion tokens and on other rows)."""
+        out = torch.zeros_like(b["mask"])
         with torch.no_grad():
-            for sl in micro_batches(len(ordered), self.cfg.train.micro_batch_size):
-                b = collate(ordered[sl], self.pad_id, device=self.device)
-                logps, _ = token_logprobs(
-                    model,  # type: ignore[arg-type]
-                    b,
-                    self.cfg.rollout.temperature,
-                    autocast=self.autocast,
-                    full=self.full_logprobs,
-                )
-                for i, lp in zip(order[sl], unpad(logps, b["mask"]), strict=True):
-                    out[i] = lp
+            for part in self._micro(rows, lengths):
+                mb = take(b, part, max(lengths[i] for i in part))
+                put_rows(out, part, fn(mb), mb["mask"])
         return out
+
+    def _logprobs_in(
+        self, model: object, b: dict[str, torch.Tensor], lengths: Sequence[int], rows: Sequence[int]
+    ) -> torch.Tensor:
+        """log `model`(token) of `rows`, in micro-batches of rollouts sharing prompts (the lean
+        forward runs each prompt once); `rows` must already be in `shared_prompt_order`."""
+
+        def fn(mb: dict[str, torch.Tensor]) -> torch.Tensor:
+            return token_logprobs(
+                model,  # type: ignore[arg-type]
+                mb,
+                self.cfg.rollout.temperature,
+                autocast=self.autocast,
+                full=self.full_logprobs,
+            )[0]
+
+        return self._frozen(fn, b, lengths, rows)
+
+    def _shared_rows(self, rollouts: Sequence[Rollout], rows: Sequence[int]) -> list[int]:
+        """`rows` of `rollouts` reordered so that rows of one prompt are adjacent."""
+        return [rows[j] for j in shared_prompt_order([rollouts[i] for i in rows])]
+
+    def _collate(self, rollouts: Sequence[Rollout]) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """The padded batch of `rollouts` on the learner's device (log pi_old: the learner's
+        refreshed values where it has them), and each row's length."""
+        fields = {"old_logprobs": [self.pi_old.of(r) for r in rollouts]}
+        if self.tis_cap is not None:  # truncated IS weighs pi_old against the sampler
+            fields["sampler_logprobs"] = [self.pi_old.sampler(r) for r in rollouts]
+        b = collate(rollouts, self.pad_id, fields, device=self.device)
+        lengths = [r.prompt_ids.numel() + r.completion_ids.numel() for r in rollouts]
+        return b, lengths
+
+    def _per_rollout(self, model: object, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
+        """Per-token log-probs of each completion under `model` (no gradient)."""
+        if not rollouts:
+            return []
+        b, lengths = self._collate(rollouts)
+        rows = self._shared_rows(rollouts, range(len(rollouts)))
+        return unpad(self._logprobs_in(model, b, lengths, rows), b["mask"])
 
     def current_logprobs(self, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
         """Per-token log-probs of each completion under the policy now (no gradient)."""
@@ -266,86 +320,105 @@ class Learner:
     def mean_entropies(self, rollouts: Sequence[Rollout]) -> list[float]:
         """Per rollout: the current policy's mean token entropy over its completion (ExGRPO's
         trajectory selection, arXiv 2510.02245 sec. 3.1), no grad."""
-        out: list[float] = []
-        with torch.no_grad():
-            for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-                b = collate(rollouts[sl], self.pad_id, device=self.device)
-                _, ent = token_logprobs(
-                    self.model,
-                    b,
-                    self.cfg.rollout.temperature,
-                    autocast=self.autocast,
-                    full=self.full_logprobs,
-                )
-                out += [float(e.mean()) if e.numel() else 0.0 for e in unpad(ent, b["mask"])]
-        return out
 
-    def _gae_fields(self, rollouts: Sequence[Rollout]) -> TokenFields:
+        def fn(mb: dict[str, torch.Tensor]) -> torch.Tensor:
+            return token_logprobs(
+                self.model,
+                mb,
+                self.cfg.rollout.temperature,
+                autocast=self.autocast,
+                full=self.full_logprobs,
+            )[1]
+
+        if not rollouts:
+            return []
+        b, lengths = self._collate(rollouts)
+        ent = self._frozen(fn, b, lengths, range(len(rollouts)))
+        return [float(e.mean()) if e.numel() else 0.0 for e in unpad(ent, b["mask"])]
+
+    def _gae_fields(
+        self, rollouts: Sequence[Rollout], b: dict[str, torch.Tensor], lengths: Sequence[int]
+    ) -> None:
         """Critic values of the batch, then the registered token estimator's advantages and
-        returns per token (gae: whitened GAE, `algorithm.advantage`)."""
+        returns per token (gae: whitened GAE, `algorithm.advantage`), added to `b`."""
         assert self.critic is not None and self.advantage.token is not None
-        values: list[torch.Tensor] = []
         self.critic.eval()
-        with torch.no_grad():
-            for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-                b = collate(rollouts[sl], self.pad_id, device=self.device)
-                values.extend(unpad(self.critic(b), b["mask"]))
+        values = self._frozen(self.critic, b, lengths, range(len(rollouts)))
         self.critic.train()
-        width = max(v.numel() for v in values)
-        n = len(rollouts)
-        rew, val, msk = torch.zeros(n, width), torch.zeros(n, width), torch.zeros(n, width)
-        for i, (r, v) in enumerate(zip(rollouts, values, strict=True)):
-            c = v.numel()
-            rew[i, c - 1] = r.reward  # outcome reward on the last completion token
-            val[i, :c] = v
-            msk[i, :c] = 1
+        # the estimator runs along each completion: its tokens left-aligned, [n, longest]
+        comp = torch.tensor([r.completion_ids.numel() for r in rollouts], device=self.device)
+        width = int(comp.max())
+        msk = (torch.arange(width, device=self.device)[None, :] < comp[:, None]).float()
+        sel, left = b["mask"].bool(), msk.bool()
+        val = torch.zeros_like(msk).masked_scatter(left, values[sel])
+        rew = torch.zeros_like(msk)
+        rows = torch.arange(len(rollouts), device=self.device)
+        has = comp > 0
+        rewards = torch.tensor([r.reward for r in rollouts], device=self.device)
+        rew[rows[has], comp[has] - 1] = rewards[has]  # outcome reward on the last token
         adv, ret = self.advantage.token(rew, val, msk, self.cfg.critic.gamma, self.cfg.critic.lam)
-        return {
-            "token_advantages": unpad(adv, msk),
-            "returns": unpad(ret, msk),
-            "old_values": values,
-        }
+        zeros = torch.zeros_like(b["mask"])
+        b["token_advantages"] = zeros.masked_scatter(sel, adv[left])
+        b["returns"] = zeros.masked_scatter(sel, ret[left])
+        b["old_values"] = zeros.masked_scatter(sel, values[sel])
 
     def _frozen_fields(
-        self, batch: list[Rollout], stale: list[bool], step: int
-    ) -> dict[str, list[torch.Tensor]]:
-        """Everything computed once per batch without grad, per rollout and token."""
-        fields: dict[str, list[torch.Tensor]] = {}
+        self,
+        batch: list[Rollout],
+        b: dict[str, torch.Tensor],
+        lengths: list[int],
+        stale: list[bool],
+        step: int,
+    ) -> None:
+        """Everything computed once per batch without grad, added to its padded batch `b`."""
+        rows = self._shared_rows(batch, range(len(batch)))
+        stale_rows = torch.tensor(stale, dtype=torch.bool, device=self.device)[:, None]
         if "anchor_logprobs" in POLICY_LOSSES.get(self.loss_type).inputs and any(stale):
-            current = self._per_rollout(self.model, batch)
+            current = self._logprobs_in(self.model, b, lengths, rows)
             # fresh data: c = pi_k / pi_beh = 1 exactly (plain PPO clipping)
-            fields["anchor_logprobs"] = [
-                cur if s else r.behaviour_logprobs
-                for cur, s, r in zip(current, stale, batch, strict=True)
-            ]
+            b["anchor_logprobs"] = torch.where(stale_rows, current, b["old_logprobs"])
         w_base, w_prev = self.kl_weights(step)
         if w_base > 0:
             if self.base_model is None:
                 self.base_model = initial_policy(self.model)
-            fields["base_logprobs"] = self._per_rollout(self.base_model, batch)
+            b["base_logprobs"] = self._logprobs_in(self.base_model, b, lengths, rows)
         if w_prev > 0:
             if self.prev_model is None:  # first use: pi_{k-1} unknown, start from pi_k
                 self.prev_model = snapshot(self.model)
-            fields["prev_logprobs"] = self._per_rollout(self.prev_model, batch)
+            b["prev_logprobs"] = self._logprobs_in(self.prev_model, b, lengths, rows)
         self._refresh_frozen(step, w_base)
         if self.advantage.needs_critic:
-            fields.update(self._gae_fields(batch))  # type: ignore[arg-type]
-        fields["stale"] = [
-            torch.full((r.completion_ids.numel(),), float(s))
-            for r, s in zip(batch, stale, strict=True)
-        ]
+            self._gae_fields(batch, b, lengths)
+        b["stale"] = stale_rows.float() * b["mask"]
         if self.tis_cap is not None:
             # learner log pi_old (refreshed) vs the sampler's; a rollout never refreshed
             # (stale at its first use) has only the sampler's: weight 1
-            fields["tis_weights"] = [
-                truncated_is_weights(
-                    r.behaviour_logprobs,
-                    r.extras.get("sampler_logprobs", r.behaviour_logprobs),
-                    self.tis_cap,
-                )
-                for r in batch
-            ]
-        return fields
+            w = truncated_is_weights(b["old_logprobs"], b.pop("sampler_logprobs"), self.tis_cap)
+            b["tis_weights"] = torch.where(b["mask"].bool(), w, 0.0)
+
+    def _refresh(
+        self, batch: list[Rollout], b: dict[str, torch.Tensor], lengths: list[int], epochs: int
+    ) -> tuple[dict[str, float], list[int]]:
+        """Reduced precision: fresh rollouts get log pi_old from the learner itself, by a
+        no-grad pass now, or by the first update's own forward (the rows returned)."""
+        counts = refresh_counts(batch, self.version, self.pi_old)
+        fresh = fresh_rollouts(batch, self.version, self.pi_old)
+        if not fresh:
+            return counts, []
+        ids = {id(r) for r in fresh}
+        rows = [i for i, r in enumerate(batch) if id(r) in ids]
+        if self._fusable(len(batch), epochs):
+            return counts, rows
+        first: dict[int, int] = {}  # a rollout twice in the batch is computed once
+        for i in rows:
+            first.setdefault(id(batch[i]), i)
+        keep = sorted(first.values())
+        lp = self._logprobs_in(self.model, b, lengths, self._shared_rows(batch, keep))
+        src = torch.tensor([first[id(batch[i])] for i in rows], device=self.device)
+        dst = torch.tensor(rows, device=self.device)
+        b["old_logprobs"][dst] = torch.where(b["mask"][dst].bool(), lp[src], b["old_logprobs"][dst])
+        stats = self.pi_old.store([batch[i] for i in keep], unpad(lp[keep], b["mask"][keep]))
+        return {**counts, **stats}, []
 
     # -- the step ----------------------------------------------------------------------------
     def train_step(
@@ -355,42 +428,33 @@ class Learner:
         *,
         step: int = 0,
         epochs: int | None = None,
-        stale: Sequence[bool] | None = None,
         policy_frozen: bool = False,
     ) -> dict[str, float]:
         """`epochs` passes over the batch in shuffled mini-batches; returns averaged metrics.
 
-        `stale[i]` marks rollouts of earlier policies (Mix-PPG clips them around
-        pi_k / pi_beh); `policy_frozen` trains only the critic (critic warm-up).
+        Rollouts of other weights than the learner's now are stale (`is_stale`: Mix-PPG clips
+        them around pi_k / pi_beh); `policy_frozen` trains only the critic (critic warm-up).
+        The batch is collated once, on the learner's device; each mini- and micro-batch is a
+        selection of its rows.
         """
         cfg = self.cfg
         epochs = epochs or cfg.train.epochs
-        stale_flags = list(stale) if stale is not None else [False] * len(batch)
+        stale_flags = [is_stale(r, self.version) for r in batch]
+        b, lengths = self._collate(batch)
         refreshed: dict[str, float] = {}
-        self._fuse = set()
+        fuse: list[int] = []
         if self.recompute_behaviour and not policy_frozen:
-            # reduced precision: fresh rollouts get log pi_old from the learner itself
-            fresh = logprobs.fresh_rollouts(batch, self.version)
-            if fresh and self._fusable(len(batch), epochs):
-                self._fuse = {id(r) for r in fresh}
-                stale_n = sum(
-                    1
-                    for r in batch
-                    if r.policy_version != self.version and "sampler_logprobs" not in r.extras
-                )
-                refreshed = {
-                    "behaviour_refreshed": float(len(fresh)),
-                    "behaviour_not_refreshed": float(stale_n),
-                }
-            else:
-                refreshed = logprobs.refresh_behaviour_logprobs(
-                    batch, self.version, lambda rs: self._per_rollout(self.model, rs)
-                )
-        fields = self._frozen_fields(batch, stale_flags, step)
+            refreshed, fuse = self._refresh(batch, b, lengths, epochs)
+        if fuse:  # rows whose log pi_old the first update's forward sets
+            marks = torch.zeros(len(batch), 1, device=self.device)
+            marks[fuse] = 1.0
+            b["fuse"] = marks * b["mask"]
+        self._frozen_fields(batch, b, lengths, stale_flags, step)
         w_base, w_prev = self.kl_weights(step)
         weights = ObjectiveWeights(
             w_base, w_prev, cfg.algorithm.entropy_coef, cfg.kl.estimator, cfg.algorithm.loss_agg
         )
+        knobs = self.loss_knobs()
         mini = cfg.train.mini_batch_size or len(batch)
         self.lr_schedule.set_step(step)
         sums: dict[str, list[float]] = defaultdict(list)
@@ -399,18 +463,10 @@ class Learner:
         for _ in range(epochs):
             order = rng.permutation(len(batch))
             for start in range(0, len(batch), mini):
-                idx = order[start : start + mini]
-                chunk = [batch[i] for i in idx]
-                chunk_fields: TokenFields = {k: [v[i] for i in idx] for k, v in fields.items()}
-                for k, v in self._update(chunk, chunk_fields, weights, policy_frozen).items():
+                idx = [int(i) for i in order[start : start + mini]]
+                update = self._update(batch, b, lengths, idx, weights, knobs, policy_frozen)
+                for k, v in update.items():
                     sums[k].append(v)
-            if "anchor_logprobs" in fields:
-                # a fused refresh replaced fresh rollouts' log pi_old during this pass: their
-                # anchor log pi_k must follow it (c = 1 on fresh tokens in every pass)
-                fields["anchor_logprobs"] = [
-                    a if s else r.behaviour_logprobs
-                    for a, s, r in zip(fields["anchor_logprobs"], stale_flags, batch, strict=True)
-                ]
         if not policy_frozen:
             self.version += 1
         out = {k: _nanmean(v) for k, v in sums.items()}
@@ -421,9 +477,9 @@ class Learner:
                 out[f"kl_term_{name}"] = w * out[f"kl_to_{name}"]
         out.update(refreshed)
         out.update(self._fused_stats)
-        out["advantage_abs_max"] = _advantage_abs_max(batch, fields)
-        if self.tis_cap is not None and fields["tis_weights"]:
-            w_all = torch.cat(fields["tis_weights"])
+        out["advantage_abs_max"] = _advantage_abs_max(batch, b)
+        if self.tis_cap is not None and batch:
+            w_all = b["tis_weights"][b["mask"].bool()]
             out.update(weight_stats(w_all, torch.ones_like(w_all), self.tis_cap))
         return out
 
@@ -457,52 +513,58 @@ class Learner:
 
     def _update(
         self,
-        minibatch: list[Rollout],
-        fields: TokenFields,
+        batch: list[Rollout],
+        b: dict[str, torch.Tensor],
+        lengths: list[int],
+        idx: list[int],
         weights: ObjectiveWeights,
+        knobs: Mapping[str, float | None],
         policy_frozen: bool,
     ) -> dict[str, float]:
-        """One optimizer step over a mini-batch, accumulated over micro-batches."""
+        """One optimizer step over the mini-batch of rows `idx`, accumulated over
+        micro-batches (row selections of the step's padded batch `b`)."""
+        minibatch = [batch[i] for i in idx]
         tokens = sum(r.completion_ids.numel() for r in minibatch)
         normaliser = self.normaliser(minibatch)
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic_optimizer is not None:
             self.critic_optimizer.zero_grad(set_to_none=True)
         acc = _Accum()
+        fused: dict[int, tuple[Rollout, torch.Tensor]] = {}
         # micro-batches of rollouts sharing prompts: only the gradient's summation order moves
-        order = shared_prompt_order(minibatch)
-        minibatch = [minibatch[i] for i in order]
-        fields = {k: [v[i] for i in order] for k, v in fields.items()}
-        fused: list[tuple[Rollout, torch.Tensor]] = []
-        for sl in micro_batches(len(minibatch), self.cfg.train.micro_batch_size):
-            rows = minibatch[sl]
-            extra = {k: v[sl] for k, v in fields.items()}
-            if self._fuse:
-                extra["fuse"] = [
-                    torch.full_like(r.behaviour_logprobs, float(id(r) in self._fuse)) for r in rows
-                ]
-            b = collate(rows, self.pad_id, extra, device=self.device)
+        for part in self._micro(self._shared_rows(batch, idx), lengths):
+            mb = take(b, part, max(lengths[i] for i in part))
             if not policy_frozen:
-                self._policy_backward(b, weights, normaliser, acc)
-                if "fuse" in b and acc.current is not None:
-                    for r, lp in zip(rows, unpad(acc.current, b["mask"]), strict=True):
-                        if id(r) in self._fuse:
-                            fused.append((r, lp))
+                self._policy_backward(mb, weights, knobs, normaliser, acc)
+                if "fuse" in mb and acc.current is not None:
+                    # the refreshed log pi_old (and fresh rows' anchor) for later passes
+                    for k in ("old_logprobs", "anchor_logprobs"):
+                        if k in mb:
+                            put_rows(b[k], part, mb[k], mb["mask"])
+                    lps = unpad(acc.current, mb["mask"])
+                    for i, lp, f in zip(part, lps, mb["fuse"].amax(-1).tolist(), strict=True):
+                        if f > 0:
+                            fused.setdefault(id(batch[i]), (batch[i], lp))
             if self.critic is not None:
-                self._critic_backward(b, normaliser, acc)
-        if fused:
+                self._critic_backward(mb, normaliser, acc)
+        if "fuse" in b and not policy_frozen:
             # the refreshed log pi_old, as a separate pass would have stored it
-            self._fused_stats = logprobs.apply_refreshed(
-                [r for r, _ in fused], [lp for _, lp in fused]
+            self._fused_stats = self.pi_old.store(
+                [r for r, _ in fused.values()], [lp for _, lp in fused.values()]
             )
-            self._fuse = set()
+            del b["fuse"]
         out = self._critic_step(acc, tokens) if self.critic is not None else {}
         if policy_frozen:
             return out
         return {**out, **self._policy_step(acc, tokens)}
 
     def _policy_backward(
-        self, b: dict[str, torch.Tensor], w: ObjectiveWeights, normaliser: float, acc: _Accum
+        self,
+        b: dict[str, torch.Tensor],
+        w: ObjectiveWeights,
+        knobs: Mapping[str, float | None],
+        normaliser: float,
+        acc: _Accum,
     ) -> None:
         """The objective's gradient on one micro-batch, and its diagnostics into `acc`."""
         mask = b["mask"]
@@ -526,7 +588,6 @@ class Learner:
         adv = b["token_advantages"] if not self.advantage.at_generation else b["advantages"]
         if "tis_weights" in b:  # truncated IS: w * loss_t == loss_t with w * A_t
             adv = apply_token_weights(adv, b["tis_weights"])
-        knobs = self.loss_knobs()
         inputs = {k: b.get(k) for k in ("anchor_logprobs", "base_logprobs", "prev_logprobs")}
         inputs.update(rewards=b["rewards"], baselines=b["baselines"], stale=b["stale"])
         terms = policy_objective(
@@ -537,7 +598,7 @@ class Learner:
             adv,
             mask,
             inputs,
-            knobs,
+            dict(knobs),
             w,
             normaliser,
         )
@@ -649,16 +710,19 @@ class Learner:
 
     def measure_backward(self, rollouts: list[Rollout]) -> None:
         """A forward+backward pass with no optimizer step (to time training per sample)."""
-        for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
-            b = collate(rollouts[sl], self.pad_id, device=self.device)
+        if not rollouts:
+            return
+        b, lengths = self._collate(rollouts)
+        for part in self._micro(range(len(rollouts)), lengths):
+            mb = take(b, part, max(lengths[i] for i in part))
             logps, _ = token_logprobs(
                 self.model,
-                b,
+                mb,
                 self.cfg.rollout.temperature,
                 autocast=self.autocast,
                 full=self.full_logprobs,
             )
-            (-(logps * b["mask"]).sum()).backward()
+            (-(logps * mb["mask"]).sum()).backward()
         self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, object]:
@@ -668,6 +732,7 @@ class Learner:
             "updates": self.updates,
             "base_model": self.base_model.state_dict() if self.base_model else None,
             "prev_model": self.prev_model.state_dict() if self.prev_model else None,
+            "pi_old": self.pi_old.state_dict(),
         }
         if self.critic is not None and self.critic_optimizer is not None:
             state["critic"] = self.critic.state_dict()
@@ -682,6 +747,7 @@ class Learner:
         self.updates = int(state["updates"])  # type: ignore[call-overload]
         self.base_model = restore_frozen(self.model, self.base_model, state.get("base_model"))
         self.prev_model = restore_frozen(self.model, self.prev_model, state.get("prev_model"))
+        self.pi_old.load_state_dict(state.get("pi_old") or {"sampler": [], "learner": []})  # type: ignore[arg-type]
         if self.critic is not None and self.critic_optimizer is not None:
             self.critic.load_state_dict(state["critic"])  # type: ignore[arg-type]
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])  # type: ignore[arg-type]

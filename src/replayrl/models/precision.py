@@ -2,7 +2,7 @@
 
 Measured on SmolLM2-135M (2-core AVX-512 BF16 CPU, BENCHMARKS.md): bf16 generation and
 learner autocast are ~2x faster than fp32, but move log-probs by ~0.02 on average (0.3-0.6
-at worst), far above fp32's 1e-4; see `refresh_behaviour_logprobs` in logprobs.py for the
+at worst), far above fp32's 1e-4; see `PiOld` in replayrl/learner/pi_old.py for the
 importance-ratio fix. oneDNN's fp32 kernels are ~1.4-2.5x faster than the default path here
 at fp32 accuracy.
 """

@@ -74,7 +74,6 @@ def learn(
             shuffle_rng,
             step=c.step + 1,  # t in the paper's lambda(t): 1-based update count
             epochs=epochs,
-            stale=[r.policy_version < version for r in batch],
             policy_frozen=c.step < cfg.critic.warmup_steps and learner.critic is not None,
         )
         stats.update({f"train/{k}": v for k, v in train_metrics.items()})
