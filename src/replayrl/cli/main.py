@@ -360,10 +360,13 @@ def _add_tools(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from replayrl.cli.simulate import add_simulate_parser
+
     parser = argparse.ArgumentParser(prog="replayrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_and_eval(sub)
     _add_design(sub)
+    add_simulate_parser(sub)
     _add_bench(sub)
     _add_tools(sub)
     add_trust(sub)
