@@ -4,7 +4,7 @@
       -> run, recipes, distributed       one training run: session, loops, runtimes
         -> rollout, data, learner        produce rollouts, keep them, learn from them
           -> algorithms, models, config  pure losses/advantages/samplers, model loading, schema
-            -> storage, errors           files that outlive a process; shared exceptions
+            -> storage, errors, registry files that outlive a process; shared exceptions; plug-ins
 
 A module may import its own layer or any layer below, never one above. No cycles, no private
 imports. Read from the source with `ast`, function-level (lazy) imports included: a lazy import
@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("run", "recipes", "distributed", "design", "records"),
     ("rollout", "data", "learner"),
     ("algorithms", "models", "config"),
-    ("storage", "errors"),
+    ("storage", "errors", "registry"),
 )
 
 
@@ -174,10 +174,14 @@ def test_storage_imports_nothing_above_it() -> None:
 
 
 def test_algorithms_import_only_algorithms() -> None:
+    # and the registry class, which imports nothing of replayrl
+    assert not imports_of(MODULES["replayrl.registry"].read_text())
     for name, path in MODULES.items():
         if _under(name, ("replayrl.algorithms",)):
             imported = {m for m, _ in imports_of(path.read_text())}
-            outside = {m for m in imported if not _under(m, ("replayrl.algorithms",))}
+            outside = {
+                m for m in imported if not _under(m, ("replayrl.algorithms", "replayrl.registry"))
+            }
             assert not outside, f"{name} imports {outside}"
 
 

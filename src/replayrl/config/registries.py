@@ -5,8 +5,8 @@ DAPO's dynamic sampling, AR3PO, ExGRPO, RePO, ...) and `TASKS` (task.name) live 
 config's layer, so the schema can list and validate what they hold. Their entries are added
 by the layers that implement them (`replayrl.data.sources`, `replayrl.rollout.tasks`): the
 arrow of registration points down. The registry imports those provider packages by name the
-first time it is asked (a plugin lookup, as a Python entry point would be), so a config is
-never checked against a half-filled registry.
+first time it is asked (`replayrl.registry`, which also loads installed plugins' entry points),
+so a config is never checked against a half-filled registry.
 
 A new reuse method is one file that defines its config section (a `Section`), its check over
 the whole config, its builder and its metrics, and one `BATCH_SOURCES.add(...)` line.
@@ -14,73 +14,12 @@ the whole config, its builder and its metrics, and one `BATCH_SOURCES.add(...)` 
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from replayrl.config.section import Section
-
-T = TypeVar("T")
-
-
-class PluginRegistry(Generic[T]):
-    """Name -> entry, filled by `providers` (module names) imported on first use; registering
-    a name twice and asking for an unknown one are errors naming the config key. (The same
-    contract as `replayrl.algorithms.registry.Registry`, kept torch-free here: reading a
-    config must not load the algorithms package.)"""
-
-    def __init__(self, kind: str, config_key: str, providers: tuple[str, ...]) -> None:
-        self.kind, self.config_key, self.providers = kind, config_key, providers
-        self._entries: dict[str, T] = {}
-        self._loading = False
-        self._loaded = False
-
-    def load(self) -> None:
-        if self._loaded or self._loading:
-            return
-        self._loading = True  # a provider's own imports may ask this registry again
-        try:
-            for module in self.providers:
-                importlib.import_module(module)
-            self._loaded = True
-        finally:
-            self._loading = False
-
-    def add(self, name: str, entry: T) -> T:
-        if name in self._entries:
-            raise ValueError(f"{self.kind} {name!r} is already registered")
-        self._entries[name] = entry
-        return entry
-
-    def remove(self, name: str) -> None:
-        """Unregister (a plugin's or a test's own entry)."""
-        self._entries.pop(name, None)
-
-    def get(self, name: str) -> T:
-        self.load()
-        if name not in self._entries:
-            raise ValueError(
-                f"{self.config_key}: unknown {self.kind} {name!r} (known: {', '.join(self)})"
-            )
-        return self._entries[name]
-
-    def check(self, name: str) -> str:
-        """`name` if registered, else the error `get` raises (for config validators)."""
-        self.get(name)
-        return name
-
-    def __contains__(self, name: object) -> bool:
-        self.load()
-        return name in self._entries
-
-    def __iter__(self) -> Iterator[str]:
-        self.load()
-        return iter(sorted(self._entries))
-
-    def __len__(self) -> int:
-        self.load()
-        return len(self._entries)
+from replayrl.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -119,7 +58,7 @@ class TaskSpec:
     tiny_check: Callable[[Any], None] | None = None
 
 
-BATCH_SOURCES: PluginRegistry[BatchSourceSpec] = PluginRegistry(
+BATCH_SOURCES: Registry[BatchSourceSpec] = Registry(
     "batch source", "groups.source", ("replayrl.data.sources",)
 )
-TASKS: PluginRegistry[TaskSpec] = PluginRegistry("task", "task.name", ("replayrl.rollout.tasks",))
+TASKS: Registry[TaskSpec] = Registry("task", "task.name", ("replayrl.rollout.tasks",))
