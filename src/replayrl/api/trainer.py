@@ -30,6 +30,7 @@ import torch
 from replayrl.algorithms import ADVANTAGES
 from replayrl.api import trl_compat
 from replayrl.api.config import ReplayConfig
+from replayrl.config.registries import BACKENDS
 from replayrl.config.schema import Config, ConfigError, TaskConfig, build_config, load_config
 from replayrl.run.callbacks import ReplayCallback, RunHooks, as_callbacks
 
@@ -445,8 +446,10 @@ class ReplayTrainer:
                     f"algorithm.advantage={cfg.algorithm.advantage} builds the critic from a "
                     "model folder: save the model (save_pretrained) and pass its path"
                 )
-            if cfg.rollout.backend == "vllm":
-                raise ValueError("rollout.backend=vllm loads a model folder: pass a path")
+            if BACKENDS.get(cfg.rollout.backend).owns_weights:
+                raise ValueError(
+                    f"rollout.backend={cfg.rollout.backend} loads a model folder: pass a path"
+                )
 
     # -- the model ---------------------------------------------------------------------------
     def _load_policy(self) -> None:

@@ -58,7 +58,43 @@ class TaskSpec:
     tiny_check: Callable[[Any], None] | None = None
 
 
+@dataclass(frozen=True)
+class BackendSpec:
+    """A generation backend (`rollout.backend`) as the run sees it.
+
+    build: `(cfg, model, tokenizer, model_path, *, max_prompt_len, worker_offset, stop_ids)
+        -> Generator` (`replayrl.rollout.generation.base`); `model` is the transformers model.
+    own_logprobs: it samples with its own kernels (and dtype), so its log-probs are never the
+        learner's: under precision.recompute_behaviour_logprobs=auto the learner recomputes
+        log pi_old in its own precision.
+    truncated_is_cap: `(Config) -> float | None`, the truncated-IS cap C that applies when
+        precision.truncated_is_cap is unset (None: no default correction).
+    owns_weights: it holds its own copy of the weights, loaded from the model folder (so it
+        needs a path, not an in-memory model); a process that only trains builds `fallback`
+        (a backend name) for its evaluations instead.
+    context_bound: `(Config) -> bool`, whether the run measures the longest prompt it keeps
+        and passes it as `max_prompt_len` (None: never).
+    frames: path fragments of the code that runs its generation (and its device memory): an
+        out-of-memory error raised in one of them is reported as generation's.
+    memory_knobs: the settings that lower its memory, for that report.
+    summary: one line for the docs and error messages.
+    """
+
+    build: Callable[..., Any]
+    own_logprobs: bool = False
+    truncated_is_cap: Callable[[Any], float | None] | None = None
+    owns_weights: bool = False
+    fallback: str | None = None
+    context_bound: Callable[[Any], bool] | None = None
+    frames: tuple[str, ...] = ("/rollout/generation/",)
+    memory_knobs: str = "rollout.decode_batch_size (generation)"
+    summary: str = ""
+
+
 BATCH_SOURCES: Registry[BatchSourceSpec] = Registry(
     "batch source", "groups.source", ("replayrl.data.sources",)
 )
 TASKS: Registry[TaskSpec] = Registry("task", "task.name", ("replayrl.rollout.tasks",))
+BACKENDS: Registry[BackendSpec] = Registry(
+    "generation backend", "rollout.backend", ("replayrl.rollout.generation.backends",)
+)

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from replayrl.config.registries import BATCH_SOURCES, TASKS
+from replayrl.config.registries import BACKENDS, BATCH_SOURCES, TASKS
 from replayrl.config.section import Section as _Section  # every section's base
 
 
@@ -242,14 +242,20 @@ class RolloutConfig(_Section):
     # end or hang the run (a timeout kills the worker); thread: in the trainer's process (a
     # function that must share state with it, or use its CUDA context). Built-ins: in-process
     reward_isolation: Literal["process", "thread"] = "process"
-    # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`)
-    backend: Literal["hf", "vllm"] = "hf"
+    # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`);
+    # or a backend a plugin registers (`BACKENDS`)
+    backend: str = "hf"
     # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling, an
     # in-place KV cache for Llama-architecture models; ~2-3x); fast_hf = the same loop over
     # transformers' own forward and cache (what fast does for other architectures);
     # generate = transformers generate + torch.multinomial, the implementation before 0.2
     # (other random draws: select it to reproduce runs and BENCHMARKS.md's default suite)
     generation_impl: Literal["fast", "fast_hf", "generate"] = "fast"
+
+    @field_validator("backend")
+    @classmethod
+    def _registered_backend(cls, v: str) -> str:
+        return BACKENDS.check(v)
 
 
 class VLLMConfig(_Section):

@@ -1,0 +1,60 @@
+"""Each kind of plug-in is one module plus one registration: a backend, a runtime, a sampler
+and a reward registered here (as an installed package would, see tests/test_registry.py) are
+accepted by the config and used by a run, with no edit to a central module."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.tiny import tiny_config
+
+from replayrl.config.registries import BACKENDS, BackendSpec
+from replayrl.config.schema import ConfigError, load_config
+
+
+@pytest.fixture
+def recording_backend():
+    """`recorded`: the hf backend, but with its own kernels and a truncated-IS default."""
+    from replayrl.rollout.generation.backends import build_hf
+
+    built: list[str] = []
+
+    def build(cfg: Any, model: Any, tokenizer: Any, model_path: str, **kw: Any) -> Any:
+        built.append(model_path)
+        return build_hf(cfg, model, tokenizer, model_path, **kw)
+
+    BACKENDS.add(
+        "recorded",
+        BackendSpec(build, own_logprobs=True, truncated_is_cap=lambda cfg: 1.5, summary="test"),
+    )
+    yield built
+    BACKENDS.remove("recorded")
+
+
+def test_a_plugin_backend_is_validated_and_sets_what_the_learner_asks(
+    recording_backend, tiny_model, char_tokenizer
+) -> None:
+    from replayrl.learner.learner import Learner
+
+    with pytest.raises(ConfigError, match=r"unknown generation backend 'recordd'.*did you mean"):
+        load_config(None, ["rollout.backend=recordd"])
+    cfg = load_config(
+        None, ["rollout.backend=recorded", "precision.recompute_behaviour_logprobs=auto"]
+    )
+    learner = Learner(copy.deepcopy(tiny_model), char_tokenizer.pad_token_id, cfg)
+    # its log-probs are not the learner's: log pi_old recomputed, its own IS default applies
+    assert learner.recompute_behaviour and learner.tis_cap == 1.5
+    hf = Learner(copy.deepcopy(tiny_model), char_tokenizer.pad_token_id, load_config(None))
+    assert hf.tis_cap is None
+
+
+def test_a_plugin_backend_generates_a_tiny_run(recording_backend, tmp_path: Path) -> None:
+    from replayrl.run.entry import train
+
+    summary = train(
+        tiny_config(tmp_path, "rollout.backend=recorded", "train.steps=1"), log=lambda _: None
+    )
+    assert recording_backend and summary["rollouts_generated"] == 8 and summary["steps"] == 1
