@@ -58,3 +58,50 @@ def test_a_plugin_backend_generates_a_tiny_run(recording_backend, tmp_path: Path
         tiny_config(tmp_path, "rollout.backend=recorded", "train.steps=1"), log=lambda _: None
     )
     assert recording_backend and summary["rollouts_generated"] == 8 and summary["steps"] == 1
+
+
+@pytest.fixture
+def twin_runtimes():
+    """`recorded_sync`: the synchronous loop, recording its start; `detached`: a runtime
+    whose generators run beside the learner (never started here)."""
+    from replayrl.config.registries import RUNTIMES, RuntimeSpec
+    from replayrl.run.runtimes import start_sync
+
+    started: list[str] = []
+
+    def start(cfg: Any, run_dir: Path, log: Any, resume: bool, hooks: Any = None) -> Any:
+        started.append(cfg.runtime)
+        return start_sync(cfg, run_dir, log, resume, hooks)
+
+    RUNTIMES.add("recorded_sync", RuntimeSpec(start, lockstep=True, hooks=True, summary="t"))
+    RUNTIMES.add("detached", RuntimeSpec(start, summary="test"))
+    yield started
+    RUNTIMES.remove("recorded_sync")
+    RUNTIMES.remove("detached")
+
+
+def test_a_plugin_runtime_is_checked_by_what_it_supports(twin_runtimes) -> None:
+    with pytest.raises(ConfigError, match=r"unknown runtime 'recorded_snc'.*did you mean"):
+        load_config(None, ["runtime=recorded_snc"])
+    load_config(None, ["runtime=recorded_sync", "train.rollout_budget=64"])
+    with pytest.raises(ConfigError, match=r"train.rollout_budget needs runtime=recorded_sync or"):
+        load_config(None, ["runtime=detached", "train.rollout_budget=64"])
+    with pytest.raises(ConfigError, match=r"groups.source=ar3po needs runtime=sync"):
+        load_config("ar3po", ["runtime=detached"])
+    with pytest.raises(ConfigError, match=r"workers.learners > 1 needs runtime=ray"):
+        load_config(None, ["runtime=detached", "workers.learners=2"])
+    from replayrl.run.state import Counters, accounting
+
+    # its generators run beside the learner: the accounting counts all of them
+    cfg = load_config(None, ["runtime=detached", "workers.generators=3"])
+    assert accounting(cfg, Counters(), [])["workers"] == 3
+    cfg = load_config(None, ["runtime=recorded_sync", "workers.generators=3"])
+    assert accounting(cfg, Counters(), [])["workers"] == 1
+
+
+def test_a_plugin_runtime_runs_a_tiny_run(twin_runtimes, tmp_path: Path) -> None:
+    from replayrl.run.entry import train
+
+    cfg = tiny_config(tmp_path, "runtime=recorded_sync", "train.steps=1")
+    summary = train(cfg, log=lambda _: None)
+    assert twin_runtimes == ["recorded_sync"] and summary["steps"] == 1

@@ -30,7 +30,7 @@ import torch
 from replayrl.algorithms import ADVANTAGES
 from replayrl.api import trl_compat
 from replayrl.api.config import ReplayConfig
-from replayrl.config.registries import BACKENDS
+from replayrl.config.registries import BACKENDS, RUNTIMES, runtimes_with
 from replayrl.config.schema import Config, ConfigError, TaskConfig, build_config, load_config
 from replayrl.run.callbacks import ReplayCallback, RunHooks, as_callbacks
 
@@ -435,9 +435,10 @@ class ReplayTrainer:
             )
             if used
         ]
-        if needs_sync and cfg.runtime != "sync":
+        if needs_sync and not RUNTIMES.get(cfg.runtime).hooks:
             raise ConfigError(
-                f"{' and '.join(needs_sync)} need runtime=sync (got runtime={cfg.runtime}): "
+                f"{' and '.join(needs_sync)} need {runtimes_with('hooks')} "
+                f"(got runtime={cfg.runtime}): "
                 "asynchronous workers build their own copies from files and names"
             )
         if self._model is not None and self._model_path == IN_MEMORY_MODEL:

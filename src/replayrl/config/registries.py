@@ -91,6 +91,29 @@ class BackendSpec:
     summary: str = ""
 
 
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """A runtime (`runtime`) as the run sees it.
+
+    start: `(cfg, run_dir, log, resume, hooks) -> (() -> summary)`: builds the run's session
+        and returns the call that runs its loop.
+    lockstep: generation and training alternate in one process (the synchronous loop): what
+        needs a step's fresh rollouts before its update (a rollout budget, `auto` design, the
+        fixed ReMix composition, group-level batch sources) needs it; otherwise generators
+        run beside learners (`workers.*`) and their clocks are measured.
+    hooks: it takes objects from the Python API (a model, a dataset, reward callables,
+        callbacks); otherwise its workers build their own from files and names.
+    multi_learner: it runs workers.learners > 1 data-parallel learners.
+    summary: one line for the docs and error messages.
+    """
+
+    start: Callable[..., Callable[[], dict[str, Any]]]
+    lockstep: bool = False
+    hooks: bool = False
+    multi_learner: bool = False
+    summary: str = ""
+
+
 BATCH_SOURCES: Registry[BatchSourceSpec] = Registry(
     "batch source", "groups.source", ("replayrl.data.sources",)
 )
@@ -98,3 +121,11 @@ TASKS: Registry[TaskSpec] = Registry("task", "task.name", ("replayrl.rollout.tas
 BACKENDS: Registry[BackendSpec] = Registry(
     "generation backend", "rollout.backend", ("replayrl.rollout.generation.backends",)
 )
+RUNTIMES: Registry[RuntimeSpec] = Registry("runtime", "runtime", ("replayrl.run.runtimes",))
+
+
+def runtimes_with(feature: str) -> str:
+    """'runtime=sync' (or 'runtime=a or runtime=b'): the runtimes whose spec has `feature`
+    (lockstep, hooks, multi_learner), for error messages."""
+    names = [name for name, spec in RUNTIMES.items() if getattr(spec, feature)]
+    return " or ".join(f"runtime={name}" for name in names) or f"a runtime with {feature}"

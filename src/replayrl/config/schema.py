@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from replayrl.config.registries import BACKENDS, BATCH_SOURCES, TASKS
+from replayrl.config.registries import BACKENDS, BATCH_SOURCES, RUNTIMES, TASKS, runtimes_with
 from replayrl.config.section import Section as _Section  # every section's base
 
 
@@ -731,7 +731,8 @@ class RayConfig(_Section):
 class Config(_Section):
     # sync: one process, generate then train; async-local: generator processes on this
     # machine train concurrently with the learner; ray: generators, buffer, learners as actors
-    runtime: Literal["sync", "async-local", "ray"] = "sync"
+    # (or a runtime a plugin registers: `RUNTIMES`)
+    runtime: str = "sync"
     model: ModelConfig = ModelConfig()
     task: TaskConfig = Field(default_factory=TaskConfig)  # checked against TASKS per config
     rewards: list[RewardSpec] = Field(
@@ -774,6 +775,11 @@ class Config(_Section):
     def needs_design(self) -> bool:
         return self.buffer.capacity == "auto" or self.train.batch_size == "auto"
 
+    @field_validator("runtime")
+    @classmethod
+    def _registered_runtime(cls, v: str) -> str:
+        return RUNTIMES.check(v)
+
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
         if (self.buffer.capacity == "auto") != (self.train.batch_size == "auto"):
@@ -800,8 +806,11 @@ class Config(_Section):
             if self.algorithm.loss_type != "mix_ppg":
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
             self._check_remix()
-        if self.train.rollout_budget is not None and self.runtime != "sync":
-            raise ValueError(f"train.rollout_budget needs runtime=sync (got {self.runtime})")
+        lockstep = RUNTIMES.get(self.runtime).lockstep
+        if self.train.rollout_budget is not None and not lockstep:
+            raise ValueError(
+                f"train.rollout_budget needs {runtimes_with('lockstep')} (got {self.runtime})"
+            )
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
         self._check_loss_requirements()
@@ -809,7 +818,7 @@ class Config(_Section):
         if source.check is not None:
             source.check(self)  # the method's own rules, next to its code
         self._check_signal()  # after the group checks: theirs name the cause more precisely
-        if self.runtime != "sync":
+        if not lockstep:
             self._check_async()
         return self
 
@@ -867,12 +876,14 @@ class Config(_Section):
             raise ValueError(f"remix.enabled needs workers.learners=1 (got {w.learners})")
         if self.remix.enabled and self.remix.composition == "fixed":
             raise ValueError(
-                f"remix.composition=fixed needs runtime=sync (got {rt}): the asynchronous "
-                "generators do not size their batches by phase; set remix.composition=additive"
+                f"remix.composition=fixed needs {runtimes_with('lockstep')} (got {rt}): "
+                "asynchronous generators do not size their batches by phase; set "
+                "remix.composition=additive"
             )
         if self.needs_design:
             raise ValueError(
-                f"buffer.capacity/train.batch_size=auto needs runtime=sync (got runtime={rt}): "
+                f"buffer.capacity/train.batch_size=auto needs {runtimes_with('lockstep')} "
+                f"(got runtime={rt}): "
                 "run `replayrl design` with a measured mu and set them"
             )
         if w.max_staleness is not None and w.max_staleness < w.sync_every:
@@ -881,8 +892,8 @@ class Config(_Section):
                 f"{w.sync_every}: generators only see weights every {w.sync_every} steps"
             )
         if w.learners > 1:
-            if rt != "ray":
-                raise ValueError("workers.learners > 1 needs runtime=ray")
+            if not RUNTIMES.get(rt).multi_learner:
+                raise ValueError(f"workers.learners > 1 needs {runtimes_with('multi_learner')}")
             if self.batch_size % w.learners:
                 raise ValueError(
                     f"train.batch_size B={self.batch_size} must be divisible by "

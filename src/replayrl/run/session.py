@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from replayrl.config.registries import BACKENDS
+from replayrl.config.registries import BACKENDS, RUNTIMES
 from replayrl.config.schema import Config, config_to_yaml
 from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
@@ -333,7 +333,8 @@ class Session:
     def report_accounting(self, summary: dict[str, Any]) -> None:
         acc = summary["accounting"]
         # mu / gamma matter where generators run beside learners, or where `auto` used mu
-        show_mu = self.cfg.runtime != "sync" or bool(self.counters.design)
+        lockstep = RUNTIMES.get(self.cfg.runtime).lockstep
+        show_mu = not lockstep or bool(self.counters.design)
         self.log(format_accounting(acc["ledger"], acc, show_mu=show_mu))
 
     def buffers(self) -> list[Any]:
