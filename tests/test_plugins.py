@@ -105,3 +105,58 @@ def test_a_plugin_runtime_runs_a_tiny_run(twin_runtimes, tmp_path: Path) -> None
     cfg = tiny_config(tmp_path, "runtime=recorded_sync", "train.steps=1")
     summary = train(cfg, log=lambda _: None)
     assert twin_runtimes == ["recorded_sync"] and summary["steps"] == 1
+
+
+class _HalfReserve:
+    """Keeps half the buffer for rewarded rollouts, whatever delta is."""
+
+    name = "half_reserve"
+    delta = 0.0
+
+    def reserve_capacity(self, capacity: int) -> int:
+        return capacity // 2
+
+
+@pytest.fixture
+def half_reserve():
+    from replayrl.config.registries import SAMPLERS, SamplerSpec
+
+    SAMPLERS.add("half_reserve", SamplerSpec(lambda delta: _HalfReserve(), summary="test"))
+    yield
+    SAMPLERS.remove("half_reserve")
+
+
+REPLAY = [
+    "buffer.kind=replay",
+    "buffer.capacity=16",
+    "buffer.sampler=half_reserve",
+    "train.batch_size=8",
+]
+
+
+def test_a_plugin_sampler_sizes_the_buffer(half_reserve) -> None:
+    from replayrl.data.buffer import make_buffer
+    from replayrl.run.components import buffer_kwargs
+
+    with pytest.raises(ConfigError, match=r"unknown sampler 'half_reserv'.*did you mean"):
+        load_config(
+            None, ["buffer.kind=replay", "buffer.capacity=16", "buffer.sampler=half_reserv"]
+        )
+    cfg = load_config(None, REPLAY)
+    buffer = make_buffer("replay", 16, **buffer_kwargs(cfg))
+    assert (
+        isinstance(buffer.sampler, _HalfReserve)
+        and buffer.state_dict()["sampler"] == "half_reserve"
+    )
+    assert buffer._reserve.cap == 8 and buffer._fresh.cap == 8  # a window and a reserve
+    with pytest.raises(ValueError, match="delta=0.5: not used by sampler='half_reserve'"):
+        make_buffer("replay", 16, sampler="half_reserve", delta=0.5)
+    with pytest.raises(ValueError, match="kind='onpolicy'"):
+        make_buffer("onpolicy", 16, sampler="half_reserve")
+
+
+def test_a_plugin_sampler_trains_a_tiny_run(half_reserve, tmp_path: Path) -> None:
+    from replayrl.run.entry import train
+
+    summary = train(tiny_config(tmp_path, *REPLAY, "train.steps=2"), log=lambda _: None)
+    assert summary["steps"] == 2 and summary["rollouts_generated"] == 16

@@ -114,12 +114,26 @@ class RuntimeSpec:
     summary: str = ""
 
 
+@dataclass(frozen=True)
+class SamplerSpec:
+    """A replay buffer's sampler (`buffer.sampler`): `build(delta) -> Sampler`
+    (`replayrl.data.buffer.samplers`: how many of the buffer's N slots form a reserve).
+    uses_delta: buffer.delta is its parameter (else a nonzero delta is refused)."""
+
+    build: Callable[[float], Any]
+    uses_delta: bool = False
+    summary: str = ""
+
+
 BATCH_SOURCES: Registry[BatchSourceSpec] = Registry(
     "batch source", "groups.source", ("replayrl.data.sources",)
 )
 TASKS: Registry[TaskSpec] = Registry("task", "task.name", ("replayrl.rollout.tasks",))
 BACKENDS: Registry[BackendSpec] = Registry(
     "generation backend", "rollout.backend", ("replayrl.rollout.generation.backends",)
+)
+SAMPLERS: Registry[SamplerSpec] = Registry(
+    "sampler", "buffer.sampler", ("replayrl.data.buffer.samplers",)
 )
 RUNTIMES: Registry[RuntimeSpec] = Registry("runtime", "runtime", ("replayrl.run.runtimes",))
 

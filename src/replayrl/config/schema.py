@@ -22,7 +22,14 @@ from pydantic import (
     model_validator,
 )
 
-from replayrl.config.registries import BACKENDS, BATCH_SOURCES, RUNTIMES, TASKS, runtimes_with
+from replayrl.config.registries import (
+    BACKENDS,
+    BATCH_SOURCES,
+    RUNTIMES,
+    SAMPLERS,
+    TASKS,
+    runtimes_with,
+)
 from replayrl.config.section import Section as _Section  # every section's base
 
 
@@ -304,10 +311,10 @@ class BufferConfig(_Section):
         "None: unbounded (onpolicy only); auto (experimental): x* from `replayrl design` on a "
         "measured warm-up",
     )
-    sampler: Literal["uniform", "positive_bias"] = Field(
+    sampler: str = Field(
         "uniform",
         description="uniform, or positive_bias: a share delta of each batch drawn from "
-        "rewarded rollouts (arXiv 2604.08706)",
+        "rewarded rollouts (arXiv 2604.08706); or a sampler a plugin registers",
     )
     delta: float = Field(0.0, ge=0, lt=1, description="positive_bias: share of the batch reserved")
     with_replacement: bool = Field(False, description="sample a batch with replacement")
@@ -328,6 +335,11 @@ class BufferConfig(_Section):
         gt=0,
         description="y = B / R, average uses per rollout: train.batch_size = round(y R) when unset",
     )
+
+    @field_validator("sampler")
+    @classmethod
+    def _registered_sampler(cls, v: str) -> str:
+        return SAMPLERS.check(v)
 
     @model_validator(mode="after")
     def _replay_needs_capacity(self) -> BufferConfig:
