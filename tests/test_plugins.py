@@ -160,3 +160,26 @@ def test_a_plugin_sampler_trains_a_tiny_run(half_reserve, tmp_path: Path) -> Non
 
     summary = train(tiny_config(tmp_path, *REPLAY, "train.steps=2"), log=lambda _: None)
     assert summary["steps"] == 2 and summary["rollouts_generated"] == 16
+
+
+def test_a_plugin_reward_is_named_in_the_config_and_scores_a_tiny_run(tmp_path: Path) -> None:
+    from replayrl.config.registries import REWARDS
+    from replayrl.run.entry import train
+
+    scored: list[int] = []
+
+    def length_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        scored.append(len(completions))
+        return [float(len(c) % 2) for c in completions]
+
+    REWARDS.add("odd_length", length_reward)
+    try:
+        with pytest.raises(ConfigError, match=r"unknown reward function 'odd_lenght'.*did you"):
+            load_config(None, ["rewards=[{name: odd_lenght}]"])
+        rewards = "rewards=[{name: correctness}, {name: odd_length, weight: 0.5}]"
+        cfg = tiny_config(tmp_path, rewards, "train.steps=1")
+        assert [r.name for r in cfg.rewards] == ["correctness", "odd_length"]
+        summary = train(cfg, log=lambda _: None)
+    finally:
+        REWARDS.remove("odd_length")
+    assert summary["steps"] == 1 and sum(scored) == 8  # every rollout of the step scored

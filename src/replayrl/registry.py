@@ -68,10 +68,13 @@ def nearest(name: str, names: list[str]) -> str:
 
 class Registry(Generic[T]):
     """Name -> entry. Registering a name twice and asking for an unknown one are errors; the
-    latter names `config_key`, the registered names and the nearest ones."""
+    latter names `config_key`, the registered names, the nearest ones and then `hint`."""
 
-    def __init__(self, kind: str, config_key: str, providers: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, kind: str, config_key: str, providers: tuple[str, ...] = (), hint: str = ""
+    ) -> None:
         self.kind, self.config_key, self.providers = kind, config_key, providers
+        self.hint = hint
         self._entries: dict[str, T] = {}
         self._loading = False
         self._loaded = False
@@ -117,6 +120,7 @@ class Registry(Generic[T]):
             raise ValueError(
                 f"{self.config_key}: unknown {self.kind} {name!r} (known: {', '.join(known)})"
                 + nearest(str(name), known)
+                + self.hint
             )
         return self._entries[name]
 

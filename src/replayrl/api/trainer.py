@@ -249,7 +249,7 @@ class ReplayTrainer:
     def _take_rewards(self, funcs: Any, extra: dict[str, Any]) -> list[Any] | None:
         """Reward callables -> WeightedReward objects (injected); names -> config only."""
         from replayrl.api.replayable import metric_name, reward_record
-        from replayrl.rollout.rewards import BUILTIN_REWARDS, WeightedReward, resolve_rewards
+        from replayrl.rollout.rewards import REWARDS, WeightedReward, resolve_rewards
 
         self._named_rewards: list[str] = []
         if funcs is None:
@@ -273,7 +273,7 @@ class ReplayTrainer:
                 records.append(fn)
             elif callable(fn):
                 # never a built-in reward's name: the metrics would pass it off as the built-in
-                name = metric_name(fn, i, frozenset(BUILTIN_REWARDS))
+                name = metric_name(fn, i, frozenset(REWARDS))
                 while name in names:  # two functions of the same name: keep both apart
                     name = f"{name}_{i}"
                 rewards.append(WeightedReward(name=name, fn=fn, weight=w))

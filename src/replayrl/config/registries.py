@@ -135,6 +135,13 @@ BACKENDS: Registry[BackendSpec] = Registry(
 SAMPLERS: Registry[SamplerSpec] = Registry(
     "sampler", "buffer.sampler", ("replayrl.data.buffer.samplers",)
 )
+# reward functions by name, TRL's signature `f(prompts, completions, **columns)`
+REWARDS: Registry[Callable[..., Any]] = Registry(
+    "reward function",
+    "rewards.name",
+    ("replayrl.rollout.rewards.builtin",),
+    hint="; or give your own as path/to/file.py:function",
+)
 RUNTIMES: Registry[RuntimeSpec] = Registry("runtime", "runtime", ("replayrl.run.runtimes",))
 
 

@@ -25,6 +25,7 @@ from pydantic import (
 from replayrl.config.registries import (
     BACKENDS,
     BATCH_SOURCES,
+    REWARDS,
     RUNTIMES,
     SAMPLERS,
     TASKS,
@@ -203,8 +204,14 @@ class TaskConfig(_Section):
 
 
 class RewardSpec(_Section):
-    name: str  # built-in name ("correctness", "format")
+    name: str  # a registered name (`REWARDS`: "correctness", ...) or file.py:function
     weight: float = 1.0
+
+    @field_validator("name")
+    @classmethod
+    def _registered_reward(cls, v: str) -> str:
+        # file.py:function and package.module:function are loaded when the run starts
+        return v if ":" in v else REWARDS.check(v)
 
 
 class RolloutConfig(_Section):
