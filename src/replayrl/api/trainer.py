@@ -467,13 +467,14 @@ class ReplayTrainer:
                 self._prepared = True
             return
         task_cfg = cfg.task
-        if cfg.model.path is None and task_cfg.name != "arithmetic":
-            # the tiny demo model's warm start is built on the arithmetic task
+        demo = TaskConfig()
+        if cfg.model.path is None and task_cfg.name != demo.name:
+            # the tiny demo model's warm start is built on the default (arithmetic) task
             self.log(
                 "model: none given, using the built-in tiny demo model (a character tokenizer "
                 "over the arithmetic task's alphabet); pass model=... for real data"
             )
-            task_cfg = TaskConfig()
+            task_cfg = demo
         with torch.random.fork_rng():
             self._model, self._tokenizer, self._model_path = load_policy(
                 cfg.model, task_cfg, log=self.log, seed=cfg.train.seed

@@ -48,7 +48,11 @@ class TaskSpec:
 
     For the built-in tiny model's warm start (run/warmstart.py): `warmstart_fields`, the
     `task.*` keys its cached warm start depends on (None: all of them), and `tiny_check`,
-    which refuses settings that warm start cannot give a usable start policy for."""
+    which refuses settings that warm start cannot give a usable start policy for.
+
+    For reports (`replayrl eval`, bench reports): `describe(TaskConfig) -> str`, its settings in
+    a few words (None: its name), and `data_file(TaskConfig) -> str | None`, the file of the
+    user's it reads (None: a built-in generated task)."""
 
     build: Callable[[Any], Any]
     make: Callable[..., Any]
@@ -56,6 +60,8 @@ class TaskSpec:
     summary: str = ""
     warmstart_fields: frozenset[str] | None = None
     tiny_check: Callable[[Any], None] | None = None
+    describe: Callable[[Any], str] | None = None
+    data_file: Callable[[Any], str | None] | None = None
 
 
 @dataclass(frozen=True)
