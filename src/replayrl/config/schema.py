@@ -210,8 +210,10 @@ class RewardSpec(_Section):
     @field_validator("name")
     @classmethod
     def _registered_reward(cls, v: str) -> str:
-        # file.py:function and package.module:function are loaded when the run starts
-        return v if ":" in v else REWARDS.check(v)
+        # file.py:function and package.module:function are loaded when the run starts; a
+        # non-name (the API's "<not replayable ...>" record of a lambda) is refused there
+        # unless the function itself is passed again
+        return REWARDS.check(v) if v.isidentifier() else v
 
 
 class RolloutConfig(_Section):
