@@ -17,16 +17,10 @@ if TYPE_CHECKING:
 
 
 def build_hf(
-    cfg: Config,
-    model: Any,
-    tokenizer: Any,
-    model_path: str,
-    *,
-    max_prompt_len: int | None,
-    worker_offset: int,
-    stop_ids: Any,
+    cfg: Config, model: Any, tokenizer: Any, model_path: str, *, stop_ids: Any, **_: Any
 ) -> Generator:
-    """Generation with the policy itself (transformers; its own decode loop by default)."""
+    """Generation with the policy itself (transformers; its own decode loop by default); it
+    shares the policy's context and random stream (no bound, no seed offset)."""
     from replayrl.models.precision import choose_for, enable_fast_fp32_matmul
     from replayrl.rollout.generation.hf import HFGenerator  # lazy: imports transformers
 
