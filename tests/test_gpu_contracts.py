@@ -136,7 +136,10 @@ def test_every_model_input_follows_the_model_device(tmp_path):
 def test_out_of_memory_message_names_the_knobs_and_the_checkpoint():
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert is_out_of_memory(oom) and not is_out_of_memory(RuntimeError("shape mismatch"))
-    msg = out_of_memory_message("generation", "runs/demo/checkpoints/step_000020")
+    from replayrl.config.registries import BACKENDS
+
+    vllm = BACKENDS.get("vllm").memory_knobs  # the backend's own knobs join the message
+    msg = out_of_memory_message("generation", "runs/demo/checkpoints/step_000020", vllm)
     for knob in (
         "train.micro_batch_size",
         "rollout.decode_batch_size",
@@ -382,7 +385,9 @@ def test_out_of_memory_in_a_step_is_a_one_line_run_failure(tmp_path):
     from replayrl.errors import RunFailed
     from replayrl.run.session import Session
 
-    fake = SimpleNamespace(run_dir=tmp_path)
+    fake = SimpleNamespace(
+        run_dir=tmp_path, cfg=SimpleNamespace(rollout=SimpleNamespace(backend="hf"))
+    )
     guard = Session.out_of_memory_as_failure
     with pytest.raises(RunFailed, match="out of GPU memory during training") as info:
         with guard(fake):  # type: ignore[arg-type]

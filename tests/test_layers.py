@@ -7,7 +7,8 @@
             -> run, records              one run's session and state; its folder and ledger
               -> rollout, data, learner  produce rollouts, keep them, learn from them
                 -> algorithms, design, models, config   pure math, model loading, schema
-                  -> storage, errors     files that outlive a process; shared exceptions
+                  -> storage, errors, registry   files that outlive a process; shared
+                                                 exceptions; the plug-in registry class
 
 A module may import its own layer or any layer below, never one above. No cycles, between
 modules or between packages (two packages of one layer may not import each other), no private
@@ -33,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("run", "records"),
     ("rollout", "data", "learner"),
     ("algorithms", "design", "models", "config"),
-    ("storage", "errors"),
+    ("storage", "errors", "registry"),
 )
 
 
@@ -220,14 +221,19 @@ def test_storage_imports_nothing_above_it() -> None:
             assert {m for m in imported if not m.startswith("replayrl.storage")} == set()
 
 
+def test_the_registry_class_imports_nothing_of_replayrl() -> None:
+    assert not imports_of(MODULES["replayrl.registry"].read_text())
+
+
 @pytest.mark.parametrize("package", ["algorithms", "design"])
 def test_the_pure_packages_import_only_themselves(package: str) -> None:
-    """Losses, advantages and the buffer-design math are functions of numbers and tensors."""
+    """Losses, advantages and the buffer-design math are functions of numbers and tensors
+    (and the plug-in registry class, which imports nothing of replayrl)."""
     prefix = f"replayrl.{package}"
     for name, path in MODULES.items():
         if _under(name, (prefix,)):
             imported = {m for m, _ in imports_of(path.read_text())}
-            outside = {m for m in imported if not _under(m, (prefix,))}
+            outside = {m for m in imported if not _under(m, (prefix, "replayrl.registry"))}
             assert not outside, f"{name} imports {outside}"
 
 

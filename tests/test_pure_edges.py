@@ -19,7 +19,7 @@ from replayrl.algorithms.losses import (
     register_policy_loss,
 )
 from replayrl.algorithms.objective import critic_objective
-from replayrl.algorithms.registry import Registry
+from replayrl.registry import Registry
 
 
 def test_group_advantages_divide_by_std_plus_eps() -> None:

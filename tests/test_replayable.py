@@ -14,7 +14,7 @@ from replayrl.api.replayable import (
     reward_record,
     why_not_importable,
 )
-from replayrl.rollout.rewards import BUILTIN_REWARDS
+from replayrl.rollout.rewards import REWARDS
 from replayrl.rollout.rewards.loading import load_reward_function
 
 
@@ -52,10 +52,10 @@ def test_lambdas_local_functions_and_objects_say_why_they_cannot_be_replayed():
 
 
 def test_a_user_reward_never_takes_a_builtin_name():
-    assert "correctness" in BUILTIN_REWARDS
-    assert metric_name(correctness, 0, frozenset(BUILTIN_REWARDS)) == "user_correctness"
-    assert metric_name(exact, 0, frozenset(BUILTIN_REWARDS)) == "exact"
-    assert metric_name(lambda p, c: c, 3, frozenset(BUILTIN_REWARDS)) == "reward_3"
+    assert "correctness" in REWARDS
+    assert metric_name(correctness, 0, frozenset(REWARDS)) == "user_correctness"
+    assert metric_name(exact, 0, frozenset(REWARDS)) == "exact"
+    assert metric_name(lambda p, c: c, 3, frozenset(REWARDS)) == "reward_3"
 
 
 def test_jsonl_copy_writes_numpy_values_as_numbers_and_nan_as_null():

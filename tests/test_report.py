@@ -101,7 +101,7 @@ def test_report_titles_colours_target_and_small_multiples(
     ):
         assert png in names and (tmp_path / "plots" / png).stat().st_size > 1000
     (title, lines), _ = seen["accuracy_vs_rollouts_generated.png"]
-    assert "reasoning sub 6 digits" in title and "built-in tiny Llama" in title
+    assert "reasoning: sub, 6 digits" in title and "built-in tiny Llama" in title
     assert "seeds 0, 1" in title
     methods = [(lab, col) for lab, col in lines if "(n=" in lab]
     assert len(methods) <= MAX_LINES

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from replayrl.rollout.rewards import (
-    BUILTIN_REWARDS,
+    REWARDS,
     WeightedReward,
     correctness_reward,
     digits_format_reward,
@@ -38,7 +38,7 @@ def test_builtin_correctness_and_format():
         0.0,
     ]
     assert digits_format_reward(PROMPTS, ["12", " -3 ", "1 2", "", "x"]) == [1, 1, 0, 0, 0]
-    assert set(BUILTIN_REWARDS) >= {"correctness", "digits_format"}
+    assert set(REWARDS) >= {"correctness", "digits_format"}
 
 
 def test_weighted_combination_and_means():
@@ -173,4 +173,5 @@ def test_columns_are_passed_as_keyword_lists():
 def test_unknown_reward_name():
     with pytest.raises(ValueError, match="'corectness'") as info:
         resolve_rewards([("corectness", 1.0)])
-    assert "correctness" in str(info.value).split("built-in:")[1]
+    assert "did you mean correctness?" in str(info.value)
+    assert "path/to/file.py:function" in str(info.value)

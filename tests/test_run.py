@@ -201,12 +201,15 @@ def test_reward_errors_are_counted_not_fatal(tmp_path: Path, monkeypatch: pytest
             raise RuntimeError("flaky reward cannot score odd-length completions")
         return [1.0] * len(completions)
 
-    monkeypatch.setitem(rewards_module.BUILTIN_REWARDS, "faulty", flaky)
-    cfg = make_cfg(
-        tmp_path, "faulty", "train.steps=3", "rewards=[{name: correctness}, {name: faulty}]"
-    )
-    logs: list[str] = []
-    summary = train(cfg, log=logs.append)
+    rewards_module.REWARDS.add("faulty", flaky)
+    try:
+        cfg = make_cfg(
+            tmp_path, "faulty", "train.steps=3", "rewards=[{name: correctness}, {name: faulty}]"
+        )
+        logs: list[str] = []
+        summary = train(cfg, log=logs.append)
+    finally:
+        rewards_module.REWARDS.remove("faulty")
     assert summary["steps"] == 3
     dropped = summary["rollouts_dropped_reward_error"]
     assert 0 < dropped < 3 * R

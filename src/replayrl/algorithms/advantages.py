@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayrl.algorithms.registry import Registry
+from replayrl.registry import Registry
 
 
 def group_advantages(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayrl.algorithms.registry import Registry
+from replayrl.registry import Registry
 
 Reducer = Callable[[float], float]  # sum of a count over data-parallel ranks
 

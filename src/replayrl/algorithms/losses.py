@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from replayrl.algorithms.aggregation import aggregate
-from replayrl.algorithms.registry import Registry
+from replayrl.registry import Registry
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 

@@ -30,6 +30,7 @@ import torch
 from replayrl.algorithms import ADVANTAGES
 from replayrl.api import trl_compat
 from replayrl.api.config import ReplayConfig
+from replayrl.config.registries import BACKENDS, RUNTIMES, runtimes_with
 from replayrl.config.schema import Config, ConfigError, TaskConfig, build_config, load_config
 from replayrl.run.callbacks import ReplayCallback, RunHooks, as_callbacks
 
@@ -248,7 +249,7 @@ class ReplayTrainer:
     def _take_rewards(self, funcs: Any, extra: dict[str, Any]) -> list[Any] | None:
         """Reward callables -> WeightedReward objects (injected); names -> config only."""
         from replayrl.api.replayable import metric_name, reward_record
-        from replayrl.rollout.rewards import BUILTIN_REWARDS, WeightedReward, resolve_rewards
+        from replayrl.rollout.rewards import REWARDS, WeightedReward, resolve_rewards
 
         self._named_rewards: list[str] = []
         if funcs is None:
@@ -272,7 +273,7 @@ class ReplayTrainer:
                 records.append(fn)
             elif callable(fn):
                 # never a built-in reward's name: the metrics would pass it off as the built-in
-                name = metric_name(fn, i, frozenset(BUILTIN_REWARDS))
+                name = metric_name(fn, i, frozenset(REWARDS))
                 while name in names:  # two functions of the same name: keep both apart
                     name = f"{name}_{i}"
                 rewards.append(WeightedReward(name=name, fn=fn, weight=w))
@@ -434,9 +435,10 @@ class ReplayTrainer:
             )
             if used
         ]
-        if needs_sync and cfg.runtime != "sync":
+        if needs_sync and not RUNTIMES.get(cfg.runtime).hooks:
             raise ConfigError(
-                f"{' and '.join(needs_sync)} need runtime=sync (got runtime={cfg.runtime}): "
+                f"{' and '.join(needs_sync)} need {runtimes_with('hooks')} "
+                f"(got runtime={cfg.runtime}): "
                 "asynchronous workers build their own copies from files and names"
             )
         if self._model is not None and self._model_path == IN_MEMORY_MODEL:
@@ -445,8 +447,10 @@ class ReplayTrainer:
                     f"algorithm.advantage={cfg.algorithm.advantage} builds the critic from a "
                     "model folder: save the model (save_pretrained) and pass its path"
                 )
-            if cfg.rollout.backend == "vllm":
-                raise ValueError("rollout.backend=vllm loads a model folder: pass a path")
+            if BACKENDS.get(cfg.rollout.backend).owns_weights:
+                raise ValueError(
+                    f"rollout.backend={cfg.rollout.backend} loads a model folder: pass a path"
+                )
 
     # -- the model ---------------------------------------------------------------------------
     def _load_policy(self) -> None:
@@ -463,13 +467,14 @@ class ReplayTrainer:
                 self._prepared = True
             return
         task_cfg = cfg.task
-        if cfg.model.path is None and task_cfg.name != "arithmetic":
-            # the tiny demo model's warm start is built on the arithmetic task
+        demo = TaskConfig()
+        if cfg.model.path is None and task_cfg.name != demo.name:
+            # the tiny demo model's warm start is built on the default (arithmetic) task
             self.log(
                 "model: none given, using the built-in tiny demo model (a character tokenizer "
                 "over the arithmetic task's alphabet); pass model=... for real data"
             )
-            task_cfg = TaskConfig()
+            task_cfg = demo
         with torch.random.fork_rng():
             self._model, self._tokenizer, self._model_path = load_policy(
                 cfg.model, task_cfg, log=self.log, seed=cfg.train.seed

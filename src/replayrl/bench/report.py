@@ -138,14 +138,18 @@ def describe_runs(groups: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def _task_label(t: dict[str, Any]) -> str:
-    name = t.get("name", "?")
-    if name == "dataset":
-        return Path(str(t.get("path", "?"))).name
-    if name == "reasoning":
-        return f"reasoning {t.get('op')} {t.get('digits')} digits"
-    if name == "arithmetic":
-        return f"{t.get('digits')}-digit addition"
-    return str(name)
+    """A recorded run's task: its name and its settings in a few words (its registry entry's
+    description); the name alone for a task this install does not have, or settings it no
+    longer reads."""
+    from replayrl.config.schema import TaskConfig
+    from replayrl.rollout.tasks import describe_task
+
+    name = str(t.get("name", "?"))
+    try:
+        label = describe_task(TaskConfig.model_validate(t))
+    except ValueError:
+        return name
+    return f"{name}: {label}" if label != name else name
 
 
 def _model_label(m: dict[str, Any]) -> str:

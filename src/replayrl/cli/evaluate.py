@@ -63,8 +63,9 @@ def model_path(args: argparse.Namespace, run: Path | None) -> str | None:
 def rows_to_score(args: argparse.Namespace, cfg: Config) -> tuple[Any, list[Any], str]:
     """(task, rows, what they are): every row of --data, else the config's held-out split."""
     from replayrl.api.trainer import IN_MEMORY
+    from replayrl.config.registries import TASKS
     from replayrl.rollout.evaluation import held_out_rows
-    from replayrl.rollout.tasks import DatasetTask, task_from_config
+    from replayrl.rollout.tasks import DatasetTask, describe_task, task_from_config
 
     t = cfg.task
     task: Any
@@ -74,28 +75,21 @@ def rows_to_score(args: argparse.Namespace, cfg: Config) -> tuple[Any, list[Any]
         skipped = sum(task.skipped.values())
         note = f", {skipped} rows skipped: {task.skip_summary()}" if skipped else ""
         return task, rows, f"every row of {args.data} ({len(rows)} rows{note})"
-    if t.name == "dataset" and t.path and t.path.startswith(IN_MEMORY):
+    data_file = TASKS.get(t.name).data_file
+    data = data_file(t) if data_file is not None else None
+    if data and data.startswith(IN_MEMORY):
         raise ConfigError(
-            f"this run trained on in-memory rows ({t.path}); pass them as a file: --data FILE"
+            f"this run trained on in-memory rows ({data}); pass them as a file: --data FILE"
         )
     task = task_from_config(t)
     rows = held_out_rows(cfg, task)
-    if t.name == "dataset":
-        where = f"the held-out split of {t.eval_path or t.path}"
+    if data:
+        where = f"the held-out split of {t.eval_path or data}"
     else:
-        where = f"the built-in task {t.name!r} ({_task_params(cfg)}), its held-out split"
+        where = f"the built-in task {t.name!r} ({describe_task(t)}), its held-out split"
         if not args.run and not args.config:
             where += " (no --data given: pass --data FILE to score your own rows)"
     return task, rows, f"{where}, first {len(rows)} rows"
-
-
-def _task_params(cfg: Config) -> str:
-    t = cfg.task
-    if t.name == "arithmetic":
-        return f"{t.digits}-digit addition"
-    if t.name == "reasoning":
-        return f"{t.op}, {t.digits} digits, {t.terms} terms"
-    return ", ".join(t.reasoning_gym.datasets) if t.name == "reasoning_gym" else t.name
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

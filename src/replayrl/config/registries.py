@@ -5,8 +5,8 @@ DAPO's dynamic sampling, AR3PO, ExGRPO, RePO, ...) and `TASKS` (task.name) live 
 config's layer, so the schema can list and validate what they hold. Their entries are added
 by the layers that implement them (`replayrl.data.sources`, `replayrl.rollout.tasks`): the
 arrow of registration points down. The registry imports those provider packages by name the
-first time it is asked (a plugin lookup, as a Python entry point would be), so a config is
-never checked against a half-filled registry.
+first time it is asked (`replayrl.registry`, which also loads installed plugins' entry points),
+so a config is never checked against a half-filled registry.
 
 A new reuse method is one file that defines its config section (a `Section`), its check over
 the whole config, its builder and its metrics, and one `BATCH_SOURCES.add(...)` line.
@@ -14,73 +14,12 @@ the whole config, its builder and its metrics, and one `BATCH_SOURCES.add(...)` 
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from replayrl.config.section import Section
-
-T = TypeVar("T")
-
-
-class PluginRegistry(Generic[T]):
-    """Name -> entry, filled by `providers` (module names) imported on first use; registering
-    a name twice and asking for an unknown one are errors naming the config key. (The same
-    contract as `replayrl.algorithms.registry.Registry`, kept torch-free here: reading a
-    config must not load the algorithms package.)"""
-
-    def __init__(self, kind: str, config_key: str, providers: tuple[str, ...]) -> None:
-        self.kind, self.config_key, self.providers = kind, config_key, providers
-        self._entries: dict[str, T] = {}
-        self._loading = False
-        self._loaded = False
-
-    def load(self) -> None:
-        if self._loaded or self._loading:
-            return
-        self._loading = True  # a provider's own imports may ask this registry again
-        try:
-            for module in self.providers:
-                importlib.import_module(module)
-            self._loaded = True
-        finally:
-            self._loading = False
-
-    def add(self, name: str, entry: T) -> T:
-        if name in self._entries:
-            raise ValueError(f"{self.kind} {name!r} is already registered")
-        self._entries[name] = entry
-        return entry
-
-    def remove(self, name: str) -> None:
-        """Unregister (a plugin's or a test's own entry)."""
-        self._entries.pop(name, None)
-
-    def get(self, name: str) -> T:
-        self.load()
-        if name not in self._entries:
-            raise ValueError(
-                f"{self.config_key}: unknown {self.kind} {name!r} (known: {', '.join(self)})"
-            )
-        return self._entries[name]
-
-    def check(self, name: str) -> str:
-        """`name` if registered, else the error `get` raises (for config validators)."""
-        self.get(name)
-        return name
-
-    def __contains__(self, name: object) -> bool:
-        self.load()
-        return name in self._entries
-
-    def __iter__(self) -> Iterator[str]:
-        self.load()
-        return iter(sorted(self._entries))
-
-    def __len__(self) -> int:
-        self.load()
-        return len(self._entries)
+from replayrl.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -119,7 +58,11 @@ class TaskSpec:
     `task.*` keys its cached warm start depends on (None: all of them), and `tiny_check`,
     which refuses settings that warm start cannot give a usable start policy for.
     `frozen_on_resume`: the `task.*` keys a resume may not change (its checkpointed state
-    depends on them)."""
+    depends on them).
+
+    For reports (`replayrl eval`, bench reports): `describe(TaskConfig) -> str`, its settings in
+    a few words (None: its name), and `data_file(TaskConfig) -> str | None`, the file of the
+    user's it reads (None: a built-in generated task)."""
 
     build: Callable[[Any], Any]
     make: Callable[..., Any]
@@ -128,9 +71,99 @@ class TaskSpec:
     warmstart_fields: frozenset[str] | None = None
     tiny_check: Callable[[Any], None] | None = None
     frozen_on_resume: tuple[str, ...] = ()
+    describe: Callable[[Any], str] | None = None
+    data_file: Callable[[Any], str | None] | None = None
 
 
-BATCH_SOURCES: PluginRegistry[BatchSourceSpec] = PluginRegistry(
+@dataclass(frozen=True)
+class BackendSpec:
+    """A generation backend (`rollout.backend`) as the run sees it.
+
+    build: `(cfg, model, tokenizer, model_path, *, max_prompt_len, worker_offset, stop_ids)
+        -> Generator` (`replayrl.rollout.generation.base`); `model` is the transformers model.
+    own_logprobs: it samples with its own kernels (and dtype), so its log-probs are never the
+        learner's: under precision.recompute_behaviour_logprobs=auto the learner recomputes
+        log pi_old in its own precision.
+    truncated_is_cap: `(Config) -> float | None`, the truncated-IS cap C that applies when
+        precision.truncated_is_cap is unset (None: no default correction).
+    owns_weights: it holds its own copy of the weights, loaded from the model folder (so it
+        needs a path, not an in-memory model); a process that only trains builds `fallback`
+        (a backend name) for its evaluations instead.
+    context_bound: `(Config) -> bool`, whether the run measures the longest prompt it keeps
+        and passes it as `max_prompt_len` (None: never).
+    frames: path fragments of the code that runs its generation (and its device memory): an
+        out-of-memory error raised in one of them is reported as generation's.
+    memory_knobs: the settings that lower its memory, for that report.
+    summary: one line for the docs and error messages.
+    """
+
+    build: Callable[..., Any]
+    own_logprobs: bool = False
+    truncated_is_cap: Callable[[Any], float | None] | None = None
+    owns_weights: bool = False
+    fallback: str | None = None
+    context_bound: Callable[[Any], bool] | None = None
+    frames: tuple[str, ...] = ("/rollout/generation/",)
+    memory_knobs: str = "rollout.decode_batch_size (generation)"
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """A runtime (`runtime`) as the run sees it.
+
+    start: `(cfg, run_dir, log, resume, hooks) -> (() -> summary)`: builds the run's session
+        and returns the call that runs its loop.
+    lockstep: generation and training alternate in one process (the synchronous loop): what
+        needs a step's fresh rollouts before its update (a rollout budget, `auto` design, the
+        fixed ReMix composition, group-level batch sources) needs it; otherwise generators
+        run beside learners (`workers.*`) and their clocks are measured.
+    hooks: it takes objects from the Python API (a model, a dataset, reward callables,
+        callbacks); otherwise its workers build their own from files and names.
+    multi_learner: it runs workers.learners > 1 data-parallel learners.
+    summary: one line for the docs and error messages.
+    """
+
+    start: Callable[..., Callable[[], dict[str, Any]]]
+    lockstep: bool = False
+    hooks: bool = False
+    multi_learner: bool = False
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """A replay buffer's sampler (`buffer.sampler`): `build(delta) -> Sampler`
+    (`replayrl.data.buffer.samplers`: how many of the buffer's N slots form a reserve).
+    uses_delta: buffer.delta is its parameter (else a nonzero delta is refused)."""
+
+    build: Callable[[float], Any]
+    uses_delta: bool = False
+    summary: str = ""
+
+
+BATCH_SOURCES: Registry[BatchSourceSpec] = Registry(
     "batch source", "groups.source", ("replayrl.data.sources",)
 )
-TASKS: PluginRegistry[TaskSpec] = PluginRegistry("task", "task.name", ("replayrl.rollout.tasks",))
+TASKS: Registry[TaskSpec] = Registry("task", "task.name", ("replayrl.rollout.tasks",))
+BACKENDS: Registry[BackendSpec] = Registry(
+    "generation backend", "rollout.backend", ("replayrl.rollout.generation.backends",)
+)
+SAMPLERS: Registry[SamplerSpec] = Registry(
+    "sampler", "buffer.sampler", ("replayrl.data.buffer.samplers",)
+)
+# reward functions by name, TRL's signature `f(prompts, completions, **columns)`
+REWARDS: Registry[Callable[..., Any]] = Registry(
+    "reward function",
+    "rewards.name",
+    ("replayrl.rollout.rewards.builtin",),
+    hint="; or give your own as path/to/file.py:function",
+)
+RUNTIMES: Registry[RuntimeSpec] = Registry("runtime", "runtime", ("replayrl.launch.runtimes",))
+
+
+def runtimes_with(feature: str) -> str:
+    """'runtime=sync' (or 'runtime=a or runtime=b'): the runtimes whose spec has `feature`
+    (lockstep, hooks, multi_learner), for error messages."""
+    names = [name for name, spec in RUNTIMES.items() if getattr(spec, feature)]
+    return " or ".join(f"runtime={name}" for name in names) or f"a runtime with {feature}"

@@ -22,7 +22,15 @@ from pydantic import (
     model_validator,
 )
 
-from replayrl.config.registries import BATCH_SOURCES, TASKS
+from replayrl.config.registries import (
+    BACKENDS,
+    BATCH_SOURCES,
+    REWARDS,
+    RUNTIMES,
+    SAMPLERS,
+    TASKS,
+    runtimes_with,
+)
 from replayrl.config.section import Section as _Section  # every section's base
 
 
@@ -196,8 +204,16 @@ class TaskConfig(_Section):
 
 
 class RewardSpec(_Section):
-    name: str  # built-in name ("correctness", "format")
+    name: str  # a registered name (`REWARDS`: "correctness", ...) or file.py:function
     weight: float = 1.0
+
+    @field_validator("name")
+    @classmethod
+    def _registered_reward(cls, v: str) -> str:
+        # file.py:function and package.module:function are loaded when the run starts; a
+        # non-name (the API's "<not replayable ...>" record of a lambda) is refused there
+        # unless the function itself is passed again
+        return REWARDS.check(v) if v.isidentifier() else v
 
 
 class RolloutConfig(_Section):
@@ -243,14 +259,20 @@ class RolloutConfig(_Section):
     # end or hang the run (a timeout kills the worker); thread: in the trainer's process (a
     # function that must share state with it, or use its CUDA context). Built-ins: in-process
     reward_isolation: Literal["process", "thread"] = "process"
-    # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`)
-    backend: Literal["hf", "vllm"] = "hf"
+    # hf: transformers generate (CPU/GPU); vllm: GPU engine (the `vllm` extra; see `vllm`);
+    # or a backend a plugin registers (`BACKENDS`)
+    backend: str = "hf"
     # backend hf: fast = own decode loop (one prefill per prompt, inverse-CDF sampling, an
     # in-place KV cache for Llama-architecture models; ~2-3x); fast_hf = the same loop over
     # transformers' own forward and cache (what fast does for other architectures);
     # generate = transformers generate + torch.multinomial (other random draws than fast's:
     # select it to reproduce the runs made with it, such as BENCHMARKS.md's default suite)
     generation_impl: Literal["fast", "fast_hf", "generate"] = "fast"
+
+    @field_validator("backend")
+    @classmethod
+    def _registered_backend(cls, v: str) -> str:
+        return BACKENDS.check(v)
 
 
 class VLLMConfig(_Section):
@@ -299,10 +321,10 @@ class BufferConfig(_Section):
         "None: unbounded (onpolicy only); auto (experimental): x* from `replayrl design` on a "
         "measured warm-up",
     )
-    sampler: Literal["uniform", "positive_bias"] = Field(
+    sampler: str = Field(
         "uniform",
         description="uniform, or positive_bias: a share delta of each batch drawn from "
-        "rewarded rollouts (arXiv 2604.08706)",
+        "rewarded rollouts (arXiv 2604.08706); or a sampler a plugin registers",
     )
     delta: float = Field(0.0, ge=0, lt=1, description="positive_bias: share of the batch reserved")
     with_replacement: bool = Field(False, description="sample a batch with replacement")
@@ -323,6 +345,11 @@ class BufferConfig(_Section):
         gt=0,
         description="y = B / R, average uses per rollout: train.batch_size = round(y R) when unset",
     )
+
+    @field_validator("sampler")
+    @classmethod
+    def _registered_sampler(cls, v: str) -> str:
+        return SAMPLERS.check(v)
 
     @model_validator(mode="after")
     def _replay_needs_capacity(self) -> BufferConfig:
@@ -731,7 +758,8 @@ class RayConfig(_Section):
 class Config(_Section):
     # sync: one process, generate then train; async-local: generator processes on this
     # machine train concurrently with the learner; ray: generators, buffer, learners as actors
-    runtime: Literal["sync", "async-local", "ray"] = "sync"
+    # (or a runtime a plugin registers: `RUNTIMES`)
+    runtime: str = "sync"
     model: ModelConfig = ModelConfig()
     task: TaskConfig = Field(default_factory=TaskConfig)  # checked against TASKS per config
     rewards: list[RewardSpec] = Field(
@@ -774,6 +802,11 @@ class Config(_Section):
     def needs_design(self) -> bool:
         return self.buffer.capacity == "auto" or self.train.batch_size == "auto"
 
+    @field_validator("runtime")
+    @classmethod
+    def _registered_runtime(cls, v: str) -> str:
+        return RUNTIMES.check(v)
+
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
         if (self.buffer.capacity == "auto") != (self.train.batch_size == "auto"):
@@ -800,8 +833,11 @@ class Config(_Section):
             if self.algorithm.loss_type != "mix_ppg":
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
             self._check_remix()
-        if self.train.rollout_budget is not None and self.runtime != "sync":
-            raise ValueError(f"train.rollout_budget needs runtime=sync (got {self.runtime})")
+        lockstep = RUNTIMES.get(self.runtime).lockstep
+        if self.train.rollout_budget is not None and not lockstep:
+            raise ValueError(
+                f"train.rollout_budget needs {runtimes_with('lockstep')} (got {self.runtime})"
+            )
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
         self._check_loss_requirements()
@@ -809,7 +845,7 @@ class Config(_Section):
         if source.check is not None:
             source.check(self)  # the method's own rules, next to its code
         self._check_signal()  # after the group checks: theirs name the cause more precisely
-        if self.runtime != "sync":
+        if not lockstep:
             self._check_async()
         return self
 
@@ -867,12 +903,14 @@ class Config(_Section):
             raise ValueError(f"remix.enabled needs workers.learners=1 (got {w.learners})")
         if self.remix.enabled and self.remix.composition == "fixed":
             raise ValueError(
-                f"remix.composition=fixed needs runtime=sync (got {rt}): the asynchronous "
-                "generators do not size their batches by phase; set remix.composition=additive"
+                f"remix.composition=fixed needs {runtimes_with('lockstep')} (got {rt}): "
+                "asynchronous generators do not size their batches by phase; set "
+                "remix.composition=additive"
             )
         if self.needs_design:
             raise ValueError(
-                f"buffer.capacity/train.batch_size=auto needs runtime=sync (got runtime={rt}): "
+                f"buffer.capacity/train.batch_size=auto needs {runtimes_with('lockstep')} "
+                f"(got runtime={rt}): "
                 "run `replayrl design` with a measured mu and set them"
             )
         if w.max_staleness is not None and w.max_staleness < w.sync_every:
@@ -881,8 +919,8 @@ class Config(_Section):
                 f"{w.sync_every}: generators only see weights every {w.sync_every} steps"
             )
         if w.learners > 1:
-            if rt != "ray":
-                raise ValueError("workers.learners > 1 needs runtime=ray")
+            if not RUNTIMES.get(rt).multi_learner:
+                raise ValueError(f"workers.learners > 1 needs {runtimes_with('multi_learner')}")
             if self.batch_size % w.learners:
                 raise ValueError(
                     f"train.batch_size B={self.batch_size} must be divisible by "

@@ -1,5 +1,6 @@
 """Entry points: `train(cfg)` starts a run, `resume(run_dir)` continues one; the runtime
-(sync, async-local, ray) picks the recipe. The CLI and the Python API call these."""
+(a `RUNTIMES` registry entry: sync, async-local, ray) picks the recipe. The CLI and the
+Python API call these."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from replayrl.config.registries import RUNTIMES, runtimes_with
 from replayrl.config.schema import Config, ConfigError, load_config
 from replayrl.records.folder import (
     check_layout,
@@ -107,10 +109,10 @@ def resume(
 
 def check_hooks(cfg: Config, hooks: RunHooks | None) -> None:
     """Hooks reach the synchronous loop only (async and Ray workers build their own objects)."""
-    if hooks is not None and cfg.runtime != "sync":
+    if hooks is not None and not RUNTIMES.get(cfg.runtime).hooks:
         raise ConfigError(
             f"model objects, in-memory datasets, reward callables and callbacks need "
-            f"runtime=sync (got runtime={cfg.runtime}): give files and names instead"
+            f"{runtimes_with('hooks')} (got runtime={cfg.runtime}): give files and names instead"
         )
 
 
@@ -118,18 +120,4 @@ def _runtime(
     cfg: Config, run_dir: Path, log: Log, resume: bool, hooks: RunHooks | None = None
 ) -> Callable[[], dict[str, Any]]:
     """Build the run's session for its runtime; returns the call that runs its loop."""
-    if cfg.runtime == "ray":
-        from replayrl.distributed.ray_runtime import RayDriver
-
-        return RayDriver(cfg, run_dir, log=log, resume=resume).run
-    if cfg.runtime == "async-local":
-        from replayrl.distributed.local import local_pool
-        from replayrl.recipes.asynchronous import AsyncSession, run_async
-
-        s = AsyncSession(cfg, run_dir, local_pool, log=log, resume=resume)
-        return lambda: run_async(s)
-    from replayrl.recipes.sync import run_sync
-    from replayrl.run.session import Session
-
-    session = Session(cfg, run_dir, log=log, resume=resume, hooks=hooks)
-    return lambda: run_sync(session)
+    return RUNTIMES.get(cfg.runtime).start(cfg, run_dir, log, resume, hooks)

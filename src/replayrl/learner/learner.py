@@ -30,6 +30,7 @@ from replayrl.algorithms.correction import apply_token_weights, truncated_is_wei
 from replayrl.algorithms.kl import kl_convex_lambda
 from replayrl.algorithms.losses import clip_stats
 from replayrl.algorithms.objective import ObjectiveWeights, critic_objective, policy_objective
+from replayrl.config.registries import BACKENDS, BackendSpec
 from replayrl.config.schema import Config, config_value
 from replayrl.data.rollout import Rollout, is_stale
 from replayrl.learner import logprobs
@@ -144,10 +145,10 @@ class Learner:
         gen = self.precision_choice.generation
         reduced = self.autocast is not None or (gen is not None and gen != torch.float32)
         reduced = reduced or (gen is None and cfg.model.dtype != "float32")
-        # a vLLM engine samples with its own kernels (and dtype): its log-probs are never the
-        # learner's, so the learner recomputes log pi_old and corrects for the mismatch
-        vllm = cfg.rollout.backend == "vllm"
-        reduced = reduced or vllm
+        # a backend with its own kernels (vLLM): its log-probs are never the learner's, so the
+        # learner recomputes log pi_old and corrects for the mismatch
+        backend = BACKENDS.get(cfg.rollout.backend)
+        reduced = reduced or backend.own_logprobs
         self.recompute_behaviour = p.recompute_behaviour_logprobs == "always" or (
             p.recompute_behaviour_logprobs == "auto" and reduced
         )
@@ -158,7 +159,7 @@ class Learner:
         self._fused_stats: dict[str, float] = {}
         # the learner's own log pi_old of fresh rollouts, beside them (pi_old.py)
         self.pi_old = PiOld()
-        self.tis_cap = self._truncated_is_cap(cfg, vllm)
+        self.tis_cap = self._truncated_is_cap(cfg, backend)
         # only what trains (with LoRA: the adapters; the base weights are frozen)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -192,13 +193,15 @@ class Learner:
         if cfg.kl.beta > 0 and self.kl_weights(0)[0] > 0:
             self.base_model = initial_policy(self.model)
 
-    def _truncated_is_cap(self, cfg: Config, vllm: bool) -> float | None:
-        """C of truncated IS: precision.truncated_is_cap, else with vLLM vllm.truncated_is_cap
-        (on by default, as TRL's vllm_importance_sampling_correction) where it applies."""
+    def _truncated_is_cap(self, cfg: Config, backend: BackendSpec) -> float | None:
+        """C of truncated IS: precision.truncated_is_cap, else the backend's default (vLLM:
+        vllm.truncated_is_cap, on as TRL's vllm_importance_sampling_correction) where it
+        applies."""
         cap = cfg.precision.truncated_is_cap
         uses_rewards = "rewards" in POLICY_LOSSES.get(self.loss_type).inputs
-        if cap is None and vllm and self.recompute_behaviour and not uses_rewards:
-            return cfg.vllm.truncated_is_cap
+        default = backend.truncated_is_cap
+        if cap is None and default is not None and self.recompute_behaviour and not uses_rewards:
+            return default(cfg)
         # truncated IS weighs tokens by pi_learner_old / pi_sampler: both must exist, and the
         # loss must be one that scales with the advantage (correction.apply_token_weights)
         if cap is not None and not self.recompute_behaviour:

@@ -70,20 +70,25 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-def oom_phase(exc: BaseException) -> str:
-    """'generation' when the error was raised inside a rollout backend, else 'training'."""
+def oom_phase(exc: BaseException, frames: tuple[str, ...] = ("/rollout/generation/",)) -> str:
+    """'generation' when the error was raised inside a rollout backend (a file whose path
+    holds one of its `frames`: `BackendSpec.frames`), else 'training'."""
     tb = exc.__traceback__
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
-        if "/rollout/generation/" in name or "/vllm/" in name:
+        if any(frame in name for frame in frames):
             return "generation"
         tb = tb.tb_next
     return "training"
 
 
-def out_of_memory_message(where: str, last_checkpoint: str | None) -> str:
-    """One line: what ran out of memory, the knobs that lower memory, the checkpoint to
-    resume from."""
+def out_of_memory_message(
+    where: str,
+    last_checkpoint: str | None,
+    generation_knobs: str = "rollout.decode_batch_size (generation)",
+) -> str:
+    """One line: what ran out of memory, the knobs that lower memory (the generation
+    backend's: `BackendSpec.memory_knobs`), the checkpoint to resume from."""
     resume = (
         f"last good checkpoint: {last_checkpoint} (resume with --resume)"
         if last_checkpoint
@@ -91,6 +96,5 @@ def out_of_memory_message(where: str, last_checkpoint: str | None) -> str:
     )
     return (
         f"out of GPU memory during {where}: lower train.micro_batch_size (learner), "
-        "rollout.decode_batch_size (generation), vllm.gpu_memory_utilization (vLLM's share "
-        f"of the GPU), or train with model.lora.enabled=true; {resume}"
+        f"{generation_knobs}, or train with model.lora.enabled=true; {resume}"
     )

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from replayrl.algorithms import ADVANTAGES
-from replayrl.config.registries import BATCH_SOURCES
+from replayrl.config.registries import BACKENDS, BATCH_SOURCES
 from replayrl.config.schema import Config
 from replayrl.data.buffer import Buffer, make_buffer
 from replayrl.data.sources.base import SourceContext
@@ -98,7 +98,8 @@ def build_generator(
     keeps + rollout.max_new_tokens (unless vllm.max_model_len is set), and its seed is
     train.seed + `worker_offset` (unless vllm.seed is set)."""
     max_prompt_len = None
-    if cfg.rollout.backend == "vllm" and cfg.vllm.max_model_len is None:
+    bound = BACKENDS.get(cfg.rollout.backend).context_bound
+    if bound is not None and bound(cfg):
         max_prompt_len = longest_prompt_tokens(
             task,
             render,
@@ -258,9 +259,11 @@ def build_components(
     learner = build_learner(cfg, model, tokenizer.pad_token_id, model_path)
     # the transformers model itself (a LoRA wrapper's layers stay active inside it)
     gen_cfg = cfg
-    if not engine and cfg.rollout.backend == "vllm":
+    backend = BACKENDS.get(cfg.rollout.backend)
+    if not engine and backend.owns_weights:
+        fallback = backend.fallback or "hf"
         gen_cfg = cfg.model_copy(
-            update={"rollout": cfg.rollout.model_copy(update={"backend": "hf"})}
+            update={"rollout": cfg.rollout.model_copy(update={"backend": fallback})}
         )
     generator = build_generator(gen_cfg, model, tokenizer, model_path, task, render)
     prompt_rng = np.random.default_rng(cfg.train.seed)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from replayrl.config.registries import BACKENDS, RUNTIMES
 from replayrl.config.schema import Config, config_to_yaml
 from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
@@ -288,8 +289,10 @@ class Session:
             if not is_out_of_memory(exc):
                 raise
             ckpt = latest_checkpoint(self.run_dir)
-            where = oom_phase(exc)
-            raise RunFailed(out_of_memory_message(where, str(ckpt) if ckpt else None)) from None
+            backend = BACKENDS.get(self.cfg.rollout.backend)
+            where = oom_phase(exc, backend.frames)
+            last = str(ckpt) if ckpt else None
+            raise RunFailed(out_of_memory_message(where, last, backend.memory_knobs)) from None
 
     def eval_due(self) -> bool:
         """After this step: every eval.every steps, or (eval.every_rollouts = K) when the
@@ -330,7 +333,8 @@ class Session:
     def report_accounting(self, summary: dict[str, Any]) -> None:
         acc = summary["accounting"]
         # mu / gamma matter where generators run beside learners, or where `auto` used mu
-        show_mu = self.cfg.runtime != "sync" or bool(self.counters.design)
+        lockstep = RUNTIMES.get(self.cfg.runtime).lockstep
+        show_mu = not lockstep or bool(self.counters.design)
         self.log(format_accounting(acc["ledger"], acc, show_mu=show_mu))
 
     def buffers(self) -> list[Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from replayrl.config.registries import RUNTIMES
 from replayrl.config.schema import Config
 from replayrl.design.theory import estimate_mu
 from replayrl.records.ledger import (
@@ -142,8 +143,9 @@ def role_clocks(c: Counters) -> dict[str, dict[str, float]]:
 
 
 def accounting(cfg: Config, c: Counters, buffers: list[Any]) -> dict[str, Any]:
-    workers = cfg.workers.generators if cfg.runtime != "sync" else 1
-    trainers = cfg.workers.learners if cfg.runtime != "sync" else 1
+    lockstep = RUNTIMES.get(cfg.runtime).lockstep
+    workers = 1 if lockstep else cfg.workers.generators
+    trainers = 1 if lockstep else cfg.workers.learners
     return {"ledger": ledger(c, buffers), **role_summary(role_clocks(c), workers, trainers)}
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from replayrl.data.buffer.base import Buffer, check_int, check_max_staleness
 from replayrl.data.buffer.onpolicy import OnPolicyQueue
 from replayrl.data.buffer.replay import ReplayBuffer
-from replayrl.data.buffer.samplers import SAMPLER_NAMES
+from replayrl.data.buffer.samplers import DEFAULT_SAMPLER, sampler_spec
 from replayrl.data.buffer.sharded import ShardedBuffer
 
 __all__ = ["BUFFER_KINDS", "make_buffer"]
@@ -48,22 +48,21 @@ def make_buffer(
             raise ValueError("capacity=None: a replay buffer needs an int capacity >= 1")
     else:
         capacity = check_int("capacity", capacity, 1)
-    sampler_key = sampler.replace("-", "_") if isinstance(sampler, str) else sampler
-    if sampler_key not in SAMPLER_NAMES:
-        raise ValueError(f"sampler={sampler!r}: unknown sampler; expected one of {SAMPLER_NAMES}")
+    spec = sampler_spec(sampler)
+    sampler_key = sampler.replace("-", "_")
     if isinstance(delta, bool) or not isinstance(delta, int | float) or math.isnan(delta):
         raise ValueError(f"delta={delta!r}: must be a float in [0, 1)")
     if not 0.0 <= delta < 1.0:
         raise ValueError(f"delta={delta!r}: must be in [0, 1)")
-    if sampler_key == "uniform" and delta != 0.0:
-        raise ValueError(f"delta={delta!r}: only used with sampler='positive_bias'")
+    if not spec.uses_delta and delta != 0.0:
+        raise ValueError(f"delta={delta!r}: not used by sampler={sampler!r}")
     if not isinstance(with_replacement, bool):
         raise ValueError(f"with_replacement={with_replacement!r}: must be a bool")
     num_shards = check_int("num_shards", num_shards, 1)
     max_staleness = check_max_staleness(max_staleness)
     seed = check_int("seed", seed, 0)
     if kind == "onpolicy":
-        if sampler_key != "uniform":
+        if sampler_key != DEFAULT_SAMPLER:
             raise ValueError(f"sampler={sampler!r}: kind='onpolicy' is LIFO and takes no sampler")
         if with_replacement:
             raise ValueError("with_replacement=True: kind='onpolicy' removes what it returns")

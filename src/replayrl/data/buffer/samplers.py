@@ -23,13 +23,16 @@ from typing import Protocol
 
 import numpy as np
 
+from replayrl.config.registries import SAMPLERS, SamplerSpec
+
 __all__ = [
-    "SAMPLER_NAMES",
+    "DEFAULT_SAMPLER",
     "PositiveBias",
     "Sampler",
     "draw_indices",
     "make_sampler",
     "num_reserved",
+    "sampler_spec",
     "positive_bias",
     "uniform",
 ]
@@ -111,21 +114,40 @@ def positive_bias(delta: float) -> PositiveBias:
     return PositiveBias(float(delta))
 
 
-SAMPLER_NAMES = ("uniform", "positive_bias")
+# what an on-policy queue (LIFO, no reserve) is compatible with
+DEFAULT_SAMPLER = "uniform"
+
+SAMPLERS.add(
+    "uniform",
+    SamplerSpec(
+        lambda delta: uniform, summary="uniform over the freshest N rollouts (arXiv 2604.08706)"
+    ),
+)
+SAMPLERS.add(
+    "positive_bias",
+    SamplerSpec(
+        positive_bias,
+        uses_delta=True,
+        summary="a share delta of the buffer reserved for rewarded rollouts (arXiv 2604.08706)",
+    ),
+)
+
+
+def sampler_spec(name: str) -> SamplerSpec:
+    """The registered sampler `name` ("positive-bias" is read as "positive_bias"); an
+    unknown name is a ValueError naming it and the registered ones."""
+    key = name.replace("-", "_") if isinstance(name, str) else name
+    if key not in SAMPLERS:
+        raise ValueError(f"sampler={name!r}: unknown sampler; expected one of {tuple(SAMPLERS)}")
+    return SAMPLERS.get(key)
 
 
 def make_sampler(name: str, delta: float = 0.0) -> Sampler:
-    """Sampler by name ("uniform" or "positive_bias"; "positive-bias" is accepted too)."""
-    key = name.replace("-", "_") if isinstance(name, str) else name
-    if key == "uniform":
-        if delta != 0.0:
-            raise ValueError(
-                f"delta={delta!r}: only used by sampler='positive_bias' (sampler is 'uniform')"
-            )
-        return uniform
-    if key == "positive_bias":
-        return positive_bias(delta)
-    raise ValueError(f"sampler={name!r}: unknown sampler; expected one of {SAMPLER_NAMES}")
+    """Sampler by its registered name (`SAMPLERS`: uniform, positive_bias, ...)."""
+    spec = sampler_spec(name)
+    if not spec.uses_delta and delta != 0.0:
+        raise ValueError(f"delta={delta!r}: not used by sampler={name!r}")
+    return spec.build(delta)  # type: ignore[no-any-return]
 
 
 def draw_indices(rng: np.random.Generator, m: int, n: int, replace: bool) -> np.ndarray:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from replayrl.config.registries import RUNTIMES
 from replayrl.data.buffer import Buffer
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class SourceContext:
 def require_fresh_groups(cfg: Config, name: str) -> None:
     """Group-level sources decide a step's batch themselves, from fresh on-policy groups of
     the synchronous loop with GRPO's group advantages."""
-    if cfg.runtime != "sync":
+    if not RUNTIMES.get(cfg.runtime).lockstep:
         raise ValueError(f"groups.source={name} needs runtime=sync (got {cfg.runtime})")
     if cfg.buffer.kind != "onpolicy" or cfg.remix.enabled:
         raise ValueError(f"groups.source={name} needs buffer.kind=onpolicy and no remix")

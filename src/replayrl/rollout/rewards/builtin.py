@@ -1,10 +1,11 @@
-"""Built-in verifiable rewards (TRL signature)."""
+"""Built-in verifiable rewards (TRL signature), registered by name (`REWARDS`)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from replayrl.config.registries import REWARDS
 from replayrl.rollout.rewards.math import (
     answer_tag_format_reward,
     boxed_format_reward,
@@ -58,12 +59,10 @@ def final_answer_reward(
     ]
 
 
-BUILTIN_REWARDS = {
-    "correctness": correctness_reward,
-    "digits_format": digits_format_reward,
-    "final_answer": final_answer_reward,
-    "math": math_reward,
-    "boxed_format": boxed_format_reward,
-    "answer_tag_format": answer_tag_format_reward,
-    "reasoning_gym": reasoning_gym_reward,
-}
+REWARDS.add("correctness", correctness_reward)
+REWARDS.add("digits_format", digits_format_reward)
+REWARDS.add("final_answer", final_answer_reward)
+REWARDS.add("math", math_reward)
+REWARDS.add("boxed_format", boxed_format_reward)
+REWARDS.add("answer_tag_format", answer_tag_format_reward)
+REWARDS.add("reasoning_gym", reasoning_gym_reward)

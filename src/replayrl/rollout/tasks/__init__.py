@@ -7,6 +7,7 @@ checks `task.name` against the registry; the run looks the builder up by name.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replayrl.config.registries import TASKS, TaskSpec
@@ -23,6 +24,7 @@ __all__ = [
     "DatasetTask",
     "ReasoningTask",
     "Task",
+    "describe_task",
     "make_task",
     "task_from_config",
 ]
@@ -36,6 +38,12 @@ def make_task(name: str, **kwargs: Any) -> Task:
 def task_from_config(t: TaskConfig) -> Task:
     """The task a config's `task` section describes."""
     return TASKS.get(t.name).build(t)  # type: ignore[no-any-return]
+
+
+def describe_task(t: TaskConfig) -> str:
+    """The task's settings in a few words (its registry entry's `describe`, else its name)."""
+    describe = TASKS.get(t.name).describe
+    return describe(t) if describe is not None else t.name
 
 
 # -- the built-in tasks -----------------------------------------------------------------------
@@ -120,6 +128,7 @@ TASKS.add(
         # the original set: existing configs keep their cached warm starts
         warmstart_fields=frozenset({"name", "digits", "eval_size", "seed"}),
         tiny_check=_tiny_arithmetic,
+        describe=lambda t: f"{t.digits}-digit addition",
     ),
 )
 TASKS.add(
@@ -129,6 +138,8 @@ TASKS.add(
         lambda path, **kw: DatasetTask(path, **kw),
         _check_dataset,
         "a local JSONL / parquet / CSV file with a prompt column and answer columns",
+        describe=lambda t: Path(str(t.path)).name,
+        data_file=lambda t: t.path,
     ),
 )
 TASKS.add(
@@ -140,6 +151,7 @@ TASKS.add(
         warmstart_fields=frozenset(
             {"name", "op", "digits", "min_digits", "terms", "eval_size", "seed"}
         ),
+        describe=lambda t: f"{t.op}, {t.digits} digits, {t.terms} terms",
     ),
 )
 TASKS.add(
@@ -149,5 +161,6 @@ TASKS.add(
         _reasoning_gym,
         _check_reasoning_gym,
         "procedurally generated problems from the reasoning-gym package",
+        describe=lambda t: ", ".join(t.reasoning_gym.datasets),
     ),
 )

@@ -1,0 +1,98 @@
+"""The built-in generation backends, registered by name (`rollout.backend`).
+
+A backend is a builder plus what the run asks of it (`BackendSpec`): whether its log-probs
+are the learner's, its truncated-IS default, whether it owns a weight copy, its context bound.
+The builders import their engine lazily: reading a config loads neither transformers nor vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from replayrl.config.registries import BACKENDS, BackendSpec
+
+if TYPE_CHECKING:
+    from replayrl.config.schema import Config
+    from replayrl.rollout.generation.base import Generator
+
+
+def build_hf(
+    cfg: Config, model: Any, tokenizer: Any, model_path: str, *, stop_ids: Any, **_: Any
+) -> Generator:
+    """Generation with the policy itself (transformers; its own decode loop by default); it
+    shares the policy's context and random stream (no bound, no seed offset)."""
+    from replayrl.models.precision import choose_for, enable_fast_fp32_matmul
+    from replayrl.rollout.generation.hf import HFGenerator  # lazy: imports transformers
+
+    if cfg.precision.fast_fp32_matmul:
+        enable_fast_fp32_matmul()
+    # precision: auto -> bf16 only where the hardware computes it natively (precision.py)
+    dtype = choose_for(cfg.precision, model).generation
+    return HFGenerator(
+        model,
+        tokenizer,
+        cfg.rollout.decode_batch_size,
+        dtype=dtype,
+        impl=cfg.rollout.generation_impl,
+        stop_ids=stop_ids,
+    )
+
+
+def build_vllm(
+    cfg: Config,
+    model: Any,
+    tokenizer: Any,
+    model_path: str,
+    *,
+    max_prompt_len: int | None,
+    worker_offset: int,
+    stop_ids: Any,
+) -> Generator:
+    """A vLLM engine loaded from `model_path`; weights follow the policy (`load_weights`)."""
+    if cfg.model.lora.enabled:
+        raise ValueError(
+            "rollout.backend=vllm with model.lora.enabled=true is not supported yet "
+            "(the engine holds merged weights only): use rollout.backend=hf"
+        )
+    from replayrl.models.precision import choose_for
+    from replayrl.rollout.generation.vllm import VLLMGenerator  # lazy: imports vllm
+
+    # the engine samples in the precision the HF backend would (bf16 on a CUDA GPU that
+    # has it, under precision: auto), never silently in fp32
+    chosen = choose_for(cfg.precision, model).generation
+    dtype = str(chosen or next(model.parameters()).dtype).removeprefix("torch.")
+    seed = cfg.vllm.seed if cfg.vllm.seed is not None else cfg.train.seed + worker_offset
+    return VLLMGenerator(
+        model_path,
+        tokenizer,
+        cfg.vllm,
+        max_prompt_len=max_prompt_len,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        dtype=dtype,
+        seed=seed,
+        stop_ids=stop_ids,
+    )
+
+
+BACKENDS.add(
+    "hf",
+    BackendSpec(build_hf, summary="transformers on the policy's own device (CPU or GPU)"),
+)
+BACKENDS.add(
+    "vllm",
+    BackendSpec(
+        build_vllm,
+        # a vLLM engine samples with its own kernels (and dtype): the learner recomputes
+        # log pi_old and corrects for the mismatch (on by default, as TRL's
+        # vllm_importance_sampling_correction)
+        own_logprobs=True,
+        truncated_is_cap=lambda cfg: cfg.vllm.truncated_is_cap,
+        owns_weights=True,
+        fallback="hf",
+        context_bound=lambda cfg: cfg.vllm.max_model_len is None,
+        frames=("/rollout/generation/", "/vllm/"),
+        memory_knobs="rollout.decode_batch_size (generation), vllm.gpu_memory_utilization "
+        "(vLLM's share of the GPU)",
+        summary="a vLLM engine on a GPU (the `vllm` extra; see `vllm`)",
+    ),
+)
