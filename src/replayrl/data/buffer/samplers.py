@@ -147,7 +147,7 @@ def make_sampler(name: str, delta: float = 0.0) -> Sampler:
     spec = sampler_spec(name)
     if not spec.uses_delta and delta != 0.0:
         raise ValueError(f"delta={delta!r}: not used by sampler={name!r}")
-    return spec.build(delta)  # type: ignore[no-any-return]
+    return spec.build(delta)
 
 
 def draw_indices(rng: np.random.Generator, m: int, n: int, replace: bool) -> np.ndarray:
