@@ -153,19 +153,11 @@ def format_result(r: SimResult) -> str:
     return "\n".join(lines)
 
 
-def cluster_table(
-    gpus: list[int],
-    mus: list[float],
-    syncs: list[float],
-    learn_seconds: float,
-    per_learner_batch: int,
-    rollouts_per_batch: int,
-    alpha: float,
-    rho: float,
-    steps: int,
-) -> str:
-    """Paper 1's design at cluster scale: y* and x* from mu (closed form), W/T = mu / y* so
-    generation keeps pace with training, B = per-learner batch x T, N = x* B / y*."""
+def cluster_table(args: argparse.Namespace) -> str:
+    """The replay paper's design at cluster scale, for each of `args.gpus`, `args.mus` and
+    `args.syncs`: y* and x* from mu (closed form, `args.alpha`, `args.rho`), W/T = mu / y* so
+    that generation keeps pace with training, B = `args.per_learner_batch` x T,
+    N = max(B, x* B / y*), and a learner's `args.learn_seconds` per trained rollout."""
     from replayrl.design.simulate import SystemSpec, simulate
     from replayrl.design.theory import design
 
@@ -174,18 +166,19 @@ def cluster_table(
         "| age p50 / p90 | gamma sim | gamma paper | x eff | y eff |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for mu in mus:
-        d = design(mu, alpha, rho)
-        for g in gpus:
+    steps, learn_seconds = args.steps or 100, args.learn_seconds
+    for mu in args.mus:
+        d = design(mu, args.alpha, args.rho)
+        for g in args.gpus:
             t = max(1, round(g / (1 + mu / d.y_star)))
             w = g - t
-            b = per_learner_batch * t
+            b = args.per_learner_batch * t
             n = max(b, round(d.x_star * b / d.y_star))
-            for sync in syncs:
+            for sync in args.syncs:
                 spec = SystemSpec(
                     generators=w,
                     learners=t,
-                    rollouts_per_batch=rollouts_per_batch,
+                    rollouts_per_batch=args.rollouts_per_batch,
                     batch_size=b,
                     capacity=n,
                     gen_seconds=mu * learn_seconds,
@@ -212,19 +205,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from replayrl.design.simulate import SystemSpec, simulate
 
     if args.cluster_table:
-        print(
-            cluster_table(
-                args.gpus,
-                args.mus,
-                args.syncs,
-                args.learn_seconds,
-                args.per_learner_batch,
-                args.rollouts_per_batch,
-                args.alpha,
-                args.rho,
-                args.steps or 100,
-            )
-        )
+        print(cluster_table(args))
         return 0
     if args.from_run:
         run = Path(args.from_run)
@@ -240,28 +221,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError("give --gen-seconds or --mu (with --learn-seconds), or --from-run")
     gen = args.gen_seconds if args.gen_seconds is not None else args.mu * args.learn_seconds
     spec = SystemSpec(
-        generators=args.generators,
-        learners=args.learners,
-        rollouts_per_batch=args.rollouts_per_batch,
-        batch_size=args.batch,
-        capacity=args.capacity,
+        **{dest: getattr(args, dest) for _, dest, _, _, _ in _SPEC_FLAGS},
         gen_seconds=gen,
-        learn_seconds=args.learn_seconds,
-        gen_spread=args.gen_spread,
-        learn_spread=args.learn_spread,
-        epochs=args.epochs,
-        sync_seconds=args.sync_seconds,
-        sync_every=args.sync_every,
-        replay_ratio=args.replay_ratio,
-        max_staleness=args.max_staleness,
         wait_on_stale=args.wait_on_stale,
-        max_pending_batches=args.max_pending_batches,
         steps=args.steps or 200,
         seed=args.seed,
     )
     result = simulate(spec)
     print(json.dumps(result.summary(), indent=2) if args.json else format_result(result))
     return 0
+
+
+# flag, SystemSpec field, type, default, help
+_SPEC_FLAGS: tuple[tuple[str, str, type, Any, str], ...] = (
+    ("--generators", "generators", int, 1, "W generator workers"),
+    ("--learners", "learners", int, 1, "T data-parallel learners"),
+    ("--rollouts-per-batch", "rollouts_per_batch", int, 64, "R per delivery"),
+    ("--batch", "batch_size", int, 64, "B rollouts per learner step"),
+    ("--capacity", "capacity", int, None, "FIFO size N (omit: the on-policy queue)"),
+    ("--learn-seconds", "learn_seconds", float, 0.3, "learner s/trained rollout"),
+    ("--gen-spread", "gen_spread", float, 0.2, "CV of a delivery's time"),
+    ("--learn-spread", "learn_spread", float, 0.1, "CV of a step's time"),
+    ("--epochs", "epochs", int, 1, "passes over each batch"),
+    ("--sync-seconds", "sync_seconds", float, 0.0, "a generator's weight load"),
+    ("--sync-every", "sync_every", int, 1, "publish every k learner steps"),
+    ("--replay-ratio", "replay_ratio", float, None, "pace: uses per generated rollout"),
+    ("--max-staleness", "max_staleness", int, None, "drop rollouts older than this"),
+    ("--max-pending-batches", "max_pending_batches", int, 4, "deliveries unread"),
+)
 
 
 def add_simulate_parser(sub: Any) -> None:
@@ -272,23 +259,11 @@ def add_simulate_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--from-run", metavar="RUN_DIR", help="model a finished async run, compare")
-    p.add_argument("--generators", type=int, default=1, help="W generator workers")
-    p.add_argument("--learners", type=int, default=1, help="T data-parallel learners")
-    p.add_argument("--rollouts-per-batch", type=int, default=64, help="R per delivery")
-    p.add_argument("--batch", type=int, default=64, help="B rollouts per learner step")
-    p.add_argument("--capacity", type=int, help="FIFO size N (omit: the on-policy queue)")
+    for flag, dest, kind, default, text in _SPEC_FLAGS:
+        p.add_argument(flag, dest=dest, type=kind, default=default, help=text)
     p.add_argument("--gen-seconds", type=float, help="generator seconds per rollout")
     p.add_argument("--mu", type=float, help="or: generation / training cost per rollout")
-    p.add_argument("--learn-seconds", type=float, default=0.3, help="learner s/trained rollout")
-    p.add_argument("--gen-spread", type=float, default=0.2, help="CV of a delivery's time")
-    p.add_argument("--learn-spread", type=float, default=0.1, help="CV of a step's time")
-    p.add_argument("--epochs", type=int, default=1, help="passes over each batch")
-    p.add_argument("--sync-seconds", type=float, default=0.0, help="a generator's weight load")
-    p.add_argument("--sync-every", type=int, default=1, help="publish every k learner steps")
-    p.add_argument("--replay-ratio", type=float, help="pace: uses per generated rollout")
-    p.add_argument("--max-staleness", type=int, help="drop rollouts older than this")
     p.add_argument("--wait-on-stale", action="store_true", help="on_stale: wait")
-    p.add_argument("--max-pending-batches", type=int, default=4, help="deliveries unread")
     p.add_argument("--steps", type=int, help="learner steps to simulate (default 200)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
