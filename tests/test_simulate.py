@@ -96,6 +96,10 @@ def test_more_sync_latency_means_more_generator_idle_and_older_rollouts():
     slow = simulate(SystemSpec(**base, sync_seconds=2.0))
     assert slow.seconds_per_step > fast.seconds_per_step
     assert slow.trained_per_second < fast.trained_per_second
+    assert fast.generator_sync_share == 0.0
+    # weight loads are their own share, not counted as generating or as idle
+    assert 0.1 < slow.generator_sync_share < 1.0
+    assert slow.generator_idle_share + slow.generator_sync_share <= 1.0
 
 
 @pytest.mark.parametrize(

@@ -142,7 +142,8 @@ def format_result(r: SimResult) -> str:
         f"simulated {r.steps} steps in {r.wall_seconds:.1f} s ({r.seconds_per_step:.3f} s/step)",
         f"throughput: {r.trained_per_second:.1f} trained, {r.generated_per_second:.1f} generated "
         "rollouts/s",
-        f"idle: generators {100 * r.generator_idle_share:.0f}%, learners "
+        f"idle: generators {100 * r.generator_idle_share:.0f}% (and "
+        f"{100 * r.generator_sync_share:.0f}% loading weights), learners "
         f"{100 * r.learner_idle_share:.0f}%",
         f"staleness (learner version - rollout version): p50 {age['p50']:.0f}, p90 "
         f"{age['p90']:.0f}, max {age['p100']:.0f}; per-step mean p50 {step_age['p50']:.2f}; "
@@ -162,7 +163,7 @@ def cluster_table(args: argparse.Namespace) -> str:
     from replayrl.design.theory import design
 
     out = [
-        "| GPUs | mu | sync s | W | T | B | N | s/step | trained/s | idle gen | idle learn "
+        "| GPUs | mu | sync s | W | T | B | N | s/step | trained/s | gen idle / sync | learn idle "
         "| age p50 / p90 | gamma sim | gamma paper | x eff | y eff |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -194,7 +195,8 @@ def cluster_table(args: argparse.Namespace) -> str:
                 out.append(
                     f"| {g} | {mu} | {sync:g} | {w} | {t} | {b} | {n} | "
                     f"{r.seconds_per_step:.2f} | {r.trained_per_second:.0f} | "
-                    f"{100 * r.generator_idle_share:.0f}% | {100 * r.learner_idle_share:.0f}% | "
+                    f"{100 * r.generator_idle_share:.0f}% / {100 * r.generator_sync_share:.0f}% | "
+                    f"{100 * r.learner_idle_share:.0f}% | "
                     f"{s['age']['p50']:.0f} / {s['age']['p90']:.0f} | {r.gamma:.2f} | "
                     f"{s['gamma_paper']:.2f} | {r.effective_x:.2f} | {r.effective_y:.2f} |"
                 )

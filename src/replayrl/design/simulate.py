@@ -100,8 +100,9 @@ class SimResult:
     trained: int  # rollouts trained (with repeats across steps; x epochs not counted)
     generated: int
     dropped_stale: int
-    generator_idle_share: float
+    generator_idle_share: float  # neither generating nor loading weights (held, or waiting)
     learner_idle_share: float
+    generator_sync_share: float  # loading weights
     ages: list[int] = field(repr=False)  # learner version - rollout version, every trained one
     step_ages: list[float] = field(repr=False)  # the mean age of each step's batch
 
@@ -149,6 +150,7 @@ class SimResult:
             "trained_per_second": self.trained_per_second,
             "generated_per_second": self.generated_per_second,
             "generator_idle_share": self.generator_idle_share,
+            "generator_sync_share": self.generator_sync_share,
             "learner_idle_share": self.learner_idle_share,
             "age": self.age_quantiles(),
             "age_mean": float(np.mean(self.ages)) if self.ages else 0.0,
@@ -192,7 +194,8 @@ class _System:
         self.steps = 0
         self.ages: list[int] = []
         self.step_ages: list[float] = []
-        self.gen_busy = 0.0
+        self.gen_busy = 0.0  # generating (weight loads apart: gen_sync)
+        self.gen_sync = 0.0
         self.gen_started: dict[int, float] = {}
         self.deliveries_since_step = 0
         # deliveries without a learner step after which the system is declared stuck
@@ -279,7 +282,7 @@ class _System:
             if held != self.published:
                 held = self.published
                 yield env.timeout(s.sync_seconds)
-                self.gen_busy += s.sync_seconds
+                self.gen_sync += s.sync_seconds
             t = _lognormal(self.rng, s.gen_seconds * s.rollouts_per_batch, s.gen_spread)
             self.gen_started[worker] = env.now  # busy until delivered (or the run ends)
             yield env.timeout(t)
@@ -358,7 +361,8 @@ def simulate(spec: SystemSpec) -> SimResult:
         trained=system.sampled,
         generated=system.generated,
         dropped_stale=system.dropped_stale,
-        generator_idle_share=1 - gen_busy / gen_total if gen_total else 0.0,
+        generator_idle_share=1 - (gen_busy + system.gen_sync) / gen_total if gen_total else 0.0,
+        generator_sync_share=system.gen_sync / gen_total if gen_total else 0.0,
         learner_idle_share=1 - system.learn_busy / wall if wall else 0.0,
         ages=system.ages,
         step_ages=system.step_ages,
