@@ -244,6 +244,7 @@ class ReplayTrainer:
             extra["model.dtype"] = dtype  # config.yaml records the dtype it trains in
         self._model, self._tokenizer = model, tokenizer
         self._model_path = source if local else IN_MEMORY_MODEL
+        self.args.real_model = True  # a method preset gets TRL's defaults, not the demo's
 
     def _take_rewards(self, funcs: Any, extra: dict[str, Any]) -> list[Any] | None:
         """Reward callables -> WeightedReward objects (injected); names -> config only."""
