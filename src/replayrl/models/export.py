@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,4 +53,26 @@ def export_merged(src: str | Path, out: str | Path, dtype: str = "float32") -> P
     else:
         raise FileNotFoundError(f"{policy}: neither a LoRA adapter nor a model folder")
     atomic_save_pretrained(model, tok, dest)
+    return dest
+
+
+FINAL = "final"  # the run's last policy as a plain model folder: runs/NAME/final
+
+
+def write_final(policy: Path, run_dir: Path, dtype: str = "float32") -> Path:
+    """`run_dir/final`: the policy folder of the run's last checkpoint as a folder that
+    `from_pretrained` opens (a LoRA adapter merged into its base's weights, as TRL's
+    `save_model` of a merged model); written atomically, replacing an older one."""
+    dest = run_dir / FINAL
+    if is_adapter_folder(policy):
+        return export_merged(policy, dest, dtype=dtype)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{FINAL}.tmp-", dir=run_dir))
+    try:
+        shutil.copytree(policy, tmp, dirs_exist_ok=True)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return dest
