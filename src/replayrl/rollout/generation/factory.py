@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from replayrl.config.schema import Config
+from replayrl.models.loading import adapter_base, is_adapter_folder, resolve_model_path
 from replayrl.models.precision import choose_for, enable_fast_fp32_matmul
 from replayrl.rollout.generation.base import Generator
 from replayrl.rollout.generation.hf import HFGenerator
@@ -44,19 +47,19 @@ def make_generator(
             stop_ids=stops,
         )
     if backend == "vllm":
-        if cfg.model.lora.enabled:
-            raise ValueError(
-                "rollout.backend=vllm with model.lora.enabled=true is not supported yet "
-                "(the engine holds merged weights only): use rollout.backend=hf"
-            )
         from replayrl.rollout.generation.vllm import VLLMGenerator  # lazy: imports vllm
+
+        lora = cfg.model.lora
+        scaling = lora.alpha / lora.r if lora.enabled else None
+        if is_adapter_folder(model_path):  # a resumed LoRA policy: the engine loads its base
+            model_path = resolve_model_path(adapter_base(Path(model_path)))
 
         # the engine samples in the precision the HF backend would (bf16 on a CUDA GPU that
         # has it, under precision: auto), never silently in fp32
         chosen = choose_for(cfg.precision, model).generation
         dtype = str(chosen or next(model.parameters()).dtype).removeprefix("torch.")
         seed = cfg.vllm.seed if cfg.vllm.seed is not None else cfg.train.seed + worker_offset
-        return VLLMGenerator(
+        gen = VLLMGenerator(
             model_path,
             tokenizer,
             cfg.vllm,
@@ -65,5 +68,9 @@ def make_generator(
             dtype=dtype,
             seed=seed,
             stop_ids=stops,
+            lora_scaling=scaling,
         )
+        if scaling is not None:  # the engine holds the base: the adapters' weights go in now
+            gen.load_weights(model.named_parameters(), gen.policy_version)
+        return gen
     raise ValueError(f"rollout.backend: unknown backend {backend!r} (hf or vllm)")
