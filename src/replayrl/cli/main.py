@@ -246,7 +246,7 @@ def _add_train_and_eval(sub: Any) -> None:
 def _add_design(sub: Any) -> None:
     p = sub.add_parser(
         "design",
-        help="replay buffer size and ratio from the cost model (paper 1)",
+        help="replay buffer size and ratio from the cost model (arXiv 2604.08706)",
         description="The experience-replay paper's (arXiv 2604.08706) closed form and "
         "feasible design: the buffer size N and replay ratio y = B / R that minimise compute "
         "for given mu, alpha, rho. "
