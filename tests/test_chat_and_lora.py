@@ -365,10 +365,14 @@ def test_a_lora_run_ends_with_the_merged_model_in_final(lora_runs) -> None:
     root, _, _ = lora_runs
     final = root / "a" / "final"
     assert (final / "config.json").is_file() and not (final / "adapter_config.json").exists()
-    merged = AutoModelForCausalLM.from_pretrained(final)
+    _same_as_the_adapter(final, root / "a" / "checkpoints" / "step_000003" / "policy")
+
+
+def _same_as_the_adapter(folder: Path, adapter: Path) -> None:
+    """`folder` is a plain model (no LoRA layers) computing what base + `adapter` computes."""
+    merged = AutoModelForCausalLM.from_pretrained(folder)
     assert not any("lora" in n for n, _ in merged.named_parameters())
-    cfg = ModelConfig(path=str(root / "a" / "checkpoints" / "step_000003" / "policy"))
-    adapted, tok, _ = load_policy(cfg, TaskConfig(), log=lambda _: None)
+    adapted, tok, _ = load_policy(ModelConfig(path=str(adapter)), TaskConfig(), log=lambda _: None)
     ids = torch.tensor([tok("12+34=", add_special_tokens=False)["input_ids"]])
     with torch.no_grad():
         assert torch.allclose(

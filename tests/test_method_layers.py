@@ -120,21 +120,20 @@ def test_unknown_layer_name_is_refused() -> None:
         load_config("replay+nosuch")
 
 
+def _sources(capsys, *argv: str) -> dict[str, str]:
+    """`config show --sources` as {key: source}."""
+    assert main(["config", "show", "--sources", *argv]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return {line.split()[0]: line.rsplit("  ", 1)[1].strip() for line in lines}
+
+
 def test_config_show_sources(capsys) -> None:
-    assert main(["config", "show", "--sources", "--config", "replay", "train.steps=3"]) == 0
-    rows = {
-        line.split()[0]: line.rsplit("  ", 1)[1].strip()
-        for line in capsys.readouterr().out.splitlines()
-    }
+    rows = _sources(capsys, "--config", "replay", "train.steps=3")
     assert rows["train.steps"] == "command line"
     assert rows["buffer.kind"] == "method"
     assert rows["rollout.max_new_tokens"] == "experiment"
     assert rows["train.seed"] == "default"
-    assert main(["config", "show", "--sources", "-c", "replay", "model.path=/m"]) == 0
-    rows = {
-        line.split()[0]: line.rsplit("  ", 1)[1].strip()
-        for line in capsys.readouterr().out.splitlines()
-    }
+    rows = _sources(capsys, "-c", "replay", "model.path=/m")
     assert rows["train.lr"] == "default (TRL)"
     assert rows["model.path"] == "command line"
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +10,7 @@ from transformers import AutoTokenizer
 
 from replayrl.models.loading import (
     adapter_base,
+    atomic_folder,
     atomic_save_pretrained,
     attach_adapter,
     is_adapter_folder,
@@ -66,13 +65,5 @@ def write_final(policy: Path, run_dir: Path, dtype: str = "float32") -> Path:
     dest = run_dir / FINAL
     if is_adapter_folder(policy):
         return export_merged(policy, dest, dtype=dtype)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{FINAL}.tmp-", dir=run_dir))
-    try:
-        shutil.copytree(policy, tmp, dirs_exist_ok=True)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    atomic_folder(dest, lambda tmp: shutil.copytree(policy, tmp, dirs_exist_ok=True))
     return dest
