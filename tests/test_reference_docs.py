@@ -35,3 +35,21 @@ def test_every_known_trl_argument_is_on_the_page_with_what_it_becomes() -> None:
     for name, (_, why) in trl_args.REFUSED.items():
         assert why in text, name
     assert "| `fsdp` |" in text and "runtime='ray'" in text  # several GPUs: the alternative
+
+
+def test_several_gpus_table_matches_what_is_refused() -> None:
+    from replayrl.config.schema import ConfigError, load_config
+
+    page = (ROOT / "docs" / "gpu.md").read_text()
+    table = page.split("## Several GPUs", 1)[1].split("\n## ", 1)[0]
+    for name in ("fsdp", "deepspeed", "parallelism_config", "vllm_mode"):
+        assert f"`{name}" in table and name in trl_args.REFUSED, name
+    assert "refused at config load" in table
+    try:
+        load_config(None, ["vllm.tensor_parallel_size=2"])
+    except ConfigError:
+        pass
+    else:
+        raise AssertionError("vllm.tensor_parallel_size=2 is documented as refused")
+    for key in ("workers.learners", "ray.learner_num_gpus", "ray.generator_num_gpus"):
+        load_config(None, [f"{key}=1"])  # the documented keys exist
