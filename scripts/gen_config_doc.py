@@ -32,9 +32,13 @@ Every key of a run's config, with the schema's default (no preset) and what it d
 keys in a YAML file (`replayrl train --config my.yaml`), as dotted overrides
 (`replayrl train --config replay buffer.capacity=512 train.lr=2e-4`), or in Python
 (`ReplayConfig("replay", overrides={"buffer.capacity": 512})`). Presets change some
-defaults: `replayrl config show --config PRESET --doc` prints the resolved values with
-these descriptions, `replayrl config explain KEY` one key or section. A key or value that
-the schema does not accept is an error that names it.
+defaults: a method preset sets the method's keys, and the experiment under it the rest (the
+`demo` with the built-in tiny model, TRL's completion length, learning rate and batch with
+your `model.path`). `replayrl config show --config PRESET --doc` prints the resolved values
+with these descriptions, `--sources` where each came from, `replayrl config explain KEY` one
+key or section. A key or value that the schema does not accept is an error that names it.
+"Paper 1" is arXiv 2604.08706 (experience replay, the `replay` preset), "paper 2" arXiv
+2507.06892 (ReMix).
 """
 
 

@@ -82,7 +82,8 @@ def make_rows(seed: int = 0) -> list[dict[str, str]]:
 
 
 def main() -> None:
-    out = Path(__file__).resolve().parents[1] / "data" / "easy_math.jsonl"
+    # shipped beside the presets that use it (data/ in the checkout is a link to that folder)
+    out = Path(__file__).resolve().parents[1] / "src/replayrl/config/presets/data/easy_math.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(row) + "\n" for row in make_rows()))
     print(f"wrote {out}")

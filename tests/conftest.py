@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
+import worktree_guard  # tests/worktree_guard.py
 from replayrl.config.schema import ModelConfig
 from replayrl.models.loading import build_char_tokenizer, build_tiny_model
 from replayrl.rollout.tasks import ArithmeticTask
@@ -83,3 +85,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "ray" in item.keywords:
             item.add_marker(skip)
+
+
+# -- nothing a test writes lands in the working tree ---------------------------------------
+_REPO = Path(__file__).resolve().parent.parent
+_TREE_BEFORE: dict[str, set[str] | None] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _TREE_BEFORE["status"] = worktree_guard.snapshot(_REPO)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    new = worktree_guard.added(_TREE_BEFORE.get("status"), worktree_guard.snapshot(_REPO))
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (
+            "tests wrote into the working tree (write under tmp_path instead):\n  "
+            + "\n  ".join(new)
+        )
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -358,3 +358,23 @@ def test_export_merged_loads_with_from_pretrained(lora_runs, tmp_path: Path) -> 
         assert not torch.allclose(base(input_ids=ids).logits, merged(input_ids=ids).logits)
     again = export_merged(out, tmp_path / "copy")  # a plain folder is copied as it is
     assert (again / "config.json").is_file()
+
+
+@needs_peft
+def test_a_lora_run_ends_with_the_merged_model_in_final(lora_runs) -> None:
+    root, _, _ = lora_runs
+    final = root / "a" / "final"
+    assert (final / "config.json").is_file() and not (final / "adapter_config.json").exists()
+    _same_as_the_adapter(final, root / "a" / "checkpoints" / "step_000003" / "policy")
+
+
+def _same_as_the_adapter(folder: Path, adapter: Path) -> None:
+    """`folder` is a plain model (no LoRA layers) computing what base + `adapter` computes."""
+    merged = AutoModelForCausalLM.from_pretrained(folder)
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    adapted, tok, _ = load_policy(ModelConfig(path=str(adapter)), TaskConfig(), log=lambda _: None)
+    ids = torch.tensor([tok("12+34=", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(
+            merged(input_ids=ids).logits, adapted(input_ids=ids).logits, atol=1e-5
+        )

@@ -104,3 +104,49 @@ def test_eval_of_an_in_memory_run_asks_for_a_file(
     code = main(["eval", "--run", str(run), "--model", "x"])
     assert code == 2
     assert "--data FILE" in capsys.readouterr().err
+
+
+def test_a_run_ends_with_a_final_model_folder(tiny_run: Path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = tiny_run / "final"
+    model = AutoModelForCausalLM.from_pretrained(final)
+    assert AutoTokenizer.from_pretrained(final) is not None
+    policy = sorted((tiny_run / "checkpoints").iterdir())[-1] / "policy"
+    last = AutoModelForCausalLM.from_pretrained(policy).state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, last[name]), name
+
+
+@pytest.mark.parametrize("where", ["run", "final", "checkpoint"])
+def test_eval_model_takes_a_run_a_final_or_a_checkpoint_folder(
+    tiny_run: Path, tmp_path: Path, where: str
+):
+    folder = {
+        "run": tiny_run,
+        "final": tiny_run / "final",
+        "checkpoint": sorted((tiny_run / "checkpoints").iterdir())[-1],
+    }[where]
+    data = sums_file(tmp_path / f"w_{where}.jsonl", 2)
+    assert main(["eval", "--model", str(folder), "--data", str(data)]) == 0
+    out = tiny_run / f"eval_w_{where}.json"  # the default results file: in the run folder
+    res = json.loads(out.read_text())
+    assert res["run"] == str(tiny_run.resolve()) and res["num_prompts"] == 2
+    expected = tiny_run / "final" if where != "checkpoint" else folder / "policy"
+    assert Path(res["model"]).resolve() == expected.resolve()
+    out.unlink()
+
+
+def test_eval_without_a_run_folder_needs_out(
+    tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(tiny_run / "final", model)
+    code = main(["eval", "-c", str(tiny_run / "config.yaml"), "--model", str(model)])
+    assert code == 2
+    assert "--out" in capsys.readouterr().err
+    assert list(tmp_path.glob("eval_*.json")) == []

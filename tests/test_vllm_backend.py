@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from replayrl.config.schema import ConfigError, VLLMConfig, load_config
+from replayrl.models.loading import build_tiny_model
 from replayrl.rollout.generation import HFGenerator, SamplingParams, make_generator
 from replayrl.rollout.generation.vllm import VLLMGenerator
 
@@ -318,11 +321,74 @@ def test_make_generator_vllm(fake_vllm, tiny_model, char_tokenizer):
     assert kwargs["max_model_len"] == 16  # 11 + 5
 
 
-def test_make_generator_vllm_refuses_lora(monkeypatch, tiny_model, char_tokenizer):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # the check comes before importing vllm
-    cfg = load_config(None, ["rollout.backend=vllm", "model.lora.enabled=true"])
-    with pytest.raises(ValueError, match="model.lora.enabled=true is not supported"):
-        make_generator(cfg, tiny_model, char_tokenizer, "/models/policy")
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft not installed")
+def test_lora_policy_pushes_merged_weights_to_the_engine(
+    fake_vllm, char_tokenizer, tiny_model_config
+):
+    import copy
+
+    from replayrl.models.loading import apply_lora, unwrap_model
+
+    cfg = load_config(
+        None,
+        [
+            "rollout.backend=vllm",
+            "model.lora.enabled=true",
+            "model.lora.r=2",
+            "model.lora.alpha=8",  # s = alpha / r = 4
+            "model.lora.target_modules=[q_proj, v_proj]",
+        ],
+    )  # accepted at config load: no refusal
+    base = build_tiny_model(tiny_model_config, vocab_size=len(char_tokenizer), seed=0)
+    plain = {k: v.detach().clone() for k, v in base.named_parameters()}
+    policy = apply_lora(base, cfg.model, seed=0)
+    with torch.no_grad():  # trained adapters: B != 0
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p))
+    gen = make_generator(cfg, unwrap_model(policy), char_tokenizer, "/models/base")
+    (llm,) = FakeLLM.instances
+    pushed = dict(llm.model.loaded)  # the first push: at engine start
+    assert pushed.keys() == plain.keys()  # the plain model's names, no adapter tensors
+    merged = copy.deepcopy(policy).merge_and_unload().state_dict()
+    modules = dict(unwrap_model(policy).named_modules())
+    for name, tensor in pushed.items():
+        assert torch.allclose(tensor, merged[name], atol=1e-6), name
+        if name.endswith(("q_proj.weight", "v_proj.weight")):
+            lora = modules[name.removesuffix(".weight")]
+            a, b = lora.lora_A["default"].weight, lora.lora_B["default"].weight
+            assert torch.allclose(tensor, plain[name] + 4 * b @ a, atol=1e-6), name
+            assert not torch.allclose(tensor, plain[name])
+        else:
+            assert torch.equal(tensor, plain[name]), name
+    # a later push (after a step) carries the new adapters; the policy itself is unchanged
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_A" in name:
+                p.mul_(2)
+    llm.model.loaded.clear()
+    gen.load_weights(unwrap_model(policy).named_parameters(), version=3)
+    again = dict(llm.model.loaded)
+    key = "model.layers.0.self_attn.q_proj.weight"
+    lora = modules["model.layers.0.self_attn.q_proj"]
+    a, b = lora.lora_A["default"].weight, lora.lora_B["default"].weight
+    assert torch.allclose(again[key], plain[key] + 4 * b @ a, atol=1e-6)
+    assert torch.equal(lora.base_layer.weight, plain[key])  # never merged in place
+    assert gen.policy_version == 3
+
+
+def test_a_resumed_lora_policy_starts_the_engine_from_its_base(
+    fake_vllm, tmp_path, tiny_model, char_tokenizer
+):
+    adapter = tmp_path / "policy"
+    adapter.mkdir()
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+    cfg = load_config(None, ["rollout.backend=vllm"])
+    make_generator(cfg, tiny_model, char_tokenizer, str(adapter))
+    assert FakeLLM.instances[0].kwargs["model"] == str(base)
 
 
 def test_package_import_does_not_load_the_vllm_backend():
@@ -332,3 +398,21 @@ def test_package_import_does_not_load_the_vllm_backend():
         "assert 'vllm' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_merged_lora_tensors_renames_bias_and_refuses_a_missing_part():
+    from replayrl.models.lora_merge import merged_lora_tensors
+
+    w, a, b, bias = torch.ones(3, 2), torch.ones(1, 2), torch.full((3, 1), 0.5), torch.zeros(3)
+    named = [
+        ("m.base_layer.weight", w),
+        ("m.base_layer.bias", bias),
+        ("m.lora_A.default.weight", a),
+        ("m.lora_B.default.weight", b),
+        ("n.weight", bias),
+    ]
+    out = dict(merged_lora_tensors(named, scaling=2.0))
+    assert out.keys() == {"m.weight", "m.bias", "n.weight"}
+    assert torch.equal(out["m.weight"], torch.full((3, 2), 2.0))  # 1 + 2 * 0.5 * 1
+    with pytest.raises(ValueError, match="without their base weight"):
+        list(merged_lora_tensors(named[1:], scaling=2.0))

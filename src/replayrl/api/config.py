@@ -14,12 +14,12 @@ from pydantic import BaseModel
 
 from replayrl.api import trl_args
 from replayrl.api.trl_args import Translation
+from replayrl.config.layering import layered
 from replayrl.config.schema import (
     Config,
     ConfigError,
     apply_overrides,
     build_config,
-    load_yaml,
     section_fields,
 )
 
@@ -184,6 +184,8 @@ class ReplayConfig:
                 f"(got {type(preset)})"
             )
         self.preset: str | PathLike[str] | Config | None = preset
+        # set by ReplayTrainer for a model object: a real model without a model.path
+        self.real_model = False
         if isinstance(overrides, str):
             raise TypeError("overrides must be a list of 'key=value' strings or a mapping")
         self.overrides = overrides if overrides is not None else []
@@ -244,10 +246,21 @@ class ReplayConfig:
         """Where this configuration knowingly differs from TRL's behaviour (said at start)."""
         return list(self.translation.notes)
 
-    def _base(self) -> dict[str, Any]:
+    def _base(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The preset's data with the experiment its model calls for put under a method
+        preset (config/layering.py): the demo's for the tiny model, TRL's defaults for a real
+        one (`model.path` given by the preset, an argument, an override or the trainer)."""
         if isinstance(self.preset, Config):
             return self.preset.model_dump(mode="json")
-        return load_yaml(Path(self.preset)) if self.preset is not None else {}
+        if self.preset is None:
+            return {}
+        path = (extra or {}).get("model.path", self._sections.get("model.path"))
+        if path is None and self.real_model:
+            path = "(a model object)"
+        if path is None and isinstance(self.overrides, Mapping):
+            path = self.overrides.get("model.path")
+        strings = [] if isinstance(self.overrides, Mapping) else list(self.overrides)
+        return layered(str(self.preset), path, strings)[0]
 
     def override_strings(self) -> list[str]:
         """Every override as a CLI-style "key=value" string (JSON values are valid YAML)."""
@@ -262,7 +275,7 @@ class ReplayConfig:
 
     def data(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The config as a nested dict: preset <- keyword arguments <- overrides <- `extra`."""
-        data = self._base()
+        data = self._base(extra)
         for key, value in self._dotted.items():
             _set_dotted(data, key, value)
         if isinstance(self.overrides, Mapping):
@@ -316,7 +329,7 @@ class ReplayConfig:
 
     def __getattr__(self, name: str) -> Any:
         # TRL scripts read trainer.args.learning_rate, .max_steps, ...: the resolved values
-        if name.startswith("_") or name in ("translation", "trl_values", "resolved"):
+        if name.startswith("_") or name in ("translation", "trl_values", "resolved", "real_model"):
             raise AttributeError(name)
         view = self.trl_args()
         if name in view:

@@ -245,6 +245,7 @@ class ReplayTrainer:
             extra["model.dtype"] = dtype  # config.yaml records the dtype it trains in
         self._model, self._tokenizer = model, tokenizer
         self._model_path = source if local else IN_MEMORY_MODEL
+        self.args.real_model = True  # a method preset gets TRL's defaults, not the demo's
 
     def _take_rewards(self, funcs: Any, extra: dict[str, Any]) -> list[Any] | None:
         """Reward callables -> WeightedReward objects (injected); names -> config only."""
@@ -654,13 +655,19 @@ class ReplayTrainer:
         return metrics
 
     def save_model(self, output_dir: str | PathLike[str] | None = None) -> Path:
-        """Write the policy and tokenizer as a Hugging Face folder (default: <run_dir>/model).
+        """Write the policy and tokenizer as a Hugging Face folder (default: <run_dir>/final,
+        the folder a run writes at its end), LoRA adapters merged into the weights: a folder
+        `from_pretrained` opens without peft."""
+        import copy
 
-        A LoRA policy is saved as its adapter (`replayrl export-merged` merges it)."""
+        from replayrl.models.export import FINAL
         from replayrl.models.loading import atomic_save_pretrained
 
-        dest = Path(output_dir).expanduser() if output_dir is not None else self.run_dir / "model"
-        atomic_save_pretrained(self.model, self.tokenizer, dest)
+        dest = Path(output_dir).expanduser() if output_dir is not None else self.run_dir / FINAL
+        model = self.model
+        if hasattr(model, "merge_and_unload"):  # a peft model: merge a copy, keep training
+            model = copy.deepcopy(model).merge_and_unload()
+        atomic_save_pretrained(model, self.tokenizer, dest)
         return dest
 
     def __repr__(self) -> str:

@@ -3,7 +3,11 @@
     replayrl eval --model runs/NAME/final --data questions.jsonl   # every row of the file
     replayrl eval --run runs/NAME --data questions.jsonl           # the run's latest policy
     replayrl eval --run runs/NAME                                  # the run's own eval split
-    replayrl eval                                                  # the built-in task
+    replayrl eval --out results.json                               # the built-in task
+
+`--model` takes a model folder, a run folder (its `final/`) or a checkpoint folder (its
+`policy/`). The results file goes into the run folder (`eval_<data>.json`); without a run
+folder `--out` is needed.
 
 With `--run` (or a `--model` folder inside a run folder) the run's config.yaml supplies the
 prompt rendering (chat template, system prompt), `rollout.max_new_tokens` and the data
@@ -30,10 +34,15 @@ def find_run(args: argparse.Namespace) -> Path | None:
         return run
     if args.model and not args.config:
         model = Path(args.model).resolve()
-        for parent in (model.parent, model.parent.parent.parent):  # RUN/x, RUN/checkpoints/s/x
-            if (parent / "config.yaml").is_file() and (parent / "metrics.jsonl").is_file():
+        # RUN, RUN/final, RUN/checkpoints/step_N, RUN/checkpoints/step_N/policy
+        for parent in (model, model.parent, model.parent.parent, model.parent.parent.parent):
+            if _is_run(parent):
                 return parent
     return None
+
+
+def _is_run(folder: Path) -> bool:
+    return (folder / "config.yaml").is_file() and (folder / "metrics.jsonl").is_file()
 
 
 def eval_config(args: argparse.Namespace, run: Path | None) -> Config:
@@ -47,8 +56,20 @@ def eval_config(args: argparse.Namespace, run: Path | None) -> Config:
 
 
 def model_path(args: argparse.Namespace, run: Path | None) -> str | None:
-    """--model, else the run's newest checkpoint's policy, else None (model.path)."""
+    """--model (a run folder: its final/ or newest checkpoint's policy; a checkpoint folder:
+    its policy/; else the folder as given), else --run's newest checkpoint's policy, else
+    None (model.path)."""
     if args.model:
+        model = Path(args.model)
+        if _is_run(model):
+            from replayrl.models.export import FINAL
+
+            final = model / FINAL
+            if final.is_dir():
+                return str(final)
+            return model_path(argparse.Namespace(model=None), model)
+        if (model / "policy").is_dir():
+            return str(model / "policy")
         return str(args.model)
     if run is not None:
         from replayrl.storage.checkpoint import latest_checkpoint
@@ -100,6 +121,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from replayrl.run.policy import load_policy
 
     run = find_run(args)
+    if not args.out and run is None:  # refused before the model loads, not after scoring
+        raise ConfigError(
+            "eval: no run folder to write the results into: give --out FILE (or --run RUN, "
+            "or a --model folder inside a run folder)"
+        )
     cfg = eval_config(args, run)
     cfg.model.path = model_path(args, run) or cfg.model.path
     if cfg.train.threads:  # as a run would (a supervised warm-up may be built here)
@@ -151,14 +177,15 @@ def _show(completions: list[dict[str, Any]], n: int) -> None:
 
 
 def _write_results(args: argparse.Namespace, run: Path | None, data: dict[str, Any]) -> Path:
-    """--out, else eval_<data stem or task>.json in the run folder (or here, without one)."""
+    """--out, else eval_<data stem or task>.json in the run folder (cmd_eval refuses neither)."""
     from replayrl.storage.io import atomic_write_json
 
     if args.out:
         out = Path(args.out)
     else:
+        assert run is not None
         stem = Path(args.data).stem if args.data else "heldout"
-        out = (run if run is not None else Path(".")) / f"eval_{stem}.json"
+        out = run / f"eval_{stem}.json"
     atomic_write_json(out, data)
     return out
 
@@ -170,12 +197,19 @@ def add_eval_parser(sub: Any, add_config_args: Any) -> None:
         "built-in task",
     )
     add_config_args(p)
-    p.add_argument("--model", help="model folder to evaluate (default: --run's latest policy)")
+    p.add_argument(
+        "--model",
+        help="a model folder, a run folder (its final/), or a checkpoint folder (its policy/); "
+        "default: --run's latest policy",
+    )
     p.add_argument("--data", help="score every row of this file (JSONL / JSON / CSV / parquet)")
     p.add_argument(
         "--run", help="a run folder: its prompt rendering, max_new_tokens, columns and policy"
     )
     p.add_argument("--k", type=int, help="also pass@k: k samples per prompt at eval.temperature")
     p.add_argument("--show", type=int, default=3, help="print this many completions (0: none)")
-    p.add_argument("--out", help="results JSON file (default: eval_<data>.json in the run folder)")
+    p.add_argument(
+        "--out",
+        help="results JSON file (default: eval_<data>.json in the run folder; needed without one)",
+    )
     p.set_defaults(func=cmd_eval)

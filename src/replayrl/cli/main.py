@@ -16,7 +16,10 @@ from replayrl.config.schema import ConfigError, config_to_yaml, load_config
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--config", "-c", help="a preset name (`replayrl presets`, e.g. demo) or a YAML file"
+        "--config",
+        "-c",
+        help="a preset name (`replayrl presets`, e.g. demo), a YAML file, or a method preset "
+        "and an experiment joined by + (replay+demo)",
     )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-4")
 
@@ -78,6 +81,10 @@ def _cmd_config(args: argparse.Namespace) -> int:
         except KeyError as exc:
             print(f"error: {exc.args[0]}", file=sys.stderr)
             return 2
+    elif getattr(args, "sources", False):
+        from replayrl.config.layering import format_sources
+
+        print(format_sources(cfg, args.config, args.overrides), end="")
     else:
         print(show_doc(cfg) if args.doc else config_to_yaml(cfg), end="")
     return 0
@@ -172,8 +179,17 @@ def _cmd_bench_suite(args: argparse.Namespace) -> int:
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     from replayrl.config.catalog import PRESETS, SUITES, listing
+    from replayrl.config.layering import EXPERIMENTS
 
-    for title, kind in (("presets (train --config NAME)", PRESETS), ("bench suites", SUITES)):
+    kinds = (
+        ("presets (train --config NAME)", PRESETS),
+        (
+            "experiments (train --config METHOD+NAME; demo: under a method with the tiny model)",
+            EXPERIMENTS,
+        ),
+        ("bench suites", SUITES),
+    )
+    for title, kind in kinds:
         rows = listing(kind)
         width = max((len(n) for n, _ in rows), default=0)
         print(f"{title}:")
@@ -222,6 +238,12 @@ def _add_train_and_eval(sub: Any) -> None:
     show = csub.add_parser("show", help="print the resolved config")
     _add_config_args(show)
     show.add_argument("--doc", action="store_true", help="each key with its description")
+    show.add_argument(
+        "--sources",
+        action="store_true",
+        help="each key with where its value came from: default, default (TRL), experiment, "
+        "method, file or command line",
+    )
     show.set_defaults(func=_cmd_config)
     explain = csub.add_parser("explain", help="what a key (or a section) means, its default")
     explain.add_argument("key", help="a dotted key or section, e.g. buffer.capacity or remix")
@@ -232,7 +254,7 @@ def _add_train_and_eval(sub: Any) -> None:
 def _add_design(sub: Any) -> None:
     p = sub.add_parser(
         "design",
-        help="replay buffer size and ratio from the cost model (paper 1)",
+        help="replay buffer size and ratio from the cost model (arXiv 2604.08706)",
         description="The experience-replay paper's (arXiv 2604.08706) closed form and "
         "feasible design: the buffer size N and replay ratio y = B / R that minimise compute "
         "for given mu, alpha, rho. "

@@ -415,7 +415,7 @@ def format_report(report: DesignReport) -> str:
     """Human-readable explanation of a DesignReport (x = N/R, y = B/R; arXiv 2604.08706, theory)."""
     r = report
     lines = [
-        "Replay-buffer design (synchronous model, arXiv 2604.08706, synchronous model)",
+        "Replay-buffer design (synchronous model, arXiv 2604.08706)",
         f"  mu    = {r.mu:.4g}  generation cost / training cost per sample",
         f"  alpha = {r.alpha:.4g}  variance exponent, sigma(x) = (x/{r.tau:g})^alpha",
         f"  rho   = {r.rho:.4g}  correlation between buffer items",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from transformers import AutoTokenizer
 
 from replayrl.models.loading import (
     adapter_base,
+    atomic_folder,
     atomic_save_pretrained,
     attach_adapter,
     is_adapter_folder,
@@ -50,4 +52,18 @@ def export_merged(src: str | Path, out: str | Path, dtype: str = "float32") -> P
     else:
         raise FileNotFoundError(f"{policy}: neither a LoRA adapter nor a model folder")
     atomic_save_pretrained(model, tok, dest)
+    return dest
+
+
+FINAL = "final"  # the run's last policy as a plain model folder: runs/NAME/final
+
+
+def write_final(policy: Path, run_dir: Path, dtype: str = "float32") -> Path:
+    """`run_dir/final`: the policy folder of the run's last checkpoint as a folder that
+    `from_pretrained` opens (a LoRA adapter merged into its base's weights, as TRL's
+    `save_model` of a merged model); written atomically, replacing an older one."""
+    dest = run_dir / FINAL
+    if is_adapter_folder(policy):
+        return export_merged(policy, dest, dtype=dtype)
+    atomic_folder(dest, lambda tmp: shutil.copytree(policy, tmp, dirs_exist_ok=True))
     return dest

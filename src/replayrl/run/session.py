@@ -323,12 +323,24 @@ class Session:
         last_eval_step = c.evals[-1]["step"] if c.evals else -1
         if last_eval_step != c.step and self.eval_rows:
             self.metrics.log(c.step, self.timed_eval())
-        self.checkpoint()
+        self.write_final(self.checkpoint())
         summary = self.summary()
         atomic_write_json(self.run_dir / "summary.json", summary)
         self.metrics.close()
         self.report_accounting(summary)
         return summary
+
+    def write_final(self, ckpt: Path) -> None:
+        """runs/NAME/final: the last policy as a plain model folder (LoRA merged). A base
+        model that cannot be loaded again (an in-memory one) leaves the checkpoint only."""
+        from replayrl.models.export import write_final
+
+        try:
+            path = write_final(ckpt / "policy", self.run_dir, self.cfg.model.dtype)
+        except (OSError, ValueError) as exc:
+            self.log(f"final model folder not written ({exc}); the policy is in {ckpt}/policy")
+            return
+        self.log(f"final model: {path}")
 
     def report_accounting(self, summary: dict[str, Any]) -> None:
         acc = summary["accounting"]

@@ -66,11 +66,15 @@ class GroupReplayConfig(Section):
     # replacement can repeat a group of the same batch; false draws only from earlier steps.
     # Not specified as a knob in TRL: our choice to expose it (default: TRL's order)
     include_current: bool = True
-    # replayed groups train with their stored behaviour log-probs and stored advantages
+    # Replayed groups train with their stored behaviour log-probs and stored advantages
     # (importance ratio to the current policy, clipped as any other token). TRL used the
-    # trainer's old log-probs when it had them and none otherwise. Not specified: our choice
-    # a group whose std is <= zero_std_tol counts as zero-std (TRL: torch.isclose(std, 0))
-    zero_std_tol: float = Field(1e-8, ge=0)
+    # trainer's old log-probs when it had them and none otherwise. Not specified: our choice.
+    zero_std_tol: float = Field(
+        1e-8,
+        ge=0,
+        description="a group whose reward std is at most this counts as zero-std and is "
+        "replaced (TRL: torch.isclose(std, 0))",
+    )
 
 
 if TYPE_CHECKING:

@@ -48,21 +48,26 @@ def build_vllm(
     worker_offset: int,
     stop_ids: Any,
 ) -> Generator:
-    """A vLLM engine loaded from `model_path`; weights follow the policy (`load_weights`)."""
-    if cfg.model.lora.enabled:
-        raise ValueError(
-            "rollout.backend=vllm with model.lora.enabled=true is not supported yet "
-            "(the engine holds merged weights only): use rollout.backend=hf"
-        )
+    """A vLLM engine loaded from `model_path`; weights follow the policy (`load_weights`).
+    With LoRA the engine holds the base model and gets the merged weights W + (alpha/r) B A,
+    now and after each step, as TRL does."""
+    from pathlib import Path
+
+    from replayrl.models.loading import adapter_base, is_adapter_folder, resolve_model_path
     from replayrl.models.precision import choose_for
     from replayrl.rollout.generation.vllm import VLLMGenerator  # lazy: imports vllm
+
+    lora = cfg.model.lora
+    scaling = lora.alpha / lora.r if lora.enabled else None
+    if is_adapter_folder(model_path):  # a resumed LoRA policy: the engine loads its base
+        model_path = resolve_model_path(adapter_base(Path(model_path)))
 
     # the engine samples in the precision the HF backend would (bf16 on a CUDA GPU that
     # has it, under precision: auto), never silently in fp32
     chosen = choose_for(cfg.precision, model).generation
     dtype = str(chosen or next(model.parameters()).dtype).removeprefix("torch.")
     seed = cfg.vllm.seed if cfg.vllm.seed is not None else cfg.train.seed + worker_offset
-    return VLLMGenerator(
+    gen = VLLMGenerator(
         model_path,
         tokenizer,
         cfg.vllm,
@@ -71,7 +76,11 @@ def build_vllm(
         dtype=dtype,
         seed=seed,
         stop_ids=stop_ids,
+        lora_scaling=scaling,
     )
+    if scaling is not None:  # the engine holds the base: the adapters' weights go in now
+        gen.load_weights(model.named_parameters(), gen.policy_version)
+    return gen
 
 
 BACKENDS.add(

@@ -28,6 +28,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from replayrl.config.schema import VLLMConfig
+from replayrl.models.lora_merge import merged_lora_tensors
 from replayrl.rollout.generation.base import Sample, SamplingParams
 
 
@@ -78,8 +79,12 @@ class VLLMGenerator:
         policy_version: int = 0,
         seed: int | None = None,
         stop_ids: list[int] | None = None,
+        lora_scaling: float | None = None,
     ) -> None:
         self._vllm = _import_vllm()
+        # a LoRA policy (alpha / r): pushed weights are merged, base + s B A (the engine holds
+        # a plain model, as TRL's vLLM weight sync does)
+        self.lora_scaling = lora_scaling
         self.tokenizer = tokenizer
         self.policy_version = policy_version
         self.tensor_parallel_size = cfg.tensor_parallel_size
@@ -194,6 +199,8 @@ class VLLMGenerator:
                 "must be 0 before the engine is built (VLLMGenerator sets it)"
             )
         model = executor.driver_worker.worker.model_runner.get_model()
+        if self.lora_scaling is not None:
+            named_tensors = merged_lora_tensors(named_tensors, self.lora_scaling)
         model.load_weights(named_tensors)  # streams; maps HF names onto fused qkv / gate_up
         # cached prefix blocks hold keys/values computed with the old weights
         reset = getattr(self.llm, "reset_prefix_cache", None)
