@@ -14,9 +14,15 @@ before the measured work and read after it, minus the RSS before the model was b
   forward keeps for backward: two RMSNorm input/output pairs, q, k, v and the attention
   output, the o_proj input, and four MLP tensors); with checkpointing, one hidden state per
   layer plus one layer's full activations while it is recomputed;
-- head: the head weight's gradient accumulated once more (a vocab x hidden temporary) plus
-  three fp32 chunk tensors (logits, softmax, their gradient) of `chunk rows` x vocab, whatever
-  the number of rows: backward recomputes each chunk's logits (learner/logprobs.py).
+- head: two vocab x hidden temporaries (the head's and the tied embedding's weight-gradient
+  contributions before they are summed), three fp32 tensors of `chunk rows` x vocab (logits,
+  softmax, their gradient), whatever the number of rows, since backward recomputes each
+  chunk's logits (learner/logprobs.py), and three tokens x hidden tensors (the final states,
+  the norm's input, their gradient);
+- generation: weights + KV cache (2 x layers x kv x rows x length) + a few rows x vocab logits.
+
+The model configs are SmolLM2-135M's LlamaConfig values and Qwen2.5-0.5B's shapes (vocabulary
+151,936) on the Llama architecture with attention biases, so that both take the lean forward.
 """
 
 from __future__ import annotations
@@ -105,7 +111,9 @@ def build_model(name: str, layers: int | None, device: str) -> torch.nn.Module:
     if layers is not None:
         values["num_hidden_layers"] = layers
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**values)).to(device)
+    model: torch.nn.Module = LlamaForCausalLM(LlamaConfig(**values))
+    model.to(torch.device(device))
+    return model
 
 
 def make_batch(vocab: int, rows: int, tokens: int, device: str) -> dict[str, torch.Tensor]:
@@ -185,7 +193,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         cfg = ModelConfig(lora=LoraConfig(enabled=True, r=16, target_modules=targets))
         model = apply_lora(model, cfg)  # type: ignore[arg-type]
     if spec.get("checkpointing"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(  # type: ignore[operator]
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
     vocab = CONFIGS[spec["model"]]["vocab_size"]
     tokens = spec["tokens"]
     t0 = time.perf_counter()
@@ -195,7 +205,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         model.eval()
         base = _reset_peak(cuda)
         with torch.no_grad():
-            model.generate(
+            model.generate(  # type: ignore[operator]
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=tokens,
