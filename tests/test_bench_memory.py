@@ -30,3 +30,12 @@ def test_bench_memory_cli_measures_in_a_subprocess(tmp_path):
     # the head's weight gradient alone (vocab x hidden fp32) is ~108 MiB
     assert r["peak_step"] > 49152 * 576 * 4 * 0.9
     assert set(r["formula"]) == {"weights", "grads", "optimizer", "activations", "head"}
+
+
+def test_bench_memory_is_a_bench_subcommand():
+    from replayrl.cli import main as cli
+
+    argv = ["bench", "memory", "--model", "qwen2.5-0.5b", "--rows", "1", "8", "--checkpointing"]
+    args = cli.build_parser().parse_args(cli.legacy_bench_form(argv))
+    assert args.func is cli._cmd_bench_memory
+    assert (args.model, args.rows, args.checkpointing) == ("qwen2.5-0.5b", [1, 8], True)
