@@ -118,29 +118,11 @@ def build_model(name: str, layers: int | None, device: str) -> torch.nn.Module:
 
 def make_batch(vocab: int, rows: int, tokens: int, device: str) -> dict[str, torch.Tensor]:
     """A collated batch of `rows` distinct 64-token prompts with `tokens` completion tokens."""
-    import torch
-
-    from replayrl.data.rollout import Rollout
+    from replayrl.bench.speed import random_rollouts
     from replayrl.learner.learner import collate
 
-    g = torch.Generator().manual_seed(1)
-    out = []
-    for i in range(rows):
-        ids = torch.randint(3, vocab, (_PROMPT + tokens,), generator=g)
-        out.append(
-            Rollout(
-                prompt_ids=ids[:_PROMPT],
-                completion_ids=ids[_PROMPT:],
-                behaviour_logprobs=torch.zeros(tokens),
-                reward=0.0,
-                advantage=1.0 if i % 2 else -1.0,
-                correct=False,
-                group_id=i,
-                policy_version=0,
-                step=0,
-            )
-        )
-    return {k: v.to(device) for k, v in collate(out, 0).items()}
+    batch = collate(random_rollouts(vocab, rows, _PROMPT, tokens), 0)
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def _learner_step(model, batch, lora: bool) -> None:
