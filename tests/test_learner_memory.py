@@ -195,6 +195,18 @@ def _sdpa_calls(monkeypatch) -> list[dict]:
     return calls
 
 
+def _states_match_and_sdpa_calls(model, batch, shared: bool, monkeypatch) -> list[dict]:
+    """Lean completion states equal transformers' own; returns the SDPA calls they made."""
+    with torch.no_grad():
+        ref = model.model(batch["input_ids"], attention_mask=batch["attention_mask"])
+        want = ref.last_hidden_state[:, :-1][batch["mask"].bool()]
+        calls = _sdpa_calls(monkeypatch)
+        got = lean_forward.completion_states(model, batch, share=shared)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert calls
+    return calls
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_lean_attention_is_mask_free_without_padding(shared, monkeypatch):
     model = _llama()
@@ -204,13 +216,7 @@ def test_lean_attention_is_mask_free_without_padding(shared, monkeypatch):
     batch = _batch([6, 6, 6], [9, 4, 7] if shared else [7, 7, 7])
     if shared:  # three completions of one prompt
         batch["input_ids"][1:, :6] = batch["input_ids"][0, :6]
-    with torch.no_grad():
-        ref = model.model(batch["input_ids"], attention_mask=batch["attention_mask"])
-        want = ref.last_hidden_state[:, :-1][batch["mask"].bool()]
-        calls = _sdpa_calls(monkeypatch)
-        got = lean_forward.completion_states(model, batch, share=shared)
-    assert torch.allclose(got, want, atol=1e-5)
-    assert calls
+    calls = _states_match_and_sdpa_calls(model, batch, shared, monkeypatch)
     for c in calls:  # causal from the start (prompts) or from the end (completions)
         top_left = c["mask"] is None and c.get("is_causal")
         assert top_left or isinstance(c["mask"], CausalBias), c
@@ -225,13 +231,7 @@ def test_lean_attention_with_padding_expands_kv_heads(shared, monkeypatch):
     batch = _batch([3, 7, 7, 5], [9, 4, 6, 8])
     if shared:
         batch["input_ids"][2, :7] = batch["input_ids"][1, :7]
-    with torch.no_grad():
-        ref = model.model(batch["input_ids"], attention_mask=batch["attention_mask"])
-        want = ref.last_hidden_state[:, :-1][batch["mask"].bool()]
-        calls = _sdpa_calls(monkeypatch)
-        got = lean_forward.completion_states(model, batch, share=shared)
-    assert torch.allclose(got, want, atol=1e-5)
-    assert calls
+    calls = _states_match_and_sdpa_calls(model, batch, shared, monkeypatch)
     for c in calls:
         assert type(c["mask"]) is torch.Tensor and c["mask"].dtype == torch.bool
         assert c["k"][1] == c["q"][1]  # K/V expanded to the query heads
