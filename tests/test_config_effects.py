@@ -385,6 +385,7 @@ NOT_OBSERVED: dict[str, str] = {
     "model.path": "which model folder loads: tests/test_smollm2.py, tests/test_api.py",
     "model.dtype": "the policy's load dtype: tests/test_precision.py",
     "model.gradient_checkpointing": "memory only (the same gradients)",
+    "model.lean_forward": "speed and memory only (the same log-probs): tests/test_lean_forward.py",
     **{
         f"model.lora.{k}": "needs peft and a model build: tests/test_chat_and_lora.py"
         for k in ("enabled", "r", "alpha", "dropout", "target_modules")

@@ -187,7 +187,7 @@ def _to_rollouts(samples: list[Sample], seed: int) -> list[Rollout]:
     ]
 
 
-def _random_rollouts(vocab: int, n: int, prompt_len: int, completion_len: int) -> list[Rollout]:
+def random_rollouts(vocab: int, n: int, prompt_len: int, completion_len: int) -> list[Rollout]:
     g = torch.Generator().manual_seed(0)
     out = []
     for i in range(n):
@@ -411,7 +411,7 @@ def bench_learner(
 ) -> list[Row]:
     prompt_len = seq_len - seq_len * 16 // 25  # 200 -> 72 prompt + 128 completion
     vocab = int(model.get_input_embeddings().weight.shape[0])
-    rollouts = _random_rollouts(vocab, seqs, prompt_len, seq_len - prompt_len)
+    rollouts = random_rollouts(vocab, seqs, prompt_len, seq_len - prompt_len)
     learners = []
     for p in paths:
         p.setup()

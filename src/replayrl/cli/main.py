@@ -141,6 +141,12 @@ def _cmd_bench_speed(args: argparse.Namespace) -> int:
     return speed_main(args)
 
 
+def _cmd_bench_memory(args: argparse.Namespace) -> int:
+    from replayrl.bench.memory import main as memory_main
+
+    return memory_main(args)
+
+
 def _cmd_bench_suite(args: argparse.Namespace) -> int:
     from replayrl.bench.report import make_report
     from replayrl.bench.suite import load_suite, run_suite
@@ -282,7 +288,7 @@ def _add_design(sub: Any) -> None:
     p.set_defaults(func=_cmd_design)
 
 
-BENCH_COMMANDS = ("suite", "speed", "buffer")
+BENCH_COMMANDS = ("suite", "speed", "buffer", "memory")
 
 
 def _add_bench_suite(bsub: Any) -> None:
@@ -319,7 +325,8 @@ def _add_bench_suite(bsub: Any) -> None:
 
 def _add_bench(sub: Any) -> None:
     p = sub.add_parser(
-        "bench", help="benchmarks: `bench suite NAME`, `bench speed`, `bench buffer`"
+        "bench",
+        help="benchmarks: `bench suite NAME`, `bench speed`, `bench buffer`, `bench memory`",
     )
     bsub = p.add_subparsers(dest="bench_command", required=True)
     _add_bench_suite(bsub)
@@ -336,6 +343,10 @@ def _add_bench(sub: Any) -> None:
     )
     p.add_argument("--json", help="write the figures to this JSON file")
     p.set_defaults(func=_cmd_bench_speed)
+    from replayrl.bench.memory import add_parser as add_memory_parser
+
+    add_memory_parser(bsub)
+    bsub.choices["memory"].set_defaults(func=_cmd_bench_memory)
     p = bsub.add_parser("buffer", help="replay buffer push / sample latency")
     p.add_argument("--n", type=int, default=1_000_000, help="rollouts stored")
     p.add_argument("--batch", type=int, default=256, help="sample size")

@@ -129,6 +129,9 @@ class ModelConfig(_Section):
         "float32", description="dtype of the policy's weights (a model object: its own)"
     )
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
+    # Llama-architecture policies: the learner's lean training forward (shared prompts run
+    # once); false = transformers' own forward (same values, more time and memory)
+    lean_forward: bool = True
     lora: LoraConfig = LoraConfig()
     tiny: TinyModelConfig = TinyModelConfig()
     warmstart: WarmStartConfig = WarmStartConfig()  # the built-in tiny model's

@@ -8,11 +8,13 @@ reincarnated pi_base) is a copy of the adapter weights only.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 ADAPTERS_DISABLED = "adapters_disabled"  # checkpoint marker for the LoRA reference
+_T = TypeVar("_T")
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -33,16 +35,32 @@ class _EvalForward:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
 
-    def _forward(self, **kwargs: Any) -> Any:
-        raise NotImplementedError
-
     def __call__(self, **kwargs: Any) -> Any:
+        return self.run_with(lambda m: m(**kwargs))
+
+    def run_with(self, fn: Callable[[torch.nn.Module], _T]) -> _T:
+        """fn(the policy module acting as this frozen policy): lets the learner's chunked
+        log-prob path run on it instead of a full-logits forward."""
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._forward(**kwargs)
+            return self._run(fn)
         finally:
             self.model.train(was_training)
+
+    def _run(self, fn: Callable[[torch.nn.Module], _T]) -> _T:
+        raise NotImplementedError
+
+
+class _Call(torch.nn.Module):
+    """Holds the policy so that `functional_call` can swap its adapter tensors around `fn`."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn: Callable[[torch.nn.Module], Any]) -> Any:
+        return fn(self.model)
 
 
 class AdaptersDisabled(_EvalForward):
@@ -52,9 +70,9 @@ class AdaptersDisabled(_EvalForward):
     the model; the base weights never train, so it stays that.
     """
 
-    def _forward(self, **kwargs: Any) -> Any:
+    def _run(self, fn: Callable[[torch.nn.Module], _T]) -> _T:
         with self.model.disable_adapter():  # type: ignore[operator]
-            return self.model(**kwargs)
+            return fn(self.model)
 
     def state_dict(self) -> str:
         return ADAPTERS_DISABLED
@@ -73,8 +91,9 @@ class AdapterSnapshot(_EvalForward):
             n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad
         }
 
-    def _forward(self, **kwargs: Any) -> Any:
-        return torch.func.functional_call(self.model, self.tensors, args=(), kwargs=kwargs)
+    def _run(self, fn: Callable[[torch.nn.Module], _T]) -> _T:
+        tensors = {f"model.{n}": t for n, t in self.tensors.items()}
+        return torch.func.functional_call(_Call(self.model), tensors, args=(fn,))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.tensors

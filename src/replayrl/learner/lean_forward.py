@@ -17,6 +17,14 @@ LoRA adapters and full fine-tuning both train through it):
 - peft LoRA projections run as base + B(A(dropout(x))) * scaling without peft's round trip
   of the input through fp32.
 
+Attention keeps the fused SDPA kernels: a pass without padding inside its attended span
+(every prompt of one length) runs causal with no mask (top-left causal for the prompts,
+bottom-right for completions after their prompt); otherwise K/V are expanded to the query
+heads and a boolean mask is passed, a layout the memory-efficient kernel accepts (a mask with
+`enable_gqa` leaves only the math kernel, which keeps T x T weights per layer). With the
+model's gradient checkpointing on (`model.gradient_checkpointing`), each decoder layer runs
+under `torch.utils.checkpoint`: backward keeps only the layers' inputs.
+
 Same log-probs and gradients as transformers' forward up to float rounding
 (tests/test_lean_forward.py); `completion_states` is checked once per model against
 transformers' own forward on a short input and is used only where it matches.
@@ -28,8 +36,11 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from replayrl.models.loading import LEAN_ATTR
 from replayrl.rollout.generation.decoders import llama_core
 
 _WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, torch.dtype, torch.Tensor]] = (
@@ -106,6 +117,8 @@ def lean_core(model: object) -> torch.nn.Module | None:
     core = llama_core(model)
     if core is None or getattr(core.config, "attention_dropout", 0.0):
         return None
+    if not getattr(core, LEAN_ATTR, True):  # switched off by `model.lean_forward: false`
+        return None
     return core
 
 
@@ -177,6 +190,21 @@ class _Layout:
             self.out_sel = torch.arange(cmax, device=device)[None, :] >= cmax - lengths[:, None]
 
 
+def _sdpa(q, keys, values, mask, scale, heads, kv_heads):
+    """SDPA in a form its fused kernels accept. `mask`: "causal" (queries and keys aligned
+    at the start), "lower_right" (the queries are the last keys), or a boolean mask."""
+    if isinstance(mask, str):
+        if mask == "causal":
+            return F.scaled_dot_product_attention(
+                q, keys, values, is_causal=True, scale=scale, enable_gqa=heads != kv_heads
+            )
+        mask = causal_lower_right(q.shape[2], keys.shape[2])
+    if heads != kv_heads:  # the memory-efficient kernel takes a mask but not GQA
+        keys = keys.repeat_interleave(heads // kv_heads, dim=1)
+        values = values.repeat_interleave(heads // kv_heads, dim=1)
+    return F.scaled_dot_product_attention(q, keys, values, mask, scale=scale)
+
+
 def _attention(attn, x, cos, sin, keys_extra, mask, heads, kv_heads, head_dim):
     """q/k/v projections with rotary embeddings and SDPA; returns (output, k, v)."""
     rows, t = x.shape[:2]
@@ -191,9 +219,7 @@ def _attention(attn, x, cos, sin, keys_extra, mask, heads, kv_heads, head_dim):
         keys, values = torch.cat([pk, k.to(pk.dtype)], 2), torch.cat([pv, v.to(pv.dtype)], 2)
     if dtype is not None:  # autocast would cast them for SDPA: do it once, same values
         q, keys, values = q.to(dtype), keys.to(dtype), values.to(dtype)
-    o = F.scaled_dot_product_attention(
-        q, keys, values, mask, scale=attn.scaling, enable_gqa=heads != kv_heads
-    )
+    o = _sdpa(q, keys, values, mask, attn.scaling, heads, kv_heads)
     o = o.transpose(1, 2).reshape(rows, t, heads * head_dim)
     return linear(attn.o_proj, o, dtype), k, v
 
@@ -216,29 +242,36 @@ def completion_states(
     n, wc = lay.comp_ids.shape
     hp = inner.embed_tokens(lay.prompt_ids)
     cos_p, sin_p = inner.rotary_emb(hp, lay.prompt_pos)
-    # a left-pad query sees no key: let it see itself (its output is never used) so that
-    # softmax has no empty row (a NaN there would reach the gradients through 0 * NaN)
-    eye = torch.eye(wp, dtype=torch.bool, device=device)
-    causal_p = torch.ones((wp, wp), dtype=torch.bool, device=device).tril_()
-    mask_p = (causal_p & lay.prompt_valid[:, None, None, :]) | eye
-    hc = cos_c = sin_c = mask_c = None
+    # completions are right-padded: a pad key is seen only by later (pad) queries, so only
+    # prompt padding needs a mask
+    padded = not bool(lay.prompt_valid.all())
+    mask_p: torch.Tensor | str = "causal"
+    mask_c: torch.Tensor | str = "lower_right"
+    if padded:
+        # a left-pad query sees no key: let it see itself (its output is never used) so that
+        # softmax has no empty row (a NaN there would reach the gradients through 0 * NaN)
+        eye = torch.eye(wp, dtype=torch.bool, device=device)
+        causal_p = torch.ones((wp, wp), dtype=torch.bool, device=device).tril_()
+        mask_p = (causal_p & lay.prompt_valid[:, None, None, :]) | eye
+    hc = cos_c = sin_c = None
     if wc > 0:
         hc = inner.embed_tokens(lay.comp_ids)
         cos_c, sin_c = inner.rotary_emb(hc, lay.comp_pos)
-        causal_c = torch.ones((wc, wc), dtype=torch.bool, device=device).tril_()
-        mask_c = torch.cat(
-            [
-                lay.prompt_valid[lay.group][:, None, None, :].expand(n, 1, wc, wp),
-                causal_c[None, None].expand(n, 1, wc, wc),
-            ],
-            dim=-1,
-        )
+        if padded:
+            causal_c = torch.ones((wc, wc), dtype=torch.bool, device=device).tril_()
+            mask_c = torch.cat(
+                [
+                    lay.prompt_valid[lay.group][:, None, None, :].expand(n, 1, wc, wp),
+                    causal_c[None, None].expand(n, 1, wc, wc),
+                ],
+                dim=-1,
+            )
 
     def norm_cast(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
         x = norm(h)
         return x if dtype is None else x.to(dtype)
 
-    for layer in inner.layers:
+    def run_layer(layer, hp, hc):
         attn = layer.self_attn
         x = norm_cast(layer.input_layernorm, hp)
         o, kp, vp = _attention(attn, x, cos_p, sin_p, None, mask_p, heads, kv_heads, head_dim)
@@ -250,6 +283,19 @@ def completion_states(
             hc = hc + o
             hc = hc + _mlp(layer.mlp, norm_cast(layer.post_attention_layernorm, hc), dtype)
         hp = hp + _mlp(layer.mlp, norm_cast(layer.post_attention_layernorm, hp), dtype)
+        return hp, hc
+
+    # the model's own switch (gradient_checkpointing_enable sets it on the decoder)
+    checkpointed = bool(getattr(inner, "gradient_checkpointing", False)) and (
+        torch.is_grad_enabled()
+    )
+    for layer in inner.layers:
+        if checkpointed:
+            hp, hc = torch.utils.checkpoint.checkpoint(
+                run_layer, layer, hp, hc, use_reentrant=False
+            )
+        else:
+            hp, hc = run_layer(layer, hp, hc)
     if not lay.shared:
         return inner.norm(hp[:, -lay.out_sel.shape[1] :])[lay.out_sel]
     last = inner.norm(hp[:, -1])[lay.group][:, None]

@@ -12,10 +12,16 @@ prompts run once, frozen weights cast once under autocast) where it reproduces
 transformers' forward (checked once per model); the head's log-softmax runs in one exp pass
 with its own backward when no entropy gradient is asked for.
 
+Backward keeps no logits: each head chunk runs under `torch.utils.checkpoint`, so what
+a step keeps for the head is the completion states (tokens x hidden) plus one chunk's fp32
+logits and softmax while that chunk is recomputed in backward (the fused linear-cross-entropy
+idea), whatever the number of rows. Same values and gradients, one more head matmul per chunk.
+
 The head-only path needs logits = output_embeddings(last_hidden_state): checked once per
 model on a short input (a model with logit soft-capping or scaling fails the check and
-takes the full path), and anything that is not a module (a frozen-policy wrapper) takes the
-full path too.
+takes the full path). A frozen-policy wrapper (learner/frozen.py: LoRA's disabled adapters,
+an adapter snapshot) lends its policy module through `run_with`, so it takes the same path;
+any other object that is not a module takes the full path.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections.abc import Iterator
 from typing import cast
 
 import torch
+import torch.utils.checkpoint
 
 from replayrl.learner import lean_forward
 from replayrl.models import precision
@@ -193,6 +200,12 @@ def token_logprobs(
     `autocast` (e.g. torch.bfloat16) runs the model's matmuls in that dtype (fp32 master
     weights untouched); the log-softmax is always fp32.
     """
+    run_with = getattr(model, "run_with", None)
+    if not isinstance(model, torch.nn.Module) and callable(run_with) and not (_reference or full):
+        # a frozen policy: its module, as that policy (eval mode, adapters off or swapped)
+        return run_with(
+            lambda m: token_logprobs(m, batch, temperature, entropy_grad, autocast, full)
+        )
     with precision.autocast(autocast, batch["input_ids"].device):
         if _reference or full:
             return token_logprobs_full(model, batch, temperature, entropy_grad)
@@ -258,24 +271,33 @@ def _head_logprobs(
     targets = ids[:, 1:][sel]
     dtype = lean_forward.autocast_dtype(ids.device) if lean else None
     want_entropy_grad = entropy_grad and torch.is_grad_enabled()
-    logp_parts, ent_parts = [], []
-    rows = _chunk_rows(_rows_of(head, default=1))
-    for start in range(0, h.shape[0], rows):
-        part = h[start : start + rows]
+    differentiable = torch.is_grad_enabled() and (
+        h.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+
+    def chunk(part: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = (lean_forward.linear(head, part, dtype) if lean else head(part)).float()
         if temperature != 1.0:
             z = z / temperature
         if not want_entropy_grad:  # one exp pass for both, and a lean backward
-            logp, ent = _TargetLogProb.apply(z, targets[start : start + rows])
-            logp_parts.append(logp)
-            ent_parts.append(ent)
-            continue
+            return _TargetLogProb.apply(z, tgt)
         lse = torch.logsumexp(z, dim=-1)
-        logp_parts.append(z.gather(-1, targets[start : start + rows, None]).squeeze(-1) - lse)
-        with torch.set_grad_enabled(want_entropy_grad):
-            zz, ll = (z, lse) if want_entropy_grad else (z.detach(), lse.detach())
-            # H = -sum p log p = lse - sum p z
-            ent_parts.append(ll - (torch.softmax(zz, dim=-1) * zz).sum(-1))
+        logp = z.gather(-1, tgt[:, None]).squeeze(-1) - lse
+        # H = -sum p log p = lse - sum p z
+        return logp, lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+
+    logp_parts, ent_parts = [], []
+    rows = _chunk_rows(_rows_of(head, default=1))
+    for start in range(0, h.shape[0], rows):
+        part, tgt = h[start : start + rows], targets[start : start + rows]
+        if differentiable:  # keep part and the outputs; backward recomputes the logits
+            logp, ent = torch.utils.checkpoint.checkpoint(
+                chunk, part, tgt, use_reentrant=False, preserve_rng_state=False
+            )
+        else:
+            logp, ent = chunk(part, tgt)
+        logp_parts.append(logp)
+        ent_parts.append(ent)
     shape = sel.shape
     flat_lp = torch.cat(logp_parts) if logp_parts else h.new_zeros(0, dtype=torch.float32)
     flat_ent = torch.cat(ent_parts) if ent_parts else flat_lp.detach()

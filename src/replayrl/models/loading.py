@@ -27,6 +27,9 @@ from replayrl.config.schema import ModelConfig
 SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "</s>", "bos_token": "<s>"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# a causal LM with this attribute False stays off the learner's lean forward
+LEAN_ATTR = "replayrl_lean_forward"
+
 
 def cache_dir() -> Path:
     """Where warm starts are cached: $REPLAYRL_CACHE or ~/.cache/replayrl."""
@@ -258,6 +261,8 @@ def prepare_policy(
             raise ValueError("the tokenizer has neither a pad token nor an EOS token")
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+    # read by learner/lean_forward.py (set before any LoRA wrapping, on the causal LM itself)
+    setattr(model, LEAN_ATTR, cfg.lean_forward)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # no KV cache in training forwards (generate keeps it: HFGenerator's GenerationConfig)

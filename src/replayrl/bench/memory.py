@@ -1,0 +1,335 @@
+"""`replayrl bench memory`: peak memory of one learner step (full fine-tuning and LoRA), of
+the output head alone, and of one generation step, for models built from a config with
+random weights (nothing is downloaded), beside a stated formula.
+
+Each measurement runs in a fresh subprocess. On CPU the figure is the growth of the resident
+set: the kernel's peak-RSS counter (VmHWM) is reset through /proc/self/clear_refs just
+before the measured work and read after it, minus the RSS before the model was built
+(`total`) or just before the work (`head`). On CUDA it is torch.cuda.max_memory_allocated
+(reset the same way). The formula (bytes, fp32):
+
+    weights + grads + optimizer (AdamW: 2 x trainable) + activations + head
+
+- activations, per token and layer: 7 hidden + 2 kv + 4 intermediate floats (what the lean
+  forward keeps for backward: two RMSNorm input/output pairs, q, k, v and the attention
+  output, the o_proj input, and four MLP tensors); with checkpointing, one hidden state per
+  layer plus one layer's full activations while it is recomputed;
+- head: two vocab x hidden temporaries (the head's and the tied embedding's weight-gradient
+  contributions before they are summed), three fp32 tensors of `chunk rows` x vocab (logits,
+  softmax, their gradient), whatever the number of rows, since backward recomputes each
+  chunk's logits (learner/logprobs.py), and three tokens x hidden tensors (the final states,
+  the norm's input, their gradient);
+- generation: weights + KV cache (2 x layers x kv x rows x length) + a few rows x vocab logits.
+
+The model configs are SmolLM2-135M's LlamaConfig values and Qwen2.5-0.5B's shapes (vocabulary
+151,936) on the Llama architecture with attention biases, so that both take the lean forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported where used: the CLI's parser stays quick
+    import torch
+
+# transformers LlamaConfig values of HuggingFaceTB/SmolLM2-135M
+SMOLLM2_135M: dict[str, Any] = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
+# Qwen2.5-0.5B's shapes on the Llama architecture (the lean forward's), with q/k/v/o biases
+QWEN25_05B_SHAPED: dict[str, Any] = {
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "attention_bias": True,
+}
+CONFIGS = {"smollm2-135m": SMOLLM2_135M, "qwen2.5-0.5b": QWEN25_05B_SHAPED}
+KINDS = ("head", "full", "lora", "generation")
+_PROMPT = 64
+_GEN_TOKENS = 16
+_MB = 1 << 20
+
+
+def _status(field: str) -> int:
+    """A /proc/self/status figure in bytes (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak(cuda: bool) -> int:
+    """Start a peak measurement; returns the current figure (the baseline)."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    return _status("VmRSS")
+
+
+def _peak(cuda: bool) -> int:
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated()
+    return _status("VmHWM")
+
+
+def build_model(name: str, layers: int | None, device: str) -> torch.nn.Module:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    values = dict(CONFIGS[name])
+    if layers is not None:
+        values["num_hidden_layers"] = layers
+    torch.manual_seed(0)
+    model: torch.nn.Module = LlamaForCausalLM(LlamaConfig(**values))
+    model.to(torch.device(device))
+    return model
+
+
+def make_batch(vocab: int, rows: int, tokens: int, device: str) -> dict[str, torch.Tensor]:
+    """A collated batch of `rows` distinct 64-token prompts with `tokens` completion tokens."""
+    from replayrl.bench.speed import random_rollouts
+    from replayrl.learner.learner import collate
+
+    batch = collate(random_rollouts(vocab, rows, _PROMPT, tokens), 0)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _learner_step(model, batch, lora: bool) -> None:
+    """Policy log-probs, a policy-gradient loss (with the LoRA reference's KL), backward and
+    one AdamW step: the memory of a learner micro-batch."""
+    import torch
+
+    from replayrl.learner.frozen import AdaptersDisabled
+    from replayrl.learner.logprobs import token_logprobs
+
+    mask = batch["mask"]
+    adv = torch.where(torch.arange(mask.shape[0], device=mask.device) % 2 == 1, 1.0, -1.0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-6)
+    logps, _ = token_logprobs(model, batch, 1.0)
+    loss = -(adv[:, None] * logps * mask).sum() / mask.sum()
+    if lora:  # the KL reference: the same module with its adapters switched off
+        with torch.no_grad():
+            ref, _ = token_logprobs(AdaptersDisabled(model), batch, 1.0)
+        loss = loss + 0.01 * ((logps - ref) * mask).sum() / mask.sum()
+    loss.backward()
+    opt.step()
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """One measurement (in this process): spec has model, kind, layers, rows, tokens,
+    checkpointing, device."""
+    import torch
+
+    device = spec["device"]
+    cuda = device.startswith("cuda")
+    torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
+    # imports first: the modules' own memory is not the step's
+    import transformers  # noqa: F401
+
+    import replayrl.learner.learner  # noqa: F401
+    import replayrl.learner.logprobs  # noqa: F401
+    import replayrl.models.loading  # noqa: F401
+
+    if spec["kind"] == "lora":
+        import peft  # noqa: F401
+    start = _reset_peak(cuda)
+    layers = 0 if spec["kind"] == "head" else spec["layers"]
+    model = build_model(spec["model"], layers, device)
+    if spec["kind"] == "lora":
+        from replayrl.config.schema import LoraConfig, ModelConfig
+        from replayrl.models.loading import apply_lora
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        cfg = ModelConfig(lora=LoraConfig(enabled=True, r=16, target_modules=targets))
+        model = apply_lora(model, cfg)  # type: ignore[arg-type]
+    if spec.get("checkpointing"):
+        model.gradient_checkpointing_enable(  # type: ignore[operator]
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    vocab = CONFIGS[spec["model"]]["vocab_size"]
+    tokens = spec["tokens"]
+    t0 = time.perf_counter()
+    if spec["kind"] == "generation":
+        batch = make_batch(vocab, spec["rows"], _GEN_TOKENS, device)
+        ids = batch["input_ids"][:, :_PROMPT]
+        model.eval()
+        base = _reset_peak(cuda)
+        with torch.no_grad():
+            model.generate(  # type: ignore[operator]
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=True,
+                pad_token_id=0,
+            )
+    else:
+        batch = make_batch(vocab, spec["rows"], tokens, device)
+        model.train()
+        base = _reset_peak(cuda)
+        if spec["kind"] == "head":  # embedding + final norm + head: the head's own memory
+            from replayrl.learner.logprobs import token_logprobs
+
+            logps, _ = token_logprobs(model, batch, 1.0)
+            (logps * batch["mask"]).sum().backward()
+        else:
+            _learner_step(model, batch, spec["kind"] == "lora")
+    peak = _peak(cuda)
+    return {
+        **spec,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "peak_total": peak - start,
+        "peak_step": peak - base,
+        "counter": "torch.cuda.max_memory_allocated" if cuda else "VmHWM - VmRSS",
+    }
+
+
+def formula(spec: dict[str, Any], chunk_elements: int = 1 << 25) -> dict[str, int]:
+    """The predicted peak in bytes by term (module docstring)."""
+    c = dict(CONFIGS[spec["model"]])
+    layers = 0 if spec["kind"] == "head" else spec["layers"]
+    h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
+    per_layer = 4 * h * h + 2 * h * kv + 3 * h * inter + 2 * h
+    n_params = v * h + layers * per_layer + h
+    chunk = max(16, chunk_elements // v)
+    rows, tokens = spec["rows"], spec["tokens"]
+    if spec["kind"] == "generation":
+        seq = _PROMPT + tokens
+        kv_cache = 2 * layers * kv * rows * seq * 4
+        return {"weights": 4 * n_params, "kv_cache": kv_cache, "logits": 3 * rows * v * 4}
+    n_tok = rows * (tokens - 1)  # completion tokens that predict a used token
+    seq_tok = rows * (_PROMPT + tokens - 1)
+    if spec["kind"] == "lora":  # r = 16 on all seven projections: r x (in + out) each
+        trainable = layers * 16 * (9 * h + 2 * kv + 3 * inter)
+    else:
+        trainable = n_params
+    act_full = (7 * h + 2 * kv + 4 * inter) * 4
+    if spec.get("checkpointing") and layers:
+        acts = layers * seq_tok * h * 4 + seq_tok * act_full
+    else:
+        acts = layers * seq_tok * act_full
+    # the head's and the tied embedding's weight-gradient contributions before they are
+    # summed into the gradient, and one chunk's fp32 logits, softmax and their gradient
+    head = 2 * v * h * 4 + 3 * min(chunk, n_tok) * v * 4 + n_tok * h * 4 * 3
+    out = {
+        "weights": 4 * n_params,
+        "grads": 4 * trainable,
+        "optimizer": 8 * trainable,
+        "activations": acts,
+        "head": head,
+    }
+    if spec["kind"] == "head":  # no optimizer; weights are built before the baseline
+        out["weights"] = out["optimizer"] = 0
+    return out
+
+
+def run_one(spec: dict[str, Any]) -> dict[str, Any]:
+    """`measure(spec)` in a fresh interpreter (peaks of earlier work do not count)."""
+    cmd = [sys.executable, "-m", "replayrl.bench.memory", "--child", json.dumps(spec)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    if done.returncode != 0:
+        raise RuntimeError(f"measurement {spec} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _row(r: dict[str, Any]) -> str:
+    terms = formula(r)
+    predicted = sum(terms.values())
+    measured = r["peak_step"] if r["kind"] == "head" else r["peak_total"]
+    ckpt = "yes" if r.get("checkpointing") else "no"
+    return (
+        f"| {r['model']} | {r['kind']} | {r['layers'] if r['kind'] != 'head' else 0} | "
+        f"{r['rows']} | {r['tokens']} | {ckpt} | {measured / _MB:,.0f} | "
+        f"{predicted / _MB:,.0f} | {measured / max(predicted, 1):.2f} | {r['seconds']} |"
+    )
+
+
+HEADER = (
+    "| model config | measured | layers | rows | tokens | checkpointing | peak MiB | "
+    "formula MiB | peak / formula | seconds |\n|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    results = []
+    print(HEADER, flush=True)
+    for kind in args.kinds:
+        for rows in args.rows:
+            spec = {
+                "model": args.model,
+                "kind": kind,
+                "layers": args.layers,
+                "rows": rows,
+                "tokens": args.tokens if kind != "generation" else args.gen_tokens,
+                "checkpointing": args.checkpointing,
+                "device": device,
+                "threads": args.threads,
+            }
+            r = run_one(spec)
+            r["formula"] = formula(r)
+            results.append(r)
+            print(_row(r), flush=True)
+    if args.json:
+        from replayrl.storage.io import atomic_write_json
+
+        atomic_write_json(args.json, results)
+    return 0
+
+
+def add_parser(bsub: Any) -> None:
+    p = bsub.add_parser("memory", help="peak memory of a learner / generation step vs formula")
+    p.add_argument("--model", choices=sorted(CONFIGS), default="smollm2-135m")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers (random weights)")
+    p.add_argument("--tokens", type=int, default=1024, help="completion tokens per row")
+    p.add_argument("--gen-tokens", type=int, default=_GEN_TOKENS, help="generated tokens")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8], help="micro-batch rows")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument("--json", help="write the figures to this JSON file")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print(json.dumps(measure(json.loads(sys.argv[2]))))
+    else:
+        parser = argparse.ArgumentParser(prog="replayrl bench memory")
+        add_parser(parser.add_subparsers(dest="cmd", required=True))
+        sys.exit(main(parser.parse_args(["memory", *sys.argv[1:]])))
