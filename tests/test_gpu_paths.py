@@ -1,0 +1,53 @@
+"""GPU code paths checked on CPU: tensors that act like CUDA ones where it matters (no
+`.numpy()` without `.cpu()`), bf16 parameters, gloo ranks standing in for NCCL ones."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from replayrl.distributed.ddp import weights_digest
+
+
+class DeviceTensor(torch.Tensor):
+    """A CPU tensor that refuses `.numpy()` as a CUDA tensor does; `.cpu()` gives a plain one."""
+
+    def numpy(self, *args, **kwargs):  # type: ignore[override]
+        raise TypeError("can't convert cuda:0 device type tensor to numpy")
+
+    def cpu(self, *args, **kwargs):  # type: ignore[override]
+        return self.as_subclass(torch.Tensor)
+
+
+def test_weights_digest_of_bf16_weights_hashes_their_bytes():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    before = weights_digest(model)
+    assert before == weights_digest(model)
+    with torch.no_grad():
+        model.bias[0] += 1
+    assert weights_digest(model) != before
+
+
+def test_grad_probe_moves_device_gradients_to_the_host(monkeypatch, tiny_model, char_tokenizer):
+    import copy
+
+    from replayrl.config.schema import load_config
+    from replayrl.data.rollout import Rollout
+    from replayrl.design.grad_probe import sample_gradients
+    from replayrl.learner.learner import Learner
+
+    real_cat = torch.cat
+
+    def cat(*args, **kwargs):
+        out = real_cat(*args, **kwargs)
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        return out.as_subclass(DeviceTensor) if caller.endswith("grad_probe") else out
+
+    monkeypatch.setattr(torch, "cat", cat)
+    ids = char_tokenizer("12+34=", add_special_tokens=False)["input_ids"]
+    row = Rollout(torch.tensor(ids), torch.tensor(ids[:3]), torch.zeros(3), 1, 1, True, 0, 0, 0)
+    learner = Learner(copy.deepcopy(tiny_model), char_tokenizer.pad_token_id, load_config(None))
+    g = sample_gradients(learner, [row, row], dims=16)
+    assert g.shape == (2, 16) and abs(g[0]).max() > 0
