@@ -51,3 +51,28 @@ def test_grad_probe_moves_device_gradients_to_the_host(monkeypatch, tiny_model, 
     learner = Learner(copy.deepcopy(tiny_model), char_tokenizer.pad_token_id, load_config(None))
     g = sample_gradients(learner, [row, row], dims=16)
     assert g.shape == (2, 16) and abs(g[0]).max() > 0
+
+
+def test_ray_followers_freeze_the_policy_when_rank_zero_does(monkeypatch):
+    """Rank 0 trains only the critic during `critic.warmup_steps`; a follower that trains the
+    policy there makes an extra all-reduce and NCCL hangs."""
+    from types import SimpleNamespace
+
+    from replayrl.config.schema import load_config
+    from replayrl.distributed import ray_runtime
+
+    cfg = load_config(None, ["algorithm.advantage=gae", "critic.warmup_steps=2"])
+    calls: list[bool] = []
+    learner = SimpleNamespace(
+        cfg=cfg,
+        critic=object(),
+        version=0,
+        train_step=lambda batch, rng, **kw: calls.append(kw.get("policy_frozen", False)),
+    )
+    follower = ray_runtime.FollowerActor.__new__(ray_runtime.FollowerActor)
+    follower.learner, follower.rng, follower.epochs = learner, None, 1
+    monkeypatch.setattr(ray_runtime, "_ray", lambda: SimpleNamespace(get=lambda ref: ref))
+    shard = SimpleNamespace(call=SimpleNamespace(remote=lambda *a: []))
+    for step in (1, 2, 3):
+        follower.train_step(shard, 2, 0, step)
+    assert calls == [True, True, False]

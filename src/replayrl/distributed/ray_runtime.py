@@ -27,6 +27,7 @@ from replayrl.distributed.gpus import hide_gpus_unless_given
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.errors import RunFailed, RunStopped
+from replayrl.learner.critic import policy_frozen
 from replayrl.models.device import model_device, resolve_device
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
 from replayrl.records.ledger import RoleClock, format_accounting
@@ -201,6 +202,9 @@ class FollowerActor:
             step=step,
             epochs=self.epochs,
             stale=[r.policy_version < version for r in batch],
+            policy_frozen=policy_frozen(
+                step, self.learner.cfg.critic.warmup_steps, self.learner.critic is not None
+            ),
         )
         return {
             "busy_s": time.perf_counter() - t0,

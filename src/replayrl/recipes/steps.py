@@ -10,6 +10,7 @@ import time
 from replayrl.data.buffer import batch_stats
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.base import GROUP_STRIDE
+from replayrl.learner.critic import policy_frozen
 from replayrl.models.loading import unwrap_model
 from replayrl.run.session import Session, reflection_rate
 
@@ -47,7 +48,9 @@ def learn(
             step=c.step + 1,  # t in the paper's lambda(t): 1-based update count
             epochs=epochs,
             stale=[r.policy_version < version for r in batch],
-            policy_frozen=c.step < cfg.critic.warmup_steps and learner.critic is not None,
+            policy_frozen=policy_frozen(
+                c.step + 1, cfg.critic.warmup_steps, learner.critic is not None
+            ),
         )
         stats.update({f"train/{k}": v for k, v in train_metrics.items()})
         s.check_training(batch, train_metrics, c.step + 1)  # no silent non-training
