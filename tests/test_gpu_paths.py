@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 
 from replayrl.distributed.ddp import weights_digest
@@ -76,3 +77,15 @@ def test_ray_followers_freeze_the_policy_when_rank_zero_does(monkeypatch):
     for step in (1, 2, 3):
         follower.train_step(shard, 2, 0, step)
     assert calls == [True, True, False]
+
+
+def test_fp16_learning_is_refused_at_config_load_and_points_to_bf16():
+    """fp16 gradients underflow without a loss scaler, which the learner does not run."""
+    from replayrl.api.trainer import ReplayConfig
+    from replayrl.config.schema import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="learner_autocast=bfloat16"):
+        load_config(None, ["precision.learner_autocast=float16"])
+    with pytest.raises(ConfigError) as refused:
+        ReplayConfig("grpo", fp16=True).to_config()
+    assert "bf16=True" in str(refused.value) and "float16" not in str(refused.value)

@@ -157,7 +157,7 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "generation_kwargs": (None, "not supported: use temperature, top_p, max_completion_length"),
     "chat_template_kwargs": (None, "use task__system_prompt / task__chat_template instead"),
     "cache_implementation": (None, "not supported: the generator manages its own KV cache"),
-    "fp16": (False, "use bf16=True (learner autocast) or model__dtype='float16' instead"),
+    "fp16": (False, "use bf16=True instead: fp16 learning needs a gradient scaler"),
     "tf32": (None, "not supported: CPU fp32 matmuls are precision__fast_fp32_matmul"),
     "optim": (
         "adamw_torch_fused",
