@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from replayrl.distributed.ddp import weights_digest
+from tiny import tiny_config
 
 
 class DeviceTensor(torch.Tensor):
@@ -89,3 +90,37 @@ def test_fp16_learning_is_refused_at_config_load_and_points_to_bf16():
     with pytest.raises(ConfigError) as refused:
         ReplayConfig("grpo", fp16=True).to_config()
     assert "bf16=True" in str(refused.value) and "float16" not in str(refused.value)
+
+
+def test_a_policy_the_trainer_loads_itself_goes_to_train_device(monkeypatch):
+    """model="path" (or none) with rewards or a dataset: the trainer loads the policy and
+    hands it to the loop, which keeps a handed-over object where it is, so the trainer must
+    place it (a stand-in device, meta, plays the GPU)."""
+    from replayrl.api.config import ReplayConfig
+    from replayrl.api.trainer import ReplayTrainer
+    from replayrl.models import device
+    from replayrl.models.device import model_device
+    from tiny import TINY_MODEL
+
+    asked: list[str] = []
+
+    def resolve(spec: str) -> torch.device:
+        asked.append(spec)
+        return torch.device("meta")
+
+    monkeypatch.setattr(device, "resolve_device", resolve)
+    args = ReplayConfig("grpo", overrides=[*TINY_MODEL, "train.device=auto"])
+    trainer = ReplayTrainer(args=args, log=lambda _: None)
+    trainer._load_policy()
+    assert asked == ["auto"] and trainer._model is not None
+    assert model_device(trainer._model).type == "meta"
+
+
+def test_the_run_says_where_its_policy_trains(tmp_path):
+    from replayrl.run.components import place_policy
+
+    model = torch.nn.Linear(2, 2)
+    lines: list[str] = []
+    cfg = tiny_config(tmp_path, "train.device=auto")
+    out, _, _ = place_policy(cfg, torch.device("cuda"), lines.append, policy=(model, None, ""))
+    assert out is model and lines == ["policy trains on cpu (train.device=auto)"]

@@ -451,6 +451,7 @@ class ReplayTrainer:
     # -- the model ---------------------------------------------------------------------------
     def _load_policy(self) -> None:
         """The starting policy, loaded once (and then handed to the loop)."""
+        from replayrl.models import device
         from replayrl.models.loading import prepare_policy
         from replayrl.run.policy import load_policy
 
@@ -471,9 +472,11 @@ class ReplayTrainer:
             )
             task_cfg = TaskConfig()
         with torch.random.fork_rng():
-            self._model, self._tokenizer, self._model_path = load_policy(
+            model, self._tokenizer, self._model_path = load_policy(
                 cfg.model, task_cfg, log=self.log, seed=cfg.train.seed
             )
+        # loaded here, so placed here: the loop keeps a handed-over object where it is
+        self._model = model.to(device.resolve_device(cfg.train.device))
         self._prepared = True
 
     def _load_trained(self) -> None:
