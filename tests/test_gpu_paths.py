@@ -124,3 +124,39 @@ def test_the_run_says_where_its_policy_trains(tmp_path):
     cfg = tiny_config(tmp_path, "train.device=auto")
     out, _, _ = place_policy(cfg, torch.device("cuda"), lines.append, policy=(model, None, ""))
     assert out is model and lines == ["policy trains on cpu (train.device=auto)"]
+
+
+def test_each_async_local_engine_sees_only_its_own_gpu(monkeypatch, tmp_path, char_tokenizer):
+    """A worker on cuda:2 is pinned (CUDA_VISIBLE_DEVICES=2) before CUDA starts, so its vLLM
+    engine, which takes the first GPU it sees, runs on GPU 2, not GPU 0; the stand-in records
+    what the engine sees. Pinning maps through the GPUs the parent already sees."""
+    import fake_vllm
+    from replayrl.config.schema import VLLMConfig
+    from replayrl.distributed.gpus import pin_process_to
+    from replayrl.distributed.local import pinned_to_own_gpu
+    from replayrl.rollout.generation.vllm import VLLMGenerator
+
+    fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cfg = pinned_to_own_gpu(tiny_config(tmp_path, "rollout.backend=vllm", "train.device=cuda:2"))
+    assert cfg.train.device == "cuda:0"
+    VLLMGenerator("/m", char_tokenizer, VLLMConfig(), device=torch.device(cfg.train.device))
+    assert fake_vllm.LLM.instances[-1].visible_devices == "2"
+    env = {"CUDA_VISIBLE_DEVICES": "4,5,6"}
+    assert pin_process_to("cuda:1", env) == "cuda:0" and env["CUDA_VISIBLE_DEVICES"] == "5"
+    assert pin_process_to("cpu", env) == "cpu" and env["CUDA_VISIBLE_DEVICES"] == "5"
+    with pytest.raises(ValueError, match="sees only GPUs 4,5,6"):
+        pin_process_to("cuda:3", {"CUDA_VISIBLE_DEVICES": "4,5,6"})
+
+
+def test_an_engine_beside_a_policy_on_another_gpu_is_refused(monkeypatch, char_tokenizer):
+    """Sync mode with train.device=cuda:1: the engine would take GPU 0; refused with the fix."""
+    import fake_vllm
+    from replayrl.config.schema import VLLMConfig
+    from replayrl.rollout.generation.vllm import VLLMGenerator
+
+    fake_vllm.install(monkeypatch)
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES=1 and train.device=cuda"):
+        VLLMGenerator("/m", char_tokenizer, VLLMConfig(), device=torch.device("cuda:1"))
+    assert not fake_vllm.LLM.instances

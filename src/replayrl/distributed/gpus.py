@@ -4,7 +4,7 @@ where the machine has enough, and none for a process that was given none."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 
 import torch
 
@@ -29,3 +29,23 @@ def generator_device(learner_device: torch.device | str, worker_id: int, gpu_cou
     if not others:
         return f"cuda:{own}"
     return f"cuda:{others[worker_id % len(others)]}"
+
+
+def pin_process_to(device: str, environ: MutableMapping[str, str] = os.environ) -> str:
+    """Show this process only GPU `device` ('cuda:N', N counted among the GPUs it sees now)
+    and return its name from then on ('cuda:0'); any other device is returned as is.
+
+    A vLLM engine in a process takes the first GPU the process sees (its executor's local
+    rank 0), whatever `train.device` says: pinning is how an engine gets its own GPU. Only
+    possible before CUDA is initialised (CUDA reads CUDA_VISIBLE_DEVICES once)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or dev.index is None:
+        return device
+    if torch.cuda.is_initialized():
+        raise RuntimeError(f"cannot pin this process to {device}: CUDA is already initialised")
+    seen = environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [g.strip() for g in seen.split(",")] if seen else None
+    if ids is not None and dev.index >= len(ids):
+        raise ValueError(f"{device}: this process sees only GPUs {seen}")
+    environ["CUDA_VISIBLE_DEVICES"] = ids[dev.index] if ids is not None else str(dev.index)
+    return "cuda:0"

@@ -65,5 +65,6 @@ def make_generator(
             dtype=dtype,
             seed=seed,
             stop_ids=stops,
+            device=next(model.parameters()).device,
         )
     raise ValueError(f"rollout.backend: unknown backend {backend!r} (hf or vllm)")
