@@ -160,3 +160,60 @@ def test_an_engine_beside_a_policy_on_another_gpu_is_refused(monkeypatch, char_t
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES=1 and train.device=cuda"):
         VLLMGenerator("/m", char_tokenizer, VLLMConfig(), device=torch.device("cuda:1"))
     assert not fake_vllm.LLM.instances
+
+
+def test_ray_gpu_requests_take_one_gpu_per_actor_or_refuse():
+    from replayrl.distributed.gpus import ray_gpu_requests
+
+    lines: list[str] = []
+
+    def ask(device, backend="hf", learners=1, generators=2, req=(0.0, 0.0), gpus=4.0):
+        return ray_gpu_requests(device, backend, learners, generators, req, gpus, lines.append)
+
+    assert ask("auto") == (1.0, 1.0) and "taking ray.learner_num_gpus=1" in lines[0]
+    assert ask("auto", gpus=0) == (0.0, 0.0)  # a CPU cluster: nothing to ask for
+    assert ask("cpu") == (0.0, 0.0)
+    with pytest.raises(ValueError, match="set ray.generator_num_gpus=1 "):
+        ask("cpu", backend="vllm")  # vLLM needs a GPU even when the learner needs none
+    assert ask("cuda", req=(1.0, 0.5)) == (1.0, 0.5)
+    with pytest.raises(ValueError, match="ray.learner_num_gpus=1 ray.generator_num_gpus=1"):
+        ask("cuda")
+    with pytest.raises(ValueError, match="generator actors ask for none"):
+        ask("auto", backend="vllm", req=(1.0, 0.0), gpus=2)  # 1 + 2 GPUs wanted, 2 there
+    with pytest.raises(ValueError, match="NCCL group"):
+        ask("cuda", learners=2, req=(0.5, 1.0))
+
+
+def test_ray_run_asks_for_the_gpus_it_trains_on(monkeypatch, tmp_path):
+    """On a cluster with GPUs, `auto` with the default 0 GPUs asks Ray for 1 per actor, in
+    the learner actor's request and in the config every actor reads."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from replayrl.distributed import ray_runtime
+
+    class Started(Exception):
+        pass
+
+    asked: list[dict] = []
+
+    def remote(**kwargs):
+        asked.append(kwargs)
+
+        def start(cfg_yaml, *_):
+            asked.append(yaml.safe_load(cfg_yaml)["ray"])
+            raise Started
+
+        actor = SimpleNamespace(remote=start)
+        return lambda cls: SimpleNamespace(options=lambda **_: actor)
+
+    fake = SimpleNamespace(
+        is_initialized=lambda: True, cluster_resources=lambda: {"GPU": 8.0}, remote=remote
+    )
+    monkeypatch.setattr(ray_runtime, "_ray", lambda: fake)
+    cfg = tiny_config(tmp_path, "runtime=ray", "train.device=auto")
+    with pytest.raises(Started):
+        ray_runtime.RayDriver(cfg, tmp_path, log=lambda _: None).run()
+    assert asked[0]["num_gpus"] == 1.0
+    assert asked[1]["learner_num_gpus"] == 1.0 and asked[1]["generator_num_gpus"] == 1.0

@@ -23,7 +23,7 @@ import yaml
 
 from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.ddp import data_parallel, free_port, init_group, weights_digest
-from replayrl.distributed.gpus import hide_gpus_unless_given
+from replayrl.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.errors import RunFailed, RunStopped
@@ -470,6 +470,8 @@ class RayDriver:
                 log_to_driver=True,
             )
         try:
+            self.cfg = self._with_gpu_requests(ray.cluster_resources().get("GPU", 0))
+            rc = self.cfg.ray
             actor = (
                 ray.remote(num_cpus=rc.learner_num_cpus, num_gpus=rc.learner_num_gpus)(LearnerActor)
                 .options(max_concurrency=2)
@@ -490,6 +492,16 @@ class RayDriver:
         finally:
             if started:
                 ray.shutdown()
+
+    def _with_gpu_requests(self, cluster_gpus: float) -> Config:
+        """The run's config with the GPUs its actors ask for (`ray_gpu_requests`)."""
+        cfg, rc = self.cfg, self.cfg.ray
+        learner, generator = ray_gpu_requests(
+            cfg.train.device, cfg.rollout.backend, cfg.workers.learners, cfg.workers.generators,
+            (rc.learner_num_gpus, rc.generator_num_gpus), cluster_gpus, self.log,
+        )  # fmt: skip
+        update = {"learner_num_gpus": learner, "generator_num_gpus": generator}
+        return cfg.model_copy(update={"ray": rc.model_copy(update=update)})
 
     def _wait(self, ray: Any, actor: Any, ref: Any) -> dict[str, Any]:
         """The learner actor's result; the first Ctrl-C asks it to stop after its step.
