@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -217,3 +218,78 @@ def test_ray_run_asks_for_the_gpus_it_trains_on(monkeypatch, tmp_path):
         ray_runtime.RayDriver(cfg, tmp_path, log=lambda _: None).run()
     assert asked[0]["num_gpus"] == 1.0
     assert asked[1]["learner_num_gpus"] == 1.0 and asked[1]["generator_num_gpus"] == 1.0
+
+
+def test_warm_ups_train_on_the_runs_device(monkeypatch):
+    """The tiny model's warm start (and model.sft's warm-up, same path) trains on the device
+    load_policy is given (train.device), not on the CPU of a GPU machine."""
+    from replayrl.config.schema import ModelConfig, TaskConfig
+    from replayrl.run import policy, warmstart
+
+    seen: list[torch.device] = []
+
+    def spy(*args, **kwargs) -> float:
+        seen.append(kwargs["device"])
+        return 0.0
+
+    monkeypatch.setattr(warmstart, "_sft_phase", spy)
+    cfg = ModelConfig.model_validate(
+        {"tiny": {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64},
+         "warmstart": {"steps": 3, "mistake_steps": 2, "seed": 9876}}
+    )  # fmt: skip
+    policy.load_policy(cfg, TaskConfig(), log=lambda _: None, device="meta")
+    assert seen == [torch.device("meta")] * 2
+
+
+def test_sft_phase_moves_the_model_and_batches_to_its_device(
+    monkeypatch, tiny_model, char_tokenizer
+):
+    from replayrl.run.warmstart import _sft_phase
+
+    class Teacher:
+        def sft_pairs(self, n, rng, error_rate):
+            return [("1+2=", "3")] * n
+
+    inputs: list[torch.device] = []
+    moved: list[torch.device] = []
+    model = __import__("copy").deepcopy(tiny_model)
+    real_to = type(model).to
+    monkeypatch.setattr(
+        type(model), "to", lambda m, d: moved.append(torch.device(d)) or real_to(m, d)
+    )
+    model.register_forward_pre_hook(
+        lambda m, a, kw: inputs.append(kw["input_ids"].device), with_kwargs=True
+    )
+    loss = _sft_phase(
+        model,
+        char_tokenizer,
+        Teacher(),
+        np.random.default_rng(0),
+        2,
+        2,
+        1e-3,
+        0.0,
+        device=torch.device("cpu"),
+    )
+    assert (
+        np.isfinite(loss) and moved == [torch.device("cpu")] and inputs == [torch.device("cpu")] * 2
+    )
+
+
+def test_the_critic_runs_under_the_learners_autocast(tmp_path):
+    import numpy as np
+
+    from replayrl.run.components import build_components
+
+    cfg = tiny_config(
+        tmp_path, "algorithm.advantage=gae", "precision.learner_autocast=bfloat16",
+        "train.device=cpu",
+    )  # fmt: skip
+    parts = build_components(cfg, log=lambda _: None)
+    seen: list[bool] = []
+    parts.learner.critic.backbone.register_forward_hook(
+        lambda *_: seen.append(torch.is_autocast_enabled("cpu"))
+    )
+    rollouts = parts.producer.produce(0, step=0, group_base=0).rollouts
+    metrics = parts.learner.train_step(rollouts, np.random.default_rng(0), step=1)
+    assert np.isfinite(metrics["loss"]) and seen and all(seen)

@@ -471,12 +471,13 @@ class ReplayTrainer:
                 "over the arithmetic task's alphabet); pass model=... for real data"
             )
             task_cfg = TaskConfig()
+        where = device.resolve_device(cfg.train.device)
         with torch.random.fork_rng():
             model, self._tokenizer, self._model_path = load_policy(
-                cfg.model, task_cfg, log=self.log, seed=cfg.train.seed
+                cfg.model, task_cfg, log=self.log, seed=cfg.train.seed, device=where
             )
         # loaded here, so placed here: the loop keeps a handed-over object where it is
-        self._model = model.to(device.resolve_device(cfg.train.device))
+        self._model = model.to(where)
         self._prepared = True
 
     def _load_trained(self) -> None:

@@ -178,7 +178,9 @@ class FollowerActor:
             torch.set_num_threads(cfg.train.threads)
         model_cfg = cfg.model.model_copy(update={"path": policy_path}) if policy_path else cfg.model
         with torch.random.fork_rng():  # the same weights as rank 0 (same path / warm start)
-            self.model, tok, path = load_policy(model_cfg, cfg.task, seed=cfg.train.seed)
+            self.model, tok, path = load_policy(
+                model_cfg, cfg.task, seed=cfg.train.seed, device=resolve_device(cfg.train.device)
+            )
         self.model = self.model.to(resolve_device(cfg.train.device))
         self.learner = build_learner(_per_rank(cfg, world), self.model, tok.pad_token_id, path)
         self.rank, self.world = rank, world

@@ -289,7 +289,8 @@ class Learner:
         with torch.no_grad():
             for sl in micro_batches(len(rollouts), self.cfg.train.micro_batch_size):
                 b = collate(rollouts[sl], self.pad_id, device=self.device)
-                values.extend(unpad(self.critic(b), b["mask"]))
+                with precision.autocast(self.autocast, self.device):  # as the policy runs
+                    values.extend(unpad(self.critic(b).float(), b["mask"]))
         self.critic.train()
         width = max(v.numel() for v in values)
         n = len(rollouts)
@@ -581,8 +582,10 @@ class Learner:
     def _critic_backward(self, b: dict[str, torch.Tensor], normaliser: float, acc: _Accum) -> None:
         assert self.critic is not None
         c, mask = self.cfg.critic, b["mask"]
+        with precision.autocast(self.autocast, self.device):  # as the policy runs
+            values = self.critic(b)
         v_loss, v_metrics = critic_objective(
-            self.critic(b),
+            values.float(),
             b["old_values"],
             b["returns"],
             mask,

@@ -211,7 +211,7 @@ def place_policy(
     adapter = ckpt / "policy" if ckpt and lora else None
     with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
         model, tokenizer, model_path = load_policy(
-            model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
+            model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed, device=device
         )
     log(f"policy trains on {device} (train.device={cfg.train.device})")
     return model.to(device), tokenizer, model_path  # train.device (auto: cuda if available)
