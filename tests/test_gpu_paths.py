@@ -293,3 +293,46 @@ def test_the_critic_runs_under_the_learners_autocast(tmp_path):
     rollouts = parts.producer.produce(0, step=0, group_base=0).rollouts
     metrics = parts.learner.train_step(rollouts, np.random.default_rng(0), step=1)
     assert np.isfinite(metrics["loss"]) and seen and all(seen)
+
+
+def test_ported_trl_config_gets_trls_is_default_with_a_note_and_server_keys_are_refused():
+    from replayrl.api.trl_args import translate
+    from replayrl.config.schema import ConfigError
+
+    t = translate(
+        {"vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_cap": 3.0},
+        {}, remix=False,
+    )  # fmt: skip
+    assert t.dotted["precision.importance_sampling_mode"] == "sequence_mask"
+    assert t.dotted["vllm.truncated_is_cap"] == 3.0
+    assert any("sequence_mask" in n and "token_truncate at 2.0" in n for n in t.notes)
+    bare = translate({"vllm_importance_sampling_mode": "token_mask"}, {}, remix=False)
+    assert bare.dotted["vllm.truncated_is_cap"] == 3.0  # TRL's default cap
+    assert "precision.importance_sampling_mode" not in translate({}, {}, remix=False).dotted
+    for bad in (
+        {"vllm_model_impl": "transformers"},
+        {"vllm_server_base_url": "http://x:8000"},
+        {"vllm_server_port": 9000},
+    ):
+        with pytest.raises(ConfigError, match="not supported"):
+            translate(bad, {}, remix=False)
+
+
+def test_learner_weighs_tokens_in_the_configured_is_mode(tmp_path):
+    """sequence_mask: a rollout whose sampler/learner sequence ratio passes C gets weight 0."""
+    import dataclasses
+
+    from replayrl.run.components import build_components
+
+    cfg = tiny_config(
+        tmp_path, "precision.recompute_behaviour_logprobs=always", "train.device=cpu",
+        "precision.truncated_is_cap=3.0", "precision.importance_sampling_mode=sequence_mask",
+    )  # fmt: skip
+    parts = build_components(cfg, log=lambda _: None)
+    rollouts = parts.producer.produce(0, step=0, group_base=0).rollouts
+    far = dataclasses.replace(
+        rollouts[0], extras={"sampler_logprobs": rollouts[0].behaviour_logprobs - 5.0}
+    )
+    fields = parts.learner._frozen_fields([far, rollouts[1]], [False, False], step=1)
+    assert torch.equal(fields["tis_weights"][0], torch.zeros_like(far.behaviour_logprobs))
+    assert torch.equal(fields["tis_weights"][1], torch.ones_like(rollouts[1].behaviour_logprobs))

@@ -147,6 +147,12 @@ class PrecisionConfig(_Section):
     # correct for tokens drawn by a reduced-precision sampler; needs the learner's own log
     # pi_old (recompute_behaviour_logprobs active); null = off
     truncated_is_cap: float | None = Field(None, gt=0)
+    # how that cap (or vllm.truncated_is_cap) applies, TRL's vllm_importance_sampling_mode:
+    # the ratio per token or per sequence (product of its tokens'), truncated at C or masked
+    # (weight 0) past it; algorithms/correction.py
+    importance_sampling_mode: Literal[
+        "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = Field("token_truncate", description="truncated IS: per token/sequence, truncate/mask")
 
     @field_validator("learner_autocast", mode="before")
     @classmethod

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 
 from replayrl.algorithms import ADVANTAGES, POLICY_LOSSES, batch_normaliser, importance_ess
 from replayrl.algorithms.aggregation import Reducer
-from replayrl.algorithms.correction import apply_token_weights, truncated_is_weights, weight_stats
+from replayrl.algorithms.correction import apply_token_weights, importance_weights, weight_stats
 from replayrl.algorithms.kl import kl_convex_lambda
 from replayrl.algorithms.losses import clip_stats
 from replayrl.algorithms.objective import ObjectiveWeights, critic_objective, policy_objective
@@ -339,10 +339,11 @@ class Learner:
             # learner log pi_old (refreshed) vs the sampler's; a rollout never refreshed
             # (stale at its first use) has only the sampler's: weight 1
             fields["tis_weights"] = [
-                truncated_is_weights(
+                importance_weights(
                     r.behaviour_logprobs,
                     r.extras.get("sampler_logprobs", r.behaviour_logprobs),
                     self.tis_cap,
+                    self.cfg.precision.importance_sampling_mode,
                 )
                 for r in batch
             ]
