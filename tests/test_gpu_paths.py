@@ -336,3 +336,40 @@ def test_learner_weighs_tokens_in_the_configured_is_mode(tmp_path):
     fields = parts.learner._frozen_fields([far, rollouts[1]], [False, False], step=1)
     assert torch.equal(fields["tis_weights"][0], torch.zeros_like(far.behaviour_logprobs))
     assert torch.equal(fields["tis_weights"][1], torch.ones_like(rollouts[1].behaviour_logprobs))
+
+
+def test_hf_decoding_reads_the_device_once_every_k_tokens(monkeypatch, tiny_model, char_tokenizer):
+    """On a GPU the decode loop looks at which rows finished every 8 tokens, not twice per
+    token (each look is a host sync); the samples are still cut at their first stop."""
+    from replayrl.rollout.generation import HFGenerator, SamplingParams, hf
+
+    assert hf.host_check_every(torch.device("cuda")) == 8
+    assert hf.host_check_every(torch.device("cpu")) == 1
+    monkeypatch.setattr(hf, "host_check_every", lambda device: 8)
+    reads = {"n": 0}
+    for name in ("__bool__", "__int__", "item"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, **k):
+            reads["n"] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    gen = HFGenerator(tiny_model, char_tokenizer, 8, impl="fast")
+    gen.stop_ids = [char_tokenizer.eos_token_id, char_tokenizer("3")["input_ids"][-1]]
+    real_samples, loop_reads = gen._samples, []
+
+    def samples_of(*args):
+        loop_reads.append(reads["n"])  # the decode loop's reads, before the host-side cut
+        return real_samples(*args)
+
+    monkeypatch.setattr(gen, "_samples", samples_of)
+    torch.manual_seed(0)
+    reads["n"] = 0
+    samples = gen._generate_batch_fast(
+        tiny_model, [(0, char_tokenizer("1+2=")["input_ids"], 4)], SamplingParams(max_new_tokens=32)
+    )
+    assert loop_reads[0] <= 32 // 8 and len(samples) == 4
+    for s in samples:
+        hits = [i for i, t in enumerate(s.completion_ids.tolist()) if t in gen.stop_ids]
+        assert hits == ([] if s.truncated else [len(s.completion_ids) - 1])
