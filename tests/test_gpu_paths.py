@@ -373,3 +373,30 @@ def test_hf_decoding_reads_the_device_once_every_k_tokens(monkeypatch, tiny_mode
     for s in samples:
         hits = [i for i, t in enumerate(s.completion_ids.tolist()) if t in gen.stop_ids]
         assert hits == ([] if s.truncated else [len(s.completion_ids) - 1])
+
+
+def test_readme_gpu_commands_are_the_ones_the_check_runs():
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    section = readme.split("## On a GPU", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```bash\n(.*?)```", section, re.S)[-1]
+    lines = [ln.split("#")[0].split() for ln in block.splitlines()]
+    script = (root / "scripts" / "gpu_check.sh").read_text()
+    marked = subprocess.run(
+        ["grep", "-l", "^@pytest.mark.gpu", *sorted(map(str, (root / "tests").glob("test_*.py")))],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    pytest_line = next(ln for ln in lines if ln[:3] == ["python", "-m", "pytest"])
+    assert pytest_line[3:6] == ["-q", "-m", "gpu"] and "-m pytest -q -m gpu" in script
+    assert sorted(pytest_line[6:]) == sorted(str(Path(m).relative_to(root)) for m in marked)
+    check_line = next(ln for ln in lines if ln[:2] == ["python", "scripts/gpu_check.py"])
+    assert " ".join(check_line[1:3]) + ' "$OUT"' in script and "--steps 10" in script
+    assert ["make", "gpu-bundle", "PY=3.12"] in lines and [
+        "bash",
+        "scripts/gpu_check.sh",
+        "out",
+    ] in lines
