@@ -400,3 +400,70 @@ def test_readme_gpu_commands_are_the_ones_the_check_runs():
         "scripts/gpu_check.sh",
         "out",
     ] in lines
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_broadcast_and_object_store_syncs_give_generators_identical_weights(dtype):
+    """The learner (rank 0) broadcasts over gloo to two generator processes; the object-store
+    path serialises a host copy. Both send the generation dtype and leave the same weights."""
+    import copy
+
+    from replayrl.distributed.broadcast import broadcast_sync_figures, object_store_sync
+    from replayrl.distributed.weights import trainable_state
+
+    torch.manual_seed(0)
+    learner = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    learner[1].bias.requires_grad_(False)  # frozen: not sent, left as the generators have it
+    stale = [copy.deepcopy(learner) for _ in range(3)]
+    for m in stale:
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(0.5)
+    figures, received = broadcast_sync_figures(learner, stale[:2], dtype, repeats=2)
+    object_store_sync(learner, stale[2], dtype)
+    via_store = trainable_state(stale[2])
+    want = {
+        n: p.detach().to(dtype).float() for n, p in learner.named_parameters() if p.requires_grad
+    }
+    assert len(received) == 2 and set(via_store) == set(want)
+    for got in received:
+        assert set(got) == set(want)
+        for n in want:
+            assert torch.equal(got[n], via_store[n]) and torch.equal(got[n], want[n])
+    assert figures["bytes"] == sum(t.numel() for t in want.values()) * torch.finfo(dtype).bits // 8
+    assert figures["seconds"] > 0
+
+
+def test_ray_weight_sync_sends_the_generation_dtype(tmp_path):
+    from types import SimpleNamespace
+
+    from replayrl.distributed import ray_runtime
+
+    put: list[dict] = []
+    pool = ray_runtime.RayGeneratorPool.__new__(ray_runtime.RayGeneratorPool)
+    pool.cfg = tiny_config(tmp_path, "precision.generation=bfloat16")
+    pool.ray = SimpleNamespace(put=lambda state: put.append(state) or "ref")
+    model = torch.nn.Linear(3, 2)
+    pool.publish(model, 4)
+    assert pool.weights == "ref" and pool.version == 4
+    assert {t.dtype for t in put[0].values()} == {torch.bfloat16}
+    assert torch.equal(put[0]["weight"], model.weight.detach().to(torch.bfloat16))
+
+
+def test_bench_speed_weight_sync_reports_bytes_and_seconds_of_both_paths(capsys):
+    from types import SimpleNamespace
+
+    from replayrl.bench.speed import main
+
+    args = SimpleNamespace(
+        sections=["weight_sync"], model="tiny", threads=1, repeats=1, samples=None, json=None
+    )
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if "MiB" in ln]
+    assert {r[1] for r in rows} == {"object_store", "broadcast_gloo"}
+    for dtype in {r[0] for r in rows}:  # the same weights cross both paths
+        sizes = {r[1]: float(r[2]) for r in rows if r[0] == dtype}
+        assert sizes["broadcast_gloo"] > 0
+        assert abs(sizes["object_store"] - sizes["broadcast_gloo"]) < 0.1 * sizes["broadcast_gloo"]
+    assert all(float(r[4]) > 0 for r in rows)

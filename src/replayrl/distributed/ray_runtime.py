@@ -29,6 +29,7 @@ from replayrl.distributed.worker import Delivery, GeneratorWorker
 from replayrl.errors import RunFailed, RunStopped
 from replayrl.learner.critic import policy_frozen
 from replayrl.models.device import model_device, resolve_device
+from replayrl.models.precision import choose_for
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
 from replayrl.records.ledger import RoleClock, format_accounting
 from replayrl.run.components import buffer_kwargs, build_learner
@@ -265,7 +266,10 @@ class RayGeneratorPool:
         self._submit()
 
     def publish(self, model: Any, version: int) -> None:
-        self.weights = self.ray.put(trainable_state(model))
+        # in the generation dtype: what the generators sample in (a bf16 sampler: half the
+        # bytes through the object store; distributed/broadcast.py is the collective path)
+        dtype = choose_for(self.cfg.precision, model).generation
+        self.weights = self.ray.put(trainable_state(model, dtype))
         self.version = version
 
     def _submit(self) -> None:
