@@ -109,8 +109,9 @@ def test_a_policy_the_trainer_loads_itself_goes_to_train_device(monkeypatch):
         asked.append(spec)
         return torch.device("meta")
 
-    monkeypatch.setattr(device, "resolve_device", resolve)
     args = ReplayConfig("grpo", overrides=[*TINY_MODEL, "train.device=auto"])
+    ReplayTrainer(args=args, log=lambda _: None)._load_policy()  # its warm start, cached on CPU
+    monkeypatch.setattr(device, "resolve_device", resolve)
     trainer = ReplayTrainer(args=args, log=lambda _: None)
     trainer._load_policy()
     assert asked == ["auto"] and trainer._model is not None
