@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.replayrl-installed
 
-.PHONY: install demo test lint typecheck mutate format clean trl-peer docs
+.PHONY: install demo test lint typecheck mutate format clean trl-peer docs gpu-bundle
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -58,3 +58,23 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site
+
+# The pure-Python packages scripts/gpu_check.sh needs that a bare GPU image (torch,
+# transformers, pytest; no network) lacks, as wheels for that machine's Python:
+#   make gpu-bundle PY=3.12     (then the folder travels with the working tree)
+# pydantic and pydantic-core are pinned to this environment's pair (they must match).
+GPU_BUNDLE ?= gpu_wheels
+GPU_BUNDLE_MAX_MB ?= 60
+HOST_PY ?= $(VENV)/bin/python
+gpu-bundle:
+	@case "$(PY)" in 3.*) ;; *) echo "usage: make gpu-bundle PY=3.12 (the GPU machine's Python)"; exit 2;; esac
+	rm -rf $(GPU_BUNDLE).tmp && mkdir -p $(GPU_BUNDLE).tmp
+	$(HOST_PY) -m pip download --quiet --only-binary=:all: --no-deps --python-version $(PY) \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d $(GPU_BUNDLE).tmp \
+		"pydantic==$$($(HOST_PY) -c 'import pydantic; print(pydantic.VERSION)')" \
+		"pydantic-core==$$($(HOST_PY) -c 'import pydantic_core; print(pydantic_core.__version__)')" \
+		annotated-types typing-inspection typing-extensions
+	@size=$$(du -sm $(GPU_BUNDLE).tmp | cut -f1); if [ $$size -ge $(GPU_BUNDLE_MAX_MB) ]; then \
+		echo "$(GPU_BUNDLE): $$size MiB, over $(GPU_BUNDLE_MAX_MB)"; exit 1; fi
+	rm -rf $(GPU_BUNDLE) && mv $(GPU_BUNDLE).tmp $(GPU_BUNDLE)
+	@ls $(GPU_BUNDLE); du -sh $(GPU_BUNDLE)

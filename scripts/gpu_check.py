@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -161,13 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--set", nargs="*", default=[], help="more config overrides for both runs")
+    p.add_argument(
+        "--work", type=Path, default=None,
+        help="the model and the runs' checkpoints (default: a temporary folder), kept out of "
+        "--out so that only gpu_check.json comes back",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="replayrl-gpu-check-"))
+    args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"environment": environment(), "shape": args.shape}
     print(json.dumps(report["environment"]), flush=True)
-    model_dir = build_model_folder(args.out / "model", args.shape)
+    model_dir = build_model_folder(work / "model", args.shape)
     for preset in RUNS:
         report[preset] = train_run(
-            preset, model_dir, args.out / "runs", args.device, args.steps, args.set
+            preset, model_dir, work / "runs", args.device, args.steps, args.set
         )
         print(preset, json.dumps(report[preset]), flush=True)
     from transformers import AutoModelForCausalLM

@@ -94,3 +94,23 @@ def test_safe_state_round_trips_plain_state_without_pickle():
     evil = text.replace(b'"<f8"', b'"|O"')
     with pytest.raises(StateFormatError, match="not plain numbers"):
         loads(evil, blob)
+
+
+def test_checkpoint_keeps_and_restores_every_cuda_devices_rng(tmp_path: Path, monkeypatch):
+    """On a GPU the CUDA generators (one per device) are saved and restored, through the
+    no-pickle state files; stand-ins for two devices record what is set."""
+    from replayrl.storage.safe_state import load_state_files, save_state
+
+    devices = [torch.arange(8, dtype=torch.uint8), torch.arange(8, 16, dtype=torch.uint8)]
+    restored: dict[int, torch.Tensor] = {}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [d.clone() for d in devices])
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state", lambda s, device: restored.__setitem__(device, s)
+    )
+    save_state(tmp_path, "state", {"rng": rng_state()})
+    set_rng_state(load_state_files(tmp_path, "state")["rng"])
+    assert sorted(restored) == [0, 1]
+    assert all(torch.equal(restored[i], devices[i]) for i in (0, 1))

@@ -298,6 +298,11 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
         1.01,
         ("precision.recompute_behaviour_logprobs=always",),
     ),
+    "precision.importance_sampling_mode": (
+        "learner",
+        "token_mask",
+        ("precision.recompute_behaviour_logprobs=always", "precision.truncated_is_cap=1.01"),
+    ),
     # with the default 5% bar auto stays on-policy at mu = 4 (predicted saving 4.8%); at bar 0
     # alpha = 0.05 moves x* above 1 (N = 81 instead of 8) and rho = 0.9 gives B = 12, not 13
     "design.alpha": ("design", 0.05, ("design.min_saving=0",)),

@@ -73,3 +73,30 @@ def test_weight_stats_by_hand():
     assert s["tis/mean_weight"] == pytest.approx((2.0 + 0.5 + 1.0 + 2.0) / 4)
     assert s["tis/truncated_share"] == pytest.approx(0.5)
     assert math.isnan(weight_stats(w, torch.zeros_like(mask), 2.0)["tis/mean_weight"])
+
+
+def test_importance_weights_of_trls_four_modes_hand_values():
+    """log rho_t = (0.5, -0.2, 1.5) with C = 3: token ratios e^.5 = 1.6487, e^-.2 = 0.8187,
+    e^1.5 = 4.4817; the sequence ratio e^1.8 = 6.0496 > C."""
+    from replayrl.algorithms.correction import importance_weights
+
+    learner = torch.tensor([-1.0, -2.0, -0.5])
+    sampler = torch.tensor([-1.5, -1.8, -2.0])
+    want = {
+        "token_truncate": [1.6487, 0.8187, 3.0],
+        "token_mask": [1.6487, 0.8187, 0.0],
+        "sequence_truncate": [3.0, 3.0, 3.0],
+        "sequence_mask": [0.0, 0.0, 0.0],
+    }
+    for mode, w in want.items():
+        got = importance_weights(learner, sampler, 3.0, mode)
+        assert torch.allclose(got, torch.tensor(w), atol=1e-4), mode
+    # a sequence under the cap keeps its product ratio on every token: e^(0.5 - 0.2) = 1.3499
+    seq = importance_weights(learner[:2], sampler[:2], 3.0, "sequence_mask")
+    assert torch.allclose(seq, torch.full((2,), 1.3499), atol=1e-4)
+    huge = importance_weights(torch.zeros(2), torch.full((2,), -800.0), 3.0, "sequence_mask")
+    assert torch.equal(huge, torch.zeros(2))  # no inf * 0
+    with pytest.raises(ValueError, match="one of token_truncate"):
+        importance_weights(learner, sampler, 3.0, "sequence")
+    with pytest.raises(ValueError, match="positive"):
+        importance_weights(learner, sampler, 0.0, "token_mask")

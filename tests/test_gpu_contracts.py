@@ -414,7 +414,7 @@ def test_trl_use_cpu_and_vllm_arguments_are_mapped_or_refused():
     assert cap.dotted["vllm.truncated_is_cap"] == 3.0
     for bad, hint in (
         ({"vllm_mode": "server"}, "runtime='ray'"),
-        ({"vllm_importance_sampling_mode": "sequence_truncate"}, "token_truncate"),
+        ({"vllm_importance_sampling_mode": "sequence"}, "token_truncate, token_mask"),
         ({"vllm_importance_sampling_clip_min": 0.5}, "from above only"),
     ):
         with pytest.raises(ConfigError, match=hint):

@@ -62,7 +62,9 @@ def test_gpu_check_script_runs_small_on_cpu(tmp_path):
         mod.main(
             [
                 "--out",
-                str(tmp_path),
+                str(tmp_path / "out"),
+                "--work",
+                str(tmp_path / "work"),
                 "--shape",
                 "tiny",
                 "--device",
@@ -75,7 +77,9 @@ def test_gpu_check_script_runs_small_on_cpu(tmp_path):
         )
         == 0
     )
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    # only the figures come back from a GPU machine: the model and checkpoints stay in --work
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["gpu_check.json"]
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     for run in ("grpo", "replay"):
         assert report[run]["steps"] == 2 and report[run]["step_s_median"] > 0
         assert report[run]["generated_tokens_per_s"] > 0

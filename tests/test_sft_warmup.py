@@ -174,7 +174,7 @@ def test_parallel_first_runs_build_once_under_a_lock(
     cfg = _cfg(tiny_pretrained, "model.sft.steps=7")
     built: list[Path] = []
 
-    def fake_build(path, model_cfg, task_cfg, dest: Path, log) -> None:
+    def fake_build(path, model_cfg, task_cfg, dest: Path, log, device=None) -> None:
         lock = dest.parent / f".{dest.name}.lock"
         with open(lock, "w") as other:  # another process's attempt: must find it held
             with pytest.raises(BlockingIOError):

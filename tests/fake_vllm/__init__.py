@@ -12,6 +12,7 @@ and torch's global generators with the engine seed and sets torch's threads to 1
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import types
@@ -93,6 +94,8 @@ class LLM:
         # LLM passes unknown keywords on to EngineArgs (e.g. logprobs_mode)
         _check_call("LLM.__init__", kwargs, init | set(SNAPSHOT["EngineArgs"]))
         self.kwargs = {"model": model, **kwargs}
+        # the GPUs the engine can see: it runs on the first (vLLM's local rank 0)
+        self.visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
         self.calls: list[tuple[list[dict], Any, dict[str, Any]]] = []
         self.prefix_resets = 0
         self.model = FakeModel()

@@ -15,6 +15,12 @@ truncating at C (the paper uses C = 2) bounds the variance that rare tokens with
 sampler probability would bring. Since w_t > 0, w_t * min(r A, clip(r) A) =
 min(r (w A), clip(r) (w A)): the weight can be applied by scaling each token's advantage
 (`apply_token_weights`), which leaves the loss functions themselves untouched.
+
+`importance_weights` adds the variants TRL's GRPOTrainer offers (its
+`vllm_importance_sampling_mode`): the ratio per token or per sequence (the product of the
+sequence's token ratios, rho = exp(sum_t (log pi_learner - log pi_sampler))), and past C
+either truncated (min(rho, C)) or masked (rho if rho <= C, else 0: the token or sequence
+drops out of the gradient).
 """
 
 from __future__ import annotations
@@ -46,6 +52,41 @@ def truncated_is_weights(
     return diff.clamp(max=math.log(cap) + 1.0).exp().clamp(max=cap)
 
 
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def importance_weights(
+    learner_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float, mode: str
+) -> torch.Tensor:
+    """Per-token IS weights of one rollout's tokens (1-D, equal shapes), without gradient.
+
+    token_*: rho_t = pi_learner(a_t) / pi_sampler(a_t) each; sequence_*: one rho =
+    prod_t rho_t for every token of the sequence. *_truncate: min(rho, C) (Yao et al. 2025,
+    the equation of `truncated_is_weights`); *_mask: rho where rho <= C, else 0 (TRL's
+    sequence_mask / token_mask). Non-finite log-probs and unknown modes are errors."""
+    if mode not in IS_MODES:
+        raise ValueError(f"importance sampling mode {mode!r}: one of {', '.join(IS_MODES)}")
+    if mode == "token_truncate":
+        return truncated_is_weights(learner_logprobs, sampler_logprobs, cap)
+    if cap <= 0:
+        raise ValueError(f"IS cap must be positive, got {cap}")
+    if learner_logprobs.shape != sampler_logprobs.shape or learner_logprobs.dim() != 1:
+        raise ValueError(
+            f"IS weights: learner log-probs {tuple(learner_logprobs.shape)} and sampler "
+            f"log-probs {tuple(sampler_logprobs.shape)} must be one rollout's (1-D, equal)"
+        )
+    diff = learner_logprobs.detach().double() - sampler_logprobs.detach().double()
+    if not bool(torch.isfinite(diff).all()):
+        raise ValueError("IS weights: non-finite log-probs (a token of probability 0?)")
+    log_rho = diff.sum().expand_as(diff) if mode.startswith("sequence") else diff
+    log_cap = math.log(cap)
+    if mode.endswith("truncate"):
+        w = log_rho.clamp(max=log_cap + 1.0).exp().clamp(max=cap)
+    else:  # mask: compared in log space, so a huge ratio is 0, never inf
+        w = torch.where(log_rho <= log_cap, log_rho.clamp(max=log_cap).exp(), 0.0)
+    return w.float()
+
+
 def apply_token_weights(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Advantages scaled per token: (B,) sequence or (B, T) token advantages times (B, T)
     weights -> (B, T). Valid for losses that are positively homogeneous in the advantage
@@ -61,7 +102,7 @@ def apply_token_weights(advantages: torch.Tensor, weights: torch.Tensor) -> torc
 
 
 def weight_stats(weights: torch.Tensor, mask: torch.Tensor, cap: float) -> dict[str, float]:
-    """Mean weight and the share of tokens truncated at the cap, over `mask`."""
+    """Mean weight and the share of tokens truncated at the cap or masked (0), over `mask`."""
     m = mask.bool()
     n = int(m.sum())
     if n == 0:
@@ -69,5 +110,5 @@ def weight_stats(weights: torch.Tensor, mask: torch.Tensor, cap: float) -> dict[
     w = weights[m]
     return {
         "tis/mean_weight": float(w.mean()),
-        "tis/truncated_share": float((w >= cap).float().mean()),
+        "tis/truncated_share": float(((w >= cap) | (w == 0)).float().mean()),
     }

@@ -456,6 +456,7 @@ class ReplayTrainer:
     # -- the model ---------------------------------------------------------------------------
     def _load_policy(self) -> None:
         """The starting policy, loaded once (and then handed to the loop)."""
+        from replayrl.models import device
         from replayrl.models.loading import prepare_policy
         from replayrl.run.policy import load_policy
 
@@ -476,10 +477,13 @@ class ReplayTrainer:
                 "over the arithmetic task's alphabet); pass model=... for real data"
             )
             task_cfg = demo
+        where = device.resolve_device(cfg.train.device)
         with torch.random.fork_rng():
-            self._model, self._tokenizer, self._model_path = load_policy(
-                cfg.model, task_cfg, log=self.log, seed=cfg.train.seed
+            model, self._tokenizer, self._model_path = load_policy(
+                cfg.model, task_cfg, log=self.log, seed=cfg.train.seed, device=where
             )
+        # loaded here, so placed here: the loop keeps a handed-over object where it is
+        self._model = model.to(where)
         self._prepared = True
 
     def _load_trained(self) -> None:

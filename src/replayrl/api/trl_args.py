@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from replayrl.algorithms.correction import IS_MODES
 from replayrl.config.schema import ConfigError
 
 # TRL name -> replayrl key, same meaning and units
@@ -53,6 +54,8 @@ DIRECT: dict[str, str] = {
     "vllm_tensor_parallel_size": "vllm.tensor_parallel_size",
     "vllm_max_model_length": "vllm.max_model_len",
 }
+# TRL 1.16's vllm_importance_sampling_cap default (its mode default: sequence_mask)
+TRL_IS_CAP = 3.0
 NULLABLE = ("epsilon_high", "max_grad_norm")  # None has the same meaning here
 # mapped by `translate`, several at a time or with a value conversion
 SPECIAL = (
@@ -127,9 +130,7 @@ NO_EFFECT = frozenset(
     log_unique_prompts log_multimodal save_only_model
     save_on_each_node per_device_eval_batch_size trust_remote_code pad_to_multiple_of
     ds3_gather_for_generation skip_memory_metrics include_num_input_tokens_seen
-    average_tokens_across_devices gradient_checkpointing_kwargs vllm_model_impl
-    vllm_server_base_url vllm_server_host vllm_server_port
-    vllm_server_timeout vllm_group_port sapo_temperature_neg
+    average_tokens_across_devices gradient_checkpointing_kwargs sapo_temperature_neg
     sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
     ref_model_mixup_alpha ref_model_sync_steps use_bias_correction_kl use_cache
     overwrite_output_dir eval_accumulation_steps eval_do_concat_batches eval_use_gather_object
@@ -141,6 +142,10 @@ NO_EFFECT = frozenset(
     activation_checkpointing_kwargs eval_delay""".split()
 )
 # refused unless at TRL's default (the first item): the message says what to use instead
+_NO_SERVER = (
+    "not supported: no vLLM server; the engine runs in the generating process (for GPUs of "
+    "their own use runtime='ray' with ray__generator_num_gpus)"
+)
 REFUSED: dict[str, tuple[Any, str]] = {
     "delta": (None, "not supported: two-sided clipping is not implemented (algorithm__epsilon)"),
     "importance_sampling_level": (
@@ -157,7 +162,7 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "generation_kwargs": (None, "not supported: use temperature, top_p, max_completion_length"),
     "chat_template_kwargs": (None, "use task__system_prompt / task__chat_template instead"),
     "cache_implementation": (None, "not supported: the generator manages its own KV cache"),
-    "fp16": (False, "use bf16=True (learner autocast) or model__dtype='float16' instead"),
+    "fp16": (False, "use bf16=True instead: fp16 learning needs a gradient scaler"),
     "tf32": (None, "not supported: CPU fp32 matmuls are precision__fast_fp32_matmul"),
     "optim": (
         "adamw_torch_fused",
@@ -201,6 +206,12 @@ REFUSED: dict[str, tuple[Any, str]] = {
         "the engine runs in the generating process (colocate); for generator GPUs of their "
         "own use runtime='ray' with ray__generator_num_gpus",
     ),
+    "vllm_model_impl": ("vllm", "not supported: the engine uses vLLM's own model code"),
+    "vllm_server_base_url": (None, _NO_SERVER),
+    "vllm_server_host": ("0.0.0.0", _NO_SERVER),
+    "vllm_server_port": (8000, _NO_SERVER),
+    "vllm_server_timeout": (240.0, _NO_SERVER),
+    "vllm_group_port": (51216, _NO_SERVER),
     "vllm_enable_sleep_mode": (False, "not supported: the engine stays loaded between steps"),
     "vllm_importance_sampling_clip_min": (
         None,
@@ -508,21 +519,31 @@ def _simple(name: str, value: Any, t: Translation) -> None:
 
 
 def _vllm_correction(values: Mapping[str, Any], t: Translation) -> None:
-    """TRL's vLLM importance-sampling correction -> vllm.truncated_is_cap: token-level
-    truncated IS, min(pi_learner_old / pi_vllm, C) (algorithms/correction.py)."""
-    mode = values.get("vllm_importance_sampling_mode", "sequence_mask")
-    if mode not in ("token_truncate", "sequence_mask"):
-        raise ConfigError(
-            f"vllm_importance_sampling_mode={mode!r}: not supported; replayrl weighs each "
-            "token by min(ratio, C) (token_truncate, vllm__truncated_is_cap)"
-        )
+    """TRL's vLLM importance-sampling correction -> precision.importance_sampling_mode and
+    vllm.truncated_is_cap (algorithms/correction.py). Given a mode (a ported GRPOConfig always
+    has one: TRL 1.16's default is sequence_mask at cap 3.0), TRL's choice applies, said in a
+    note where it differs from replayrl's own default (token_truncate at 2.0)."""
     cap = values.get(
         "vllm_importance_sampling_clip_max", values.get("vllm_importance_sampling_cap")
     )
+    mode = values.get("vllm_importance_sampling_mode")
+    if mode is not None:
+        if mode not in IS_MODES:
+            raise ConfigError(
+                f"vllm_importance_sampling_mode={mode!r}: one of {', '.join(IS_MODES)}"
+            )
+        cap = TRL_IS_CAP if cap is None else cap
+        t.dotted["precision.importance_sampling_mode"] = mode
     if cap is not None:
         t.dotted["vllm.truncated_is_cap"] = float(cap)
     if values.get("vllm_importance_sampling_correction") is False:
         t.dotted["vllm.truncated_is_cap"] = None
+    elif mode is not None and (mode, float(cap)) != ("token_truncate", 2.0):
+        t.notes.append(
+            f"vllm_importance_sampling_mode={mode!r}, cap {float(cap):g}: TRL's correction of "
+            "the vLLM/trainer mismatch applies with rollout__backend='vllm' (replayrl's own "
+            "default: token_truncate at 2.0)"
+        )
 
 
 def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -> Translation:

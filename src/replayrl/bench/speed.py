@@ -685,12 +685,45 @@ def format_mismatch(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def bench_weight_sync(model_path: str, threads: int, repeats: int) -> dict[str, object]:
+    """Bytes and seconds per weight sync, object store vs broadcast (gloo here, NCCL between
+    GPUs), in the generation dtype `precision: auto` picks (and in fp32)."""
+    from replayrl.config.schema import load_config
+    from replayrl.distributed.broadcast import weight_sync_figures
+    from replayrl.models.precision import choose_for
+    from replayrl.run.policy import load_policy
+
+    torch.set_num_threads(threads)
+    cfg = load_config(None, [f"model.path={model_path}"] if model_path != "tiny" else [])
+    model, _, _ = load_policy(cfg.model, cfg.task, log=lambda _: None)
+    gen = choose_for(cfg.precision, model).generation or torch.float32
+    dtypes = dict.fromkeys([gen, torch.float32])
+    return {"model": model_path, "rows": [weight_sync_figures(model, d, repeats) for d in dtypes]}
+
+
+def format_weight_sync(result: dict) -> str:
+    lines = [f"weight sync of {result['model']}: bytes and seconds per sync, one generator"]
+    for row in result["rows"]:
+        for path, fig in row.items():
+            if path != "dtype":
+                mb = fig["bytes"] / 2**20
+                lines.append(
+                    f"  {row['dtype']:9s} {path:16s} {mb:9.1f} MiB  {fig['seconds']:.4f} s"
+                )
+    return "\n".join(lines)
+
+
 def main(args) -> int:
     """`replayrl bench speed` (arguments parsed by cli/main.py)."""
     sections = tuple(args.sections or ("generation", "learner", "grpo"))
-    unknown = set(sections) - {"generation", "learner", "grpo"}
+    unknown = set(sections) - {"generation", "learner", "grpo", "weight_sync"}
     if unknown:
         raise ValueError(f"bench speed --sections: unknown {sorted(unknown)}")
+    if "weight_sync" in sections:
+        print(format_weight_sync(bench_weight_sync(args.model, args.threads, args.repeats or 3)))
+        sections = tuple(s for s in sections if s != "weight_sync")
+        if not sections:
+            return 0
     result = run_speed_bench(
         args.model,
         threads=args.threads,

@@ -333,7 +333,11 @@ def _add_bench(sub: Any) -> None:
     p = bsub.add_parser("speed", help="tokens/s of generation, the learner and a GRPO step")
     p.add_argument("--model", default="smollm2-135m", help="model.path")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
-    p.add_argument("--sections", nargs="+", help="generation learner grpo (default: all)")
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        help="generation learner grpo weight_sync (default: the first three)",
+    )
     p.add_argument("--repeats", type=int, help="timed repeats (default 3)")
     p.add_argument(
         "--samples",

@@ -150,7 +150,7 @@ class PrecisionConfig(_Section):
     generation: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # learner forward/backward under torch.autocast to this dtype (fp32 master weights);
     # auto = bfloat16 under the same hardware test as `generation`, else none
-    learner_autocast: Literal["auto", "none", "bfloat16", "float16"] = "auto"
+    learner_autocast: Literal["auto", "none", "bfloat16"] = "auto"
     # oneDNN fp32 matmul kernels on CPU (kept only where a self-check shows fp32 accuracy)
     fast_fp32_matmul: bool = True
     # learner recomputes log pi_old of fresh rollouts in its own precision (ratio exactly 1
@@ -161,6 +161,24 @@ class PrecisionConfig(_Section):
     # correct for tokens drawn by a reduced-precision sampler; needs the learner's own log
     # pi_old (recompute_behaviour_logprobs active); null = off
     truncated_is_cap: float | None = Field(None, gt=0)
+    # how that cap (or vllm.truncated_is_cap) applies, TRL's vllm_importance_sampling_mode:
+    # the ratio per token or per sequence (product of its tokens'), truncated at C or masked
+    # (weight 0) past it; algorithms/correction.py
+    importance_sampling_mode: Literal[
+        "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = Field("token_truncate", description="truncated IS: per token/sequence, truncate/mask")
+
+    @field_validator("learner_autocast", mode="before")
+    @classmethod
+    def _no_fp16_learner(cls, value: Any) -> Any:
+        # fp16 gradients underflow without a loss scaler, which the learner does not run
+        if value in ("float16", "fp16", "half"):
+            raise ValueError(
+                "float16 autocast needs a gradient scaler, which the learner does not run: "
+                "use precision.learner_autocast=bfloat16 (same speed on GPUs that have it, "
+                "float32's range) or none"
+            )
+        return value
 
 
 class ReasoningGymConfig(_Section):

@@ -91,10 +91,11 @@ def data_parallel(learner: Any, world: int) -> None:
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """A hash of the trainable weights: equal digests = replicas in sync."""
+    """A hash of the trainable weights: equal digests = replicas in sync. Hashes the raw bytes,
+    since numpy has no bfloat16 (`.numpy()` on a bf16 tensor raises)."""
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         if p.requires_grad:
             h.update(name.encode())
-            h.update(p.detach().cpu().contiguous().numpy().tobytes())
+            h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]

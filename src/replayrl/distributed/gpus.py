@@ -4,7 +4,7 @@ where the machine has enough, and none for a process that was given none."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 
 import torch
 
@@ -29,3 +29,57 @@ def generator_device(learner_device: torch.device | str, worker_id: int, gpu_cou
     if not others:
         return f"cuda:{own}"
     return f"cuda:{others[worker_id % len(others)]}"
+
+
+def pin_process_to(device: str, environ: MutableMapping[str, str] = os.environ) -> str:
+    """Show this process only GPU `device` ('cuda:N', N counted among the GPUs it sees now)
+    and return its name from then on ('cuda:0'); any other device is returned as is.
+
+    A vLLM engine in a process takes the first GPU the process sees (its executor's local
+    rank 0), whatever `train.device` says: pinning is how an engine gets its own GPU. Only
+    possible before CUDA is initialised (CUDA reads CUDA_VISIBLE_DEVICES once)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or dev.index is None:
+        return device
+    if torch.cuda.is_initialized():
+        raise RuntimeError(f"cannot pin this process to {device}: CUDA is already initialised")
+    seen = environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [g.strip() for g in seen.split(",")] if seen else None
+    if ids is not None and dev.index >= len(ids):
+        raise ValueError(f"{device}: this process sees only GPUs {seen}")
+    environ["CUDA_VISIBLE_DEVICES"] = ids[dev.index] if ids is not None else str(dev.index)
+    return "cuda:0"
+
+
+def ray_gpu_requests(
+    device: str, backend: str, learners: int, generators: int, requested: tuple[float, float],
+    cluster_gpus: float, log: Callable[[str], None],
+) -> tuple[float, float]:  # fmt: skip
+    """(GPUs per learner actor, per generator actor) for a Ray run. An actor given none sees
+    none (`hide_gpus_unless_given`), so on a cluster with GPUs a request of 0 would train on
+    the CPU (`auto`), fail as if no GPU existed (`cuda`) or crash vLLM. Under `auto` a 0 takes
+    1 GPU per actor (said in the log) where the cluster has enough; otherwise refused with the
+    keys to set. `requested`: (ray.learner_num_gpus, ray.generator_num_gpus)."""
+    learner, generator = requested
+    if learners > 1 and 0 < learner < 1:
+        raise ValueError(
+            f"ray.learner_num_gpus={learner} with workers.learners={learners}: two learner "
+            "ranks on one GPU cannot form an NCCL group; use ray.learner_num_gpus=1"
+        )
+    needs = {"learner": device != "cpu", "generator": device != "cpu" or backend == "vllm"}
+    asked = {"learner": learner, "generator": generator}
+    zero = [k for k in asked if needs[k] and asked[k] == 0]
+    if cluster_gpus <= 0 or not zero:
+        return learner, generator
+    keys = " ".join(f"ray.{k}_num_gpus=1" for k in zero)
+    taken = {k: (1.0 if k in zero else v) for k, v in asked.items()}
+    wanted = learners * taken["learner"] + generators * taken["generator"]
+    if device != "auto" or wanted > cluster_gpus:
+        raise ValueError(
+            f"the Ray cluster has {cluster_gpus:g} GPU(s) but the {' and '.join(zero)} actors ask "
+            f"for none, so they would see no GPU (train.device={device}, rollout.backend="
+            f"{backend}): set {keys} (fractions share a GPU)"
+            + ("" if backend == "vllm" else ", or train.device=cpu")
+        )
+    log(f"warning: the Ray cluster has GPUs and {keys.replace('=1', '=0')}: taking {keys}")
+    return taken["learner"], taken["generator"]

@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from replayrl.config.schema import Config, build_config, config_to_yaml
-from replayrl.distributed.gpus import generator_device
+from replayrl.distributed.gpus import generator_device, pin_process_to
 from replayrl.distributed.weights import SharedWeights
 from replayrl.distributed.worker import GeneratorWorker
 from replayrl.errors import RewardFunctionFailed, RunFailed
@@ -80,7 +80,7 @@ def _worker_main(
     tag = f"w{worker_id:03d}-i{incarnation:02d}"
     try:
         quiet_transformers()
-        cfg = build_config(yaml.safe_load(cfg_yaml))
+        cfg = pinned_to_own_gpu(build_config(yaml.safe_load(cfg_yaml)))
 
         def log(msg: str) -> None:
             print(f"[generator {worker_id}] {msg}", flush=True)
@@ -128,6 +128,15 @@ class _Slot:
     inflight: Any  # shared [seq, planned rollouts] of the batch being produced
     delivered_seq: int = 0
     restarts: int = 0
+
+
+def pinned_to_own_gpu(cfg: Config) -> Config:
+    """A worker's config once its process sees only its own GPU (train.device=cuda:N becomes
+    cuda:0 of CUDA_VISIBLE_DEVICES=N): a vLLM engine would otherwise take GPU 0."""
+    device = pin_process_to(cfg.train.device)
+    if device == cfg.train.device:
+        return cfg
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"device": device})})
 
 
 class LocalGeneratorPool:

@@ -23,11 +23,13 @@ import yaml
 
 from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.ddp import data_parallel, free_port, init_group, weights_digest
-from replayrl.distributed.gpus import hide_gpus_unless_given
+from replayrl.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import GeneratorWorker
 from replayrl.errors import RunFailed, RunStopped
+from replayrl.learner.critic import policy_frozen
 from replayrl.models.device import model_device, resolve_device
+from replayrl.models.precision import choose_for
 from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
 from replayrl.recipes.pool import Delivery
 from replayrl.records.ledger import RoleClock, format_accounting
@@ -178,7 +180,9 @@ class FollowerActor:
             torch.set_num_threads(cfg.train.threads)
         model_cfg = cfg.model.model_copy(update={"path": policy_path}) if policy_path else cfg.model
         with torch.random.fork_rng():  # the same weights as rank 0 (same path / warm start)
-            self.model, tok, path = load_policy(model_cfg, cfg.task, seed=cfg.train.seed)
+            self.model, tok, path = load_policy(
+                model_cfg, cfg.task, seed=cfg.train.seed, device=resolve_device(cfg.train.device)
+            )
         self.model = self.model.to(resolve_device(cfg.train.device))
         self.learner = build_learner(_per_rank(cfg, world), self.model, tok.pad_token_id, path)
         self.rank, self.world = rank, world
@@ -201,6 +205,9 @@ class FollowerActor:
             self.rng,
             step=step,
             epochs=self.epochs,
+            policy_frozen=policy_frozen(
+                step, self.learner.cfg.critic.warmup_steps, self.learner.critic is not None
+            ),
         )
         return {
             "busy_s": time.perf_counter() - t0,
@@ -259,7 +266,10 @@ class RayGeneratorPool:
         self._submit()
 
     def publish(self, model: Any, version: int) -> None:
-        self.weights = self.ray.put(trainable_state(model))
+        # in the generation dtype: what the generators sample in (a bf16 sampler: half the
+        # bytes through the object store; distributed/broadcast.py is the collective path)
+        dtype = choose_for(self.cfg.precision, model).generation
+        self.weights = self.ray.put(trainable_state(model, dtype))
         self.version = version
 
     def _submit(self) -> None:
@@ -466,6 +476,8 @@ class RayDriver:
                 log_to_driver=True,
             )
         try:
+            self.cfg = self._with_gpu_requests(ray.cluster_resources().get("GPU", 0))
+            rc = self.cfg.ray
             actor = (
                 ray.remote(num_cpus=rc.learner_num_cpus, num_gpus=rc.learner_num_gpus)(LearnerActor)
                 .options(max_concurrency=2)
@@ -486,6 +498,16 @@ class RayDriver:
         finally:
             if started:
                 ray.shutdown()
+
+    def _with_gpu_requests(self, cluster_gpus: float) -> Config:
+        """The run's config with the GPUs its actors ask for (`ray_gpu_requests`)."""
+        cfg, rc = self.cfg, self.cfg.ray
+        learner, generator = ray_gpu_requests(
+            cfg.train.device, cfg.rollout.backend, cfg.workers.learners, cfg.workers.generators,
+            (rc.learner_num_gpus, rc.generator_num_gpus), cluster_gpus, self.log,
+        )  # fmt: skip
+        update = {"learner_num_gpus": learner, "generator_num_gpus": generator}
+        return cfg.model_copy(update={"ray": rc.model_copy(update=update)})
 
     def _wait(self, ray: Any, actor: Any, ref: Any) -> dict[str, Any]:
         """The learner actor's result; the first Ctrl-C asks it to stop after its step.

@@ -13,10 +13,15 @@ from typing import Any
 import torch
 
 
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of the trainable parameters (what a weight sync sends)."""
+def trainable_state(
+    model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of the trainable parameters (what a weight sync sends), in `dtype`
+    (the generation dtype: a bf16 sampler needs no more) or their own."""
     return {
-        n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad
+        n: p.detach().to("cpu", dtype=dtype, copy=True)
+        for n, p in model.named_parameters()
+        if p.requires_grad
     }
 
 

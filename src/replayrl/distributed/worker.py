@@ -38,9 +38,12 @@ class GeneratorWorker:
         torch.set_num_threads(cfg.workers.generator_threads)
         seed = worker_seed(cfg, worker_id, incarnation)
         rewards = reward_set(cfg)  # before the model: see run.components.reward_set
-        self.model, tokenizer, path = load_policy(cfg.model, cfg.task, log=log, seed=cfg.train.seed)
         # train.device of this worker (its own GPU: see distributed/gpus.py)
-        self.model = self.model.to(resolve_device(cfg.train.device))
+        device = resolve_device(cfg.train.device)
+        self.model, tokenizer, path = load_policy(
+            cfg.model, cfg.task, log=log, seed=cfg.train.seed, device=device
+        )
+        self.model = self.model.to(device)
         torch.manual_seed(seed)  # after the (cached) warm start: sampling differs per worker
         self.model.eval()
         render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)

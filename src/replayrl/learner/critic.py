@@ -6,6 +6,13 @@ import torch
 from transformers import AutoModel
 
 
+def policy_frozen(step: int, warmup_steps: int, has_critic: bool) -> bool:
+    """Whether update `step` (1-based) trains only the critic: the first `critic.warmup_steps`
+    updates of a run with one. Every data-parallel rank asks this same question, since a rank
+    that trains the policy makes an all-reduce the others do not (NCCL then hangs)."""
+    return has_critic and step <= warmup_steps
+
+
 class ValueModel(torch.nn.Module):
     """PPO critic: a transformer backbone (initialised from the policy) + a scalar head."""
 

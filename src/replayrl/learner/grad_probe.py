@@ -101,7 +101,7 @@ def sample_gradients(
                     for g, p in zip(grads, params, strict=True)
                 ]
             )
-            out[i] = flat[idx].numpy()
+            out[i] = flat[idx].cpu().numpy()
     finally:
         model.train(was_training)
     return out

@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 
 from replayrl.algorithms import ADVANTAGES, POLICY_LOSSES, batch_normaliser, importance_ess
 from replayrl.algorithms.aggregation import Reducer
-from replayrl.algorithms.correction import apply_token_weights, truncated_is_weights, weight_stats
+from replayrl.algorithms.correction import apply_token_weights, importance_weights, weight_stats
 from replayrl.algorithms.kl import kl_convex_lambda
 from replayrl.algorithms.losses import clip_stats
 from replayrl.algorithms.objective import ObjectiveWeights, critic_objective, policy_objective
@@ -160,6 +160,7 @@ class Learner:
         # the learner's own log pi_old of fresh rollouts, beside them (pi_old.py)
         self.pi_old = PiOld()
         self.tis_cap = self._truncated_is_cap(cfg, backend)
+        self.importance_mode = cfg.precision.importance_sampling_mode  # TRL's four modes
         # only what trains (with LoRA: the adapters; the base weights are frozen)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -346,7 +347,13 @@ class Learner:
         returns per token (gae: whitened GAE, `algorithm.advantage`), added to `b`."""
         assert self.critic is not None and self.advantage.token is not None
         self.critic.eval()
-        values = self._frozen(self.critic, b, lengths, range(len(rollouts)))
+        critic = self.critic
+
+        def critic_values(mb: dict[str, torch.Tensor]) -> torch.Tensor:
+            with precision.autocast(self.autocast, self.device):  # as the policy runs
+                return critic(mb).float()
+
+        values = self._frozen(critic_values, b, lengths, range(len(rollouts)))
         self.critic.train()
         # the estimator runs along each completion: its tokens left-aligned, [n, longest]
         comp = torch.tensor([r.completion_ids.numel() for r in rollouts], device=self.device)
@@ -396,8 +403,22 @@ class Learner:
         if self.tis_cap is not None:
             # learner log pi_old (refreshed) vs the sampler's; a rollout never refreshed
             # (stale at its first use) has only the sampler's: weight 1
-            w = truncated_is_weights(b["old_logprobs"], b.pop("sampler_logprobs"), self.tis_cap)
-            b["tis_weights"] = torch.where(b["mask"].bool(), w, 0.0)
+            b["tis_weights"] = self._is_weights(b["old_logprobs"], b.pop("sampler_logprobs"), b)
+
+    def _is_weights(
+        self, learner_lp: torch.Tensor, sampler_lp: torch.Tensor, b: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """Per-token importance weights of the padded batch under
+        `precision.importance_sampling_mode` (zero off the completion tokens)."""
+        assert self.tis_cap is not None
+        mask = b["mask"].bool()
+        w = torch.zeros_like(b["mask"])
+        for i in range(mask.shape[0]):  # a sequence mode needs each row's own tokens
+            m = mask[i]
+            w[i, m] = importance_weights(
+                learner_lp[i, m], sampler_lp[i, m], self.tis_cap, self.importance_mode
+            ).to(w.dtype)
+        return w
 
     def _refresh(
         self, batch: list[Rollout], b: dict[str, torch.Tensor], lengths: list[int], epochs: int
@@ -645,8 +666,10 @@ class Learner:
     def _critic_backward(self, b: dict[str, torch.Tensor], normaliser: float, acc: _Accum) -> None:
         assert self.critic is not None
         c, mask = self.cfg.critic, b["mask"]
+        with precision.autocast(self.autocast, self.device):  # as the policy runs
+            values = self.critic(b)
         v_loss, v_metrics = critic_objective(
-            self.critic(b),
+            values.float(),
             b["old_values"],
             b["returns"],
             mask,

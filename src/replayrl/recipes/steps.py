@@ -17,6 +17,7 @@ from replayrl.data.buffer import batch_stats
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.base import GROUP_STRIDE
 from replayrl.data.sources.buffer import BatchSource
+from replayrl.learner.critic import policy_frozen
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
 from replayrl.rollout.producer import RolloutProducer
@@ -74,7 +75,9 @@ def learn(
             shuffle_rng,
             step=c.step + 1,  # t in the paper's lambda(t): 1-based update count
             epochs=epochs,
-            policy_frozen=c.step < cfg.critic.warmup_steps and learner.critic is not None,
+            policy_frozen=policy_frozen(
+                c.step + 1, cfg.critic.warmup_steps, learner.critic is not None
+            ),
         )
         stats.update({f"train/{k}": v for k, v in train_metrics.items()})
         check_training(batch, train_metrics, c.step + 1)  # no silent non-training

@@ -25,7 +25,7 @@ from replayrl.data.sources.base import SourceContext
 from replayrl.data.sources.buffer import BatchSource
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
-from replayrl.models.device import resolve_device
+from replayrl.models.device import model_device, resolve_device
 from replayrl.models.loading import unwrap_model
 from replayrl.rollout.context_bound import longest_prompt_tokens
 from replayrl.rollout.evaluation import held_out_rows
@@ -200,6 +200,7 @@ def place_policy(
         model, tokenizer, model_path = policy
         if cfg.train.device != "auto":  # e.g. TRL's use_cpu=True; auto: the model's device
             model = model.to(device)
+        log(f"policy trains on {model_device(model)} (train.device={cfg.train.device})")
         return model, tokenizer, model_path
     lora = cfg.model.lora.enabled
     # resume: the checkpoint's policy folder (LoRA: its adapter, on the configured base)
@@ -211,8 +212,9 @@ def place_policy(
     adapter = ckpt / "policy" if ckpt and lora else None
     with torch.random.fork_rng():  # building a warm start must not shift this run's RNG
         model, tokenizer, model_path = load_policy(
-            model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed
+            model_cfg, cfg.task, log=log, adapter=adapter, seed=cfg.train.seed, device=device
         )
+    log(f"policy trains on {device} (train.device={cfg.train.device})")
     return model.to(device), tokenizer, model_path  # train.device (auto: cuda if available)
 
 

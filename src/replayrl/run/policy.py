@@ -20,6 +20,7 @@ def load_policy(
     log: Callable[[str], object] = print,
     adapter: str | Path | None = None,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, str]:
     """The policy to train and its tokenizer: `model.path` if set (after its supervised
     warm-up when `model.sft.steps` > 0), else the tiny warm start.
@@ -27,12 +28,15 @@ def load_policy(
     With `model.lora.enabled` the model comes back wrapped in fresh LoRA adapters (drawn
     from `seed`), or in the saved ones of `adapter` (resume). A `model.path` that is itself
     an adapter folder loads its base model (named in adapter_config.json) with the adapter
-    on top. `model.gradient_checkpointing` switches it on for the policy.
+    on top. `model.gradient_checkpointing` switches it on for the policy. A warm-up that
+    is not cached yet trains on `device` (the run's train.device); the policy comes back on
+    the CPU, for the caller to place.
     """
+    device = torch.device(device)
     if not cfg.path:
-        path = str(ensure_warmstart(cfg, task_cfg, log))
+        path = str(ensure_warmstart(cfg, task_cfg, log, device))
     else:
         path = resolve_model_path(cfg.path)
         if cfg.sft.steps:  # the supervised warm-up of model.path (cached)
-            path = str(ensure_sft_warmup(path, cfg, task_cfg, log))
+            path = str(ensure_sft_warmup(path, cfg, task_cfg, log, device))
     return load_pretrained_policy(path, cfg, adapter=adapter, seed=seed)

@@ -31,6 +31,8 @@ from replayrl.rollout.prompts import PromptRenderer
 from replayrl.rollout.tasks import task_from_config
 from replayrl.rollout.tasks.base import Row
 
+_CPU = torch.device("cpu")
+
 try:
     import fcntl
 except ImportError:  # not POSIX: no lock (parallel first runs may each build, atomically)
@@ -77,10 +79,13 @@ def _sft_phase(
     warmup_steps: int = 50,
     autocast: torch.dtype | None = None,
     log: Callable[[str], object] | None = None,
+    device: torch.device = _CPU,
 ) -> float:
     """Teacher-forced SFT on (prompt, completion+EOS) pairs; loss on completion tokens only.
     The learning rate warms up linearly over `warmup_steps`, then decays linearly to 0;
-    `autocast` runs forward and backward in that dtype (fp32 master weights)."""
+    `autocast` runs forward and backward in that dtype (fp32 master weights), on `device`
+    (the run's train.device: a warm-up on the CPU of a GPU machine is many times slower)."""
+    model.to(device)  # type: ignore[arg-type]  # transformers types its `to` for dtypes only
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup_steps) * max(0.0, 1 - s / max(steps, 1))
@@ -103,7 +108,10 @@ def _sft_phase(
             ids[i, : len(s)] = torch.tensor(s)
             attn[i, : len(s)] = 1
             lmask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
-        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        ids, attn, lmask = ids.to(device), attn.to(device), lmask.to(device)
+        with torch.autocast(
+            device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None
+        ):
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
         targets, tmask = ids[:, 1:], lmask[:, 1:]
         nll = torch.nn.functional.cross_entropy(
@@ -127,12 +135,17 @@ def sft_warmstart(
     tok: PreTrainedTokenizerBase,
     task: SFTTeacher,
     ws: WarmStartConfig,
+    device: torch.device = _CPU,
 ) -> dict[str, float]:
     """Phase 1 on correct answers, then phase 2 on the task's mistaken teacher
     (`task.sft_pairs(n, rng, error_rate)` at `teacher_carry_error`); the final losses."""
     rng = np.random.default_rng(ws.seed)
     torch.manual_seed(ws.seed)
-    out = {"sft_loss": _sft_phase(model, tok, task, rng, ws.steps, ws.batch_size, ws.lr, 0.0)}
+    out = {
+        "sft_loss": _sft_phase(
+            model, tok, task, rng, ws.steps, ws.batch_size, ws.lr, 0.0, device=device
+        )
+    }
     if ws.mistake_steps:
         out["sft_mistake_loss"] = _sft_phase(
             model,
@@ -143,6 +156,7 @@ def sft_warmstart(
             ws.batch_size,
             ws.mistake_lr,
             ws.teacher_carry_error,
+            device=device,
         )
     return out
 
@@ -175,7 +189,10 @@ def warmstart_key(cfg: ModelConfig, task_cfg: TaskConfig) -> str:
 
 
 def ensure_warmstart(
-    cfg: ModelConfig, task_cfg: TaskConfig, log: Callable[[str], object] = print
+    cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    log: Callable[[str], object] = print,
+    device: torch.device = _CPU,
 ) -> Path:
     """Path of the tiny model's SFT warm start for this config, building it once if missing."""
     check_tiny_task(task_cfg)
@@ -184,12 +201,16 @@ def ensure_warmstart(
         return dest
     with build_lock(dest):
         if not (dest / "config.json").is_file():  # another process may have built it
-            _build_tiny_warmstart(cfg, task_cfg, dest, log)
+            _build_tiny_warmstart(cfg, task_cfg, dest, log, device)
     return dest
 
 
 def _build_tiny_warmstart(
-    cfg: ModelConfig, task_cfg: TaskConfig, dest: Path, log: Callable[[str], object]
+    cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    dest: Path,
+    log: Callable[[str], object],
+    device: torch.device = _CPU,
 ) -> None:
     task = task_from_config(task_cfg)
     # any task with a tokenizer corpus and an SFT teacher (arithmetic, reasoning) has one
@@ -205,7 +226,7 @@ def _build_tiny_warmstart(
     if cfg.warmstart.enabled and cfg.warmstart.steps:
         ws = cfg.warmstart
         log(f"building the tiny model's SFT warm start ({ws.steps}+{ws.mistake_steps} steps)")
-        stats = sft_warmstart(model, tok, teacher, ws)
+        stats = sft_warmstart(model, tok, teacher, ws, device)
         log(f"warm start done ({', '.join(f'{k} {v:.3f}' for k, v in stats.items())}) -> {dest}")
     atomic_save_pretrained(model, tok, dest)
 
@@ -269,7 +290,11 @@ def sft_warmup_key(path: str, cfg: ModelConfig, task_cfg: TaskConfig) -> str:
 
 
 def ensure_sft_warmup(
-    path: str, cfg: ModelConfig, task_cfg: TaskConfig, log: Callable[[str], object] = print
+    path: str,
+    cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    log: Callable[[str], object] = print,
+    device: torch.device = _CPU,
 ) -> Path:
     """The folder of `path` after `model.sft.steps` of supervised warm-up on the task's
     answers (LoRA merged into the weights, or full fine-tuning; fp32 master weights, saved in
@@ -284,12 +309,17 @@ def ensure_sft_warmup(
         return dest
     with build_lock(dest):
         if not (dest / "config.json").is_file():  # another process may have built it
-            _build_sft_warmup(path, cfg, task_cfg, dest, log)
+            _build_sft_warmup(path, cfg, task_cfg, dest, log, device)
     return dest
 
 
 def _build_sft_warmup(
-    path: str, cfg: ModelConfig, task_cfg: TaskConfig, dest: Path, log: Callable[[str], object]
+    path: str,
+    cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    dest: Path,
+    log: Callable[[str], object],
+    device: torch.device = _CPU,
 ) -> None:
     task = task_from_config(task_cfg)
     if not callable(getattr(task, "sft_completion", None)):
@@ -323,6 +353,7 @@ def _build_sft_warmup(
         warmup_steps=max(1, sft.steps // 10),
         autocast=torch.bfloat16 if sft.autocast == "bfloat16" else None,
         log=log,
+        device=device,
     )
     if sft.lora_r:
         model = cast(Any, trained).merge_and_unload()  # a plain model folder again

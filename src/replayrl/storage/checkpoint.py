@@ -49,11 +49,17 @@ class CheckpointWriteError(OSError):
 
 
 def rng_state() -> dict[str, Any]:
-    return {
+    """Every generator a run draws from: Python's, numpy's, torch's CPU one and the CUDA one
+    of each device this process sees (dropout and sampling on a GPU draw from those). Before
+    CUDA is initialised no CUDA number was drawn, so there is nothing to keep."""
+    state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy_global": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
+    if torch.cuda.is_initialized():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -62,6 +68,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((python[0], tuple(python[1]), python[2]))
     np.random.set_state(tuple(state["numpy_global"]))
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available():
+        # a resume that sees fewer devices restores those it has; one on CPU only restores none
+        for device, device_state in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, device)
 
 
 def _files(folder: Path) -> dict[str, int]:

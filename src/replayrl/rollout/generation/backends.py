@@ -77,6 +77,7 @@ def build_vllm(
         seed=seed,
         stop_ids=stop_ids,
         lora_scaling=scaling,
+        device=next(model.parameters()).device,  # refused unless the engine can sit there
     )
     if scaling is not None:  # the engine holds the base: the adapters' weights go in now
         gen.load_weights(model.named_parameters(), gen.policy_version)

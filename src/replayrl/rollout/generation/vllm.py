@@ -65,6 +65,18 @@ def trainer_state_kept() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
+def check_engine_device(device: torch.device | None) -> None:
+    """The engine runs on the first GPU its process sees (vLLM's in-process executor takes
+    local rank 0, vllm/v1/executor/uniproc_executor.py), so a policy on cuda:N, N > 0, in
+    the same process would get its engine on GPU 0: refused with the fix. Worker processes
+    are pinned to their GPU before CUDA starts (distributed/gpus.py), so they see cuda:0."""
+    if device is not None and device.type == "cuda" and (device.index or 0) != 0:
+        raise ValueError(
+            f"rollout.backend=vllm builds its engine on this process's first GPU, not "
+            f"{device}: run with CUDA_VISIBLE_DEVICES={device.index} and train.device=cuda"
+        )
+
+
 class VLLMGenerator:
     """A vLLM engine on `model_path`; `load_weights` pushes new policy weights into it."""
 
@@ -80,7 +92,9 @@ class VLLMGenerator:
         seed: int | None = None,
         stop_ids: list[int] | None = None,
         lora_scaling: float | None = None,
+        device: torch.device | None = None,
     ) -> None:
+        check_engine_device(device)  # `device`: the policy's, in this process
         self._vllm = _import_vllm()
         # a LoRA policy (alpha / r): pushed weights are merged, base + s B A (the engine holds
         # a plain model, as TRL's vLLM weight sync does)
