@@ -127,13 +127,11 @@ def run_provenance(
     model_path: str, threads: int | None, precision: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The `provenance` block of a run's summary.json (see the module docstring)."""
-    import replayrl
-
-    commit, dirty = git_state(Path(replayrl.__file__).resolve().parent)
+    commit, dirty = git_state(Path(__file__).resolve().parent)  # the code that runs
     prov: dict[str, Any] = {
         "commit": commit,
         "dirty": dirty,
-        "replayrl": package_version("replayrl") or getattr(replayrl, "__version__", None),
+        "replayrl": package_version("replayrl"),
         "transformers": package_version("transformers"),
         **torch_build(),
         **cpu_info(),
