@@ -554,7 +554,7 @@ def test_gain_targets_costs_auc_and_verdict_by_hand(tmp_path: Path) -> None:
     assert "| replay-auto |" in table and "INFERIOR" in table
 
 
-def test_gain_targets_over_tasks_and_the_issue_verdict(tmp_path: Path) -> None:
+def test_gain_targets_over_tasks(tmp_path: Path) -> None:
     from replayrl.bench.suite import summarise, summarise_tasks
 
     for t in ("a", "b"):
@@ -573,16 +573,14 @@ def test_gain_targets_over_tasks_and_the_issue_verdict(tmp_path: Path) -> None:
     # 0.7833 and 0.8333 -> 0.8083; 90% target 0.2 + 0.9 x 0.6083 = 0.7475; 3-eval means reach
     # it at 400 and 400 (grpo) and at 150 and 200 (replay): 175 / 400 = 0.44
     assert over["replay"]["robust_gain90_rollouts_ratio"]["median"] == pytest.approx(175 / 400)
-    assert "`replay`" in s["verdict"][0] and "0.44 x" in s["verdict"][0]
-    assert "target <= 0.33: not met" in s["verdict"][0]
-    assert "target <= 0.5: met" in s["verdict"][0]
-    assert "`replay-auto`: median final -0.050" in s["verdict"][1] and "WORSE" in s["verdict"][1]
     table = (tmp_path / "table.md").read_text()
+    # users' tables carry figures and rule-based claims, not the project's own goals
+    assert "verdict" not in s and "target <=" not in table and "Reuse targets" not in table
     assert (
         "| **median over 2 tasks** | replay | +0.045 vs baseline | 0.44 | 0.44 | non-inferior "
         "(2/2 tasks) | 2/4 | 0.895 [0.895, 0.895] | 0.42 | 0.48 |" in table
     )
-    assert "non-inferior (2/2 tasks)" in table and "Reuse targets" in table
+    assert "non-inferior (2/2 tasks)" in table
 
 
 def test_tuning_choice_is_the_same_rule_for_every_method(tmp_path: Path) -> None:
