@@ -252,6 +252,9 @@ def run_suite(
     `no_run`: start nothing, summarise the finished runs (missing ones are listed).
     `jobs` > 1: run that many runs at once, each in its own process (see `run_pending`), then
     summarise the finished ones; a run that fails is reported and left out, not fatal."""
+    if not no_run:  # every arm of every seed on a task starts from the same warm start
+        plan = planned_runs(suite, seeds, out_root, quick, only, only_tasks)
+        suite["warmstarts_used"] = prepare_warmstarts(suite, plan, quick, log)
     if jobs > 1 and not no_run:
         run_pending(suite, seeds, out_root, quick, only, log, fresh, only_tasks, jobs)
         fresh, no_run = False, True  # the summary reads what the runs left on disk
@@ -262,6 +265,39 @@ def run_suite(
     return _run_task(
         suite, seeds, out_root / suite["name"], quick, only, log, fresh, None, no_run=no_run
     )
+
+
+def prepare_warmstarts(
+    suite: dict[str, Any], plan: list[tuple[str, Any, Any, Path]], quick: bool, log: Log
+) -> dict[str, dict[str, Any]]:
+    """Build or load one warm start per task before any run starts (run/warmstart.py:
+    pinned_warmstart), so every arm of every seed starts from it: from the suite's
+    `warmstarts: DIR` (DIR/<task>/, committed safetensors) when it holds one, else built in the
+    cache (and, with `pin_warmstarts`, copied into DIR/<task>/ to commit). Refuses a task whose
+    variants would start from different warm starts. Runs on a `model.path` need none."""
+    from replayrl.run.warmstart import pinned_warmstart, warmstart_key
+
+    by_task: dict[str, list[Any]] = {}
+    for label, cfg, _, _ in plan:
+        if not cfg.model.path:
+            by_task.setdefault(_label_parts(label)[1] or suite["name"], []).append(cfg)
+    root = suite.get("warmstarts")
+    used = {}
+    for task, cfgs in by_task.items():
+        keys = {warmstart_key(c.model, c.task) for c in cfgs}
+        if len(keys) > 1:
+            raise ConfigError(
+                f"task {task}: its variants would start from {len(keys)} different warm starts "
+                "(model.tiny, model.warmstart or task overrides): every arm must start from one"
+            )
+        folder = Path(root) / task if root and not quick else None  # --quick: its own
+        try:
+            used[task] = pinned_warmstart(
+                cfgs[0].model, cfgs[0].task, folder, bool(suite.get("pin_warmstarts")), log
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return used
 
 
 def planned_runs(
@@ -648,8 +684,10 @@ def summarise(
         "headroom": headroom(results[base]),  # does the task leave room below the plateau?
     }
     if suite.get("tuning"):  # a tuning suite: each method's chosen setting (equal budgets)
-        summary["tuning_choice"] = tuning_choice(table)
+        summary["tuning_choice"] = tuning_choice({k: v for k, v in table.items() if k != PLACEBO})
     blocks = check_blocks({suite["name"]: results}, bool(suite.get("mixed")))
+    if suite.get("warmstarts_used"):
+        summary["warmstarts"] = suite["warmstarts_used"]
     summary["evidence"] = _evidence(results, base)
     summary["blocks"] = {b: list(k) for k, b in blocks.items()}
     if suite.get("baseline_rule"):
@@ -793,6 +831,10 @@ def summarise_tasks(
         "median_over_tasks": over,
         "blocks": {b: list(k) for k, b in blocks.items()},
     }
+    if suite.get("warmstarts_used"):
+        summary["warmstarts"] = suite["warmstarts_used"]
+    if suite.get("baseline_rule"):
+        summary["baseline_rule"] = suite["baseline_rule"]
     text = multi_task_table(summary)
     evidence = {t: s["evidence"] for t, s in per_task.items() if s.get("evidence")}
     if evidence and len(evidence) == len(per_task):
