@@ -152,12 +152,14 @@ def test_baseline_choice_reads_tuning_results_and_refuses_a_stale_baseline(
 
 def test_run_record_is_small_and_keeps_curve_and_provenance(tmp_path: Path) -> None:
     s = _with_provenance()["replay"][0]
+    s["model_path"] = s["provenance"]["warmstart_path"] = "/home/someone/.cache/x"
     path = write_run_record(tmp_path, run_record(s, "sub6", "replay", 3))
     assert path == tmp_path / "sub6" / "replay-s3.json"
     rec = json.loads(path.read_text())
     assert rec["provenance"]["machine_id"] == "m1" and rec["seed"] == 3
     assert [e["eval/accuracy"] for e in rec["evals"]] == [0.2, 0.6, 0.85, 0.88, 0.88]
     assert rec["evals"][2]["rollouts_generated"] == 100
+    assert "/home/someone" not in path.read_text()  # no local paths in a committed record
 
 
 def test_pinned_warmstart_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,14 +98,16 @@ def run_record(summary: dict[str, Any], task: str | None, variant: str, seed: in
         "steps",
         "wall_seconds",
         "num_eval_prompts",
-        "model_path",
     )
+    # local paths (the cache, the run folder) say nothing on another machine: the warm start
+    # is named by its hash
+    prov = {k: v for k, v in (summary.get("provenance") or {}).items() if k != "warmstart_path"}
     return {
         "task": task,
         "variant": variant,
         "seed": seed,
         **{k: summary.get(k) for k in keys},
-        "provenance": summary.get("provenance"),
+        "provenance": prov or None,
         "evals": [
             {k: e.get(k) for k in ("step", "rollouts_generated", "eval/accuracy", "wall_seconds")}
             for e in summary.get("evals") or []
