@@ -61,3 +61,37 @@ def test_machine_id_changes_with_the_cpu() -> None:
     assert machine_id(a) == machine_id(dict(a))
     assert machine_id(a) != machine_id({**a, "cpu_model": "AMD EPYC"})
     assert machine_id(a) != machine_id({**a, "aten_cpu_capability": "AVX2"})
+
+
+def test_a_runs_summary_names_its_code_machine_and_warm_start(tmp_path: Path) -> None:
+    from replayrl.config.schema import load_config
+    from replayrl.run.entry import train
+
+    cfg = load_config(
+        "grpo",
+        [
+            "model.tiny.num_layers=1",
+            "model.tiny.hidden_size=16",
+            "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=32",
+            "model.warmstart.steps=2",
+            "model.warmstart.mistake_steps=0",
+            "train.steps=1",
+            "rollout.prompts_per_step=2",
+            "rollout.num_generations=2",
+            "rollout.max_new_tokens=8",
+            "train.mini_batch_size=null",
+            "eval.num_prompts=4",
+            "train.threads=1",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            f"logging.run_dir={tmp_path}",
+            "logging.name=r",
+        ],
+    )
+    summary = train(cfg, log=lambda _: None)
+    prov = summary["provenance"]
+    assert prov["warmstart_sha256"] == weights_sha256(summary["model_path"]) is not None
+    assert prov["threads"] == 1 and prov["torch"] and prov["machine_id"]
+    assert prov["precision"] == summary["precision"]
+    assert "commit" in prov and "dirty" in prov  # None outside a git checkout
