@@ -165,15 +165,8 @@ def test_run_record_is_small_and_keeps_curve_and_provenance(tmp_path: Path) -> N
 def test_pinned_warmstart_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from replayrl.records.provenance import weights_sha256
     from replayrl.run.warmstart import pinned_warmstart
+    from test_provenance import TINY_WARMSTART as tiny
 
-    tiny = [
-        "model.tiny.num_layers=1",
-        "model.tiny.hidden_size=16",
-        "model.tiny.num_heads=2",
-        "model.tiny.intermediate_size=32",
-        "model.warmstart.steps=2",
-        "model.warmstart.mistake_steps=0",
-    ]
     cfg = load_config("grpo", tiny)
     pin = tmp_path / "pinned" / "task"
     monkeypatch.setenv("REPLAYRL_CACHE", str(tmp_path / "cache1"))

@@ -8,6 +8,15 @@ from pathlib import Path
 
 from replayrl.records.provenance import cpu_info, git_state, machine_id, weights_sha256
 
+TINY_WARMSTART = [  # a warm start built in a second
+    "model.tiny.num_layers=1",
+    "model.tiny.hidden_size=16",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=32",
+    "model.warmstart.steps=2",
+    "model.warmstart.mistake_steps=0",
+]
+
 
 def test_git_state_outside_a_checkout_is_none(tmp_path: Path) -> None:
     assert git_state(tmp_path) == (None, None)
@@ -70,12 +79,7 @@ def test_a_runs_summary_names_its_code_machine_and_warm_start(tmp_path: Path) ->
     cfg = load_config(
         "grpo",
         [
-            "model.tiny.num_layers=1",
-            "model.tiny.hidden_size=16",
-            "model.tiny.num_heads=2",
-            "model.tiny.intermediate_size=32",
-            "model.warmstart.steps=2",
-            "model.warmstart.mistake_steps=0",
+            *TINY_WARMSTART,
             "train.steps=1",
             "rollout.prompts_per_step=2",
             "rollout.num_generations=2",

@@ -8,9 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -23,6 +21,7 @@ from replayrl.config.registries import TASKS
 from replayrl.config.schema import LoraConfig, ModelConfig, TaskConfig, WarmStartConfig
 from replayrl.models.loading import (
     apply_lora,
+    atomic_folder,
     atomic_save_pretrained,
     build_char_tokenizer,
     build_tiny_model,
@@ -339,20 +338,14 @@ PIN_MANIFEST = "warmstart.json"  # beside the pinned weights: key, hash, what it
 
 
 def _copy_folder(src: Path, dest: Path, skip: tuple[str, ...] = ()) -> None:
-    """Copy the files of `src` into `dest`, replacing it atomically (a temp folder beside it,
-    then a rename), so a reader sees the old folder or the new one, never half of one."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
+    """Copy the files of `src` into `dest`, replacing it atomically."""
+
+    def fill(tmp: Path) -> None:
         for f in src.iterdir():
             if f.is_file() and f.name not in skip and not f.name.startswith("."):
                 shutil.copy2(f, tmp / f.name)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    atomic_folder(dest, fill)
 
 
 def pinned_warmstart(
