@@ -187,3 +187,15 @@ def test_pinned_warmstart_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyP
     weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
     with pytest.raises(ValueError, match="do not match"):
         pinned_warmstart(cfg.model, cfg.task, pin, log=lambda _: None)
+
+
+def test_heldout_suite_evaluates_500_prompts_on_every_task(tmp_path: Path) -> None:
+    from replayrl.bench.evidence import MIN_EVAL_PROMPTS
+    from replayrl.rollout.evaluation import held_out_rows
+    from replayrl.rollout.tasks import task_from_config
+
+    suite = load_suite("heldout")
+    for task in suite["tasks"]:
+        cfg = variant_config(suite, suite["baseline"], 0, tmp_path, task=task)
+        # eval.num_prompts alone is capped by the task's eval split (200 by default)
+        assert len(held_out_rows(cfg, task_from_config(cfg.task))) >= MIN_EVAL_PROMPTS, task
