@@ -254,7 +254,10 @@ def run_suite(
     summarise the finished ones; a run that fails is reported and left out, not fatal."""
     if not no_run:  # every arm of every seed on a task starts from the same warm start
         plan = planned_runs(suite, seeds, out_root, quick, only, only_tasks)
-        suite["warmstarts_used"] = prepare_warmstarts(suite, plan, quick, log)
+        # each run's provenance records the hash it started from; a --no-run summary says
+        # the same as the run that wrote the runs
+        for task, ws in prepare_warmstarts(suite, plan, quick, log).items():
+            log(f"{task}: warm start {ws['key']} sha256 {ws['sha256'][:12]} ({ws['source']})")
     if jobs > 1 and not no_run:
         run_pending(suite, seeds, out_root, quick, only, log, fresh, only_tasks, jobs)
         fresh, no_run = False, True  # the summary reads what the runs left on disk
@@ -686,8 +689,6 @@ def summarise(
     if suite.get("tuning"):  # a tuning suite: each method's chosen setting (equal budgets)
         summary["tuning_choice"] = tuning_choice({k: v for k, v in table.items() if k != PLACEBO})
     blocks = check_blocks({suite["name"]: results}, bool(suite.get("mixed")))
-    if suite.get("warmstarts_used"):
-        summary["warmstarts"] = suite["warmstarts_used"]
     summary["evidence"] = _evidence(results, base)
     summary["blocks"] = {b: list(k) for k, b in blocks.items()}
     if suite.get("baseline_rule"):
@@ -831,8 +832,6 @@ def summarise_tasks(
         "median_over_tasks": over,
         "blocks": {b: list(k) for k, b in blocks.items()},
     }
-    if suite.get("warmstarts_used"):
-        summary["warmstarts"] = suite["warmstarts_used"]
     if suite.get("baseline_rule"):
         summary["baseline_rule"] = suite["baseline_rule"]
     text = multi_task_table(summary)
