@@ -31,7 +31,7 @@ from replayrl.bench.suite import load_suite, variant_config
 
 def _config(task: str, out: Path, extra: list[str]):
     suite = load_suite("heldout")
-    base = suite["variants"]["grpo"]
+    base = suite["variants"][suite["baseline"]]
     suite["variants"]["timed"] = {
         "config": base["config"],
         "overrides": [*base.get("overrides", []), *extra],

@@ -260,7 +260,8 @@ def test_eval_every_rollouts_not_a_multiple_of_r_is_an_error(tmp_path: Path) -> 
     # run_suite resolves every config before the first run: nothing is trained
     with pytest.raises(ConfigError, match="not a multiple"):
         run_suite(suite, [0], tmp_path / "out", quick=True)
-    assert not list((tmp_path / "out" / "tiny").iterdir())
+    folder = tmp_path / "out" / "tiny"
+    assert not folder.exists() or not list(folder.iterdir())
     with pytest.raises(ConfigError, match="positive integer"):
         variant_config(_grid_suite(tmp_path, 0), "grpo", 0, tmp_path)
 
@@ -554,7 +555,7 @@ def test_gain_targets_costs_auc_and_verdict_by_hand(tmp_path: Path) -> None:
     assert "| replay-auto |" in table and "INFERIOR" in table
 
 
-def test_gain_targets_over_tasks_and_the_issue_verdict(tmp_path: Path) -> None:
+def test_gain_targets_over_tasks(tmp_path: Path) -> None:
     from replayrl.bench.suite import summarise, summarise_tasks
 
     for t in ("a", "b"):
@@ -573,16 +574,14 @@ def test_gain_targets_over_tasks_and_the_issue_verdict(tmp_path: Path) -> None:
     # 0.7833 and 0.8333 -> 0.8083; 90% target 0.2 + 0.9 x 0.6083 = 0.7475; 3-eval means reach
     # it at 400 and 400 (grpo) and at 150 and 200 (replay): 175 / 400 = 0.44
     assert over["replay"]["robust_gain90_rollouts_ratio"]["median"] == pytest.approx(175 / 400)
-    assert "`replay`" in s["verdict"][0] and "0.44 x" in s["verdict"][0]
-    assert "target <= 0.33: not met" in s["verdict"][0]
-    assert "target <= 0.5: met" in s["verdict"][0]
-    assert "`replay-auto`: median final -0.050" in s["verdict"][1] and "WORSE" in s["verdict"][1]
     table = (tmp_path / "table.md").read_text()
+    # users' tables carry figures and rule-based claims, not the project's own goals
+    assert "verdict" not in s and "target <=" not in table and "Reuse targets" not in table
     assert (
         "| **median over 2 tasks** | replay | +0.045 vs baseline | 0.44 | 0.44 | non-inferior "
         "(2/2 tasks) | 2/4 | 0.895 [0.895, 0.895] | 0.42 | 0.48 |" in table
     )
-    assert "non-inferior (2/2 tasks)" in table and "Reuse targets" in table
+    assert "non-inferior (2/2 tasks)" in table
 
 
 def test_tuning_choice_is_the_same_rule_for_every_method(tmp_path: Path) -> None:
@@ -636,6 +635,8 @@ def test_new_suites_hold_equal_budgets() -> None:
     methods: dict[str, set[int | None]] = {}
     counts: dict[str, int] = {}
     for label, c, _, _ in tuning:
+        if label.startswith("placebo-"):
+            continue  # the baseline again on other sampling seeds, not a method
         method = label.split(".")[0]
         counts[method] = counts.get(method, 0) + 1
         methods.setdefault(method, set()).add(planned_budget(c))

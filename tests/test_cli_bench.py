@@ -22,6 +22,13 @@ def test_each_bench_subcommand_reaches_its_own_command() -> None:
     assert args.func is cli._cmd_bench_buffer and (args.n, args.batch) == (100, 8)
 
 
+def test_suite_evidence_flags() -> None:
+    args = _parse("bench", "suite", "heldout", "--mixed", "--results", "r", "--pin-warmstarts")
+    assert (args.mixed, args.results, args.pin_warmstarts) == (True, "r", True)
+    args = _parse("bench", "suite", "heldout")
+    assert (args.mixed, args.results, args.pin_warmstarts) == (False, None, False)
+
+
 def test_the_old_form_runs_a_suite() -> None:
     args = _parse("bench", "configs/my-suite.yaml", "--quick")
     assert args.func is cli._cmd_bench_suite and args.suite == "configs/my-suite.yaml"

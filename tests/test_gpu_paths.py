@@ -36,10 +36,9 @@ def test_weights_digest_of_bf16_weights_hashes_their_bytes():
 def test_grad_probe_moves_device_gradients_to_the_host(monkeypatch, tiny_model, char_tokenizer):
     import copy
 
-    from replayrl.learner.grad_probe import sample_gradients
-
     from replayrl.config.schema import load_config
     from replayrl.data.rollout import Rollout
+    from replayrl.learner.grad_probe import sample_gradients
     from replayrl.learner.learner import Learner
 
     real_cat = torch.cat

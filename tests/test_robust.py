@@ -107,7 +107,7 @@ def test_every_suite_variant_gets_the_baselines_groups_and_budget(tmp_path: Path
         ],
     }
     plan = planned_runs(
-        suite, [0], tmp_path, only=["grpo", "short", "groups4"], only_tasks=["sub6"]
+        suite, [0], tmp_path, only=["grpo-p16", "short", "groups4"], only_tasks=["sub6"]
     )
     problems = fairness_problems(suite, plan)
     assert problems == [
@@ -132,7 +132,7 @@ def test_every_suite_variant_gets_the_baselines_groups_and_budget(tmp_path: Path
     }
     suite["variants"]["short"]["own_budget"] = "a reason"
     plan = planned_runs(
-        suite, [0], tmp_path, only=["grpo", "short", "remix-nobudget"], only_tasks=["add6"]
+        suite, [0], tmp_path, only=["grpo-p16", "short", "remix-nobudget"], only_tasks=["add6"]
     )
     assert fairness_problems(suite, plan) == [
         "add6/remix-nobudget: set train.rollout_budget (fixed ReMix batches)"

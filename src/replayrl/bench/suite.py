@@ -29,6 +29,17 @@ from typing import Any
 
 import yaml
 
+from replayrl.bench.baseline import choose_baseline
+from replayrl.bench.evidence import (
+    PLACEBO,
+    PLACEBO_SEED_OFFSET,
+    across_tasks,
+    check_blocks,
+    evidence_table,
+    run_record,
+    task_evidence,
+    write_run_record,
+)
 from replayrl.bench.robust import robust_over_tasks, robust_score, robust_table
 from replayrl.bench.targets import (
     HEADLINE,
@@ -43,7 +54,6 @@ from replayrl.bench.targets import (
     trained_rollouts_at,
     tuning_choice,
     tuning_lines,
-    verdict,
 )
 from replayrl.config.schema import ConfigError, config_to_yaml, load_config
 from replayrl.run.metrics import read_metrics
@@ -82,8 +92,18 @@ def load_suite(name_or_path: str) -> dict[str, Any]:
             if unknown:
                 raise ConfigError(f"{path}: variant {name!r} names unknown tasks {sorted(unknown)}")
     suite.setdefault("name", path.stem)
+    suite["baseline_stated"] = "baseline" in suite
     suite["baseline"] = baseline
     suite["path"] = str(path)
+    choose_baseline(suite)
+    if suite.get("placebo"):  # the baseline again on another sampling-seed stream
+        if PLACEBO in variants:
+            raise ConfigError(f"{path}: `placebo: true` adds a variant {PLACEBO!r}; rename yours")
+        variants[PLACEBO] = {
+            **variants[suite["baseline"]],
+            "seed_offset": PLACEBO_SEED_OFFSET,
+            "baseline": suite["baseline"],
+        }
     return suite
 
 
@@ -172,7 +192,8 @@ def variant_config(
         *v.get("overrides", []),
         # --quick: overrides that must beat the variant's own (a grid cell's train.steps)
         *(suite.get("quick_final_overrides", []) if quick else []),
-        f"train.seed={seed}",
+        # the placebo: the same seed label, another stream of sampling seeds
+        f"train.seed={seed + int(v.get('seed_offset', 0))}",
         f"logging.run_dir={out}",
         f"logging.name={name}-s{seed}",
     ]
@@ -231,6 +252,12 @@ def run_suite(
     `no_run`: start nothing, summarise the finished runs (missing ones are listed).
     `jobs` > 1: run that many runs at once, each in its own process (see `run_pending`), then
     summarise the finished ones; a run that fails is reported and left out, not fatal."""
+    if not no_run:  # every arm of every seed on a task starts from the same warm start
+        plan = planned_runs(suite, seeds, out_root, quick, only, only_tasks)
+        # each run's provenance records the hash it started from; a --no-run summary says
+        # the same as the run that wrote the runs
+        for task, ws in prepare_warmstarts(suite, plan, quick, log).items():
+            log(f"{task}: warm start {ws['key']} sha256 {ws['sha256'][:12]} ({ws['source']})")
     if jobs > 1 and not no_run:
         run_pending(suite, seeds, out_root, quick, only, log, fresh, only_tasks, jobs)
         fresh, no_run = False, True  # the summary reads what the runs left on disk
@@ -241,6 +268,39 @@ def run_suite(
     return _run_task(
         suite, seeds, out_root / suite["name"], quick, only, log, fresh, None, no_run=no_run
     )
+
+
+def prepare_warmstarts(
+    suite: dict[str, Any], plan: list[tuple[str, Any, Any, Path]], quick: bool, log: Log
+) -> dict[str, dict[str, Any]]:
+    """Build or load one warm start per task before any run starts (run/warmstart.py:
+    pinned_warmstart), so every arm of every seed starts from it: from the suite's
+    `warmstarts: DIR` (DIR/<task>/, committed safetensors) when it holds one, else built in the
+    cache (and, with `pin_warmstarts`, copied into DIR/<task>/ to commit). Refuses a task whose
+    variants would start from different warm starts. Runs on a `model.path` need none."""
+    from replayrl.run.warmstart import pinned_warmstart, warmstart_key
+
+    by_task: dict[str, list[Any]] = {}
+    for label, cfg, _, _ in plan:
+        if not cfg.model.path:
+            by_task.setdefault(_label_parts(label)[1] or suite["name"], []).append(cfg)
+    root = suite.get("warmstarts")
+    used = {}
+    for task, cfgs in by_task.items():
+        keys = {warmstart_key(c.model, c.task) for c in cfgs}
+        if len(keys) > 1:
+            raise ConfigError(
+                f"task {task}: its variants would start from {len(keys)} different warm starts "
+                "(model.tiny, model.warmstart or task overrides): every arm must start from one"
+            )
+        folder = Path(root) / task if root and not quick else None  # --quick: its own
+        try:
+            used[task] = pinned_warmstart(
+                cfgs[0].model, cfgs[0].task, folder, bool(suite.get("pin_warmstarts")), log
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return used
 
 
 def planned_runs(
@@ -482,10 +542,19 @@ def _run_task(
             ent = [m["train/entropy"] for m in rows if m.get("train/entropy") is not None]
             summary["final_entropy"] = ent[-1] if ent else math.nan
             results[name].append(summary)
+            write_run_record(_records_dir(suite, out, task), run_record(summary, task, name, seed))
             log(_result_line(f"{task + '/' if task else ''}{run_name}", summary))
     results = {k: v for k, v in results.items() if v}  # --no-run: variants with no run
     label = {**suite, "name": f"{suite['name']}/{task}"} if task else suite
     return summarise(label, results, seeds, out, quick)
+
+
+def _records_dir(suite: dict[str, Any], out: Path, task: str | None) -> Path:
+    """Where each run's small record goes: `--results DIR` (meant to be committed), else
+    `records/` in the suite's run folder; one subfolder per task."""
+    if suite.get("results_dir"):
+        return Path(suite["results_dir"])
+    return (out.parent if task is not None else out) / "records"
 
 
 def run_multi_task(
@@ -618,10 +687,34 @@ def summarise(
         "headroom": headroom(results[base]),  # does the task leave room below the plateau?
     }
     if suite.get("tuning"):  # a tuning suite: each method's chosen setting (equal budgets)
-        summary["tuning_choice"] = tuning_choice(table)
+        summary["tuning_choice"] = tuning_choice({k: v for k, v in table.items() if k != PLACEBO})
+    blocks = check_blocks({suite["name"]: results}, bool(suite.get("mixed")))
+    summary["evidence"] = _evidence(results, base)
+    summary["blocks"] = {b: list(k) for k, b in blocks.items()}
+    if suite.get("baseline_rule"):
+        summary["baseline_rule"] = suite["baseline_rule"]
+    text = markdown_table(summary)
+    if summary["evidence"] is not None:
+        name = suite["name"]
+        text = evidence_table({name: summary["evidence"]}, {}, base, blocks, _rule(suite)) + (
+            "\n" + text
+        )
     atomic_write_text(out / "summary.json", json.dumps(_json_safe(summary), indent=2, default=str))
-    atomic_write_text(out / "table.md", markdown_table(summary))
-    return summary
+    atomic_write_text(out / "table.md", text)
+    return {**summary, "_runs": results}
+
+
+def _evidence(results: dict[str, list[dict[str, Any]]], base: str) -> dict[str, Any] | None:
+    """The task's intervals (None, said once, where scipy is not installed)."""
+    try:
+        return task_evidence(results, base)
+    except ImportError as exc:
+        print(f"note: no intervals in the table: {exc}")
+        return None
+
+
+def _rule(suite: dict[str, Any]) -> str | None:
+    return suite.get("baseline_rule")
 
 
 def _gamma(summary: dict[str, Any]) -> float:
@@ -695,6 +788,8 @@ def summarise_tasks(
 ) -> dict[str, Any]:
     """Per-task summaries plus, per variant, the median over tasks of its per-task medians
     (ratios against its baseline on the same task; unreached counts as the largest value)."""
+    runs = {t: s.pop("_runs", None) for t, s in per_task.items()}
+    blocks = check_blocks({t: r for t, r in runs.items() if r}, bool(suite.get("mixed")))
     names = list(dict.fromkeys(n for s in per_task.values() for n in s["variants"]))
     over: dict[str, Any] = {}
     for name in names:
@@ -735,11 +830,21 @@ def summarise_tasks(
         "paper_mu": PAPER_MU,
         "tasks": per_task,
         "median_over_tasks": over,
-        "verdict": verdict(over, suite["baseline"]),
+        "blocks": {b: list(k) for k, b in blocks.items()},
     }
+    if suite.get("baseline_rule"):
+        summary["baseline_rule"] = suite["baseline_rule"]
+    text = multi_task_table(summary)
+    evidence = {t: s["evidence"] for t, s in per_task.items() if s.get("evidence")}
+    if evidence and len(evidence) == len(per_task):
+        summary["evidence_over_tasks"] = across_tasks(evidence, suite["baseline"])
+        head = evidence_table(
+            evidence, summary["evidence_over_tasks"], suite["baseline"], blocks, _rule(suite)
+        )
+        text = head + "\n" + text
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "summary.json", json.dumps(_json_safe(summary), indent=2, default=str))
-    atomic_write_text(out / "table.md", multi_task_table(summary))
+    atomic_write_text(out / "table.md", text)
     return summary
 
 
@@ -808,8 +913,7 @@ def multi_task_table(summary: dict[str, Any]) -> str:
             f"{HEADROOM_CEILING} and still rises):",
             *room,
         ]
-    targets = ["", "Reuse targets (medians over tasks):", *summary.get("verdict", [])]
-    return "\n".join(lines + room + targets) + "\n"
+    return "\n".join(lines + room) + "\n"
 
 
 def _robust_cells(r: dict[str, Any]) -> str:

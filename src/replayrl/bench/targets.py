@@ -255,55 +255,6 @@ def over_tasks(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def verdict(over: dict[str, dict[str, Any]], baseline: str) -> list[str]:
-    """Reuse targets, stated met or not from the medians over tasks: the best reuse
-    variant (lowest rollouts ratio to 90% of the gain among non-inferior ones) at >= 3x fewer
-    rollouts and <= 0.5x modelled compute at mu = 5.3; every `auto` variant non-inferior."""
-    robust = all("robust_gain90_rollouts_ratio" in r for r in over.values())
-    key = "robust_gain90_rollouts_ratio" if robust else f"gain{int(HEADLINE * 100)}_rollouts_ratio"
-    ni = "robust_non_inferior" if robust else "non_inferior"
-    ok = {n: r for n, r in over.items() if n != baseline and r.get(ni)}
-    lines = []
-    if ok:
-        best = min(ok, key=lambda n: ok[n][key]["median"])
-        ratio = ok[best][key]["median"]
-        comp = ok[best][f"gain{int(HEADLINE * 100)}_compute_paper_mu_ratio"]["median"]
-        # NaN: undefined (the baseline gained nothing, or reached the target at its first eval)
-        how = " (3-eval mean crossing; compute: first-eval)" if robust else ""
-        lines.append(
-            f"- best non-inferior reuse variant{how}: `{best}`, rollouts to 90% of {baseline}'s "
-            f"gain {_ratio(ratio)} x {baseline}'s (target <= 0.33: "
-            f"{'met' if ratio <= 1 / 3 else 'not met'}); modelled compute at mu = {PAPER_MU} "
-            f"{_ratio(comp)} x (target <= 0.5: {'met' if comp <= 0.5 else 'not met'})"
-        )
-    else:
-        lines.append("- no reuse variant is non-inferior on the median over tasks: target not met")
-    lines += [remix_line(n, r, baseline, key, ni) for n, r in over.items() if n.startswith("remix")]
-    for n, r in over.items():
-        if "auto" in n:
-            gap = r["final_minus_baseline"]["median"]
-            lines.append(
-                f"- `{n}`: median final {gap:+.3f} against {baseline} "
-                f"({'not worse beyond' if r['non_inferior'] else 'WORSE than'} the {MARGIN:g} "
-                "margin)"
-            )
-    return lines
-
-
-def remix_line(name: str, r: dict[str, Any], baseline: str, key: str, ni: str) -> str:
-    """ReMix's own targets: non-inferior (final within `MARGIN` of the baseline's median) on
-    every task, and >= 1.5x fewer generated rollouts to 90% of the baseline's gain (median
-    ratio over tasks <= 1 / 1.5)."""
-    tasks = len(r.get("tasks", []))
-    every = r.get(f"{ni}_tasks", r.get("non_inferior_tasks", 0))
-    ratio = r[key]["median"]
-    return (
-        f"- `{name}`: non-inferior to {baseline} on {every}/{tasks} tasks (target: all: "
-        f"{'met' if tasks and every == tasks else 'not met'}); rollouts to 90% of {baseline}'s "
-        f"gain {_ratio(ratio)} x (target <= 0.67: {'met' if ratio <= 1 / 1.5 else 'not met'})"
-    )
-
-
 def tuning_choice(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per method (the variant name before the first `.`: `grpo.lr2e-4` is method `grpo`),
     the setting a tuning suite picks: among the method's settings whose median final accuracy

@@ -154,6 +154,9 @@ def _cmd_bench_suite(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     # applied to every variant after the suite's own overrides (e.g. an implementation choice)
     suite["overrides"] = [*suite.get("overrides", []), *(args.set or [])]
+    suite["mixed"] = args.mixed
+    suite["results_dir"] = args.results
+    suite["pin_warmstarts"] = args.pin_warmstarts
     only = None
     if args.only:
         only = sorted(set(args.only) | {suite["baseline"]})
@@ -319,6 +322,24 @@ def _add_bench_suite(bsub: Any) -> None:
         default=1,
         help="runs at once, each in its own process (use with train.threads=1 per run); "
         "the summary is the same as one at a time, only wall times differ",
+    )
+    p.add_argument(
+        "--mixed",
+        action="store_true",
+        help="tabulate runs from different machines, commits or warm starts, each row "
+        "labelled with its block (default: refused)",
+    )
+    p.add_argument(
+        "--results",
+        metavar="DIR",
+        help="write each run's small record (curve and provenance, no checkpoints) under "
+        "DIR/<task>/ (default: records/ in the suite's run folder)",
+    )
+    p.add_argument(
+        "--pin-warmstarts",
+        action="store_true",
+        help="copy each task's warm start into the suite's `warmstarts` folder when it has "
+        "none yet (safetensors and a manifest with its SHA-256, to commit)",
     )
     p.set_defaults(func=_cmd_bench_suite)
 

@@ -75,20 +75,11 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> LlamaForCa
     return LlamaForCausalLM(config)
 
 
-def atomic_save_pretrained(
-    model: PreTrainedModel, tok: PreTrainedTokenizerBase, dest: Path
-) -> None:
-    """save_pretrained into a temp folder beside `dest`, then rename it into place."""
-
-    def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-
-    atomic_folder(dest, fill)
-
-
-def atomic_folder(dest: Path, fill: Callable[[Path], object]) -> None:
-    """`fill(tmp)` writes a temp folder beside `dest`, which then replaces `dest` whole."""
+def atomic_folder(dest: str | Path, fill: Callable[[Path], object]) -> Path:
+    """`fill(tmp)` writes a temporary folder beside `dest`, which then replaces `dest` by a
+    rename: a reader sees the old folder or the new one, never half of one; on any error the
+    temporary folder is removed."""
+    dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
@@ -99,6 +90,19 @@ def atomic_folder(dest: Path, fill: Callable[[Path], object]) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return dest
+
+
+def atomic_save_pretrained(
+    model: PreTrainedModel, tok: PreTrainedTokenizerBase, dest: Path
+) -> None:
+    """save_pretrained into a temp folder beside `dest`, then rename it into place."""
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    atomic_folder(dest, fill)
 
 
 PREPARED_MODELS = ("smollm2-135m",)  # names `replayrl prepare` knows

@@ -27,6 +27,7 @@ from replayrl.data.sources.buffer import BatchSource
 from replayrl.errors import RunFailed, RunStopped
 from replayrl.models.device import is_out_of_memory, oom_phase, out_of_memory_message
 from replayrl.records.ledger import WALL_SECONDS_COVERS, format_accounting
+from replayrl.records.provenance import run_provenance
 from replayrl.records.trust import record_signature
 from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.producer import Production
@@ -369,6 +370,9 @@ class Session:
         summary["wall_seconds_covers"] = WALL_SECONDS_COVERS
         summary["no_signal_steps"] = self.reward_signal.total
         summary["precision"] = self.learner.precision_choice.as_dict()
+        summary["provenance"] = run_provenance(
+            self.model_path, self.cfg.train.threads, summary["precision"]
+        )
         return summary
 
 

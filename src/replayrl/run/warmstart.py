@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -20,6 +21,7 @@ from replayrl.config.registries import TASKS
 from replayrl.config.schema import LoraConfig, ModelConfig, TaskConfig, WarmStartConfig
 from replayrl.models.loading import (
     apply_lora,
+    atomic_folder,
     atomic_save_pretrained,
     build_char_tokenizer,
     build_tiny_model,
@@ -27,9 +29,11 @@ from replayrl.models.loading import (
     is_adapter_folder,
     load_pretrained,
 )
+from replayrl.records.provenance import weights_sha256
 from replayrl.rollout.prompts import PromptRenderer
 from replayrl.rollout.tasks import task_from_config
 from replayrl.rollout.tasks.base import Row
+from replayrl.storage.io import atomic_write_json
 
 _CPU = torch.device("cpu")
 
@@ -359,3 +363,70 @@ def _build_sft_warmup(
         model = cast(Any, trained).merge_and_unload()  # a plain model folder again
     log(f"supervised warm-up done (last loss {loss:.3f}) -> {dest}")
     atomic_save_pretrained(model, tok, dest)
+
+
+PIN_MANIFEST = "warmstart.json"  # beside the pinned weights: key, hash, what it was built for
+
+
+def _copy_folder(src: Path, dest: Path, skip: tuple[str, ...] = ()) -> None:
+    """Copy the files of `src` into `dest`, replacing it atomically."""
+
+    def fill(tmp: Path) -> None:
+        for f in src.iterdir():
+            if f.is_file() and f.name not in skip and not f.name.startswith("."):
+                shutil.copy2(f, tmp / f.name)
+
+    atomic_folder(dest, fill)
+
+
+def pinned_warmstart(
+    cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    folder: Path | None,
+    export: bool = False,
+    log: Callable[[str], object] = print,
+) -> dict[str, Any]:
+    """The tiny model's warm start for this config, pinned: when `folder` holds one (its
+    manifest `warmstart.json` names the cache key and the weights' SHA-256), it is checked and
+    installed as the cached warm start, so every run of this config starts from exactly these
+    weights on any machine; else it is built (or found) in the cache, and with `export` copied
+    into `folder` with its manifest, to be committed. Only safetensors and JSON are read.
+    Returns {key, sha256, source}; ValueError on a manifest for another config or weights
+    that do not match their manifest."""
+    key = warmstart_key(cfg, task_cfg)
+    cached = cache_dir() / "warmstart" / key
+    if folder is not None and (folder / PIN_MANIFEST).is_file():
+        manifest = folder / PIN_MANIFEST
+        pinned = json.loads(manifest.read_text())
+        if pinned.get("key") != key:
+            raise ValueError(
+                f"{folder}: the pinned warm start was built for another config (key "
+                f"{pinned.get('key')}, this run's {key}): remove it to pin a new one"
+            )
+        sha = weights_sha256(folder)
+        if sha is None or sha != pinned.get("sha256"):
+            raise ValueError(f"{folder}: weights do not match the SHA-256 in {PIN_MANIFEST}")
+        if any(f.suffix in {".bin", ".pt", ".pth", ".pkl"} for f in folder.iterdir()):
+            raise ValueError(f"{folder}: a pinned warm start holds safetensors, never pickles")
+        with build_lock(cached):
+            if weights_sha256(cached) != sha:
+                log(f"warm start {key}: installing the pinned weights from {folder}")
+                _copy_folder(folder, cached, skip=(PIN_MANIFEST,))
+        return {"key": key, "sha256": sha, "source": str(folder)}
+    path = ensure_warmstart(cfg, task_cfg, log)
+    sha = weights_sha256(path)
+    if sha is None:
+        raise ValueError(f"{path}: the warm start has no safetensors weights to pin")
+    if export and folder is not None:
+        _copy_folder(path, folder)
+        described = {
+            "key": key,
+            "sha256": sha,
+            "tiny": cfg.tiny.model_dump(),
+            "warmstart": cfg.warmstart.model_dump(),
+            "task": task_cfg.model_dump(include=_warmstart_task_fields(task_cfg)),
+        }
+        atomic_write_json(folder / PIN_MANIFEST, described)
+        log(f"warm start {key} pinned in {folder} (sha256 {sha[:12]})")
+        return {"key": key, "sha256": sha, "source": str(folder)}
+    return {"key": key, "sha256": sha, "source": "built"}

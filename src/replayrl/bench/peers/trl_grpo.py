@@ -57,6 +57,7 @@ from transformers import TrainerCallback
 from replayrl.config.schema import Config, config_to_yaml, load_config
 from replayrl.design.theory import cost_ratio, estimate_mu
 from replayrl.records.folder import new_run_folder
+from replayrl.records.provenance import run_provenance
 from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
 from replayrl.rollout.generation import HFGenerator
 from replayrl.rollout.producer import completion_for_reward
@@ -502,6 +503,7 @@ def run_trl_grpo(cfg: Config, run_dir: Path, log: Log = print) -> dict[str, Any]
         "trl_settings": settings,
         "trl_final_log": recorder.trl_final,
         "evals": recorder.evals,
+        "provenance": run_provenance(model_path, cfg.train.threads, None),
     }
     atomic_write_json(run_dir / "summary.json", summary)
     return summary

@@ -1,0 +1,278 @@
+"""The suite's evidence table: per task and over tasks, each method against the baseline with
+intervals (bench/intervals.py) and claims by a stated rule, the placebo's intervals, and the
+blocks (machine, commit, warm start) its rows come from; plus the small per-run records
+(curve and provenance, no checkpoints) a committed table traces to.
+
+Per task, against the baseline's robust targets (bench/robust.py: 3-eval trailing means):
+
+- rollouts to 90% of the baseline's median gain, as a ratio of medians with a 90% interval;
+  a run that never gets there is +inf (censored, see intervals.py);
+- final difference: mean over runs of each run's mean of its last 3 evaluations, method
+  minus baseline, with a 90% interval;
+- take-off: the share of runs whose trailing mean reaches 50% of the baseline's gain, with an
+  exact binomial interval (a task where some seeds never learn: speed and take-off apart).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from replayrl.bench.intervals import (
+    LEVEL,
+    RULE,
+    claim,
+    crossing_ratio_interval,
+    difference_over_tasks_interval,
+    final_difference_interval,
+    placebo_consistent,
+    probability_of_improvement,
+    ratio_over_tasks_interval,
+    takeoff_interval,
+)
+from replayrl.bench.robust import curve, final_mean, robust_gain_targets, smoothed_crossing
+from replayrl.bench.targets import HEADLINE
+from replayrl.config.schema import ConfigError
+from replayrl.storage.io import atomic_write_text
+
+TAKEOFF = 0.5  # a run takes off when its trailing mean reaches 50% of the baseline's gain
+MIN_EVAL_PROMPTS = 500  # final evaluations on fewer prompts: one eval's error is too wide
+PLACEBO = "placebo"  # the baseline again on another sampling-seed stream
+PLACEBO_SEED_OFFSET = 1000
+
+
+def block_of(summary: dict[str, Any]) -> tuple[str, str]:
+    """(machine, commit) a run ran on: the CPU model and the id of its kernels' inputs
+    (records/provenance.py), `unknown` for runs written without provenance; a commit with
+    uncommitted edits is marked `+dirty`."""
+    p = summary.get("provenance") or {}
+    commit = p.get("commit") or "unknown"
+    if p.get("dirty"):
+        commit += "+dirty"
+    machine = f"{p['cpu_model']} ({p['machine_id']})" if p.get("machine_id") else "unknown"
+    return machine, commit
+
+
+def warmstart_of(summary: dict[str, Any]) -> str:
+    return str((summary.get("provenance") or {}).get("warmstart_sha256") or "unknown")
+
+
+def check_blocks(
+    per_task: dict[str, dict[str, list[dict[str, Any]]]], mixed: bool
+) -> dict[tuple[str, str], str]:
+    """Name each (machine, commit) block of the runs `A`, `B`, ...; refuse (ConfigError) when
+    there is more than one, or a task's runs start from different warm starts, unless
+    `mixed`, when every row is labelled with its blocks instead."""
+    blocks: dict[tuple[str, str], str] = {}
+    problems = []
+    for task, results in per_task.items():
+        for runs in results.values():
+            for s in runs:
+                blocks.setdefault(block_of(s), chr(ord("A") + len(blocks)))
+        sha = {warmstart_of(s) for runs in results.values() for s in runs}
+        if len(sha) > 1:
+            problems.append(f"task {task}: runs start from {len(sha)} different warm starts")
+    if len(blocks) > 1:
+        problems.append(
+            "runs from more than one machine or commit: "
+            + "; ".join(f"{b}: {m}, commit {c[:12]}" for (m, c), b in blocks.items())
+        )
+    if problems and not mixed:
+        raise ConfigError(
+            "refusing one table over runs that are not comparable (pass --mixed to label each "
+            "row with its block instead):\n  " + "\n  ".join(problems)
+        )
+    return blocks
+
+
+def run_record(summary: dict[str, Any], task: str | None, variant: str, seed: int) -> dict:
+    """A run's committed record: what it was, where it ran and its evaluation curve."""
+    keys = (
+        "final_eval_accuracy",
+        "rollouts_generated",
+        "tokens_generated",
+        "steps",
+        "wall_seconds",
+        "num_eval_prompts",
+    )
+    # local paths (the cache, the run folder) say nothing on another machine: the warm start
+    # is named by its hash
+    prov = {k: v for k, v in (summary.get("provenance") or {}).items() if k != "warmstart_path"}
+    return {
+        "task": task,
+        "variant": variant,
+        "seed": seed,
+        **{k: summary.get(k) for k in keys},
+        "provenance": prov or None,
+        "evals": [
+            {k: e.get(k) for k in ("step", "rollouts_generated", "eval/accuracy", "wall_seconds")}
+            for e in summary.get("evals") or []
+        ],
+    }
+
+
+def write_run_record(folder: Path, record: dict[str, Any]) -> Path:
+    """`folder/<task>/<variant>-s<seed>.json` (atomic; small: no checkpoints, no metrics)."""
+    where = folder / record["task"] if record["task"] else folder
+    path = where / f"{record['variant']}-s{record['seed']}.json"
+    where.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(record, indent=1, default=_no_inf) + "\n")
+    return path
+
+
+def _no_inf(x: Any) -> Any:
+    return str(x)
+
+
+def _crossings(runs: list[dict[str, Any]], target: float) -> list[float]:
+    return [smoothed_crossing(*curve(s), target) for s in runs]
+
+
+def _finals(runs: list[dict[str, Any]]) -> list[float]:
+    return [final_mean(curve(s)[1]) for s in runs]
+
+
+def task_evidence(
+    results: dict[str, list[dict[str, Any]]], baseline: str, seed: int = 0
+) -> dict[str, Any]:
+    """Per variant on one task: the raw per-run figures and their intervals against
+    `baseline` (see the module docstring)."""
+    base = results[baseline]
+    g = robust_gain_targets(base)
+    target, takeoff_at = g["targets"][HEADLINE], g["start"] + TAKEOFF * g["gain"]
+    budget = statistics.median(float(s["rollouts_generated"]) for s in base)
+    b_cross, b_final = _crossings(base, target), _finals(base)
+    out: dict[str, Any] = {
+        "target": target,
+        "budget": budget,
+        "eval_prompts": min(
+            int(s.get("num_eval_prompts") or 0) for rs in results.values() for s in rs
+        ),
+        "variants": {},
+    }
+    for name, runs in results.items():
+        cross, finals = _crossings(runs, target), _finals(runs)
+        took = sum(math.isfinite(x) for x in _crossings(runs, takeoff_at))
+        row: dict[str, Any] = {
+            "crossings": cross,
+            "finals": finals,
+            "takeoff": takeoff_interval(took, len(runs)),
+            "blocks": sorted({block_of(s) for s in runs}),
+        }
+        if name != baseline:
+            row["ratio"] = crossing_ratio_interval(cross, b_cross, budget, seed=seed)
+            row["difference"] = final_difference_interval(finals, b_final, seed=seed)
+            row["claim"] = claim(row["ratio"], row["difference"])
+            if name == PLACEBO:
+                row["placebo_consistent"] = placebo_consistent(row["ratio"], row["difference"])
+        out["variants"][name] = row
+    return out
+
+
+def across_tasks(per_task: dict[str, dict[str, Any]], baseline: str, seed: int = 0) -> dict:
+    """Per variant run on every task: median over tasks of the rollouts ratio, mean final
+    difference and the probability of improvement, each with a stratified bootstrap interval
+    over seeds (tasks fixed)."""
+    names = [n for n in next(iter(per_task.values()))["variants"] if n != baseline]
+    out: dict[str, Any] = {}
+    for name in names:
+        tasks = [t for t, e in per_task.items() if name in e["variants"]]
+        if len(tasks) < len(per_task):
+            continue  # not run on every task: no figure over tasks
+        rows = [(per_task[t]["variants"][name], per_task[t]["variants"][baseline]) for t in tasks]
+        cross = [(v["crossings"], b["crossings"]) for v, b in rows]
+        finals = [(v["finals"], b["finals"]) for v, b in rows]
+        budgets = [per_task[t]["budget"] for t in tasks]
+        ratio = ratio_over_tasks_interval(cross, budgets, seed=seed)
+        diff = difference_over_tasks_interval(finals, seed=seed)
+        out[name] = {
+            "tasks": tasks,
+            "ratio": ratio,
+            "difference": diff,
+            "probability_of_improvement": probability_of_improvement(finals, seed=seed),
+            "claim": claim(ratio, diff),
+        }
+        if name == PLACEBO:
+            out[name]["placebo_consistent"] = placebo_consistent(ratio, diff)
+    return out
+
+
+def _iv(d: dict[str, float], fmt: Callable[[float], str]) -> str:
+    if math.isnan(d["low"]):
+        return f"{fmt(d['estimate'])} (one run: no interval)"
+    return f"{fmt(d['estimate'])} [{fmt(d['low'])}, {fmt(d['high'])}]"
+
+
+def _x(v: float) -> str:
+    return "never" if math.isinf(v) else f"{v:.2f}x"
+
+
+def _pp(v: float) -> str:
+    return f"{v:+.3f}"
+
+
+def _share(v: float) -> str:
+    return f"{v:.2f}"
+
+
+def _placebo_cell(ok: bool | None) -> str:
+    return {True: "yes", False: "NO", None: "n/a"}[ok]
+
+
+def evidence_table(
+    per_task: dict[str, dict[str, Any]],
+    over: dict[str, Any],
+    baseline: str,
+    blocks: dict[tuple[str, str], str],
+    rule: str | None = None,
+) -> str:
+    """Markdown: per task and over tasks, each variant against `baseline` with intervals and
+    claims; the placebo's check; the blocks the rows come from."""
+    lvl = f"{LEVEL:.0%}"
+    lines = [
+        f"Against `{baseline}`" + (f" ({rule})" if rule else "") + f", {lvl} intervals "
+        "(scipy bootstrap over seeds, percentile; take-off: exact binomial). Rollouts ratio: "
+        "median generated rollouts until the 3-eval trailing mean reaches 90% of the "
+        "baseline's gain, over the baseline's (runs that never reach it count as never, not "
+        "dropped). Final difference: each run's mean of its last 3 evaluations, mean over "
+        f"runs, minus the baseline's. Take-off: runs reaching {TAKEOFF:.0%} of the gain.",
+        "",
+        RULE,
+        "",
+        "| task | variant | block | rollouts ratio | final difference | take-off | claim | "
+        "placebo looks like noise |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for task, ev in per_task.items():
+        for name, r in ev["variants"].items():
+            block = ",".join(blocks.get(tuple(b), "?") for b in r["blocks"])
+            take = _iv(r["takeoff"], _share)
+            if name == baseline:
+                lines.append(f"| {task} | {name} (baseline) | {block} | 1 | 0 | {take} | | |")
+                continue
+            placebo = _placebo_cell(r.get("placebo_consistent")) if name == PLACEBO else ""
+            lines.append(
+                f"| {task} | {name} | {block} | {_iv(r['ratio'], _x)} | "
+                f"{_iv(r['difference'], _pp)} | {take} | {r['claim']} | {placebo} |"
+            )
+    for name, r in over.items():
+        placebo = _placebo_cell(r.get("placebo_consistent")) if name == PLACEBO else ""
+        lines.append(
+            f"| **over {len(r['tasks'])} tasks** | {name} | | {_iv(r['ratio'], _x)} (median) "
+            f"| {_iv(r['difference'], _pp)} (mean) | P(improvement) "
+            f"{_iv(r['probability_of_improvement'], _share)} | {r['claim']} | {placebo} |"
+        )
+    prompts = min(ev["eval_prompts"] for ev in per_task.values())
+    if 0 < prompts < MIN_EVAL_PROMPTS:
+        lines += [
+            "",
+            f"Evaluations on {prompts} prompts: below the {MIN_EVAL_PROMPTS} these claims "
+            "assume (one evaluation's binomial error is wider than the no-loss margin).",
+        ]
+    lines += ["", "Blocks (machine, commit):"]
+    lines += [f"- {b}: {m}, commit {c}" for (m, c), b in blocks.items()]
+    return "\n".join(lines) + "\n"

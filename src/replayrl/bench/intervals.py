@@ -1,0 +1,254 @@
+"""Intervals and rule-based claims for a method against its baseline (Agarwal et al., NeurIPS
+2021, "Deep RL at the edge of the statistical precipice": per-task intervals, a stratified
+bootstrap over seeds, the probability of improvement).
+
+Resampling is scipy.stats.bootstrap's (percentile method, two independent samples per task:
+the method's seeds and the baseline's). The interval's ends are read from scipy's bootstrap
+distribution as observed values (`inverted_cdf`), so that a resample whose median never
+crosses (+inf) gives +inf instead of an interpolated NaN.
+
+Censoring (runs that never reach the target are kept, not dropped): a run that never crosses
+counts as +inf rollouts, and a median over seeds is +inf when at least half of them never
+cross. The ratio of medians is then:
+
+- the method's median is +inf: +inf (no saving can be shown);
+- only the baseline's median is +inf: the method's median over the baseline's budget (its
+  generated rollouts): the baseline needs more than its budget, so this is an upper bound
+  of the true ratio, never an optimistic one.
+
+Claims follow `claim` (see its docstring); the across-task figures resample seeds within
+each task (stratified, as rliable's StratifiedBootstrap) with the tasks fixed.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+LEVEL = 0.9  # two-sided: 5% below, 5% above
+RESAMPLES = 4000
+NO_LOSS = 0.02  # "no loss": the final difference's lower end is at least -0.02
+Pair = tuple[Sequence[float], Sequence[float]]  # (method's values, baseline's values)
+
+
+def _stats() -> Any:
+    try:
+        import scipy.stats
+    except ImportError as exc:  # a clear message, not a bare ModuleNotFoundError
+        raise ImportError(
+            "intervals need scipy: pip install 'replayrl[bench]' (or pip install scipy)"
+        ) from exc
+    return scipy.stats
+
+
+def _median_ratio(v: np.ndarray, b: np.ndarray, budget: float) -> np.ndarray:
+    """median(v) / median(b) over the last axis with the censoring rule of the module."""
+    mv, mb = np.median(v, axis=-1), np.median(b, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(np.isinf(mv), np.inf, mv / np.where(np.isinf(mb), budget, mb))
+
+
+def ratio_of_medians(variant: Sequence[float], baseline: Sequence[float], budget: float) -> float:
+    """Point estimate: the method's median rollouts to the target over the baseline's
+    (+inf marks a run that never crossed; see the module docstring)."""
+    v, b = _finite_or_inf(variant), _finite_or_inf(baseline)
+    return float(_median_ratio(v, b, budget))
+
+
+def _finite_or_inf(xs: Sequence[float]) -> np.ndarray:
+    a = np.asarray([math.inf if x is None else float(x) for x in xs], dtype=float)
+    if a.size == 0 or np.isnan(a).any():
+        raise ValueError(f"need at least one value and no NaN, got {list(xs)}")
+    return a
+
+
+def _interval(
+    samples: list[np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    level: float,
+    n_resamples: int,
+    seed: int,
+) -> tuple[float, float, float]:
+    """(estimate, low, high): scipy's percentile bootstrap, each sample resampled on its own."""
+    estimate = float(statistic(*samples, axis=-1))
+    if any(s.size < 2 for s in samples):
+        return estimate, math.nan, math.nan  # one run cannot be resampled: no interval
+    if all(s.size == 1 or np.all(s == s[0]) for s in samples):
+        return estimate, estimate, estimate  # nothing varies: every resample is the estimate
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # inf in a resample: scipy's own ends may be NaN
+        res = _stats().bootstrap(
+            tuple(samples),
+            statistic,
+            n_resamples=n_resamples,
+            paired=False,
+            vectorized=True,
+            method="percentile",
+            confidence_level=level,
+            rng=np.random.default_rng(seed),
+        )
+    dist = np.asarray(res.bootstrap_distribution, dtype=float)
+    dist = np.where(np.isnan(dist), np.inf, dist)  # undefined resample: the worse end
+    alpha = (1 - level) / 2
+    low = float(np.quantile(dist, alpha, method="inverted_cdf"))
+    high = float(np.quantile(dist, 1 - alpha, method="inverted_cdf"))
+    return estimate, low, high
+
+
+def _as_dict(t: tuple[float, float, float]) -> dict[str, float]:
+    return {"estimate": t[0], "low": t[1], "high": t[2]}
+
+
+def crossing_ratio_interval(
+    variant: Sequence[float],
+    baseline: Sequence[float],
+    budget: float,
+    level: float = LEVEL,
+    n_resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Ratio of median rollouts to the target (method / baseline) with a `level` interval;
+    never-crossing runs are +inf (censored, see the module docstring)."""
+    v, b = _finite_or_inf(variant), _finite_or_inf(baseline)
+    stat = lambda v, b, axis=-1: _median_ratio(v, b, budget)  # noqa: E731
+    return _as_dict(_interval([v, b], stat, level, n_resamples, seed))
+
+
+def final_difference_interval(
+    variant: Sequence[float],
+    baseline: Sequence[float],
+    level: float = LEVEL,
+    n_resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Mean final accuracy (each run's mean of its last evaluations) of the method minus the
+    baseline's, with a `level` interval."""
+    v, b = np.asarray(variant, dtype=float), np.asarray(baseline, dtype=float)
+    stat = lambda v, b, axis=-1: v.mean(axis=axis) - b.mean(axis=axis)  # noqa: E731
+    return _as_dict(_interval([v, b], stat, level, n_resamples, seed))
+
+
+def takeoff_interval(taken_off: int, runs: int, level: float = LEVEL) -> dict[str, float]:
+    """Share of runs that take off, with the exact (Clopper-Pearson) binomial interval."""
+    if not 0 <= taken_off <= runs or runs < 1:
+        raise ValueError(f"need 0 <= taken_off <= runs and runs >= 1, got {taken_off}/{runs}")
+    ci = _stats().binomtest(taken_off, runs).proportion_ci(confidence_level=level, method="exact")
+    return {"estimate": taken_off / runs, "low": float(ci.low), "high": float(ci.high)}
+
+
+def _prob_greater(v: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """P(X > Y) + P(X = Y) / 2 for X from v, Y from b (the Mann-Whitney U over n m)."""
+    gt = (v[..., :, None] > b[..., None, :]).mean(axis=(-2, -1))
+    eq = (v[..., :, None] == b[..., None, :]).mean(axis=(-2, -1))
+    return gt + 0.5 * eq
+
+
+def _per_task(
+    pairs: list[Pair], f: Callable[[np.ndarray, np.ndarray], np.ndarray], over: str
+) -> tuple[list[np.ndarray], Callable[..., np.ndarray]]:
+    """Flattened samples [v1, b1, v2, b2, ...] and a statistic combining f over tasks."""
+    if not pairs:
+        raise ValueError("need at least one task")
+    samples = [a for v, b in pairs for a in (_finite_or_inf(v), _finite_or_inf(b))]
+    combine = np.median if over == "median" else np.mean
+
+    def stat(*xs: np.ndarray, axis: int = -1) -> np.ndarray:
+        vals = [f(xs[2 * i], xs[2 * i + 1]) for i in range(len(xs) // 2)]
+        return combine(np.stack(vals, axis=0), axis=0)
+
+    return samples, stat
+
+
+def probability_of_improvement(
+    pairs: list[Pair], level: float = LEVEL, n_resamples: int = RESAMPLES, seed: int = 0
+) -> dict[str, float]:
+    """Mean over tasks of P(method's final > baseline's final) (ties count half), with a
+    stratified bootstrap interval over seeds (Agarwal et al. 2021, probability of
+    improvement); 0.5: no difference."""
+    samples, stat = _per_task(pairs, _prob_greater, "mean")
+    return _as_dict(_interval(samples, stat, level, n_resamples, seed))
+
+
+def ratio_over_tasks_interval(
+    pairs: list[Pair],
+    budgets: Sequence[float],
+    level: float = LEVEL,
+    n_resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Median over tasks of the per-task ratio of median rollouts to the target, with a
+    stratified bootstrap interval over seeds (tasks fixed)."""
+    if len(budgets) != len(pairs):
+        raise ValueError(f"{len(pairs)} tasks but {len(budgets)} budgets")
+    samples = [a for v, b in pairs for a in (_finite_or_inf(v), _finite_or_inf(b))]
+
+    def stat(*xs: np.ndarray, axis: int = -1) -> np.ndarray:
+        vals = [_median_ratio(xs[2 * i], xs[2 * i + 1], m) for i, m in enumerate(budgets)]
+        return np.median(np.stack(vals, axis=0), axis=0)
+
+    return _as_dict(_interval(samples, stat, level, n_resamples, seed))
+
+
+def difference_over_tasks_interval(
+    pairs: list[Pair], level: float = LEVEL, n_resamples: int = RESAMPLES, seed: int = 0
+) -> dict[str, float]:
+    """Mean over tasks of the per-task final difference, stratified bootstrap over seeds."""
+    diff = lambda v, b: v.mean(axis=-1) - b.mean(axis=-1)  # noqa: E731
+    samples, stat = _per_task(pairs, diff, "mean")
+    return _as_dict(_interval(samples, stat, level, n_resamples, seed))
+
+
+def fewer_rollouts_factor(ratio_high: float) -> float | None:
+    """The k of "k times fewer rollouts" the interval supports: the largest k (one decimal,
+    rounded down) with upper end <= 1/k; None when it supports no k > 1."""
+    if not math.isfinite(ratio_high) or ratio_high <= 0:
+        return None
+    k = math.floor(10 / ratio_high + 1e-9) / 10
+    return k if k > 1 else None
+
+
+def claim(ratio: dict[str, float] | None, difference: dict[str, float]) -> str:
+    """The rule, printed under every table:
+
+    - "k x fewer rollouts" only when the ratio interval's upper end is <= 1/k (k > 1);
+    - "more rollouts" when its lower end is above 1;
+    - "no loss" only when the final difference's lower end is >= -NO_LOSS;
+    - "lower final" when its upper end is below 0;
+    - otherwise "not resolved" for that part.
+    """
+    parts = []
+    if ratio is not None:
+        k = fewer_rollouts_factor(ratio["high"])
+        if k is not None:
+            parts.append(f"{k:g}x fewer rollouts")
+        elif ratio["low"] > 1:
+            parts.append("more rollouts")
+        else:
+            parts.append("saving not resolved")
+    if difference["low"] >= -NO_LOSS - 1e-12:
+        parts.append("no loss")
+    elif difference["high"] < 0:
+        parts.append("lower final")
+    else:
+        parts.append("loss not resolved")
+    return "; ".join(parts)
+
+
+RULE = (
+    f'Claims: "k x fewer rollouts" only when the {LEVEL:.0%} interval of the rollouts ratio '
+    'has its upper end <= 1/k; "more rollouts" when its lower end is above 1; "no loss" '
+    f'only when the final difference\'s lower end is >= -{NO_LOSS:g}; "lower final" when its '
+    "upper end is below 0; otherwise not resolved."
+)
+
+
+def placebo_consistent(ratio: dict[str, float], difference: dict[str, float]) -> bool | None:
+    """A placebo (the baseline again on other sampling seeds) must look like noise: its ratio
+    interval contains 1 and its final-difference interval contains 0 (None: no interval)."""
+    if any(math.isnan(x) for x in (ratio["low"], difference["low"])):
+        return None
+    return ratio["low"] <= 1 <= ratio["high"] and difference["low"] <= 0 <= difference["high"]

@@ -1,0 +1,201 @@
+"""The suite's evidence table: blocks, placebo, the baseline rule, per-run records, pinned
+warm starts; the figures by hand on test_bench's curves."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from replayrl.bench.baseline import choose_baseline, strongest  # noqa: E402
+from replayrl.bench.evidence import run_record, task_evidence, write_run_record  # noqa: E402
+from replayrl.bench.suite import load_suite, summarise, variant_config  # noqa: E402
+from replayrl.config.schema import ConfigError, load_config  # noqa: E402
+from test_bench import GAIN_RESULTS, GAIN_SUITE  # noqa: E402
+
+
+def _with_provenance(machine: str = "m1", commit: str = "c1", sha: str = "w1") -> dict:
+    results = copy.deepcopy(GAIN_RESULTS)
+    for runs in results.values():
+        for s in runs:
+            s["provenance"] = {
+                "machine_id": machine,
+                "cpu_model": "cpu",
+                "commit": commit,
+                "dirty": False,
+                "warmstart_sha256": sha,
+            }
+            s["num_eval_prompts"] = 500
+    return results
+
+
+def test_evidence_figures_by_hand() -> None:
+    ev = task_evidence(_with_provenance(), "grpo")
+    # grpo's robust target 0.7475 (test_bench): 3-eval means reach it at 400 and 400, replay's
+    # at 150 and 200; replay's resampled medians 150 / 175 / 200 (1/4, 1/2, 1/4) over 400
+    replay = ev["variants"]["replay"]
+    assert replay["ratio"]["estimate"] == pytest.approx(175 / 400)
+    assert replay["ratio"]["low"] == pytest.approx(150 / 400)
+    assert replay["ratio"]["high"] == pytest.approx(200 / 400)
+    # finals (mean of last 3): replay 0.87, 0.8367; grpo 0.7833, 0.8333: +0.045; the ends
+    # are the extreme resamples (each 1/16 > 5%): 0.8367 - 0.8333 and 0.87 - 0.7833
+    assert replay["difference"]["estimate"] == pytest.approx(0.045, abs=1e-9)
+    assert replay["difference"]["low"] == pytest.approx(0.83667 - 0.83333, abs=1e-4)
+    assert replay["difference"]["high"] == pytest.approx(0.87 - 0.78333, abs=1e-4)
+    assert replay["claim"] == "2x fewer rollouts; no loss"
+    auto = ev["variants"]["replay-auto"]  # trailing means top out at 0.63: never
+    assert auto["ratio"]["estimate"] == math.inf and auto["claim"] == "more rollouts; lower final"
+    # take-off at 50% of the gain (0.504): both runs; exact interval [0.05^(1/2), 1]
+    assert auto["takeoff"]["low"] == pytest.approx(0.05**0.5) and auto["takeoff"]["high"] == 1
+
+
+def test_table_refuses_runs_from_two_machines_unless_mixed(tmp_path: Path) -> None:
+    results = _with_provenance()
+    results["replay"][1]["provenance"]["machine_id"] = "m2"
+    with pytest.raises(ConfigError, match="more than one machine or commit"):
+        summarise(GAIN_SUITE, results, [0, 1], tmp_path, quick=False)
+    summarise({**GAIN_SUITE, "mixed": True}, results, [0, 1], tmp_path, quick=False)
+    table = (tmp_path / "table.md").read_text()
+    assert "| g | replay | A,B |" in table and "| g | grpo (baseline) | A |" in table
+    assert "- B: cpu (m2), commit c1" in table
+
+
+def test_table_refuses_two_warm_starts_and_a_dirty_commit_is_its_own_block(
+    tmp_path: Path,
+) -> None:
+    results = _with_provenance()
+    results["grpo"][0]["provenance"]["warmstart_sha256"] = "w2"
+    with pytest.raises(ConfigError, match="2 different warm starts"):
+        summarise(GAIN_SUITE, results, [0, 1], tmp_path, quick=False)
+    results = _with_provenance()
+    results["grpo"][0]["provenance"]["dirty"] = True
+    with pytest.raises(ConfigError, match=r"c1\+dirty"):
+        summarise(GAIN_SUITE, results, [0, 1], tmp_path, quick=False)
+
+
+def test_table_states_the_rule_and_no_internal_goals(tmp_path: Path) -> None:
+    summarise(GAIN_SUITE, _with_provenance(), [0, 1], tmp_path, quick=False)
+    table = (tmp_path / "table.md").read_text()
+    assert 'Claims: "k x fewer rollouts" only when the 90% interval' in table
+    assert "| g | replay | A | 0.44x [0.38x, 0.50x] | +0.045 [+0.003, +0.087] |" in table
+    assert "target <=" not in table and "not met" not in table
+
+
+def _suite_file(tmp_path: Path, extra: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "baseline: a\n" + extra + "variants:\n"
+        "  a: {config: grpo}\n  b: {config: grpo, overrides: [train.lr=2.0e-4]}\n"
+        "  c: {config: grpo, overrides: [train.lr=3.0e-4]}\n"
+    )
+    return path
+
+
+def test_placebo_is_the_baseline_on_other_sampling_seeds(tmp_path: Path) -> None:
+    suite = load_suite(str(_suite_file(tmp_path, "placebo: true\n")))
+    assert list(suite["variants"])[-1] == "placebo"
+    cfg = variant_config(suite, "placebo", 2, tmp_path)
+    base = variant_config(suite, "a", 2, tmp_path)
+    assert cfg.train.seed == 1002 and base.train.seed == 2
+    assert cfg.logging.name == "placebo-s2"
+    assert cfg.train.lr == base.train.lr and cfg.train.steps == base.train.steps
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("placebo: true\nvariants:\n  a: {config: grpo}\n  placebo: {config: grpo}\n")
+    with pytest.raises(ConfigError, match="rename yours"):
+        load_suite(str(bad))
+
+
+def _tuning_row(final: float, rollouts: float) -> dict:
+    return {"robust": {"final_mean": {"median": final}, "to_gain": {"0.9": {"rollouts": {
+        "median": rollouts}}}}}  # fmt: skip
+
+
+def test_strongest_setting_rule() -> None:
+    rows = {"g.x": _tuning_row(0.95, 2000), "g.y": _tuning_row(0.945, 1500), "g.z": _tuning_row(
+        0.99, 2500)}  # fmt: skip
+    assert strongest(rows, ["g.x", "g.y", "g.z"]) == "g.z"  # 0.04 above the others
+    rows["g.x"] = _tuning_row(0.985, 1000)  # within 0.01 of the best and faster
+    assert strongest(rows, ["g.x", "g.y", "g.z"]) == "g.x"
+    with pytest.raises(ConfigError, match="no"):
+        strongest(rows, ["g.x", "g.missing"])
+
+
+def test_baseline_choice_reads_tuning_results_and_refuses_a_stale_baseline(
+    tmp_path: Path,
+) -> None:
+    tuning = tmp_path / "tuning.json"
+    rows = {"t.1": _tuning_row(0.9, 1000), "t.2": _tuning_row(0.99, 3000), "t.3": _tuning_row(
+        0.95, 500)}  # fmt: skip
+    tuning.write_text(json.dumps({"variants": rows}))
+    choice = (
+        f"baseline_choice:\n  tuning_results: {tuning}\n  settings: {{t.1: a, t.2: b, t.3: c}}\n"
+    )
+    with pytest.raises(ConfigError, match="disagrees with the rule"):
+        load_suite(str(_suite_file(tmp_path, choice)))
+    path = _suite_file(tmp_path, choice + "placebo: true\n")
+    path.write_text(path.read_text().replace("baseline: a", "baseline: b"))
+    suite = load_suite(str(path))
+    assert suite["baseline"] == "b" and "strongest of 3" in suite["baseline_rule"]
+    assert suite["variants"]["placebo"]["overrides"] == ["train.lr=2.0e-4"]  # b's
+    # the shipped held-out suite: the committed tuning results pick the GRPO preset
+    assert load_suite("heldout")["baseline"] == "grpo-p16"
+    suite = {"baseline": "a", "path": str(path), "variants": {"a": {}}}
+    suite["baseline_choice"] = {"settings": {"t.1": "a"}}
+    with pytest.raises(ConfigError, match="at least 3"):
+        choose_baseline(suite)
+
+
+def test_run_record_is_small_and_keeps_curve_and_provenance(tmp_path: Path) -> None:
+    s = _with_provenance()["replay"][0]
+    s["model_path"] = s["provenance"]["warmstart_path"] = "/home/someone/.cache/x"
+    path = write_run_record(tmp_path, run_record(s, "sub6", "replay", 3))
+    assert path == tmp_path / "sub6" / "replay-s3.json"
+    rec = json.loads(path.read_text())
+    assert rec["provenance"]["machine_id"] == "m1" and rec["seed"] == 3
+    assert [e["eval/accuracy"] for e in rec["evals"]] == [0.2, 0.6, 0.85, 0.88, 0.88]
+    assert rec["evals"][2]["rollouts_generated"] == 100
+    assert "/home/someone" not in path.read_text()  # no local paths in a committed record
+
+
+def test_pinned_warmstart_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replayrl.records.provenance import weights_sha256
+    from replayrl.run.warmstart import pinned_warmstart
+    from test_provenance import TINY_WARMSTART as tiny
+
+    cfg = load_config("grpo", tiny)
+    pin = tmp_path / "pinned" / "task"
+    monkeypatch.setenv("REPLAYRL_CACHE", str(tmp_path / "cache1"))
+    built = pinned_warmstart(cfg.model, cfg.task, pin, export=True, log=lambda _: None)
+    assert (pin / "warmstart.json").is_file() and built["sha256"] == weights_sha256(pin)
+    assert not [f for f in pin.iterdir() if f.suffix in {".bin", ".pt", ".pkl"}]
+    # another machine: an empty cache gets exactly the pinned weights
+    monkeypatch.setenv("REPLAYRL_CACHE", str(tmp_path / "cache2"))
+    loaded = pinned_warmstart(cfg.model, cfg.task, pin, log=lambda _: None)
+    assert loaded == built
+    cached = tmp_path / "cache2" / "warmstart" / built["key"]
+    assert weights_sha256(cached) == built["sha256"]
+    # another config's pin, or tampered weights: refused
+    other = load_config("grpo", [*tiny, "model.warmstart.steps=3"])
+    with pytest.raises(ValueError, match="another config"):
+        pinned_warmstart(other.model, other.task, pin, log=lambda _: None)
+    weights = next(pin.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    with pytest.raises(ValueError, match="do not match"):
+        pinned_warmstart(cfg.model, cfg.task, pin, log=lambda _: None)
+
+
+def test_heldout_suite_evaluates_500_prompts_on_every_task(tmp_path: Path) -> None:
+    from replayrl.bench.evidence import MIN_EVAL_PROMPTS
+    from replayrl.rollout.evaluation import held_out_rows
+    from replayrl.rollout.tasks import task_from_config
+
+    suite = load_suite("heldout")
+    for task in suite["tasks"]:
+        cfg = variant_config(suite, suite["baseline"], 0, tmp_path, task=task)
+        # eval.num_prompts alone is capped by the task's eval split (200 by default)
+        assert len(held_out_rows(cfg, task_from_config(cfg.task))) >= MIN_EVAL_PROMPTS, task

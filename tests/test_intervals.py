@@ -1,0 +1,116 @@
+"""Intervals and claims against the baseline: hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from replayrl.bench.intervals import (  # noqa: E402
+    claim,
+    crossing_ratio_interval,
+    difference_over_tasks_interval,
+    fewer_rollouts_factor,
+    final_difference_interval,
+    placebo_consistent,
+    probability_of_improvement,
+    ratio_of_medians,
+    ratio_over_tasks_interval,
+    takeoff_interval,
+)
+
+INF = math.inf
+
+
+def test_ratio_of_medians_censors_instead_of_dropping() -> None:
+    # medians 200 / 300
+    assert ratio_of_medians([100, 200, INF], [200, 300, 400], 1000) == pytest.approx(2 / 3)
+    # dropping the never-crossing runs would give median 100: a saving that is not there
+    assert ratio_of_medians([INF, INF, 100], [200, 300, 400], 1000) == INF
+    # only the baseline's median never crosses: divided by its budget (an upper bound)
+    assert ratio_of_medians([100, 100, 100], [INF, INF, 100], 1000) == pytest.approx(0.1)
+    assert ratio_of_medians([INF, INF], [INF, INF], 1000) == INF
+    with pytest.raises(ValueError, match="no NaN"):
+        ratio_of_medians([math.nan], [1.0], 10)
+
+
+def test_final_difference_interval_two_point_sample() -> None:
+    # method [1, 3]: a resampled mean is 1, 2 or 3 with probability 1/4, 1/2, 1/4; the
+    # baseline [2, 2] always 2: differences -1, 0, +1, so the 5% and 95% ends are -1 and +1
+    d = final_difference_interval([1.0, 3.0], [2.0, 2.0], n_resamples=4000, seed=1)
+    assert d == {"estimate": 0.0, "low": -1.0, "high": 1.0}
+    const = final_difference_interval([0.5, 0.5], [0.4, 0.4])
+    assert const["estimate"] == pytest.approx(0.1)
+    assert const["low"] == pytest.approx(0.1) and const["high"] == pytest.approx(0.1)
+
+
+def test_crossing_ratio_interval_keeps_never_as_infinite_upper_end() -> None:
+    # medians of 3 resampled from [100, 200, inf]: inf with probability
+    # P(at least 2 of 3 draws are inf) = 3 (1/3)^2 (2/3) + (1/3)^3 = 7/27 > 5%
+    r = crossing_ratio_interval([100, 200, INF], [200, 200, 200], 1000, seed=2)
+    assert r["estimate"] == pytest.approx(1.0)
+    assert r["high"] == INF
+    assert r["low"] == pytest.approx(0.5)  # all three draws 100: (1/3)^3 + ... > 5%
+
+
+def test_takeoff_interval_is_clopper_pearson() -> None:
+    # exact ends at 90%: 0 of 5 -> [0, 1 - 0.05^(1/5)], 5 of 5 -> [0.05^(1/5), 1]
+    none = takeoff_interval(0, 5)
+    assert none["low"] == 0.0 and none["high"] == pytest.approx(1 - 0.05 ** (1 / 5))
+    every = takeoff_interval(5, 5)
+    assert every["low"] == pytest.approx(0.05 ** (1 / 5)) and every["high"] == 1.0
+    assert takeoff_interval(3, 5)["estimate"] == 0.6
+    with pytest.raises(ValueError):
+        takeoff_interval(6, 5)
+
+
+def test_probability_of_improvement_counts_ties_half() -> None:
+    # task 1: 1 > 0.5 and 2 > 0.5: P = 1; task 2: 0.3 vs 0.3 ties: P = 0.5; mean 0.75
+    p = probability_of_improvement([([1.0, 2.0], [0.5, 0.5]), ([0.3, 0.3], [0.3, 0.3])])
+    assert p["estimate"] == pytest.approx(0.75)
+    assert p["low"] == pytest.approx(0.75) and p["high"] == pytest.approx(0.75)
+    p2 = probability_of_improvement([([1.0, 2.0], [1.5, 1.5])], seed=3)
+    assert p2["estimate"] == pytest.approx(0.5)  # one of two above
+    assert p2["low"] == 0.0 and p2["high"] == 1.0  # resamples [1, 1] and [2, 2]: 1/4 each
+
+
+def test_over_tasks_figures() -> None:
+    pairs = [([100, 100], [200, 200]), ([300, 300], [300, 300]), ([50, 50], [200, 200])]
+    r = ratio_over_tasks_interval(pairs, [1000, 1000, 1000])
+    assert r == {"estimate": 0.5, "low": 0.5, "high": 0.5}  # median of 0.5, 1, 0.25
+    d = difference_over_tasks_interval([([0.6, 0.6], [0.5, 0.5]), ([0.5, 0.5], [0.5, 0.5])])
+    assert d["estimate"] == pytest.approx(0.05)
+    with pytest.raises(ValueError):
+        ratio_over_tasks_interval(pairs, [1000])
+
+
+def test_claims_follow_the_rule() -> None:
+    assert fewer_rollouts_factor(0.5) == 2.0
+    assert fewer_rollouts_factor(0.34) == 2.9  # 1 / 0.34 = 2.94, rounded down
+    assert fewer_rollouts_factor(0.96) is None  # 1.04 rounds down to 1.0: no claim
+    assert fewer_rollouts_factor(INF) is None
+    ok = {"estimate": 0.0, "low": -0.02, "high": 0.03}
+    assert claim({"estimate": 0.4, "low": 0.3, "high": 0.5}, ok) == "2x fewer rollouts; no loss"
+    miss = {"estimate": 0.0, "low": -0.021, "high": 0.03}
+    assert claim({"estimate": 0.8, "low": 0.5, "high": 1.2}, miss) == (
+        "saving not resolved; loss not resolved"
+    )
+    low = {"estimate": -0.1, "low": -0.15, "high": -0.01}
+    assert claim({"estimate": 2, "low": 1.5, "high": INF}, low) == "more rollouts; lower final"
+
+
+def test_placebo_must_contain_one_and_zero() -> None:
+    assert placebo_consistent({"low": 0.8, "high": 1.3}, {"low": -0.03, "high": 0.02})
+    assert not placebo_consistent({"low": 0.5, "high": 0.9}, {"low": -0.03, "high": 0.02})
+    assert not placebo_consistent({"low": 0.8, "high": 1.3}, {"low": 0.01, "high": 0.05})
+
+
+def test_one_run_gives_no_interval_and_no_claim() -> None:
+    d = final_difference_interval([0.5], [0.4, 0.6])
+    assert d["estimate"] == pytest.approx(0.0) and math.isnan(d["low"]) and math.isnan(d["high"])
+    r = crossing_ratio_interval([100], [200, 300], 1000)
+    assert r["estimate"] == pytest.approx(0.4) and math.isnan(r["high"])
+    assert claim(r, d) == "saving not resolved; loss not resolved"
+    assert placebo_consistent(r, d) is None
