@@ -60,7 +60,6 @@ def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -
     """Rank `rank`: shard, one step per batch on its half (saving the full state after the
     first), then a fresh sharded learner resumed from that state takes the second step."""
     from safetensors.torch import save_file
-
     from torch.distributed.tensor import DTensor
 
     from replayrl.distributed import fsdp

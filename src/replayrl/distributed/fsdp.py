@@ -123,18 +123,33 @@ def full_learner_state(learner: Any) -> dict[str, object]:
     """`learner.state_dict()` with the optimizer state gathered to full tensors (keyed by
     parameter name), as a checkpoint stores it."""
     state = learner.state_dict()
-    state["optimizer"] = get_optimizer_state_dict(learner.model, learner.optimizer, options=_FULL)
+    optim: Any = get_optimizer_state_dict(learner.model, learner.optimizer, options=_FULL)
+    # copies: the unsharded entries (each parameter's step count) are the live tensors
+    state["optimizer"] = {
+        "state": {
+            name: {
+                k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
+                for k, v in s.items()
+            }
+            for name, s in optim["state"].items()
+        },
+        "param_groups": [dict(g) for g in optim["param_groups"]],
+    }
     return state
 
 
 def load_full_learner_state(learner: Any, state: dict[str, object]) -> None:
     """Restore `full_learner_state` output into a sharded learner: each rank keeps its part."""
-    set_optimizer_state_dict(
-        learner.model, learner.optimizer, optim_state_dict=state["optimizer"], options=_FULL
-    )
+    full: Any = state["optimizer"]
+    # torch swaps the given tensors for sharded ones in place: hand it copies of the mappings
+    optim = {
+        "state": {name: dict(s) for name, s in full["state"].items()},
+        "param_groups": [dict(g) for g in full["param_groups"]],
+    }
+    set_optimizer_state_dict(learner.model, learner.optimizer, optim, options=_FULL)
     learner.load_state_dict({**state, "optimizer": learner.optimizer.state_dict()})
 
 
 def load_full_model(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Full tensors (an HF folder's weights) into a sharded policy: each rank keeps its part."""
-    set_model_state_dict(model, state, options=_FULL)
+    set_model_state_dict(model, dict(state), options=_FULL)  # dict(): see above
