@@ -146,3 +146,10 @@ def test_sharded_step_equals_unsharded_and_resumes_exactly(
     two = load_file(str(tmp_path / "step2.safetensors"))
     for k, v in resumed.items():
         assert torch.equal(v, two[k]), k  # resume from the gathered state is exact
+
+
+@pytest.mark.parametrize("runtime", ["sync", "async-local", "ray"])
+def test_sharding_is_refused_where_no_runtime_runs_it(runtime: str) -> None:
+    assert load_config(None, [f"runtime={runtime}"]).train.sharding == "none"
+    with pytest.raises(ValueError, match="train.sharding=fsdp: runtime=.* does not run"):
+        load_config(None, [f"runtime={runtime}", "train.sharding=fsdp"])
