@@ -17,6 +17,7 @@ from replayrl.data.rollout import Rollout
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import build_tiny_model
 from replayrl.rollout.generation import HFGenerator, SamplingParams
+from tiny import as_rollouts
 
 WORLD = 2
 # lr 1e-4 (the default): Adam's first step is lr * g / (|g| + eps), so a gradient element
@@ -39,21 +40,7 @@ def rollouts(model, char_tokenizer) -> list[Rollout]:
     torch.manual_seed(5)
     prompts = ["1+2=", "12+34=", "7+80=", "5+5=", "40+2=", "9+19="]
     samples = gen.generate(prompts, 4, SamplingParams(max_new_tokens=5))
-    rng = np.random.default_rng(0)
-    return [
-        Rollout(
-            prompt_ids=s.prompt_ids,
-            completion_ids=s.completion_ids,
-            behaviour_logprobs=s.logprobs,
-            reward=float(i % 2),
-            advantage=float(rng.normal()),
-            correct=bool(i % 2),
-            group_id=s.prompt_index,
-            policy_version=0,
-            step=0,
-        )
-        for i, s in enumerate(samples)
-    ]
+    return as_rollouts(samples, np.random.default_rng(0).normal(size=len(samples)).tolist())
 
 
 def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> None:
