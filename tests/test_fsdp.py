@@ -70,9 +70,14 @@ def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -
     learner.train_step(half[0], np.random.default_rng(rank), step=0)
     weights = fsdp.full_state(learner.model)
     save("step1.safetensors", weights)
-    published = fsdp.full_model(learner.model).state_dict()
-    assert not any(isinstance(t, DTensor) for t in published.values())
+    hf = fsdp.full_model(learner.model)
+    published = hf.state_dict()
+    assert not any(isinstance(t, DTensor) or t.is_meta for t in published.values())
+    with torch.no_grad():  # runs: no buffer left on the meta device
+        assert torch.isfinite(hf(torch.tensor([[3, 4, 5]])).logits).all()
     save("published.safetensors", published)
+    if rank == 0:  # a checkpoint's policy folder, loadable without torch.distributed
+        hf.save_pretrained(f"{out}/policy")
     state = fsdp.full_learner_state(learner)
     # the gathered optimizer state: full tensors keyed by parameter name
     adam = state["optimizer"]["state"]  # type: ignore[index]
@@ -129,6 +134,14 @@ def test_sharded_step_equals_unsharded_and_resumes_exactly(
     assert set(adam) == set(moments)
     for k, v in adam.items():
         torch.testing.assert_close(v, moments[k], atol=1e-9, rtol=1e-5)
+    from transformers import AutoModelForCausalLM
+
+    folder = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    ids = torch.tensor([[3, 4, 5, 6]])
+    ref_step1 = copy.deepcopy(model)
+    ref_step1.load_state_dict(step1)
+    with torch.no_grad():
+        torch.testing.assert_close(folder(ids).logits, ref_step1(ids).logits)
     resumed = load_file(str(tmp_path / "resumed.safetensors"))
     two = load_file(str(tmp_path / "step2.safetensors"))
     for k, v in resumed.items():

@@ -112,7 +112,13 @@ def full_model(model: torch.nn.Module) -> torch.nn.Module:
     with torch.device("meta"):
         copy = _unsharded_class(model)(model.config)  # type: ignore[attr-defined]
     copy.load_state_dict(state, assign=True, strict=False)
-    missing = [n for n, p in copy.named_parameters() if p.is_meta]
+    # buffers outside the state dict (rotary inv_freq) are whole on every rank: copied over
+    for name, buf in model.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        mod = copy.get_submodule(owner)
+        if mod._buffers[leaf] is not None and mod._buffers[leaf].is_meta:
+            mod._buffers[leaf] = buf.detach().to("cpu", copy=True)
+    missing = [n for n, t in [*copy.named_parameters(), *copy.named_buffers()] if t.is_meta]
     if missing:
         raise KeyError(f"train.sharding=fsdp: the gathered state lacks {missing[0]!r}")
     copy.tie_weights()
