@@ -112,24 +112,31 @@ def bf16_sampled_rollouts(
     learner's log pi_old differs from the sampler's), with made-up rewards and advantages."""
     import torch
 
-    from replayrl.data.rollout import Rollout
     from replayrl.rollout.generation import HFGenerator, SamplingParams
 
     gen = HFGenerator(model, tokenizer, 16, dtype=torch.bfloat16)
     torch.manual_seed(seed)
     params = SamplingParams(max_new_tokens=max_new_tokens)
     samples = gen.generate(["1+2=", "12+34=", "7+80="], 4, params)
+    return as_rollouts(samples, [1.0 if i % 3 else -1.0 for i in range(len(samples))])
+
+
+def as_rollouts(samples: list[Any], advantages: list[float]) -> list[Any]:
+    """Version-0 rollouts of generator samples, with made-up rewards (alternating 0 / 1)
+    and the given advantages."""
+    from replayrl.data.rollout import Rollout
+
     return [
         Rollout(
             prompt_ids=s.prompt_ids,
             completion_ids=s.completion_ids,
             behaviour_logprobs=s.logprobs,
             reward=float(i % 2),
-            advantage=1.0 if i % 3 else -1.0,
+            advantage=a,
             correct=False,
             group_id=s.prompt_index,
             policy_version=0,
             step=0,
         )
-        for i, s in enumerate(samples)
+        for i, (s, a) in enumerate(zip(samples, advantages, strict=True))
     ]

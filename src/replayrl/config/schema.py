@@ -679,6 +679,9 @@ class TrainConfig(_Section):
     # chunked one is tested against (rounding differs at ~1e-7: select it to reproduce runs
     # made with it bit for bit)
     logprobs_impl: Literal["chunked", "full"] = "chunked"
+    # fsdp = the policy, its gradients and AdamW state sharded across the learner ranks with
+    # FSDP2 (replayrl.distributed.fsdp); not yet run by any runtime, so refused for now
+    sharding: Literal["none", "fsdp"] = "none"
     # no silent non-training: this many steps in a row in which nothing could be trained (a
     # reward function failed on every call, every update was skipped as non-finite, or the
     # gradient was exactly 0 despite non-zero advantages) end the run with an error; 0 = never
@@ -863,6 +866,12 @@ class Config(_Section):
             if self.algorithm.loss_type != "mix_ppg":
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
             self._check_remix()
+        if self.train.sharding == "fsdp":
+            raise ValueError(
+                f"train.sharding=fsdp: runtime={self.runtime} does not run sharded learners "
+                "yet (they exist as replayrl.distributed.fsdp, not wired into the Ray "
+                "learners); use train.sharding=none"
+            )
         lockstep = RUNTIMES.get(self.runtime).lockstep
         if self.train.rollout_budget is not None and not lockstep:
             raise ValueError(

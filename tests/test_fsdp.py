@@ -1,0 +1,155 @@
+"""Sharded learners (distributed/fsdp.py) on CPU with gloo and 2 spawned ranks: one sharded
+step equals the unsharded step on the whole batch, the gathered weights and optimizer state
+are full tensors, and a resume from them is exact."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from replayrl.config.schema import ModelConfig, load_config
+from replayrl.data.rollout import Rollout
+from replayrl.learner.learner import Learner
+from replayrl.models.loading import build_tiny_model
+from replayrl.rollout.generation import HFGenerator, SamplingParams
+from tiny import as_rollouts
+
+WORLD = 2
+# lr 1e-4 (the default): Adam's first step is lr * g / (|g| + eps), so a gradient element
+# near eps turns the ranks' different fp32 summation order into up to ~lr * 1e-2 of change
+OVERRIDES = ["rollout.prompts_per_step=3", "rollout.num_generations=4", "train.lr=1e-4"]
+# the unsharded reference takes the same full-logits forward as the sharded ranks
+REFERENCE = [*OVERRIDES, "train.logprobs_impl=full"]
+
+
+@pytest.fixture(scope="module")
+def model(char_tokenizer):
+    """A 2-layer tiny Llama: two decoder-layer shard groups besides the root."""
+    cfg = ModelConfig.model_validate({"tiny": {"num_layers": 2, "hidden_size": 32}})
+    return build_tiny_model(cfg, vocab_size=len(char_tokenizer), seed=0)
+
+
+@pytest.fixture(scope="module")
+def rollouts(model, char_tokenizer) -> list[Rollout]:
+    gen = HFGenerator(model.eval(), char_tokenizer)
+    torch.manual_seed(5)
+    prompts = ["1+2=", "12+34=", "7+80=", "5+5=", "40+2=", "9+19="]
+    samples = gen.generate(prompts, 4, SamplingParams(max_new_tokens=5))
+    return as_rollouts(samples, np.random.default_rng(0).normal(size=len(samples)).tolist())
+
+
+def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> None:
+    """Rank `rank`: shard, one step per batch on its half (saving the full state after the
+    first), then a fresh sharded learner resumed from that state takes the second step."""
+    from safetensors.torch import save_file
+    from torch.distributed.tensor import DTensor
+
+    from replayrl.distributed import fsdp
+    from replayrl.distributed.ddp import init_group
+
+    torch.set_num_threads(1)
+    init_group(rank, WORLD, "127.0.0.1", port)
+    cfg = load_config(None, OVERRIDES)
+    half = [b[rank::WORLD] for b in batches]
+
+    def sharded() -> Learner:
+        learner = Learner(copy.deepcopy(model), pad_id, cfg)
+        fsdp.shard_learner(learner, WORLD)
+        return learner
+
+    def save(name: str, tensors: dict[str, torch.Tensor]) -> None:
+        if rank == 0:
+            save_file({k: v.clone() for k, v in tensors.items()}, f"{out}/{name}")
+
+    learner = sharded()
+    learner.train_step(half[0], np.random.default_rng(rank), step=0)
+    weights = fsdp.full_state(learner.model)
+    save("step1.safetensors", weights)
+    hf = fsdp.full_model(learner.model)
+    published = hf.state_dict()
+    assert not any(isinstance(t, DTensor) or t.is_meta for t in published.values())
+    with torch.no_grad():  # runs: no buffer left on the meta device
+        assert torch.isfinite(hf(torch.tensor([[3, 4, 5]])).logits).all()
+    save("published.safetensors", published)
+    if rank == 0:  # a checkpoint's policy folder, loadable without torch.distributed
+        hf.save_pretrained(f"{out}/policy")
+    state = fsdp.full_learner_state(learner)
+    # the gathered optimizer state: full tensors keyed by parameter name
+    adam = state["optimizer"]["state"]  # type: ignore[index]
+    save("adam.safetensors", {f"{n}.{k}": v for n, s in adam.items() for k, v in s.items()})
+    learner.train_step(half[1], np.random.default_rng(rank), step=1)
+    save("step2.safetensors", fsdp.full_state(learner.model))
+
+    resumed = sharded()
+    fsdp.load_full_model(resumed.model, weights)
+    fsdp.load_full_learner_state(resumed, state)
+    resumed.train_step(half[1], np.random.default_rng(rank), step=1)
+    save("resumed.safetensors", fsdp.full_state(resumed.model))
+    torch.distributed.destroy_process_group()
+
+
+def test_sharded_step_equals_unsharded_and_resumes_exactly(
+    model, rollouts, char_tokenizer, tmp_path: Path
+):
+    from safetensors.torch import load_file
+
+    from replayrl.distributed.ddp import free_port
+
+    pad = char_tokenizer.pad_token_id
+    batches = [rollouts[:12], rollouts[12:]]  # two steps' batches of 12
+    mp.spawn(
+        _sharded_rank,
+        args=(free_port(), model, pad, batches, str(tmp_path)),
+        nprocs=WORLD,
+        join=True,
+    )
+    ref = Learner(copy.deepcopy(model), pad, load_config(None, REFERENCE))
+    # the same rollouts per rank, in the same order, as the sharded ranks saw them
+    whole = [b[0::WORLD] + b[1::WORLD] for b in batches]
+    ref.train_step(whole[0], np.random.default_rng(0), step=0)
+    step1 = {k: v.detach().clone() for k, v in ref.model.state_dict().items()}
+    moments = {
+        f"{name}.{k}": ref.optimizer.state[p][k].clone()
+        for name, p in ref.model.named_parameters()
+        for k in ("step", "exp_avg", "exp_avg_sq")
+    }
+    ref.train_step(whole[1], np.random.default_rng(0), step=1)
+    step2 = ref.model.state_dict()
+
+    moved = 0.0
+    for name, expected in [("step1", step1), ("published", step1), ("step2", step2)]:
+        got = load_file(str(tmp_path / f"{name}.safetensors"))
+        assert set(got) >= {n for n, _ in ref.model.named_parameters()}, name
+        for k, v in got.items():
+            assert v.shape == expected[k].shape, (name, k)
+            torch.testing.assert_close(v, expected[k], atol=1e-6, rtol=0)
+            moved = max(moved, float((v - model.state_dict()[k]).abs().max()))
+    assert moved > 5e-5  # the steps changed the weights: the comparison is not vacuous
+    adam = load_file(str(tmp_path / "adam.safetensors"))
+    assert set(adam) == set(moments)
+    for k, v in adam.items():
+        torch.testing.assert_close(v, moments[k], atol=1e-9, rtol=1e-5)
+    from transformers import AutoModelForCausalLM
+
+    folder = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    ids = torch.tensor([[3, 4, 5, 6]])
+    ref_step1 = copy.deepcopy(model)
+    ref_step1.load_state_dict(step1)
+    with torch.no_grad():
+        torch.testing.assert_close(folder(ids).logits, ref_step1(ids).logits)
+    resumed = load_file(str(tmp_path / "resumed.safetensors"))
+    two = load_file(str(tmp_path / "step2.safetensors"))
+    for k, v in resumed.items():
+        assert torch.equal(v, two[k]), k  # resume from the gathered state is exact
+
+
+@pytest.mark.parametrize("runtime", ["sync", "async-local", "ray"])
+def test_sharding_is_refused_where_no_runtime_runs_it(runtime: str) -> None:
+    assert load_config(None, [f"runtime={runtime}"]).train.sharding == "none"
+    with pytest.raises(ValueError, match="train.sharding=fsdp: runtime=.* does not run"):
+        load_config(None, [f"runtime={runtime}", "train.sharding=fsdp"])
