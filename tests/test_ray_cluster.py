@@ -200,31 +200,26 @@ def _wait_for(cond: Any, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def test_a_lost_generator_node_is_counted_and_a_new_node_gets_the_generator(
-    cluster: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _lose_node_b_mid_run(
+    cluster: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str
+) -> tuple[dict[str, Any], float]:
+    """Train 6 steps; once node B has generated with weights trained at least once, remove
+    it, and 2 s later add a replacement generator node. Returns the run's outcome
+    ({"summary"} or {"error"}) and when node B was removed."""
     c, audit = cluster["cluster"], cluster["audit"]
-    old_b = cluster["b"].node_id
-    start = time.time()
-
-    out: dict[str, Any] = {}
+    start, out = time.time(), {}
     cluster["log"] = []
 
     def run() -> None:  # in a thread: Cluster.add_node installs signal handlers (main only)
         try:
             out["summary"] = _run(
-                cluster,
-                tmp_path,
-                "train.steps=6",
-                "workers.startup_timeout=120",
-                monkeypatch=monkeypatch,
+                cluster, tmp_path, "train.steps=6", *extra, monkeypatch=monkeypatch
             )
-        except BaseException as exc:  # re-raised below, in the test's thread
+        except BaseException as exc:  # the test asserts on it
             out["error"] = exc
 
     trainer = threading.Thread(target=run, daemon=True)
     trainer.start()
-    # mid-run: node B has generated with weights the learner trained at least once
     _wait_for(
         lambda: (
             any(
@@ -242,9 +237,19 @@ def test_a_lost_generator_node_is_counted_and_a_new_node_gets_the_generator(
     time.sleep(2)  # the run goes on without a generator node for a while
     cluster["b"] = c.add_node(num_cpus=1, resources={"generator_node": 2})
     trainer.join(timeout=300)
+    assert not trainer.is_alive()
+    return out, removed
+
+
+def test_a_lost_generator_node_is_counted_and_a_new_node_gets_the_generator(
+    cluster: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    audit, old_b = cluster["audit"], cluster["b"].node_id
+    out, removed = _lose_node_b_mid_run(
+        cluster, tmp_path, monkeypatch, "workers.startup_timeout=120"
+    )
     assert "summary" in out, out
     summary = out["summary"]
-
     assert summary["steps"] == 6
     led = summary["accounting"]["ledger"]
     assert led["balanced"] and led["lost_worker_died"] >= 8, led  # at least the R in flight
@@ -257,3 +262,14 @@ def test_a_lost_generator_node_is_counted_and_a_new_node_gets_the_generator(
     received = [e for e in after if e["kind"] == "received"]
     assert received and {e["node"] for e in received} == {cluster["b"].node_id} != {old_b}
     assert all(published[e["version"]] == e["digest"] for e in received)
+
+
+def test_workers_max_restarts_limits_restarts_on_the_cluster(
+    cluster: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replayrl.errors import RunFailed
+
+    out, _ = _lose_node_b_mid_run(cluster, tmp_path, monkeypatch, "workers.max_restarts=0")
+    # no restart allowed: the lost generator fails the run, naming the limit
+    assert isinstance(out.get("error"), RunFailed), out
+    assert "workers.max_restarts=0" in str(out["error"])
