@@ -501,6 +501,10 @@ NOT_OBSERVED: dict[str, str] = {
         )
     },
     **{
+        f"ray.{k}": "Ray placement on a cluster, not training: tests/test_ray_cluster.py"
+        for k in ("generator_resources", "learner_resources", "buffer_resources")
+    },
+    **{
         f"vllm.{k}": "vLLM engine (CUDA GPU): tests/test_vllm_backend.py"
         for k in (
             "gpu_memory_utilization",

@@ -786,6 +786,16 @@ class RayConfig(_Section):
     learner_num_cpus: float = Field(1.0, ge=0, description="CPUs per learner actor")
     learner_num_gpus: float = Field(0.0, ge=0, description="GPUs per learner actor")
     buffer_num_cpus: float = Field(0.0, ge=0, description="CPUs of the buffer actor")
+    # custom Ray resources per role (`ray start --resources='{"gen": 4}'`): pin roles to nodes
+    generator_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per generator actor"
+    )
+    learner_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per learner actor"
+    )
+    buffer_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per buffer shard actor"
+    )
 
 
 class Config(_Section):

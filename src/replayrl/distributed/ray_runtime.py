@@ -239,7 +239,10 @@ class RayGeneratorPool:
         self.cfg_yaml = config_to_yaml(cfg)
         rc = cfg.ray
         self.actor_cls = self.ray.remote(
-            num_cpus=rc.generator_num_cpus, num_gpus=rc.generator_num_gpus, max_restarts=0
+            num_cpus=rc.generator_num_cpus,
+            num_gpus=rc.generator_num_gpus,
+            resources=rc.generator_resources,
+            max_restarts=0,  # the pool restarts it, up to workers.max_restarts (see _replace)
         )(GeneratorActor)
         self.actors: list[Any] = []
         self.incarnations: list[int] = []
@@ -355,7 +358,9 @@ class RayAsyncTrainer(AsyncSession):
         """Buffer actors (one shard per learner) instead of an in-process buffer."""
         cfg = staleness_bounded(cfg)
         b, T = cfg.buffer, cfg.workers.learners
-        cls = _ray().remote(num_cpus=cfg.ray.buffer_num_cpus)(BufferActor)
+        cls = _ray().remote(num_cpus=cfg.ray.buffer_num_cpus, resources=cfg.ray.buffer_resources)(
+            BufferActor
+        )
         kwargs = buffer_kwargs(cfg)
         shards = [
             RemoteBuffer(
@@ -397,9 +402,11 @@ class RayAsyncTrainer(AsyncSession):
         """Ranks 1..T-1 as actors; rank 0 (this actor) joins the same process group."""
         ray, cfg, T = _ray(), self.cfg, self.cfg.workers.learners
         ckpt = latest_checkpoint(self.run_dir) if self.counters.step else None
-        cls = ray.remote(num_cpus=cfg.ray.learner_num_cpus, num_gpus=cfg.ray.learner_num_gpus)(
-            FollowerActor
-        )
+        cls = ray.remote(
+            num_cpus=cfg.ray.learner_num_cpus,
+            num_gpus=cfg.ray.learner_num_gpus,
+            resources=cfg.ray.learner_resources,
+        )(FollowerActor)
         policy = str(ckpt / "policy") if ckpt is not None else None
         self.followers = [cls.remote(config_to_yaml(cfg), r, T, policy) for r in range(1, T)]
         address, port = ray.util.get_node_ip_address(), free_port()
@@ -479,7 +486,11 @@ class RayDriver:
             self.cfg = self._with_gpu_requests(ray.cluster_resources().get("GPU", 0))
             rc = self.cfg.ray
             actor = (
-                ray.remote(num_cpus=rc.learner_num_cpus, num_gpus=rc.learner_num_gpus)(LearnerActor)
+                ray.remote(
+                    num_cpus=rc.learner_num_cpus,
+                    num_gpus=rc.learner_num_gpus,
+                    resources=rc.learner_resources,
+                )(LearnerActor)
                 .options(max_concurrency=2)
                 .remote(config_to_yaml(self.cfg), str(self.run_dir.resolve()), self.resume)
             )
@@ -494,6 +505,11 @@ class RayDriver:
                 raise RunStopped(self.signum)
             acc = result["accounting"]
             self.log(format_accounting(acc["ledger"], acc))  # the actor's own print may be cut
+            if lost := acc["ledger"]["lost_worker_died"]:
+                self.log(
+                    f"warning: {lost} rollouts lost with dead generator workers or nodes "
+                    "(counted in the ledger as lost_worker_died)"
+                )
             return result
         finally:
             if started:
