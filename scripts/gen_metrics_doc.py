@@ -11,9 +11,10 @@ or a short run logs a key the catalogue does not cover.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+from docgen import write_or_check
 
 from replayrl.api.trl_compat import TRL_LOG_KEYS
 from replayrl.config.registries import BATCH_SOURCES
@@ -63,18 +64,7 @@ def render() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
-    args = parser.parse_args()
-    text = render()
-    if args.check:
-        if TARGET.read_text() != text:
-            print(f"{TARGET} is out of date: run python scripts/gen_metrics_doc.py")
-            return 1
-        return 0
-    TARGET.write_text(text)
-    print(TARGET)
-    return 0
+    return write_or_check(TARGET, render, __doc__ or "", "gen_metrics_doc.py")
 
 
 if __name__ == "__main__":

@@ -4,26 +4,20 @@ reward call, is current, and its examples work from every kind of source
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
+
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "datasets.md"
 
 
 def _gen():
-    path = ROOT / "scripts" / "gen_datasets_doc.py"
-    spec = importlib.util.spec_from_file_location("gen_datasets", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_datasets"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_datasets_doc")
 
 
 def _blocks(kind: str) -> list[str]:

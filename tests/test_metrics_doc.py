@@ -3,9 +3,7 @@ GRPO, replay, ReMix and PPO runs log is in the catalogue (scripts/gen_metrics_do
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,19 +13,14 @@ from replayrl.config.registries import BATCH_SOURCES
 from replayrl.launch.entry import train
 from replayrl.run import metric_keys
 from replayrl.run.metrics import read_metrics
+from scripts_loader import load_script
 from tiny import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _gen():
-    path = ROOT / "scripts" / "gen_metrics_doc.py"
-    spec = importlib.util.spec_from_file_location("gen_metrics", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_metrics"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_metrics_doc")
 
 
 @pytest.fixture(scope="module")
