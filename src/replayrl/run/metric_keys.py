@@ -26,7 +26,7 @@ class MetricKey:
 
 _STEP = [
     MetricKey("step", "the step of generation this record belongs to (x axis)"),
-    MetricKey("policy_version", "optimizer updates applied to the policy so far"),
+    MetricKey("policy_version", "the policy's version: training steps applied to it so far"),
     MetricKey("wall_seconds", "seconds since the run started"),
     MetricKey("rollouts_generated", "completions generated so far (cumulative)"),
     MetricKey("tokens_generated", "completion tokens generated so far (cumulative)"),
@@ -35,9 +35,7 @@ _STEP = [
         "completion tokens trained on so far, once per pass (cumulative; TRL's `num_tokens` "
         "counts prompt and completion tokens once)",
     ),
-    MetricKey(
-        "flops/estimated", "estimated training + generation FLOPs so far (6N / 2N per token)"
-    ),
+    MetricKey("flops/estimated", "estimated FLOPs so far: 2N per generated + 6N per trained token"),
     MetricKey("prompts_skipped_too_long", "prompts skipped because they exceed the prompt limit"),
 ]
 _ROLLOUT = [
@@ -92,7 +90,9 @@ _TRAIN = [
     MetricKey("train/approx_kl", "k3 estimate of KL(behaviour || current) on the batch"),
     MetricKey("train/ratio_mean", "mean importance ratio pi_theta / pi_old"),
     MetricKey("train/ratio_max", "largest importance ratio"),
-    MetricKey("train/ess", "effective sample size / N of the importance ratios (1: on-policy)"),
+    MetricKey(
+        "train/ess", "effective sample size / N of the sequence importance weights (1: on-policy)"
+    ),
     MetricKey(
         "train/<on_policy|off_policy>/<ratio_mean|clip_frac|ess|tokens>",
         "the ratio statistics split into fresh and stale (replayed) tokens",
