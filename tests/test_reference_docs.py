@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from replayrl.api import trl_args
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _gen():
-    spec = importlib.util.spec_from_file_location("gen_trl", ROOT / "scripts/gen_trl_args_doc.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_trl"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gen_trl_args_doc")
 
 
 def test_committed_trl_arguments_page_matches_the_code() -> None:
