@@ -73,9 +73,8 @@ def test_machine_id_changes_with_the_cpu() -> None:
 
 
 def test_a_runs_summary_names_its_code_machine_and_warm_start(tmp_path: Path) -> None:
-    from replayrl.launch.entry import train
-
     from replayrl.config.schema import load_config
+    from replayrl.launch.entry import train
 
     cfg = load_config(
         "grpo",
