@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.tiny import tiny_config
 
 from replayrl.config.registries import BACKENDS, BackendSpec
 from replayrl.config.schema import ConfigError, load_config
+from tiny import tiny_config
 
 
 @pytest.fixture
