@@ -60,6 +60,9 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "group-replay": ("group-replay", ["groups.group_replay.capacity=8"]),
 }
 
+# where a run ran, not what it computed: its folder, the cache folder its warm start sits in,
+# the machine and code it records (the ledger is compared on its own below)
+ENVIRONMENT_KEYS = ("run_dir", "accounting", "model_path", "provenance")
 # wall-clock measurements differ between any two runs
 TIME_KEYS = ("time/", "wall_seconds", "_seconds", "mu_median", "mu/", "throughput", "busy", "idle")
 
@@ -116,7 +119,7 @@ def _summary_diffs(a_path: Path, b_path: Path, allow_added: bool = False) -> lis
             for ea, eb in zip(a["evals"], b["evals"], strict=False)
         ] + b["evals"][len(a["evals"]) :]
     both = a.keys() if allow_added else a.keys() | b.keys()
-    keys = [k for k in both if _timeless(k) and k not in ("run_dir", "accounting")]
+    keys = [k for k in both if _timeless(k) and k not in ENVIRONMENT_KEYS]
     out = [
         f"summary {k}: {a.get(k)!r} != {b.get(k)!r}" for k in sorted(keys) if a.get(k) != b.get(k)
     ]

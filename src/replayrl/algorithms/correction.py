@@ -30,6 +30,30 @@ import math
 import torch
 
 
+def _log_ratios(
+    learner: torch.Tensor,
+    sampler: torch.Tensor,
+    cap: float,
+    what: str,
+    dtype: torch.dtype,
+    one_rollout: bool = False,
+) -> torch.Tensor:
+    """log pi_learner - log pi_sampler per token, detached, in `dtype`, once the inputs are
+    checked: a positive cap, equal shapes (1-D with `one_rollout`), finite values."""
+    if cap <= 0:
+        raise ValueError(f"{what}: the cap must be positive, got {cap}")
+    if learner.shape != sampler.shape or (one_rollout and learner.dim() != 1):
+        need = "must be one rollout's (1-D, equal)" if one_rollout else "differ in shape"
+        raise ValueError(
+            f"{what}: learner log-probs {tuple(learner.shape)} and sampler log-probs "
+            f"{tuple(sampler.shape)} {need}"
+        )
+    diff = learner.detach().to(dtype) - sampler.detach().to(dtype)
+    if not bool(torch.isfinite(diff).all()):
+        raise ValueError(f"{what}: non-finite log-probs (a token of probability 0?)")
+    return diff
+
+
 def truncated_is_weights(
     learner_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float
 ) -> torch.Tensor:
@@ -38,16 +62,7 @@ def truncated_is_weights(
     Both inputs are log-probs of the same sampled tokens under theta_old (any shape, equal);
     `cap` is C > 0 of Yao et al. 2025. Non-finite log-probs are an error, not a silent 0/inf.
     """
-    if cap <= 0:
-        raise ValueError(f"truncated IS cap must be positive, got {cap}")
-    if learner_logprobs.shape != sampler_logprobs.shape:
-        raise ValueError(
-            f"truncated IS: learner log-probs {tuple(learner_logprobs.shape)} and sampler "
-            f"log-probs {tuple(sampler_logprobs.shape)} differ in shape"
-        )
-    diff = learner_logprobs.detach().float() - sampler_logprobs.detach().float()
-    if not bool(torch.isfinite(diff).all()):
-        raise ValueError("truncated IS: non-finite log-probs (a token of probability 0?)")
+    diff = _log_ratios(learner_logprobs, sampler_logprobs, cap, "truncated IS", torch.float32)
     # clamp before exp (no overflow), then exactly at the cap (exp(log C) may round below C)
     return diff.clamp(max=math.log(cap) + 1.0).exp().clamp(max=cap)
 
@@ -68,16 +83,9 @@ def importance_weights(
         raise ValueError(f"importance sampling mode {mode!r}: one of {', '.join(IS_MODES)}")
     if mode == "token_truncate":
         return truncated_is_weights(learner_logprobs, sampler_logprobs, cap)
-    if cap <= 0:
-        raise ValueError(f"IS cap must be positive, got {cap}")
-    if learner_logprobs.shape != sampler_logprobs.shape or learner_logprobs.dim() != 1:
-        raise ValueError(
-            f"IS weights: learner log-probs {tuple(learner_logprobs.shape)} and sampler "
-            f"log-probs {tuple(sampler_logprobs.shape)} must be one rollout's (1-D, equal)"
-        )
-    diff = learner_logprobs.detach().double() - sampler_logprobs.detach().double()
-    if not bool(torch.isfinite(diff).all()):
-        raise ValueError("IS weights: non-finite log-probs (a token of probability 0?)")
+    diff = _log_ratios(
+        learner_logprobs, sampler_logprobs, cap, "IS weights", torch.float64, one_rollout=True
+    )
     log_rho = diff.sum().expand_as(diff) if mode.startswith("sequence") else diff
     log_cap = math.log(cap)
     if mode.endswith("truncate"):

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from replayrl.api import trl_args
 from replayrl.api.trl_args import Translation
 from replayrl.config.layering import layered
+from replayrl.config.overrides import set_dotted
 from replayrl.config.schema import (
     Config,
     ConfigError,
@@ -92,15 +93,7 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     if not all(parts):
         raise ConfigError(f"override {key!r} has an empty key")
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {key!r}: {'.'.join(parts[: i + 1])} is a value")
-        node = child
-    node[parts[-1]] = value
+    set_dotted(data, parts, value, key)
 
 
 class ReplayConfig:

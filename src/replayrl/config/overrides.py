@@ -34,18 +34,24 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """Set each dotted key in a nested dict (creating sections as needed)."""
     for text in overrides:
         path, value = parse_override(text)
-        node = data
-        for i, part in enumerate(path[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(
-                    f"override {text!r}: {'.'.join(path[: i + 1])} is a value, not a section"
-                )
-            node = child
-        node[path[-1]] = value
+        set_dotted(data, path, value, text)
     return data
+
+
+def set_dotted(data: dict[str, Any], path: list[str], value: Any, text: str) -> None:
+    """data[a][b] = value for path [a, b], creating sections as needed; `text`: the override
+    as the user wrote it, for the error when a part of the path is a value."""
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(
+                f"override {text!r}: {'.'.join(path[: i + 1])} is a value, not a section"
+            )
+        node = child
+    node[path[-1]] = value
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

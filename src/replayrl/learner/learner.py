@@ -70,18 +70,8 @@ __all__ = [
 ]
 
 
-def token_logprobs(
-    model: PreTrainedModel,
-    batch: dict[str, torch.Tensor],
-    temperature: float,
-    entropy_grad: bool = False,
-    autocast: torch.dtype | None = None,
-    full: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log pi(token) under logits / temperature, and the per-token entropy."""
-    # completion positions only, head applied in chunks; `autocast`: e.g. bf16 matmuls
-    # with fp32 master weights (replayrl/learner/logprobs.py)
-    return logprobs.token_logprobs(model, batch, temperature, entropy_grad, autocast, full)
+# per-token log pi(token) and entropy: completion positions only, the head in chunks
+token_logprobs = logprobs.token_logprobs
 
 
 def _advantage_abs_max(batch: Sequence[Rollout], b: Mapping[str, torch.Tensor]) -> float:
@@ -286,7 +276,7 @@ class Learner:
 
         def fn(mb: dict[str, torch.Tensor]) -> torch.Tensor:
             return token_logprobs(
-                model,  # type: ignore[arg-type]
+                model,
                 mb,
                 self.cfg.rollout.temperature,
                 autocast=self.autocast,
