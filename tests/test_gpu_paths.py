@@ -148,6 +148,8 @@ def test_each_async_local_engine_sees_only_its_own_gpu(monkeypatch, tmp_path, ch
     env = {"CUDA_VISIBLE_DEVICES": "4,5,6"}
     assert pin_process_to("cuda:1", env) == "cuda:0" and env["CUDA_VISIBLE_DEVICES"] == "5"
     assert pin_process_to("cpu", env) == "cpu" and env["CUDA_VISIBLE_DEVICES"] == "5"
+    for unpinned in ("auto", "cuda"):  # names no single GPU: the worker's default (auto)
+        assert pin_process_to(unpinned, env) == unpinned and env["CUDA_VISIBLE_DEVICES"] == "5"
     with pytest.raises(ValueError, match="sees only GPUs 4,5,6"):
         pin_process_to("cuda:3", {"CUDA_VISIBLE_DEVICES": "4,5,6"})
 

@@ -38,9 +38,9 @@ def pin_process_to(device: str, environ: MutableMapping[str, str] = os.environ) 
     A vLLM engine in a process takes the first GPU the process sees (its executor's local
     rank 0), whatever `train.device` says: pinning is how an engine gets its own GPU. Only
     possible before CUDA is initialised (CUDA reads CUDA_VISIBLE_DEVICES once)."""
-    dev = torch.device(device)
-    if dev.type != "cuda" or dev.index is None:
+    if not device.startswith("cuda:"):  # auto, cpu, cuda: nothing names one GPU
         return device
+    dev = torch.device(device)
     if torch.cuda.is_initialized():
         raise RuntimeError(f"cannot pin this process to {device}: CUDA is already initialised")
     seen = environ.get("CUDA_VISIBLE_DEVICES")
