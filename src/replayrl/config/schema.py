@@ -866,7 +866,9 @@ class Config(_Section):
                 raise ValueError("train.batch_size=auto needs buffer.kind=replay")
         elif mini is not None and mini > self.batch_size:
             raise ValueError(
-                f"train.mini_batch_size={mini} is larger than the batch size B={self.batch_size}"
+                f"train.mini_batch_size={mini} is larger than the batch size B={self.batch_size}: "
+                "lower train.mini_batch_size (with a model.path it defaults to TRL's 8 "
+                "completions per update) or generate more per step"
             )
         if self.remix.enabled:
             if self.buffer.kind != "onpolicy":
