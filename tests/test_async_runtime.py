@@ -227,6 +227,9 @@ class _FakeRay:
     def is_initialized(self) -> bool:
         return True  # joined, not started: RayDriver neither inits nor shuts down
 
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 2.0}  # no GPU: the actors ask for none
+
     def remote(self, **_: object):
         return lambda cls: SimpleNamespace(options=lambda **_: SimpleNamespace(remote=self._actor))
 
