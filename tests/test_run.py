@@ -228,9 +228,8 @@ def test_reward_errors_are_counted_not_fatal(tmp_path: Path, monkeypatch: pytest
 
 
 def test_unknown_reward_name_fails_before_training(tmp_path: Path):
-    cfg = make_cfg(tmp_path, "unknown", "rewards=[{name: nosuch}]")
-    with pytest.raises(ValueError, match="'nosuch'"):
-        train(cfg, log=quiet)
+    with pytest.raises(ValueError, match="'nosuch'"):  # now when the config is read
+        train(make_cfg(tmp_path, "unknown", "rewards=[{name: nosuch}]"), log=quiet)
 
 
 # -- (c) resume -----------------------------------------------------------------------------

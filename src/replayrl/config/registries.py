@@ -86,6 +86,7 @@ class BackendSpec:
         log pi_old in its own precision.
     truncated_is_cap: `(Config) -> float | None`, the truncated-IS cap C that applies when
         precision.truncated_is_cap is unset (None: no default correction).
+    needs_gpu: it runs only on a CUDA GPU (a Ray generator actor must be given one).
     owns_weights: it holds its own copy of the weights, loaded from the model folder (so it
         needs a path, not an in-memory model); a process that only trains builds `fallback`
         (a backend name) for its evaluations instead.
@@ -101,6 +102,7 @@ class BackendSpec:
     own_logprobs: bool = False
     truncated_is_cap: Callable[[Any], float | None] | None = None
     owns_weights: bool = False
+    needs_gpu: bool = False
     fallback: str | None = None
     context_bound: Callable[[Any], bool] | None = None
     frames: tuple[str, ...] = ("/rollout/generation/",)

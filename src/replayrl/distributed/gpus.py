@@ -8,6 +8,8 @@ from collections.abc import Callable, MutableMapping, Sequence
 
 import torch
 
+from replayrl.config.registries import BACKENDS
+
 
 def hide_gpus_unless_given(gpu_ids: Sequence[int | str]) -> None:
     """In a Ray actor, before anything touches CUDA: an actor given no GPU (num_gpus=0) must
@@ -66,7 +68,8 @@ def ray_gpu_requests(
             f"ray.learner_num_gpus={learner} with workers.learners={learners}: two learner "
             "ranks on one GPU cannot form an NCCL group; use ray.learner_num_gpus=1"
         )
-    needs = {"learner": device != "cpu", "generator": device != "cpu" or backend == "vllm"}
+    gpu_engine = BACKENDS.get(backend).needs_gpu
+    needs = {"learner": device != "cpu", "generator": device != "cpu" or gpu_engine}
     asked = {"learner": learner, "generator": generator}
     zero = [k for k in asked if needs[k] and asked[k] == 0]
     if cluster_gpus <= 0 or not zero:
@@ -79,7 +82,7 @@ def ray_gpu_requests(
             f"the Ray cluster has {cluster_gpus:g} GPU(s) but the {' and '.join(zero)} actors ask "
             f"for none, so they would see no GPU (train.device={device}, rollout.backend="
             f"{backend}): set {keys} (fractions share a GPU)"
-            + ("" if backend == "vllm" else ", or train.device=cpu")
+            + ("" if gpu_engine else ", or train.device=cpu")
         )
     log(f"warning: the Ray cluster has GPUs and {keys.replace('=1', '=0')}: taking {keys}")
     return taken["learner"], taken["generator"]

@@ -98,6 +98,7 @@ BACKENDS.add(
         own_logprobs=True,
         truncated_is_cap=lambda cfg: cfg.vllm.truncated_is_cap,
         owns_weights=True,
+        needs_gpu=True,
         fallback="hf",
         context_bound=lambda cfg: cfg.vllm.max_model_len is None,
         frames=("/rollout/generation/", "/vllm/"),
