@@ -23,6 +23,7 @@ NOT_OURS = {
     "rewards.py",
     "replay_grpo_trainer.py",
     "vllm/v1/sample/ops/topk_topp_sampler.py",
+    "vllm/v1/executor/uniproc_executor.py",
 }
 SKIP_DIRS = {".git", ".venv", "node_modules", "site", "__pycache__"}
 
