@@ -403,6 +403,11 @@ class Learner:
         assert self.tis_cap is not None
         mask = b["mask"].bool()
         w = torch.zeros_like(b["mask"])
+        if self.importance_mode.startswith("token"):  # per token: every row's tokens at once
+            w[mask] = importance_weights(
+                learner_lp[mask], sampler_lp[mask], self.tis_cap, self.importance_mode
+            ).to(w.dtype)
+            return w
         for i in range(mask.shape[0]):  # a sequence mode needs each row's own tokens
             m = mask[i]
             w[i, m] = importance_weights(
