@@ -720,7 +720,7 @@ def test_heldout_tasks_fit_the_tiny_model_and_are_harder() -> None:
         seen.add(task)
         longest = max(len(r["prompt"]) for r in task_from_config(cfg.task).eval_rows())
         assert longest + 1 + cfg.rollout.max_new_tokens <= 128, (task, longest)
-    assert seen == {"add6", "sub6", "sub5m2", "add", "sub"}
+    assert seen == {"add6", "sub6", "sub5m2", "chain4m1", "add", "sub"}
 
 
 def test_task_headroom_by_hand(tmp_path: Path) -> None:
@@ -809,6 +809,21 @@ def test_pending_runs_interleave_their_tasks_keeping_each_tasks_order() -> None:
     assert interleave_tasks([]) == []
     one = [run("a", "x"), run("a", "y")]
     assert interleave_tasks(one) == one
+
+
+def test_pending_runs_go_seed_by_seed_so_a_stopped_invocation_leaves_whole_seeds() -> None:
+    from replayrl.bench.suite import interleave_tasks, seed_major
+
+    def run(task: str, name: str) -> tuple[str, None, None, Path]:
+        return (f"{task}/{name}", None, None, Path("out") / task / name)
+
+    plan = [run(t, f"{v}-s{s}") for t in "ab" for v in ("g", "r") for s in (0, 1, 10)]
+    labels = [label for label, *_ in interleave_tasks(seed_major(plan))]
+    assert labels == [
+        *["a/g-s0", "b/g-s0", "a/r-s0", "b/r-s0"],
+        *["a/g-s1", "b/g-s1", "a/r-s1", "b/r-s1"],
+        *["a/g-s10", "b/g-s10", "a/r-s10", "b/r-s10"],  # 10 after 1: numbers, not text
+    ]
 
 
 def test_run_pending_submits_the_tasks_interleaved_and_logs_each_runs_whole_time(

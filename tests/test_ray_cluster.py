@@ -104,7 +104,21 @@ def _worker_hook() -> None:
         _record("published", version=version, digest=_digest(trainable_state(model)))
         publish(self, model, version)
 
+    produce = worker.GeneratorWorker.produce
+
+    def produce_(self: Any, idle_s: float) -> Any:
+        # while the test holds (a file in the audit folder), a generator with trained weights
+        # stops inside its batch: the node loss then surely falls on rollouts in flight
+        hold = Path(os.environ["REPLAYRL_AUDIT_DIR"]) / "hold"
+        if self.version >= 1 and hold.exists():
+            _record("holding", version=self.version)
+            deadline = time.monotonic() + 120
+            while hold.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return produce(self, idle_s)
+
     worker.GeneratorWorker.set_weights = set_weights_  # type: ignore[method-assign]
+    worker.GeneratorWorker.produce = produce_  # type: ignore[method-assign]
     ray_runtime.RayGeneratorPool.publish = publish_  # type: ignore[method-assign]
 
 
@@ -203,12 +217,15 @@ def _wait_for(cond: Any, timeout: float) -> None:
 def _lose_node_b_mid_run(
     cluster: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str
 ) -> tuple[dict[str, Any], float]:
-    """Train 6 steps; once node B has generated with weights trained at least once, remove
-    it, and 2 s later add a replacement generator node. Returns the run's outcome
-    ({"summary"} or {"error"}) and when node B was removed."""
+    """Train 6 steps; once node B's generator, holding weights trained at least once, is
+    inside a batch (held there by the audit hook), remove node B, and 2 s later add a
+    replacement generator node. Returns the run's outcome ({"summary"} or {"error"}) and
+    when node B was removed."""
     c, audit = cluster["cluster"], cluster["audit"]
     start, out = time.time(), {}
     cluster["log"] = []
+    hold = audit / "hold"
+    hold.touch()
 
     def run() -> None:  # in a thread: Cluster.add_node installs signal handlers (main only)
         try:
@@ -220,20 +237,23 @@ def _lose_node_b_mid_run(
 
     trainer = threading.Thread(target=run, daemon=True)
     trainer.start()
-    _wait_for(
-        lambda: (
-            any(
-                e["kind"] == "received" and e["version"] >= 1
-                for e in _audit(audit)
-                if e["t"] > start
-            )
-            or not trainer.is_alive()
-        ),
-        timeout=300,
-    )
-    assert trainer.is_alive(), out
-    c.remove_node(cluster["b"])
-    removed = time.time()
+    try:
+        _wait_for(
+            lambda: (
+                any(
+                    e["kind"] == "holding" and e["version"] >= 1
+                    for e in _audit(audit)
+                    if e["t"] > start
+                )
+                or not trainer.is_alive()
+            ),
+            timeout=300,
+        )
+        assert trainer.is_alive(), out
+        c.remove_node(cluster["b"])
+        removed = time.time()
+    finally:
+        hold.unlink(missing_ok=True)  # the replacement generator runs freely
     time.sleep(2)  # the run goes on without a generator node for a while
     cluster["b"] = c.add_node(num_cpus=1, resources={"generator_node": 2})
     trainer.join(timeout=300)

@@ -250,15 +250,18 @@ def run_suite(
 ) -> dict[str, Any]:
     """Run a suite; with `tasks:` every variant on every task (see `run_multi_task`).
     `no_run`: start nothing, summarise the finished runs (missing ones are listed).
-    `jobs` > 1: run that many runs at once, each in its own process (see `run_pending`), then
-    summarise the finished ones; a run that fails is reported and left out, not fatal."""
+    `jobs` > 1, or any full (not --quick) multi-task suite: run `jobs` runs at once, each in
+    its own process, seed by seed (see `run_pending`), then summarise the finished ones; a
+    run that fails is reported and left out, not fatal."""
     if not no_run:  # every arm of every seed on a task starts from the same warm start
         plan = planned_runs(suite, seeds, out_root, quick, only, only_tasks)
         # each run's provenance records the hash it started from; a --no-run summary says
         # the same as the run that wrote the runs
         for task, ws in prepare_warmstarts(suite, plan, quick, log).items():
             log(f"{task}: warm start {ws['key']} sha256 {ws['sha256'][:12]} ({ws['source']})")
-    if jobs > 1 and not no_run:
+    # a full multi-task suite runs seed by seed in child processes even one at a time
+    # (seed_major: a stopped invocation leaves whole seeds); --quick stays in this process
+    if (jobs > 1 or (suite.get("tasks") and not quick)) and not no_run:
         run_pending(suite, seeds, out_root, quick, only, log, fresh, only_tasks, jobs)
         fresh, no_run = False, True  # the summary reads what the runs left on disk
     if suite.get("tasks"):
@@ -398,6 +401,15 @@ def check_fairness(
         log(f"WARNING (unfair comparison) {line}")
 
 
+def seed_major(
+    runs: list[tuple[str, Any, str | None, Path]],
+) -> list[tuple[str, Any, str | None, Path]]:
+    """The runs ordered by seed, suite order kept within a seed (run folders are named
+    `<variant>-s<seed>`): an invocation stopped part-way leaves whole seeds, every arm of
+    every task, for the table instead of every seed of the first arms only."""
+    return sorted(runs, key=lambda run: int(run[3].name.rsplit("-s", 1)[1]))
+
+
 def interleave_tasks(
     runs: list[tuple[str, Any, str | None, Path]],
 ) -> list[tuple[str, Any, str | None, Path]]:
@@ -452,7 +464,7 @@ def run_pending(
             log(f"skipping {label}: TRL is not installed (pip install 'replayrl[bench]')")
         elif fresh or finished_run(cfg, run_dir) is None:
             pending.append((label, cfg, peer, run_dir))
-    pending = interleave_tasks(pending)
+    pending = interleave_tasks(seed_major(pending))
     threads = max((cfg.train.threads or 1) for _, cfg, _, _ in pending) if pending else 1
     cores = os.cpu_count() or 1
     if jobs * threads > cores:
