@@ -504,6 +504,8 @@ NOT_OBSERVED: dict[str, str] = {
         f"ray.{k}": "Ray placement on a cluster, not training: tests/test_ray_cluster.py"
         for k in ("generator_resources", "learner_resources", "buffer_resources")
     },
+    "ray.weight_sync": "the weight path, not training: tests/test_weight_sync.py and "
+    "tests/test_ray_cluster.py (the broadcast's received weights equal the learner's)",
     **{
         f"vllm.{k}": "vLLM engine (CUDA GPU): tests/test_vllm_backend.py"
         for k in (

@@ -450,11 +450,25 @@ def test_ray_weight_sync_sends_the_generation_dtype(tmp_path):
     pool = ray_runtime.RayGeneratorPool.__new__(ray_runtime.RayGeneratorPool)
     pool.cfg = tiny_config(tmp_path, "precision.generation=bfloat16")
     pool.ray = SimpleNamespace(put=lambda state: put.append(state) or "ref")
+    pool.sync_path = "object_store"
     model = torch.nn.Linear(3, 2)
     pool.publish(model, 4)
     assert pool.weights == "ref" and pool.version == 4
     assert {t.dtype for t in put[0].values()} == {torch.bfloat16}
     assert torch.equal(put[0]["weight"], model.weight.detach().to(torch.bfloat16))
+    # the broadcast path snapshots the same version, packed, in the same dtype
+    from replayrl.distributed.broadcast import unpack
+    from replayrl.distributed.weight_sync import BroadcastSender
+
+    pool.sync_path, pool.sender = "broadcast", BroadcastSender(pool.ray, 1)
+    pool.publish(model, 5)
+    assert len(put) == 1 and pool.version == 5  # nothing through the object store
+    before = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)  # the learner trains on; the snapshot keeps version 5
+    sent = unpack(pool.sender.flat, pool.sender.layout)
+    assert pool.sender.flat.dtype == torch.bfloat16
+    assert torch.equal(sent["weight"], before.to(torch.bfloat16))
 
 
 def test_bench_speed_weight_sync_reports_bytes_and_seconds_of_both_paths(capsys):

@@ -796,6 +796,11 @@ class RayConfig(_Section):
     buffer_resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources per buffer shard actor"
     )
+    # how weights reach the generator actors (distributed/weight_sync.py); auto: a broadcast
+    # (NCCL) where learner and generators hold GPUs, the object store otherwise
+    weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
+        "auto", description="learner -> generator weight path: auto, object_store or broadcast"
+    )
 
 
 class Config(_Section):

@@ -11,8 +11,10 @@ collective, not one per tensor. The receiving model copies them into its own par
 
 from __future__ import annotations
 
+import datetime
 import pickle
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,6 +64,50 @@ def receive_weights(model: torch.nn.Module, dtype: torch.dtype, group: Any = Non
     flat = torch.empty(sum(n for _, _, n in layout), dtype=dtype, device=device)
     dist.broadcast(flat, src=0, group=group)
     load_trainable(model, unpack(flat, layout))
+
+
+@dataclass
+class PairGroup:
+    """A two-rank process group of its own: the learner (rank 0) and one generator (rank 1).
+
+    Built from its own TCPStore, not the default process group, which a data-parallel learner
+    already holds (torch allows one per process). One group per generator, not one for all:
+    asynchronous generators finish their batches at different times, and a collective over
+    all of them would wait for the slowest; a replaced generator gets a new pair."""
+
+    store: Any  # kept alive with the group
+    group: Any
+
+    @classmethod
+    def open(cls, host: str, port: int, rank: int, backend: str, timeout_s: float) -> PairGroup:
+        """Both ranks call this at about the same time (it returns once both have joined);
+        rank 0 serves the store on `port`."""
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, 2, rank == 0, timeout=timeout, wait_for_workers=False)
+        if backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            return cls(store, dist.ProcessGroupNCCL(store, rank, 2, options))
+        if backend != "gloo":
+            raise ValueError(f"weight broadcast: backend {backend!r} (nccl or gloo)")
+        return cls(store, dist.ProcessGroupGloo(store, rank, 2, timeout))
+
+    def broadcast(self, flat: torch.Tensor) -> None:
+        """Rank 0's `flat` into rank 1's (same size and dtype); raises on a lost peer once the
+        group's timeout passes, never hangs."""
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = 0, 0
+        self.group.broadcast([flat], options).wait()
+
+
+def receive_flat(
+    group: PairGroup, layout: Layout, dtype: torch.dtype, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Rank 1 of `group`: the learner's packed weights, unpacked by the learner's `layout`
+    (names and shapes checked again when they are loaded: `load_trainable`)."""
+    flat = torch.empty(sum(n for _, _, n in layout), dtype=dtype, device=device)
+    group.broadcast(flat)
+    return unpack(flat, layout)
 
 
 def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

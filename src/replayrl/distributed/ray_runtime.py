@@ -4,7 +4,8 @@ The driver (`replayrl train runtime=ray`) starts or joins Ray, places a learner 
 `ray.learner_num_cpus/gpus`, and waits. The learner actor runs the same AsyncTrainer loop as
 async-local; its generators are actors placed by `ray.generator_num_cpus/gpus`, its buffer
 an actor (`ray.buffer_num_cpus`). Weights travel through Ray's object store as one object
-per sync. The run folder must be on a filesystem the learner's node can write.
+per sync, or by a broadcast between GPUs (`ray.weight_sync`, distributed/weight_sync.py).
+The run folder must be on a filesystem the learner's node can write.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import torch
 import yaml
 
 from replayrl.config.schema import Config, build_config, config_to_yaml
+from replayrl.distributed.broadcast import Layout, PairGroup, receive_flat
 from replayrl.distributed.ddp import data_parallel, free_port, init_group, weights_digest
 from replayrl.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
+from replayrl.distributed.weight_sync import BroadcastSender, weight_sync_path
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import GeneratorWorker
 from replayrl.errors import RunFailed, RunStopped
@@ -72,6 +75,24 @@ class GeneratorActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def join_weights(
+        self, host: str, port: int, backend: str, timeout_s: float, layout: Layout
+    ) -> None:
+        """Rank 1 of a weight-broadcast pair with the learner (ray.weight_sync=broadcast)."""
+        device = next(self.worker.model.parameters()).device
+        if backend == "nccl" and device.type != "cuda":
+            raise RuntimeError(
+                "ray.weight_sync=broadcast: the learner sends over NCCL (GPU) but this "
+                f"generator's model is on {device}; give generators GPUs "
+                "(ray.generator_num_gpus) or set ray.weight_sync=object_store"
+            )
+        self.pair, self.layout = PairGroup.open(host, port, 1, backend, timeout_s), layout
+
+    def receive_weights(self, version: int, dtype: str) -> None:
+        device = next(self.worker.model.parameters()).device
+        dt = getattr(torch, dtype.removeprefix("torch."))
+        self.worker.set_weights(receive_flat(self.pair, self.layout, dt, device), version)
 
     def generate(self, weights: dict | None, version: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -254,6 +275,8 @@ class RayGeneratorPool:
         self.hold = self.paused = False
         self.lost = 0
         self._pids: dict[str, int] = {}
+        self.sync_path = weight_sync_path(cfg)
+        self.sender = BroadcastSender(self.ray, cfg.workers.startup_timeout)
 
     def _new_actor(self, worker_id: int, incarnation: int) -> Any:
         a = self.actor_cls.options(name=None).remote(self.cfg_yaml, worker_id, incarnation)
@@ -272,7 +295,10 @@ class RayGeneratorPool:
         # in the generation dtype: what the generators sample in (a bf16 sampler: half the
         # bytes through the object store; distributed/broadcast.py is the collective path)
         dtype = choose_for(self.cfg.precision, model).generation
-        self.weights = self.ray.put(trainable_state(model, dtype))
+        if self.sync_path == "broadcast":
+            self.sender.snapshot(model, dtype)  # sent to each generator before its next batch
+        else:
+            self.weights = self.ray.put(trainable_state(model, dtype))
         self.version = version
 
     def _submit(self) -> None:
@@ -283,6 +309,13 @@ class RayGeneratorPool:
             if i in busy:
                 continue
             new = self.weights if self.synced[i] != self.version else None
+            if self.sync_path == "broadcast" and self.synced[i] != self.version:
+                new = None
+                try:
+                    self.sender.send(i, a, self.version)
+                except Exception as exc:  # the generator is gone: nothing of it in flight
+                    self._replace(i, exc, lost=0)
+                    continue  # the replacement is synced at the next poll
             self.pending[a.generate.remote(new, self.version)] = i
             self.synced[i] = self.version
 
@@ -299,9 +332,11 @@ class RayGeneratorPool:
         self._submit()
         return out
 
-    def _replace(self, i: int, exc: Exception) -> None:
-        lost = self.cfg.rollouts_per_step
+    def _replace(self, i: int, exc: Exception, lost: int | None = None) -> None:
+        """Generator `i` died; `lost`: rollouts of its batch in flight (default: one batch)."""
+        lost = self.cfg.rollouts_per_step if lost is None else lost
         self.lost += lost
+        self.sender.forget(i)
         if self.restart_counts[i] >= self.cfg.workers.max_restarts:
             raise RunFailed(
                 f"generator worker {i} died after {self.restart_counts[i]} restarts "
@@ -345,6 +380,12 @@ class RayGeneratorPool:
     def restarts(self) -> dict[str, int]:
         return {f"generator/{i}": n for i, n in enumerate(self.restart_counts)}
 
+    def sync_figures(self) -> dict[str, Any]:
+        """The weight path and, for the broadcast, syncs, bytes and seconds so far."""
+        if self.sync_path == "broadcast":
+            return {"path": "broadcast", "backend": self.sender.backend, **self.sender.figures}
+        return {"path": "object_store"}
+
 
 class RayAsyncTrainer(AsyncSession):
     """An AsyncSession with a buffer actor and generator actors (runs inside LearnerActor)."""
@@ -386,6 +427,8 @@ class RayAsyncTrainer(AsyncSession):
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
+        if isinstance(self.pool, RayGeneratorPool):
+            out["weight_sync"] = self.pool.sync_figures()
         if self.followers:  # data parallelism must leave identical replicas
             digests = {weights_digest(self.model)} | set(
                 _ray().get([f.digest.remote() for f in self.followers])

@@ -1,0 +1,81 @@
+"""How the Ray runtime's learner sends weights to its generator actors.
+
+`object_store`: one host copy per sync in the generation dtype, put in Ray's object store and
+handed to each generator with its next `generate` call (deserialised there, copied in).
+`broadcast`: a collective over a two-rank group per generator (distributed/broadcast.py,
+`PairGroup`): NCCL between GPUs, as OpenRLHF and verl sync, gloo on CPU. The learner keeps
+one packed snapshot of each published version (the version a generator is told it holds is
+the one it gets, even while the learner trains on) and sends it to a generator just before
+that generator's next batch, when the generator is idle.
+
+`ray.weight_sync: auto` takes the broadcast where the learner and the generators hold GPUs,
+the object store otherwise (on CPU the object store's host copy costs nothing extra).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from replayrl.config.schema import Config
+from replayrl.distributed.broadcast import Layout, PairGroup, layout_of, pack
+from replayrl.distributed.ddp import free_port, process_group_backend
+
+
+def weight_sync_path(cfg: Config) -> str:
+    """`object_store` or `broadcast`, as `ray.weight_sync` says (`auto`: see the module)."""
+    rc = cfg.ray
+    if rc.weight_sync != "auto":
+        return rc.weight_sync
+    return "broadcast" if rc.learner_num_gpus > 0 and rc.generator_num_gpus > 0 else "object_store"
+
+
+class BroadcastSender:
+    """The learner's end of the broadcast path: one `PairGroup` per generator, opened at its
+    first sync; `send` raises when the generator is gone (the pool then replaces it, and the
+    replacement gets a new pair)."""
+
+    def __init__(self, ray: Any, timeout_s: float) -> None:
+        self.ray, self.timeout_s = ray, timeout_s
+        self.pairs: dict[int, PairGroup] = {}
+        self.flat: torch.Tensor | None = None
+        self.layout: Layout = []
+        self.backend = "gloo"
+        self.figures = {"syncs": 0, "bytes": 0, "seconds": 0.0}
+
+    def snapshot(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
+        """Pack the trainable weights of the version being published (a copy, on the
+        model's device, in `dtype`)."""
+        state = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.layout = layout_of(state)
+        self.flat = pack(state, dtype)
+        self.backend = process_group_backend(self.flat.device)
+
+    def send(self, worker_id: int, actor: Any, version: int) -> None:
+        """The snapshot to generator `worker_id` (idle: no call of it in flight)."""
+        assert self.flat is not None, "send before the first snapshot"
+        t0 = time.perf_counter()
+        if worker_id not in self.pairs:
+            self.pairs[worker_id] = self._open(actor)
+        ref = actor.receive_weights.remote(version, str(self.flat.dtype))
+        try:
+            self.pairs[worker_id].broadcast(self.flat)
+            self.ray.get(ref, timeout=self.timeout_s)
+        except BaseException:
+            self.pairs.pop(worker_id, None)  # a replacement opens its own pair
+            raise
+        self.figures["syncs"] += 1
+        self.figures["bytes"] += self.flat.numel() * self.flat.element_size()
+        self.figures["seconds"] += time.perf_counter() - t0
+
+    def forget(self, worker_id: int) -> None:
+        self.pairs.pop(worker_id, None)
+
+    def _open(self, actor: Any) -> PairGroup:
+        host, port = self.ray.util.get_node_ip_address(), free_port()
+        ref = actor.join_weights.remote(host, port, self.backend, self.timeout_s, self.layout)
+        pair = PairGroup.open(host, port, 0, self.backend, self.timeout_s)
+        self.ray.get(ref, timeout=self.timeout_s)
+        return pair
