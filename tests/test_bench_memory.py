@@ -39,3 +39,18 @@ def test_bench_memory_is_a_bench_subcommand():
     args = cli.build_parser().parse_args(cli.legacy_bench_form(argv))
     assert args.func is cli._cmd_bench_memory
     assert (args.model, args.rows, args.checkpointing) == ("qwen2.5-0.5b", [1, 8], True)
+
+
+def test_lm_head_kind_measures_the_head_function_on_given_states(tmp_path):
+    out = tmp_path / "mem.json"
+    argv = ["bench", "memory", "--kinds", "lm-head", "--tokens", "8", "--rows", "1", "2"]
+    assert cli_main([*argv, "--device", "cpu", "--json", str(out)]) == 0
+    one, two = json.loads(out.read_text())
+    assert (one["kind"], one["rows"], two["rows"]) == ("lm-head", 1, 2)
+    # the weight gradient (vocab x hidden fp32, ~108 MiB) is the head's own, every row count
+    assert one["peak_step"] > 49152 * 576 * 4 * 0.9
+    assert set(one["formula"]) == {"weight_grad", "chunk", "states_grad"}
+    # the formula's only row-dependent term is the states' gradient
+    f1, f2 = memory.formula(one), memory.formula(two)
+    assert f1["weight_grad"] == f2["weight_grad"]
+    assert f2["states_grad"] == 2 * f1["states_grad"] == 2 * 7 * 576 * 4

@@ -5,7 +5,7 @@ random weights (nothing is downloaded), beside a stated formula.
 Each measurement runs in a fresh subprocess. On CPU the figure is the growth of the resident
 set: the kernel's peak-RSS counter (VmHWM) is reset through /proc/self/clear_refs just
 before the measured work and read after it, minus the RSS before the model was built
-(`total`) or just before the work (`head`). On CUDA it is torch.cuda.max_memory_allocated
+(`total`) or just before the work (`head`, `lm-head`). On CUDA it is torch.cuda.max_memory_allocated
 (reset the same way). The formula (bytes, fp32):
 
     weights + grads + optimizer (AdamW: 2 x trainable) + activations + head
@@ -19,6 +19,11 @@ before the measured work and read after it, minus the RSS before the model was b
   softmax, their gradient), whatever the number of rows, since backward recomputes each
   chunk's logits (learner/logprobs.py), and three tokens x hidden tensors (the final states,
   the norm's input, their gradient);
+- lm-head: the head's function alone (learner/logprobs.py `_head_logprobs`, chunked, backward
+  recomputing each chunk) on given final states of every completion token: one vocab x
+  hidden weight-gradient temporary and the gradient itself, the three chunk x vocab fp32
+  tensors, and the states' gradient (tokens x hidden); the states themselves are inputs,
+  allocated before the baseline;
 - generation: weights + KV cache (2 x layers x kv x rows x length) + a few rows x vocab logits.
 
 The model configs are SmolLM2-135M's LlamaConfig values and Qwen2.5-0.5B's shapes (vocabulary
@@ -66,7 +71,7 @@ QWEN25_05B_SHAPED: dict[str, Any] = {
     "attention_bias": True,
 }
 CONFIGS = {"smollm2-135m": SMOLLM2_135M, "qwen2.5-0.5b": QWEN25_05B_SHAPED}
-KINDS = ("head", "full", "lora", "generation")
+KINDS = ("head", "lm-head", "full", "lora", "generation")
 _PROMPT = 64
 _GEN_TOKENS = 16
 _MB = 1 << 20
@@ -165,7 +170,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["kind"] == "lora":
         import peft  # noqa: F401
     start = _reset_peak(cuda)
-    layers = 0 if spec["kind"] == "head" else spec["layers"]
+    layers = 0 if spec["kind"] in ("head", "lm-head") else spec["layers"]
     model = build_model(spec["model"], layers, device)
     if spec["kind"] == "lora":
         from replayrl.config.schema import LoraConfig, ModelConfig
@@ -199,7 +204,16 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         batch = make_batch(vocab, spec["rows"], tokens, device)
         model.train()
         base = _reset_peak(cuda)
-        if spec["kind"] == "head":  # embedding + final norm + head: the head's own memory
+        if spec["kind"] == "lm-head":  # the head's function alone, on given final states
+            from replayrl.learner.logprobs import _head_logprobs
+
+            sel = batch["mask"].bool()
+            states = torch.randn(int(sel.sum()), CONFIGS[spec["model"]]["hidden_size"])
+            states = states.to(device).requires_grad_(True)
+            base = _reset_peak(cuda)
+            logps, _ = _head_logprobs(states, model.lm_head, batch, sel, 1.0, False)
+            (logps * batch["mask"]).sum().backward()
+        elif spec["kind"] == "head":  # embedding + final norm + head: the head's own memory
             from replayrl.learner.logprobs import token_logprobs
 
             logps, _ = token_logprobs(model, batch, 1.0)
@@ -219,7 +233,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 def formula(spec: dict[str, Any], chunk_elements: int = 1 << 25) -> dict[str, int]:
     """The predicted peak in bytes by term (module docstring)."""
     c = dict(CONFIGS[spec["model"]])
-    layers = 0 if spec["kind"] == "head" else spec["layers"]
+    layers = 0 if spec["kind"] in ("head", "lm-head") else spec["layers"]
     h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
     per_layer = 4 * h * h + 2 * h * kv + 3 * h * inter + 2 * h
@@ -244,6 +258,12 @@ def formula(spec: dict[str, Any], chunk_elements: int = 1 << 25) -> dict[str, in
     # the head's and the tied embedding's weight-gradient contributions before they are
     # summed into the gradient, and one chunk's fp32 logits, softmax and their gradient
     head = 2 * v * h * 4 + 3 * min(chunk, n_tok) * v * 4 + n_tok * h * 4 * 3
+    if spec["kind"] == "lm-head":
+        return {
+            "weight_grad": 2 * v * h * 4,
+            "chunk": 3 * min(chunk, n_tok) * v * 4,
+            "states_grad": n_tok * h * 4,
+        }
     out = {
         "weights": 4 * n_params,
         "grads": 4 * trainable,
@@ -268,10 +288,11 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 def _row(r: dict[str, Any]) -> str:
     terms = formula(r)
     predicted = sum(terms.values())
-    measured = r["peak_step"] if r["kind"] == "head" else r["peak_total"]
+    measured = r["peak_step"] if r["kind"] in ("head", "lm-head") else r["peak_total"]
     ckpt = "yes" if r.get("checkpointing") else "no"
+    layers = 0 if r["kind"] in ("head", "lm-head") else r["layers"]
     return (
-        f"| {r['model']} | {r['kind']} | {r['layers'] if r['kind'] != 'head' else 0} | "
+        f"| {r['model']} | {r['kind']} | {layers} | "
         f"{r['rows']} | {r['tokens']} | {ckpt} | {measured / _MB:,.0f} | "
         f"{predicted / _MB:,.0f} | {measured / max(predicted, 1):.2f} | {r['seconds']} |"
     )
