@@ -169,8 +169,13 @@ def test_sharded_step_equals_unsharded_and_resumes_exactly(
         assert torch.equal(v, two[k]), k  # resume from the gathered state is exact
 
 
-@pytest.mark.parametrize("runtime", ["sync", "async-local", "ray"])
+@pytest.mark.parametrize("runtime", ["sync", "async-local"])
 def test_sharding_is_refused_where_no_runtime_runs_it(runtime: str) -> None:
     assert load_config(None, [f"runtime={runtime}"]).train.sharding == "none"
-    with pytest.raises(ValueError, match="train.sharding=fsdp: runtime=.* does not run"):
+    with pytest.raises(ValueError, match="train.sharding=fsdp: it shards over learner ranks"):
         load_config(None, [f"runtime={runtime}", "train.sharding=fsdp"])
+
+
+def test_ray_with_two_learners_accepts_sharding() -> None:
+    cfg = load_config(None, ["runtime=ray", "workers.learners=2", "train.sharding=fsdp"])
+    assert cfg.train.sharding == "fsdp"
