@@ -40,7 +40,7 @@ def quiet(_: str) -> None:
     pass
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_ray():
     import ray
 
@@ -115,7 +115,9 @@ def test_a_sharded_ray_step_equals_the_single_learner_step_and_publishes_full_we
     assert set(received) == set(expected)
     moved = 0.0
     for name, tensor in received.items():
-        assert tensor.shape == expected[name].shape, name  # full tensors, not rank 0's shard
+        # plain full tensors, not rank 0's shard (a DTensor's .shape is the global one)
+        assert type(tensor) is torch.Tensor, (name, type(tensor))
+        assert tensor.shape == expected[name].shape, name
         torch.testing.assert_close(tensor, expected[name], atol=1e-6, rtol=0)
         moved = max(moved, float((tensor - model.state_dict()[name]).abs().max()))
     assert moved > 5e-5  # the step changed the weights: the comparison is not vacuous
@@ -139,7 +141,6 @@ def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
             *LAYERS,
             *SHARDED,
             "train.steps=2",
-            "eval.every=1",
             f"logging.run_dir={tmp_path}",
         ],
     )
@@ -148,7 +149,7 @@ def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
     assert summary["steps"] == 2
     assert summary["accounting"]["trainers"] == 2
     evals = [m["step"] for m in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in m]
-    assert evals == [0, 1, 2]  # rank 0 evaluated the gathered policy at start and each step
+    assert evals == [0, 2]  # rank 0 evaluated the gathered policy at the start and the end
     ckpt = latest_checkpoint(run)
     assert ckpt is not None and ckpt.name == "step_000002"
     policy = AutoModelForCausalLM.from_pretrained(ckpt / "policy")

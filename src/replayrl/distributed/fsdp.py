@@ -138,8 +138,8 @@ def _trainable_names(model: torch.nn.Module) -> list[str]:
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
     """A sharded AdamW's state gathered to full CPU tensors, in the layout of an unsharded
-    `optimizer.state_dict()` (entries keyed by the parameter's index): a checkpoint written by
-    sharded learners resumes with any number of ranks, or none."""
+    `optimizer.state_dict()` (entries keyed by the parameter's index): an unsharded learner
+    loads it as it is, and `shard_learner` splits it again over the ranks."""
     index = {name: i for i, name in enumerate(_trainable_names(model))}
     optim: Any = get_optimizer_state_dict(model, optimizer, options=_FULL)
     # copies: the unsharded entries (each parameter's step count) are the live tensors

@@ -11,8 +11,7 @@ asks every follower to join (`gather`) and gathers itself, in the same order on 
 - an evaluation: gathered into an unsharded copy rank 0 generates with;
 - a checkpoint: the full policy as an HF folder, and the AdamW state gathered into an
   unsharded optimizer's layout. A resume loads both into the unsharded learners, which are
-  then sharded again, each rank keeping its part (`fsdp.shard_learner`), so a sharded
-  checkpoint also resumes with `train.sharding: none`.
+  then sharded again, each rank keeping its part (`fsdp.shard_learner`).
 """
 
 from __future__ import annotations
