@@ -23,7 +23,6 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -183,8 +182,3 @@ def full_learner_state(learner: Any) -> dict[str, object]:
         **learner.state_dict(),
         "optimizer": full_optimizer_state(learner.model, learner.optimizer),
     }
-
-
-def load_full_model(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Full tensors (an HF folder's weights) into a sharded policy: each rank keeps its part."""
-    set_model_state_dict(model, dict(state), options=_FULL)  # dict(): torch edits it
