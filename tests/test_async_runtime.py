@@ -59,6 +59,9 @@ def _rollout(version: int) -> Rollout:
 
 
 # -- config ------------------------------------------------------------------------------------
+FSDP = ["runtime=ray", "workers.learners=2", "train.sharding=fsdp"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -91,6 +94,13 @@ def _rollout(version: int) -> Rollout:
             "remix.enabled needs workers.learners=1",
         ),
         (["runtime=threads"], "runtime"),
+        # sharded learners (train.sharding=fsdp): what they do not run, refused by name
+        (["train.sharding=fsdp"], "workers.learners >= 2"),
+        (["runtime=ray", "train.sharding=fsdp"], "workers.learners >= 2"),
+        (["runtime=async-local", "train.sharding=fsdp"], "use runtime=ray"),
+        (FSDP + ["model.lora.enabled=true"], "train.sharding=fsdp: model.lora.enabled"),
+        (FSDP + ["kl.beta=0.04"], "train.sharding=fsdp: kl.beta > 0"),
+        (FSDP + ["train.max_tokens_per_micro_batch=64"], "max_tokens_per_micro_batch packs"),
     ],
 )
 def test_async_config_errors_name_the_key(overrides: list[str], message: str) -> None:

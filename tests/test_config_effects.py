@@ -445,8 +445,8 @@ NOT_OBSERVED: dict[str, str] = {
     "train.device": "where tensors live, not what is computed (auto = cpu here): "
     "tests/test_gpu_contracts.py (placement, meta-device inputs) and tests/test_gpu_device.py",
     "train.logprobs_impl": "same log-probs by design: tests/test_logprobs.py",
-    "train.sharding": "fsdp is refused until a runtime runs sharded learners; the sharded "
-    "step equals the unsharded one: tests/test_fsdp.py",
+    "train.sharding": "same step by design (oracle: a sharded Ray step == the single-learner "
+    "step), tests/test_ray_fsdp.py and tests/test_fsdp.py",
     "critic.warmup_steps": "read by the session (policy frozen while step < N): "
     "benchmarks/equivalence.py's ppo case, tests/test_wiring.py",
     "eval.every": f"evaluation schedule, not training: {ELSEWHERE} tests/test_run.py",

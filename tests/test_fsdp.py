@@ -43,6 +43,18 @@ def rollouts(model, char_tokenizer) -> list[Rollout]:
     return as_rollouts(samples, np.random.default_rng(0).normal(size=len(samples)).tolist())
 
 
+def _local_optimizer_state(learner: Learner) -> dict[str, torch.Tensor]:
+    """This rank's part of the AdamW state (copies), keyed by parameter name and entry."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in learner.model.named_parameters():
+        for k, v in learner.optimizer.state[p].items():
+            local = v.to_local() if isinstance(v, DTensor) else v
+            out[f"{name}.{k}"] = local.detach().clone()
+    return out
+
+
 def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> None:
     """Rank `rank`: shard, one step per batch on its half (saving the full state after the
     first), then a fresh sharded learner resumed from that state takes the second step."""
@@ -79,15 +91,24 @@ def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -
     if rank == 0:  # a checkpoint's policy folder, loadable without torch.distributed
         hf.save_pretrained(f"{out}/policy")
     state = fsdp.full_learner_state(learner)
-    # the gathered optimizer state: full tensors keyed by parameter name
+    # the gathered optimizer state: full tensors in an unsharded optimizer's layout
+    names = [n for n, p in learner.model.named_parameters() if p.requires_grad]
     adam = state["optimizer"]["state"]  # type: ignore[index]
-    save("adam.safetensors", {f"{n}.{k}": v for n, s in adam.items() for k, v in s.items()})
+    save("adam.safetensors", {f"{names[i]}.{k}": v for i, s in adam.items() for k, v in s.items()})
+    shards = _local_optimizer_state(learner)
     learner.train_step(half[1], np.random.default_rng(rank), step=1)
     save("step2.safetensors", fsdp.full_state(learner.model))
 
-    resumed = sharded()
-    fsdp.load_full_model(resumed.model, weights)
-    fsdp.load_full_learner_state(resumed, state)
+    # a resume as a run does it: the unsharded learner loads the checkpoint, then is sharded
+    plain = copy.deepcopy(model)
+    plain.load_state_dict(weights)
+    resumed = Learner(plain, pad_id, cfg)
+    resumed.load_state_dict(state)
+    fsdp.shard_learner(resumed, WORLD)
+    again = _local_optimizer_state(resumed)
+    assert set(again) == set(shards) and shards
+    for k, v in shards.items():  # each rank holds exactly the shard it held before
+        assert torch.equal(again[k], v), (rank, k)
     resumed.train_step(half[1], np.random.default_rng(rank), step=1)
     save("resumed.safetensors", fsdp.full_state(resumed.model))
     torch.distributed.destroy_process_group()
@@ -148,8 +169,13 @@ def test_sharded_step_equals_unsharded_and_resumes_exactly(
         assert torch.equal(v, two[k]), k  # resume from the gathered state is exact
 
 
-@pytest.mark.parametrize("runtime", ["sync", "async-local", "ray"])
+@pytest.mark.parametrize("runtime", ["sync", "async-local"])
 def test_sharding_is_refused_where_no_runtime_runs_it(runtime: str) -> None:
     assert load_config(None, [f"runtime={runtime}"]).train.sharding == "none"
-    with pytest.raises(ValueError, match="train.sharding=fsdp: runtime=.* does not run"):
+    with pytest.raises(ValueError, match="train.sharding=fsdp: it shards over learner ranks"):
         load_config(None, [f"runtime={runtime}", "train.sharding=fsdp"])
+
+
+def test_ray_with_two_learners_accepts_sharding() -> None:
+    cfg = load_config(None, ["runtime=ray", "workers.learners=2", "train.sharding=fsdp"])
+    assert cfg.train.sharding == "fsdp"

@@ -236,8 +236,11 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "torch_empty_cache_steps": (None, "not supported"),
     "jit_mode_eval": (False, "not supported"),
     "enable_jit_checkpoint": (False, "not supported: Ctrl-C writes a checkpoint"),
-    "fsdp": (None, "not supported: data parallel learners are runtime='ray'"),
-    "fsdp_config": (None, "not supported: data parallel learners are runtime='ray'"),
+    "fsdp": (None, "not mapped: sharded learners are runtime='ray' with train.sharding='fsdp'"),
+    "fsdp_config": (
+        None,
+        "not mapped: sharded learners are runtime='ray' with train.sharding='fsdp'",
+    ),
     "deepspeed": (None, "not supported: data parallel learners are runtime='ray'"),
     "parallelism_config": (None, "not supported: data parallel learners are runtime='ray'"),
 }

@@ -679,9 +679,12 @@ class TrainConfig(_Section):
     # chunked one is tested against (rounding differs at ~1e-7: select it to reproduce runs
     # made with it bit for bit)
     logprobs_impl: Literal["chunked", "full"] = "chunked"
-    # fsdp = the policy, its gradients and AdamW state sharded across the learner ranks with
-    # FSDP2 (replayrl.distributed.fsdp); not yet run by any runtime, so refused for now
-    sharding: Literal["none", "fsdp"] = "none"
+    sharding: Literal["none", "fsdp"] = Field(
+        "none",
+        description="fsdp = the policy, its gradients and AdamW state sharded across the "
+        "learner ranks with FSDP2 (runtime=ray, workers.learners >= 2; not with LoRA or "
+        "kl.beta > 0); none = every learner holds the whole policy (data-parallel)",
+    )
     # no silent non-training: this many steps in a row in which nothing could be trained (a
     # reward function failed on every call, every update was skipped as non-finite, or the
     # gradient was exactly 0 despite non-zero advantages) end the run with an error; 0 = never
@@ -884,11 +887,7 @@ class Config(_Section):
                 raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
             self._check_remix()
         if self.train.sharding == "fsdp":
-            raise ValueError(
-                f"train.sharding=fsdp: runtime={self.runtime} does not run sharded learners "
-                "yet (they exist as replayrl.distributed.fsdp, not wired into the Ray "
-                "learners); use train.sharding=none"
-            )
+            self._check_sharding()
         lockstep = RUNTIMES.get(self.runtime).lockstep
         if self.train.rollout_budget is not None and not lockstep:
             raise ValueError(
@@ -904,6 +903,35 @@ class Config(_Section):
         if not lockstep:
             self._check_async()
         return self
+
+    def _check_sharding(self) -> None:
+        """train.sharding=fsdp: what the sharded learners (distributed/fsdp.py) run."""
+        t, why = self.train, None
+        if not RUNTIMES.get(self.runtime).multi_learner or self.workers.learners < 2:
+            why = (
+                f"it shards over learner ranks: use {runtimes_with('multi_learner')} with "
+                f"workers.learners >= 2 (got runtime={self.runtime}, workers.learners="
+                f"{self.workers.learners})"
+            )
+        elif self.model.lora.enabled:
+            why = (
+                "model.lora.enabled: the adapters are small and the base is frozen, so "
+                "there is little to shard; use train.sharding=none (data-parallel learners)"
+            )
+        elif self.kl.beta > 0:
+            why = (
+                "kl.beta > 0 keeps frozen policies (the reference, pi_{k-1}) that would be "
+                "unsharded copies on every rank, undoing the memory sharding saves; use "
+                "kl.beta=0 or train.sharding=none"
+            )
+        elif t.max_tokens_per_micro_batch is not None:
+            why = (
+                "train.max_tokens_per_micro_batch packs each rank's rollouts into its own "
+                "number of micro-batches, while every sharded forward is a collective all "
+                "ranks must join; use train.micro_batch_size"
+            )
+        if why is not None:
+            raise ValueError(f"train.sharding=fsdp: {why}")
 
     def _check_loss_requirements(self) -> None:
         """A loss that is only meant for one setting (its registry entry's `requires`)."""

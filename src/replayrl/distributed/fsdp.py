@@ -23,7 +23,6 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -67,15 +66,19 @@ def _replicated_mean(params: list[torch.nn.Parameter]) -> None:
 
 
 def shard_learner(learner: Any, world: int) -> None:
-    """Make a learner one of `world` sharded ranks (the process group already joined).
+    """Make a learner one of `world` sharded ranks (the process group already joined; every
+    rank calls it at once).
 
     FSDP replaces the parameters with sharded ones, so the optimizer and its learning-rate
-    schedule are rebuilt over them; call this before any step or state load."""
+    schedule are rebuilt over them; AdamW state the learner already holds (a resumed run's,
+    loaded unsharded by `learner.load_state_dict`) is carried over, each rank keeping its part.
+    """
     what = _unsupported(learner)
     if what is not None:
         raise ValueError(f"train.sharding=fsdp does not support {what} yet")
-    if learner.updates:
-        raise ValueError("train.sharding=fsdp: shard the learner before its first step")
+    if learner.world_size != 1:
+        raise ValueError("train.sharding=fsdp: this learner is already one of several ranks")
+    carried = learner.optimizer.state_dict() if learner.optimizer.state else None
     shard_policy(learner.model)
     t = learner.cfg.train
     learner.optimizer = torch.optim.AdamW(
@@ -89,6 +92,8 @@ def shard_learner(learner: Any, world: int) -> None:
         t.steps,
         warmup_steps(t.steps, t.warmup_steps, t.warmup_ratio),
     )
+    if carried is not None:
+        load_full_optimizer_state(learner.model, learner.optimizer, carried)
     learner.full_logprobs = True  # through model(...): see the module docstring
     learner.grad_hook = _replicated_mean
     learner.count_reducer = sum_over_ranks
@@ -125,37 +130,55 @@ def full_model(model: torch.nn.Module) -> torch.nn.Module:
     return copy.eval()
 
 
-def full_learner_state(learner: Any) -> dict[str, object]:
-    """`learner.state_dict()` with the optimizer state gathered to full tensors (keyed by
-    parameter name), as a checkpoint stores it."""
-    state = learner.state_dict()
-    optim: Any = get_optimizer_state_dict(learner.model, learner.optimizer, options=_FULL)
+def _trainable_names(model: torch.nn.Module) -> list[str]:
+    """The optimizer's parameters in its own order (the learner's AdamW takes them so)."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    """A sharded AdamW's state gathered to full CPU tensors, in the layout of an unsharded
+    `optimizer.state_dict()` (entries keyed by the parameter's index): an unsharded learner
+    loads it as it is, and `shard_learner` splits it again over the ranks."""
+    index = {name: i for i, name in enumerate(_trainable_names(model))}
+    optim: Any = get_optimizer_state_dict(model, optimizer, options=_FULL)
     # copies: the unsharded entries (each parameter's step count) are the live tensors
-    state["optimizer"] = {
+    return {
         "state": {
-            name: {
+            index[name]: {
                 k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
                 for k, v in s.items()
             }
             for name, s in optim["state"].items()
         },
-        "param_groups": [dict(g) for g in optim["param_groups"]],
+        "param_groups": [
+            {**g, "params": [index[n] for n in g["params"]]} for g in optim["param_groups"]
+        ],
     }
-    return state
 
 
-def load_full_learner_state(learner: Any, state: dict[str, object]) -> None:
-    """Restore `full_learner_state` output into a sharded learner: each rank keeps its part."""
-    full: Any = state["optimizer"]
-    # torch swaps the given tensors for sharded ones in place: hand it copies of the mappings
-    optim = {
-        "state": {name: dict(s) for name, s in full["state"].items()},
-        "param_groups": [dict(g) for g in full["param_groups"]],
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: Any, state: Any) -> None:
+    """An unsharded `optimizer.state_dict()` into a sharded AdamW: each rank keeps its part."""
+    names = _trainable_names(model)
+    try:
+        optim = {  # torch swaps the given tensors for sharded ones in place: new mappings
+            "state": {names[int(i)]: dict(s) for i, s in state["state"].items()},
+            "param_groups": [
+                {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]
+            ],
+        }
+    except (IndexError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"train.sharding=fsdp: the optimizer state does not match the policy's "
+            f"{len(names)} trainable parameters ({type(exc).__name__}: {exc})"
+        ) from None
+    set_optimizer_state_dict(model, optimizer, optim, options=_FULL)
+
+
+def full_learner_state(learner: Any) -> dict[str, object]:
+    """`learner.state_dict()` with the optimizer state gathered (`full_optimizer_state`): the
+    same layout as an unsharded learner's, so `learner.load_state_dict` before
+    `shard_learner` resumes it."""
+    return {
+        **learner.state_dict(),
+        "optimizer": full_optimizer_state(learner.model, learner.optimizer),
     }
-    set_optimizer_state_dict(learner.model, learner.optimizer, optim, options=_FULL)
-    learner.load_state_dict({**state, "optimizer": learner.optimizer.state_dict()})
-
-
-def load_full_model(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Full tensors (an HF folder's weights) into a sharded policy: each rank keeps its part."""
-    set_model_state_dict(model, dict(state), options=_FULL)  # dict(): see above

@@ -24,7 +24,14 @@ import yaml
 
 from replayrl.config.schema import Config, build_config, config_to_yaml
 from replayrl.distributed.broadcast import Layout, PairGroup, receive_flat
-from replayrl.distributed.ddp import data_parallel, free_port, init_group, weights_digest
+from replayrl.distributed.ddp import free_port, init_group, weights_digest
+from replayrl.distributed.fsdp_learner import (
+    ShardedLeader,
+    ShardedSession,
+    follow_gather,
+    is_sharded,
+    join_learners,
+)
 from replayrl.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
 from replayrl.distributed.weight_sync import BroadcastSender, weight_sync_path
 from replayrl.distributed.weights import trainable_state
@@ -188,8 +195,8 @@ class ShardedRemoteBuffer:
 
 
 class FollowerActor:
-    """Learner rank r > 0: a replica of the policy that trains on its own shard's B / T and
-    averages gradients with the other ranks."""
+    """Learner rank r > 0: a replica of the policy (or, under train.sharding=fsdp, its shard)
+    that trains on its own shard's B / T and averages gradients with the other ranks."""
 
     def __init__(self, cfg_yaml: str, rank: int, world: int, policy_path: str | None) -> None:
         _quiet()
@@ -212,10 +219,15 @@ class FollowerActor:
 
     def join(self, address: str, port: int) -> None:
         init_group(self.rank, self.world, address, port, device=model_device(self.model))
-        data_parallel(self.learner, self.world)
+        join_learners(self.learner, self.world)
 
     def load_learner_state(self, state: dict[str, Any]) -> None:
+        """A resumed run's learner state, before `join` (a sharded learner takes it then)."""
         self.learner.load_state_dict(state)
+
+    def gather(self, parts: tuple[str, ...]) -> None:
+        """Join rank 0's gather of the full weights or optimizer state (sharded learners)."""
+        follow_gather(self.learner, parts)
 
     def train_step(self, shard: Any, n: int, version: int, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -387,7 +399,7 @@ class RayGeneratorPool:
         return {"path": "object_store"}
 
 
-class RayAsyncTrainer(AsyncSession):
+class RayAsyncTrainer(ShardedSession, AsyncSession):
     """An AsyncSession with a buffer actor and generator actors (runs inside LearnerActor)."""
 
     def __init__(self, cfg: Config, run_dir: Path, log: Log = print, resume: bool = False):
@@ -427,9 +439,10 @@ class RayAsyncTrainer(AsyncSession):
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
-        if isinstance(self.pool, RayGeneratorPool):
-            out["weight_sync"] = self.pool.sync_figures()
-        if self.followers:  # data parallelism must leave identical replicas
+        sync_figures = getattr(self.pool, "sync_figures", None)  # a sharded run wraps the pool
+        if sync_figures is not None:
+            out["weight_sync"] = sync_figures()
+        if self.followers and self.sharded is None:  # data parallelism: identical replicas
             digests = {weights_digest(self.model)} | set(
                 _ray().get([f.digest.remote() for f in self.followers])
             )
@@ -452,16 +465,20 @@ class RayAsyncTrainer(AsyncSession):
         )(FollowerActor)
         policy = str(ckpt / "policy") if ckpt is not None else None
         self.followers = [cls.remote(config_to_yaml(cfg), r, T, policy) for r in range(1, T)]
+        if self.counters.step:  # resumed: the optimizer state too (sharding keeps it)
+            state = self.learner.state_dict()
+            ray.get([f.load_learner_state.remote(state) for f in self.followers])
         address, port = ray.util.get_node_ip_address(), free_port()
         joins = [f.join.remote(address, port) for f in self.followers]
         init_group(0, T, address, port, device=self.learner.device)
+        self.learner.cfg = _per_rank(cfg, T)  # the followers' learners are built with it
+        join_learners(self.learner, T)
         ray.get(joins)
-        data_parallel(self.learner, T)
-        self.learner.cfg = _per_rank(cfg, T)
-        if self.counters.step:  # resumed: the optimizer state too
-            state = self.learner.state_dict()
-            ray.get([f.load_learner_state.remote(state) for f in self.followers])
-        self.log(f"{T} data-parallel learners (torch.distributed), one buffer shard each")
+        if is_sharded(cfg):
+            self.shard_outputs(ShardedLeader(self.learner, self.followers, ray))
+            self.log(f"{T} sharded learners (FSDP2), one buffer shard each")
+        else:
+            self.log(f"{T} data-parallel learners (torch.distributed), one buffer shard each")
 
     def learner_step(self, B: int) -> None:
         if not self.followers:

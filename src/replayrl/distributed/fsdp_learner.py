@@ -1,0 +1,127 @@
+"""Sharded learners on Ray (`train.sharding: fsdp`, `workers.learners` = T >= 2).
+
+Every learner rank (rank 0 in the learner actor, ranks 1..T-1 in follower actors) shards the
+policy, its gradients and its AdamW state with FSDP2 (distributed/fsdp.py) and trains on its
+own buffer shard's B / T rollouts, as the data-parallel learners do.
+
+What leaves the learners needs the full weights, and gathering them is a collective: rank 0
+asks every follower to join (`gather`) and gathers itself, in the same order on every rank.
+- weights for the generators: gathered at every publish (`workers.sync_every`), sent as full
+  tensors in the generation dtype;
+- an evaluation: gathered into an unsharded copy rank 0 generates with;
+- a checkpoint: the full policy as an HF folder, and the AdamW state gathered into an
+  unsharded optimizer's layout. A resume loads both into the unsharded learners, which are
+  then sharded again, each rank keeping its part (`fsdp.shard_learner`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from replayrl.distributed import fsdp
+from replayrl.distributed.ddp import data_parallel
+
+# the collectives a follower joins, by name; rank 0 runs the same function in the same order
+_PARTS = ("model", "optimizer")
+
+
+def is_sharded(cfg: Any) -> bool:
+    return bool(cfg.train.sharding == "fsdp")
+
+
+def join_learners(learner: Any, world: int) -> None:
+    """Make `learner` one of `world` learner ranks (the process group joined): sharded under
+    `train.sharding: fsdp`, else a data-parallel replica. Every rank calls it at once."""
+    if is_sharded(learner.cfg):
+        fsdp.shard_learner(learner, world)
+    else:
+        data_parallel(learner, world)
+
+
+def follow_gather(learner: Any, parts: tuple[str, ...]) -> None:
+    """A follower's side of rank 0's gathers: the same collectives, the results dropped."""
+    for part in parts:
+        if part == "model":
+            fsdp.full_state(learner.model)
+        elif part == "optimizer":
+            fsdp.full_optimizer_state(learner.model, learner.optimizer)
+        else:
+            raise ValueError(f"unknown gather {part!r} (known: {_PARTS})")
+
+
+class ShardedLeader:
+    """Rank 0's gathers: each one asks the followers to join, gathers, and waits for them."""
+
+    def __init__(self, learner: Any, followers: list[Any], ray: Any) -> None:
+        self.learner, self.followers, self.ray = learner, followers, ray
+
+    def _with_followers(self, part: str, gather: Any) -> Any:
+        refs = [f.gather.remote((part,)) for f in self.followers]
+        out = gather()
+        self.ray.get(refs)
+        return out
+
+    def full_model(self) -> torch.nn.Module:
+        """An unsharded CPU copy of the policy (one all-gather over the ranks)."""
+        return self._with_followers("model", lambda: fsdp.full_model(self.learner.model))
+
+    def full_learner_state(self) -> dict[str, object]:
+        """The learner's state with the AdamW state gathered (`fsdp.full_learner_state`)."""
+        return self._with_followers("optimizer", lambda: fsdp.full_learner_state(self.learner))
+
+
+class FullWeightsPool:
+    """A generator pool whose `publish` sends the gathered full weights, not rank 0's shard;
+    everything else is the wrapped pool's."""
+
+    def __init__(self, pool: Any, leader: ShardedLeader) -> None:
+        self.pool, self.leader = pool, leader
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        self.pool.publish(self.leader.full_model(), version)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+
+class ShardedSession:
+    """Rank 0's session methods that need the full policy when the learners are sharded
+    (`sharded` set once the ranks are sharded); with `sharded` None they are the session's."""
+
+    sharded: ShardedLeader | None = None
+
+    def shard_outputs(self, leader: ShardedLeader) -> None:
+        """From now on publishing, evaluation and checkpoints gather the full policy."""
+        self.sharded = leader
+        inner = self.pool_factory  # type: ignore[has-type]
+        self.pool_factory = lambda s: FullWeightsPool(inner(s), leader)
+
+    def evaluate(self) -> dict[str, float]:
+        if self.sharded is None:
+            return super().evaluate()  # type: ignore[misc]
+        gen = copy.copy(self.generator)  # type: ignore[has-type]
+        gen.model = self.sharded.full_model().to(self.learner.device)  # type: ignore[attr-defined]
+        real, self.generator = self.generator, gen  # type: ignore[has-type]
+        try:
+            return super().evaluate()  # type: ignore[misc]
+        finally:
+            self.generator = real
+
+    def _state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super()._state()  # type: ignore[misc]
+        if self.sharded is not None:
+            state["learner"] = self.sharded.full_learner_state()
+        return state
+
+    def checkpoint(self) -> Any:
+        """The full policy's HF folder and the gathered learner state (`_state`)."""
+        if self.sharded is None:
+            return super().checkpoint()  # type: ignore[misc]
+        real, self.model = self.model, self.sharded.full_model()  # type: ignore[has-type]
+        try:
+            return super().checkpoint()  # type: ignore[misc]
+        finally:
+            self.model = real

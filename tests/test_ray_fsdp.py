@@ -1,0 +1,170 @@
+"""Sharded learners on Ray (`train.sharding: fsdp`, distributed/fsdp_learner.py): a sharded
+step over two learner ranks (this process as rank 0, a follower actor as rank 1) equals the
+single-learner step, the generators receive full tensors, and a sharded run evaluates,
+checkpoints a full policy with its gathered AdamW state, and resumes with it."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from replayrl.config.schema import ModelConfig, config_to_yaml, load_config
+from replayrl.models.loading import build_tiny_model
+from replayrl.rollout.generation import HFGenerator, SamplingParams
+from tiny import TINY_RUN, as_rollouts
+
+pytestmark = pytest.mark.ray
+
+# two decoder layers: two layer shard groups besides the root
+LAYERS = ["model.tiny.num_layers=2"]
+SHARDED = [
+    "runtime=ray",
+    "workers.learners=2",
+    "train.sharding=fsdp",
+    "buffer.kind=replay",
+    "buffer.capacity=32",
+    "train.batch_size=16",
+    "train.threads=1",
+    "workers.max_staleness=3",
+    "ray.num_cpus=2",
+    "ray.generator_num_cpus=0.5",
+    "ray.learner_num_cpus=0.5",
+]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    # a new local instance even where another one runs on the machine (RayDriver joins this)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def test_a_sharded_ray_step_equals_the_single_learner_step_and_publishes_full_weights(
+    char_tokenizer, local_ray, tmp_path: Path
+) -> None:
+    import torch.distributed as dist
+
+    from replayrl.distributed.ddp import free_port, init_group
+    from replayrl.distributed.fsdp_learner import FullWeightsPool, ShardedLeader, join_learners
+    from replayrl.distributed.ray_runtime import (
+        BufferActor,
+        FollowerActor,
+        RayGeneratorPool,
+        _per_rank,
+    )
+    from replayrl.distributed.weights import load_trainable
+    from replayrl.learner.learner import Learner
+    from replayrl.run.components import build_learner
+
+    ray = local_ray
+    cfg = load_config(None, [*TINY_RUN, *LAYERS, *SHARDED, "train.lr=1e-4"])
+    tiny = ModelConfig.model_validate({"tiny": {"num_layers": 2, "hidden_size": 32}})
+    model = build_tiny_model(tiny, vocab_size=len(char_tokenizer), seed=0)
+    folder = tmp_path / "policy"
+    model.save_pretrained(folder)
+    char_tokenizer.save_pretrained(folder)
+    gen = HFGenerator(copy.deepcopy(model).eval(), char_tokenizer)
+    torch.manual_seed(5)
+    samples = gen.generate(["1+2=", "12+34=", "7+80=", "5+5="], 4, SamplingParams(max_new_tokens=5))
+    rollouts = as_rollouts(samples, np.random.default_rng(0).normal(size=16).tolist())
+    halves = [rollouts[0::2], rollouts[1::2]]
+
+    follower = ray.remote(num_cpus=0.5)(FollowerActor).remote(
+        config_to_yaml(cfg), 1, 2, str(folder)
+    )
+    shard = ray.remote(num_cpus=0.1)(BufferActor).remote("onpolicy", None, {})
+    ray.get(shard.call.remote("push", halves[1]))
+    learner = build_learner(
+        _per_rank(cfg, 2), copy.deepcopy(model), char_tokenizer.pad_token_id, ""
+    )
+    port = free_port()
+    joined = follower.join.remote("127.0.0.1", port)
+    init_group(0, 2, "127.0.0.1", port)
+    try:
+        join_learners(learner, 2)
+        ray.get(joined)
+        stepped = follower.train_step.remote(shard, 8, 0, 1)
+        learner.train_step(halves[0], np.random.default_rng(0), step=1)
+        assert ray.get(stepped)["rollouts"] == 8  # the follower trained on its shard's half
+        pool = FullWeightsPool(
+            RayGeneratorPool(cfg, quiet), ShardedLeader(learner, [follower], ray)
+        )
+        pool.publish(learner.model, 1)
+        received = ray.get(pool.weights)  # what every generator's `generate` call is handed
+    finally:
+        dist.destroy_process_group()
+    assert pool.version == 1  # the wrapped pool's own state, read through the wrapper
+
+    ref_cfg = load_config(None, [*TINY_RUN, *LAYERS, "train.lr=1e-4", "train.logprobs_impl=full"])
+    ref = Learner(copy.deepcopy(model), char_tokenizer.pad_token_id, ref_cfg)
+    ref.train_step(halves[0] + halves[1], np.random.default_rng(0), step=1)
+    expected = {n: p.detach() for n, p in ref.model.named_parameters()}
+    assert set(received) == set(expected)
+    moved = 0.0
+    for name, tensor in received.items():
+        # plain full tensors, not rank 0's shard (a DTensor's .shape is the global one)
+        assert type(tensor) is torch.Tensor, (name, type(tensor))
+        assert tensor.shape == expected[name].shape, name
+        torch.testing.assert_close(tensor, expected[name], atol=1e-6, rtol=0)
+        moved = max(moved, float((tensor - model.state_dict()[name]).abs().max()))
+    assert moved > 5e-5  # the step changed the weights: the comparison is not vacuous
+    generator_model = copy.deepcopy(model)
+    load_trainable(generator_model, received)  # a generator loads them as they are
+
+
+def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
+    local_ray, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from replayrl.launch.entry import resume, train
+    from replayrl.run.metrics import read_metrics
+    from replayrl.storage.checkpoint import latest_checkpoint, load_state
+
+    cfg = load_config(
+        None,
+        [
+            *TINY_RUN,
+            *LAYERS,
+            *SHARDED,
+            "train.steps=2",
+            f"logging.run_dir={tmp_path}",
+        ],
+    )
+    summary = train(cfg, log=quiet)
+    run = tmp_path / "demo"
+    assert summary["steps"] == 2
+    assert summary["accounting"]["trainers"] == 2
+    evals = [m["step"] for m in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in m]
+    assert evals == [0, 2]  # rank 0 evaluated the gathered policy at the start and the end
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and ckpt.name == "step_000002"
+    policy = AutoModelForCausalLM.from_pretrained(ckpt / "policy")
+    assert policy.config.num_hidden_layers == 2
+    params = dict(policy.named_parameters())
+    adam = load_state(ckpt)["learner"]["optimizer"]
+    names = list(params)
+    assert len(adam["state"]) == len(names)
+    for i, entries in adam["state"].items():
+        p = params[names[int(i)]]
+        assert entries["exp_avg"].shape == p.shape, names[int(i)]  # gathered, not a shard
+        assert float(entries["step"]) == 2.0
+
+    resumed = resume(run, ["train.steps=3"], log=quiet)
+    assert resumed["steps"] == 3
+    adam = load_state(latest_checkpoint(run))["learner"]["optimizer"]
+    # the resumed AdamW went on from the checkpoint's state: its step count is 3, not 1
+    assert {float(s["step"]) for s in adam["state"].values()} == {3.0}
