@@ -184,14 +184,14 @@ def test_lost_learner_node_fails_naming_the_checkpoint_and_resumes_on_a_fresh_cl
     assert summary["steps"] == STEPS
     led = summary["accounting"]["ledger"]
     assert led["balanced"], led
-    # steps counted from the checkpoint: the resumed session logged steps k+1..STEPS once
+    # steps counted from the checkpoint: the resumed run logged steps k+1..STEPS once
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()]
     assert [s for s in steps if s > k] == list(range(k + 1, STEPS + 1)), steps
     # it started from the checkpoint's weights: its first publish (at the checkpoint's
     # version) is the weights the lost learner published when it wrote that checkpoint
     before = _published(cluster, version, t0, killed)
     assert before and _published(cluster, version, resumed_at) == before
-    # counters carried over: the ledger counts the first session's rollouts too
+    # counters carried over: the ledger counts the failed run's rollouts too
     assert led["generated"] >= state["counters"]["rollouts_generated"] > 0
 
 
@@ -222,7 +222,7 @@ def test_killed_buffer_actor_fails_the_run_and_resume_restores_the_buffer(
     exc, ckpt = out.get("error"), out["ckpt"]
     assert isinstance(exc, RunFailed), out
     msg = str(exc)
-    assert "buffer actor" in msg and "died" in msg, msg
+    assert "the buffer actor died mid-run" in msg and "Traceback" not in msg, msg
     assert f"last good checkpoint: {ckpt}" in msg and "--resume" in msg, msg
     # nothing was silently emptied: no checkpoint was written after the loss
     assert find_checkpoints(run)[0] == ckpt

@@ -58,16 +58,16 @@ def _ray():
 _quiet = quiet_transformers
 
 
-def _get(refs: Any, what: str, timeout: float = _CALL_TIMEOUT_S) -> Any:
+def _get(refs: Any, what: str, timeout: float = _CALL_TIMEOUT_S, why: str = "") -> Any:
     """`ray.get` bounded by `timeout`; a dead actor or a call past the bound is a RunFailed
-    naming `what` (the run folder's guard adds the newest complete checkpoint)."""
+    naming `what`, then `why` (the run folder's guard adds the newest complete checkpoint)."""
     ray = _ray()
     try:
         return ray.get(refs, timeout=timeout)
     except ray.exceptions.GetTimeoutError as exc:
-        raise RunFailed(f"{what} did not answer within {timeout:g} s") from exc
+        raise RunFailed(f"{what} did not answer within {timeout:g} s{why}") from exc
     except ray.exceptions.RayActorError as exc:
-        raise RunFailed(f"{what} died mid-run ({type(exc).__name__})") from exc
+        raise RunFailed(f"{what} died mid-run ({type(exc).__name__}){why}") from exc
 
 
 # -- actors (plain classes; wrapped with ray.remote where they are created) ------------------
@@ -126,7 +126,8 @@ class RemoteBuffer:
         return self._answer(self.handle.call.remote(method, *args))
 
     def _answer(self, ref: Any) -> Any:
-        return _get(ref, f"{self.name} (--resume restores its rollouts from the checkpoint)")
+        why = ": not restarted, as a new one would be empty; --resume restores its rollouts"
+        return _get(ref, self.name, why=why)
 
     def push(self, rollouts: list) -> None:
         if rollouts:
