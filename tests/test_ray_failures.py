@@ -159,25 +159,26 @@ def test_lost_learner_node_fails_naming_the_checkpoint_and_resumes_on_a_fresh_cl
 ) -> None:
     run = (tmp_path / "demo").resolve()
     t0 = time.time()
-    out = _fail_mid_run(
-        lambda: main(["train", *_overrides(tmp_path)]),
-        run,
-        lambda: cluster["cluster"].remove_node(cluster["c"]),
-    )
-    killed = time.time()
+    try:
+        out = _fail_mid_run(
+            lambda: main(["train", *_overrides(tmp_path)]),
+            run,
+            lambda: cluster["cluster"].remove_node(cluster["c"]),
+        )
+        killed = time.time()
+    finally:  # a fresh cluster, node C included, whatever happened (the next tests need it)
+        _stop(cluster)
+        _start(cluster)  # nothing of the old one (actors, object store) to lean on
+    err = capsys.readouterr().err
     # the CLI exits non-zero, naming the newest complete checkpoint and the resume command
     assert out.get("result") == 2, out
-    err = capsys.readouterr().err
     ckpt = out["ckpt"]
-    assert "learner actor" in err and "died" in err, err
+    assert "the learner actor (and the buffer shards" in err and "died mid-run" in err, err
     assert f"last good checkpoint: {ckpt}" in err and f"replayrl train --resume {run}" in err
     state = load_state(ckpt)
     k, version = state["counters"]["step"], state["learner"]["version"]
     assert EVERY <= k < STEPS
 
-    # a fresh cluster: nothing of the old one (actors, object store) is left to lean on
-    _stop(cluster)
-    _start(cluster)
     resumed_at = time.time()
     assert main(["train", "--resume", str(run)]) == 0, capsys.readouterr().err
     summary = json.loads((run / "summary.json").read_text())
