@@ -263,3 +263,34 @@ def test_half_run_plus_resume_matches_a_whole_run_where_it_is_exact(
     for summary in (whole, resumed):
         sampled = summary["accounting"]["roles"]["learner/0"]["rollouts"]
         assert sampled == S * 8, summary["accounting"]["roles"]  # B = 8, one epoch
+
+
+def test_buffer_calls_are_bounded_and_a_dead_buffer_is_a_run_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No Ray needed: a stand-in `ray` whose get times out, then reports the actor dead."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from replayrl.distributed import ray_runtime
+
+    asked: list[float | None] = []
+    raised: list[Exception] = [
+        ray.exceptions.GetTimeoutError("late"),
+        ray.exceptions.ActorDiedError(),
+    ]
+
+    def get(ref: Any, timeout: float | None = None) -> Any:
+        asked.append(timeout)
+        raise raised.pop(0)
+
+    fake = SimpleNamespace(get=get, exceptions=ray.exceptions)
+    monkeypatch.setattr(ray_runtime, "_ray", lambda: fake)
+    call = SimpleNamespace(remote=lambda *a: "ref")
+    buf = ray_runtime.RemoteBuffer(SimpleNamespace(call=call), "replay")
+    with pytest.raises(RunFailed, match="the buffer actor did not answer within 600 s"):
+        buf.sample(8, 3)
+    with pytest.raises(RunFailed, match="the buffer actor died mid-run .ActorDiedError.: not"):
+        buf.push([object()])
+    assert asked == [ray_runtime._CALL_TIMEOUT_S] * 2  # never an unbounded wait
