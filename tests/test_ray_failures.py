@@ -253,16 +253,18 @@ def test_half_run_plus_resume_matches_a_whole_run_where_it_is_exact(
     assert whole["steps"] == resumed["steps"] == S
     a, b = whole["accounting"]["ledger"], resumed["accounting"]["ledger"]
     assert a["balanced"] and b["balanced"], (a, b)
-    # exact: what the learner drew, S batches of B in both runs, the half run's own
-    # included (carried over in the checkpoint's counters)
-    assert b["generated"] >= state["counters"]["rollouts_generated"]
+    # exact: the checkpointed step and version, and what the learner drew (S batches of B
+    # in both runs, the half run's share carried over in the checkpoint's counters, as are
+    # its generated rollouts in the resumed ledger)
+    assert whole["policy_version"] == resumed["policy_version"] == S
+    assert b["generated"] >= state["counters"]["rollouts_generated"] > 0
+    for summary in (whole, resumed):
+        sampled = summary["accounting"]["roles"]["learner/0"]["rollouts"]
+        assert sampled == S * 8, summary["accounting"]["roles"]  # B = 8, one epoch
     # Not exact, hence not compared: how many rollouts the generators made, which weights
     # version made each, and so the trained weights. The generators run concurrently with
     # the learner and the order in which deliveries reach the buffer depends on process
     # timing, in the uninterrupted run as in the resumed one.
-    for summary in (whole, resumed):
-        sampled = summary["accounting"]["roles"]["learner/0"]["rollouts"]
-        assert sampled == S * 8, summary["accounting"]["roles"]  # B = 8, one epoch
 
 
 def test_buffer_calls_are_bounded_and_a_dead_buffer_is_a_run_failure(
