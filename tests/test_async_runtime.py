@@ -258,7 +258,7 @@ class _FakeRay:
     def wait(self, refs: list, timeout: float | None = None, **_: object) -> tuple[list, list]:
         return (refs, []) if self._poll() else ([], refs)
 
-    def get(self, ref: str) -> dict | None:
+    def get(self, ref: str, timeout: float | None = None) -> dict | None:
         if ref == "stop":
             self.stop_requested = True
             return None

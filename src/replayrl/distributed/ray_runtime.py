@@ -50,6 +50,9 @@ from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
 _POLL_S = 0.2  # how often the driver checks for Ctrl-C while the learner actor runs
+# a bound on one call to a buffer or learner actor: an actor that neither answers nor dies
+# (a stuck node) fails the run instead of hanging it
+_CALL_TIMEOUT_S = 600.0
 
 
 def _ray():
@@ -63,6 +66,18 @@ def _ray():
 
 
 _quiet = quiet_transformers
+
+
+def _get(refs: Any, what: str, timeout: float = _CALL_TIMEOUT_S, why: str = "") -> Any:
+    """`ray.get` bounded by `timeout`; a dead actor or a call past the bound is a RunFailed
+    naming `what`, then `why` (the run folder's guard adds the newest complete checkpoint)."""
+    ray = _ray()
+    try:
+        return ray.get(refs, timeout=timeout)
+    except ray.exceptions.GetTimeoutError as exc:
+        raise RunFailed(f"{what} did not answer within {timeout:g} s{why}") from exc
+    except ray.exceptions.RayActorError as exc:
+        raise RunFailed(f"{what} died mid-run ({type(exc).__name__}){why}") from exc
 
 
 # -- actors (plain classes; wrapped with ray.remote where they are created) ------------------
@@ -126,13 +141,21 @@ class BufferActor:
 
 
 class RemoteBuffer:
-    """The Buffer interface over a BufferActor (what AsyncTrainer sees)."""
+    """The Buffer interface over a BufferActor (what AsyncTrainer sees).
 
-    def __init__(self, handle: Any, kind: str) -> None:
-        self.handle, self.kind = handle, kind
+    A dead buffer actor fails the run: it is not restarted, since a new one would be empty
+    and the loop would go on training on whatever arrived next; `--resume` restores the
+    buffer from the newest checkpoint instead."""
+
+    def __init__(self, handle: Any, kind: str, name: str = "the buffer actor") -> None:
+        self.handle, self.kind, self.name = handle, kind, name
 
     def _call(self, method: str, *args: Any) -> Any:
-        return _ray().get(self.handle.call.remote(method, *args))
+        return self._answer(self.handle.call.remote(method, *args))
+
+    def _answer(self, ref: Any) -> Any:
+        why = ": not restarted, as a new one would be empty; --resume restores its rollouts"
+        return _get(ref, self.name, why=why)
 
     def push(self, rollouts: list) -> None:
         if rollouts:
@@ -142,7 +165,7 @@ class RemoteBuffer:
         return self._call("sample", n, current_version)
 
     def __len__(self) -> int:
-        return _ray().get(self.handle.size.remote())
+        return int(self._answer(self.handle.size.remote()))
 
     def stats(self) -> dict[str, float]:
         return self._call("stats")
@@ -427,6 +450,7 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
                     },
                 ),
                 b.kind,
+                "the buffer actor" if T == 1 else f"buffer shard {r}",
             )
             for r in range(T)
         ]
@@ -444,7 +468,7 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
             out["weight_sync"] = sync_figures()
         if self.followers and self.sharded is None:  # data parallelism: identical replicas
             digests = {weights_digest(self.model)} | set(
-                _ray().get([f.digest.remote() for f in self.followers])
+                _get([f.digest.remote() for f in self.followers], "a data-parallel learner")
             )
             out["learners_in_sync"] = len(digests) == 1
             if len(digests) != 1:
@@ -490,7 +514,7 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
             for r, f in enumerate(self.followers, start=1)
         ]
         super().learner_step(B // T)
-        for r, res in enumerate(_ray().get(refs), start=1):
+        for r, res in enumerate(_get(refs, "a data-parallel learner"), start=1):
             clock = self.clocks.setdefault(f"learner/{r}", RoleClock())
             clock.busy_s += res["busy_s"]
             clock.rollouts += res["rollouts"]
@@ -521,6 +545,11 @@ class LearnerActor:
 
     def request_stop(self) -> None:
         self.trainer.external_stop.set()
+
+    def buffers(self) -> list[Any]:
+        """The buffer shard actors' handles (to inspect one: `ray.get(h.size.remote())`)."""
+        b = self.trainer.buffer
+        return [sh.handle for sh in getattr(b, "shards", [b])]
 
 
 class RayDriver:
@@ -599,6 +628,18 @@ class RayDriver:
                 if stop.requested and not sent:
                     self.signum = stop.signum
                     self.log("stopping the Ray run after this step (checkpointing)")
-                    ray.get(actor.request_stop.remote())
+                    _get(actor.request_stop.remote(), "the learner actor")
                     sent = True
-            return ray.get(ref)  # a second Ctrl-C (KeyboardInterrupt) aborts
+            return _learner_result(ray, ref)  # a second Ctrl-C (KeyboardInterrupt) aborts
+
+
+def _learner_result(ray: Any, ref: Any) -> dict[str, Any]:
+    """The finished learner actor's result. A RunFailed it raised comes back as itself (not
+    wrapped in Ray's traceback); its death (its node lost, its process killed) is a RunFailed
+    too: either way the run folder's guard names the newest complete checkpoint."""
+    try:
+        return _get(ref, "the learner actor (and the buffer shards and generators it owns)")
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, RunFailed):
+            raise exc.cause from None
+        raise
