@@ -73,7 +73,8 @@ def frozen_on_resume(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
             keys += [k if "." in k else f"groups.{source}.{k}" for k in own]
         task = _get(side, "task.name") or _get(default, "task.name")
         if task in TASKS:
-            keys += [k if "." in k else f"task.{k}" for k in TASKS.get(task).frozen_on_resume]
+            own = TASKS.get(task).frozen_on_resume
+            keys += [k if "." in k else f"task.{task}.{k}" for k in own]
     return list(dict.fromkeys(keys))
 
 
@@ -339,7 +340,7 @@ def _anchor(cfg: Config, base: Path, rewards: bool, data: bool) -> None:
                 fn = r.name.rpartition(":")[2]
                 r.name = f"{(base / target).resolve()}:{fn}"
     if data:
-        t = cfg.task
+        t = cfg.task.settings  # a task that reads files names them in its own section
         for key in ("path", "eval_path"):
             value = getattr(t, key, None)
             if isinstance(value, str) and value and "://" not in value:
@@ -401,7 +402,9 @@ def check_resume_code(
     """
     given = own_rewards or any(o.split("=", 1)[0].strip().startswith("rewards") for o in overrides)
     data_given = any(
-        o.split("=", 1)[0].strip() in ("task.path", "task.eval_path") for o in overrides
+        o.split("=", 1)[0].strip()
+        in ("task.path", "task.eval_path", "task.dataset.path", "task.dataset.eval_path")
+        for o in overrides
     )
     origin = _read_origin(run_dir)
     cwd = _start_folder(origin)
