@@ -169,8 +169,8 @@ class ReplayTrainer:
         extra: dict[str, Any] = trl_compat.lora_overrides(peft_config)
         self._take_model(model, processing_class, extra)
         self._rewards = self._take_rewards(reward_funcs, extra)
-        if train_dataset is not None:
-            extra["task.name"] = "dataset"  # so its column settings (task.dataset.*) are read
+        if train_dataset is not None:  # a dataset task: its columns are read (task.dataset.*)
+            extra |= {"task.name": "dataset", "task.dataset.path": _in_memory("train_dataset")}
         self.config = self.args.to_config(extra)  # validate the model and rewards part early
         self._task = self._take_datasets(train_dataset, eval_dataset)
         self._steps_from_epochs()
@@ -611,9 +611,8 @@ class ReplayTrainer:
         if not saved.is_file():
             raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
         task = load_config(saved).task
-        d = task.settings if task.name == "dataset" else None
-        given = (d.path, d.eval_path) if d is not None else ()
-        paths = [p for p in given if p and p.startswith(IN_MEMORY)]
+        given = [getattr(task.settings, key, None) for key in ("path", "eval_path")]
+        paths = [p for p in given if isinstance(p, str) and p.startswith(IN_MEMORY)]
         if paths and self._task is None:
             raise ValueError(
                 f"{run_dir} was trained on in-memory rows ({paths[0]}): pass the same "

@@ -507,7 +507,8 @@ class DatasetTask:
         """Every usable row of `source` (nothing held out: `train_rows()` are the rows to
         score), read with the columns and answer format of a config's `task.dataset` (their
         defaults when the config's task is another)."""
-        columns = task_cfg.settings if task_cfg.name == "dataset" else DatasetConfig()
+        own = task_cfg.settings
+        columns = own if isinstance(own, DatasetConfig) else DatasetConfig()
         return cls(
             source,
             prompt_column=columns.prompt_column,
