@@ -148,3 +148,15 @@ def test_shipped_presets_and_suites_use_the_sections() -> None:
     for suite in folder.glob("*.yaml"):
         text = suite.read_text()
         assert not [k for k in flat if k in text], suite.name
+
+
+def test_a_checkpoint_record_in_the_flat_layout_is_compared_in_the_new_one() -> None:
+    from replayrl.records.folder import in_current_layout
+
+    record = {"task": {"name": "reasoning", "op": "sub", "digits": 4, "terms": 4}, "x": 1}
+    now = in_current_layout(record)
+    assert now["x"] == 1 and now["task"]["reasoning"]["op"] == "sub"
+    new = ["task.name=reasoning", "task.reasoning.op=sub", "task.reasoning.digits=4"]
+    assert now["task"] == _quiet(new).task.model_dump(mode="json")
+    broken = {"task": {"name": "reasoning", "op": "mul"}}
+    assert in_current_layout(broken) is broken  # left for the comparison to report

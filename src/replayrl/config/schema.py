@@ -39,6 +39,7 @@ from replayrl.config.registries import (
     runtimes_with,
 )
 from replayrl.config.section import Section as _Section  # every section's base
+from replayrl.config.section import nested_errors
 from replayrl.config.task_sections import place_task_keys
 
 
@@ -609,7 +610,7 @@ class GroupsConfig(_Section):
             try:
                 data[name] = given if isinstance(given, section) else section.model_validate(given)
             except ValidationError as exc:
-                raise ValueError(_nested_errors(f"groups.{name}", exc)) from None
+                raise ValueError(nested_errors(f"groups.{name}", exc)) from None
         return data
 
     def section(self, name: str) -> Any:
@@ -627,12 +628,6 @@ def section_fields(model: type[BaseModel]) -> dict[str, Any]:
         if section is not None:
             fields[name] = section
     return fields
-
-
-def _nested_errors(prefix: str, exc: ValidationError) -> str:
-    return "; ".join(
-        f"{prefix}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-    )
 
 
 class CriticConfig(_Section):

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from replayrl.config.registries import TASKS
+from replayrl.config.section import nested_errors
 
 
 def _plain(value: Any) -> Any:
@@ -43,12 +44,6 @@ def _at_default(key: str, value: Any, owners: list[str]) -> bool:
         if section.model_fields[key].get_default(call_default_factory=True) != value:
             return False
     return True
-
-
-def _nested_errors(prefix: str, exc: ValidationError) -> str:
-    return "; ".join(
-        f"{prefix}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-    )
 
 
 def _other_section(name: str, other: str, given: Any, old_record: bool) -> None:
@@ -131,5 +126,5 @@ def place_task_keys(data: Any, common: Collection[str], default_name: str) -> di
     try:
         data[name] = spec.config.model_validate(own)
     except ValidationError as exc:
-        raise ValueError(_nested_errors(f"task.{name}", exc)) from None
+        raise ValueError(nested_errors(f"task.{name}", exc)) from None
     return data

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 import yaml
 
 from replayrl.config.registries import BATCH_SOURCES, TASKS
-from replayrl.config.schema import Config, ConfigError, config_to_yaml, load_config
+from replayrl.config.schema import Config, ConfigError, TaskConfig, config_to_yaml, load_config
 from replayrl.errors import RunFailed
 from replayrl.records.trust import Verdict, reward_refs, sign_or_warn, verify_run_folder
 from replayrl.storage.checkpoint import CheckpointWriteError, find_checkpoints, manifest_config
@@ -218,6 +219,21 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def in_current_layout(record: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config with its task section in today's layout (a flat `task.digits` of an
+    older release under `task.arithmetic`), so a resume compares like with like; as it is
+    when its task section does not validate."""
+    task = record.get("task")
+    if not isinstance(task, dict):
+        return record
+    try:
+        with warnings.catch_warnings():  # the record is old, not the user's new config
+            warnings.simplefilter("ignore", FutureWarning)
+            return {**record, "task": TaskConfig.model_validate(task).model_dump(mode="json")}
+    except ValueError:
+        return record
+
+
 def _is_default(dotted: str, value: Any) -> bool:
     return _get(Config().model_dump(mode="json"), dotted) == value
 
@@ -241,7 +257,7 @@ def check_resume_config(
     if run_dir is not None:
         ckpt, _ = find_checkpoints(run_dir)
         record = manifest_config(ckpt) if ckpt is not None else None
-    a = record if record is not None else saved.model_dump(mode="json")
+    a = in_current_layout(record) if record is not None else saved.model_dump(mode="json")
     b = new.model_dump(mode="json")
     bad = [
         f"{k} (the checkpoint has {_get(a, k)!r}, now {_get(b, k)!r})"
