@@ -52,7 +52,8 @@ def describe_task(t: TaskConfig) -> str:
     return describe(t) if describe is not None else t.name
 
 
-# -- the built-in tasks: `t.settings` is the task's own section (`task.<name>`) -------------
+# -- the built-in tasks: `t.settings` is the task's own section (`task.<name>`), whose
+# settings are its class's keyword arguments ---------------------------------------------
 
 
 def _reasoning_gym(datasets: Any, **kwargs: Any) -> Task:
@@ -62,15 +63,8 @@ def _reasoning_gym(datasets: Any, **kwargs: Any) -> Task:
 
 
 def _reasoning_gym_from_config(t: TaskConfig) -> Task:
-    rg = t.settings
     return _reasoning_gym(
-        rg.datasets,
-        size=rg.size,
-        config=rg.config,
-        weights=rg.weights,
-        eval_size=t.eval_size,
-        seed=t.seed,
-        system_prompt=t.system_prompt,
+        **t.settings.model_dump(), eval_size=t.eval_size, seed=t.seed, system_prompt=t.system_prompt
     )
 
 
@@ -80,17 +74,8 @@ def _check_reasoning_gym(t: TaskConfig) -> None:
 
 
 def _dataset_from_config(t: TaskConfig) -> Task:
-    d = t.settings
-    return DatasetTask(
-        d.path,
-        eval_path=d.eval_path,
-        prompt_column=d.prompt_column,
-        answer_column=d.answer_column,
-        solution_column=d.solution_column,
-        format=d.format,
-        eval_size=t.eval_size,
-        seed=t.seed,
-    )
+    own = t.settings.model_dump()
+    return DatasetTask(own.pop("path"), **own, eval_size=t.eval_size, seed=t.seed)
 
 
 def _check_dataset(t: TaskConfig) -> None:
@@ -99,15 +84,7 @@ def _check_dataset(t: TaskConfig) -> None:
 
 
 def _reasoning_from_config(t: TaskConfig) -> Task:
-    r = t.settings
-    return ReasoningTask(
-        op=r.op,
-        digits=r.digits,
-        min_digits=r.min_digits,
-        terms=r.terms,
-        eval_size=t.eval_size,
-        seed=t.seed,
-    )
+    return ReasoningTask(**t.settings.model_dump(), eval_size=t.eval_size, seed=t.seed)
 
 
 # arithmetic digits the built-in tiny model's warm start gives a usable start policy for
