@@ -417,10 +417,10 @@ def check_resume_code(
     Returns the run folder's code entries that the resume will run (none when given again).
     """
     given = own_rewards or any(o.split("=", 1)[0].strip().startswith("rewards") for o in overrides)
+    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    # a task's files: task.dataset.path (task.path in the old flat layout), any task's section
     data_given = any(
-        o.split("=", 1)[0].strip()
-        in ("task.path", "task.eval_path", "task.dataset.path", "task.dataset.eval_path")
-        for o in overrides
+        k.startswith("task.") and k.rpartition(".")[2] in ("path", "eval_path") for k in keys
     )
     origin = _read_origin(run_dir)
     cwd = _start_folder(origin)
