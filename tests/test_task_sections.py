@@ -75,6 +75,14 @@ def test_a_setting_of_another_task_is_an_error_naming_its_section() -> None:
 
 
 def test_a_config_yaml_from_the_flat_layout_still_loads(tmp_path: Path) -> None:
+    dataset = {
+        "path": "rows.jsonl",
+        "eval_path": None,
+        "prompt_column": "question",
+        "answer_column": "answer",
+        "solution_column": "solution",
+        "format": "gsm8k",
+    }
     # every key of the old section, as a run folder's config.yaml recorded it
     old = {
         "name": "dataset",
@@ -84,12 +92,7 @@ def test_a_config_yaml_from_the_flat_layout_still_loads(tmp_path: Path) -> None:
         "terms": 4,
         "eval_size": 0,
         "seed": 0,
-        "path": "rows.jsonl",
-        "eval_path": None,
-        "prompt_column": "question",
-        "answer_column": "answer",
-        "solution_column": "solution",
-        "format": "gsm8k",
+        **dataset,
         "chat_template": True,
         "system_prompt": None,
         "reasoning_gym": {"datasets": [], "size": 10000, "config": {}, "weights": {}},
@@ -98,14 +101,7 @@ def test_a_config_yaml_from_the_flat_layout_still_loads(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"task": old}))
     with pytest.warns(FutureWarning, match="task.path is now task.dataset.path"):
         t = load_config(path).task
-    assert t.model_dump()["dataset"] == {
-        "path": "rows.jsonl",
-        "eval_path": None,
-        "prompt_column": "question",
-        "answer_column": "answer",
-        "solution_column": "solution",
-        "format": "gsm8k",
-    }
+    assert t.model_dump()["dataset"] == dataset
     # another task's setting away from its default was never used: refused, not dropped
     path.write_text(yaml.safe_dump({"task": {**old, "op": "sub"}}))
     with pytest.raises(ConfigError, match=r"task.op='sub' is a setting of task.reasoning.op"):
