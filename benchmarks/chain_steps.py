@@ -8,7 +8,8 @@ temperature 1, and prints final accuracy, median completion length (tokens, EOS 
 and, for every step the model wrote (`a+b=v`), whether v is right for the model's own a and
 b, by kind: operation, operand of 1 or 2 digits, with or without a carry/borrow.
 Example (the old 2-digit chain; model.warmstart.mistake_steps=0: SFT on correct chains only):
-    python benchmarks/chain_steps.py task.digits=2 task.terms=5 model.warmstart.mistake_steps=0
+    python benchmarks/chain_steps.py task.reasoning.digits=2 task.reasoning.terms=5 \
+        model.warmstart.mistake_steps=0
 """
 
 from __future__ import annotations

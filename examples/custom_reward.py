@@ -9,7 +9,8 @@ the `rollouts/dropped_reward_error` metric), not the run.
 The same run from the command line, with the rows in a JSONL file (the reward as a file path
 and function name):
 
-    replayrl train --config remix-grpo model.path=PATH task.name=dataset task.path=rows.jsonl \\
+    replayrl train --config remix-grpo model.path=PATH task.name=dataset \\
+        task.dataset.path=rows.jsonl \\
         "rewards=[{name: 'examples/custom_reward.py:digit_credit'},
                   {name: digits_format, weight: 0.2}]"
 

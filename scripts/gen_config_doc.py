@@ -18,8 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from replayrl.api.config_doc import key_docs
-from replayrl.config.schema import Config
+from replayrl.api.config_doc import default_value, key_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "docs" / "configuration.md"
@@ -42,13 +41,11 @@ key or section. A key or value that the schema does not accept is an error that 
 """
 
 
-def _default(cfg: Config, key: str) -> Any:
-    node: Any = cfg
-    for part in key.split("."):
-        node = getattr(node, part)
+def _default(key: str) -> Any:
+    node = default_value(key)
     if isinstance(node, list):
         return [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in node]
-    return node.model_dump(mode="json") if isinstance(node, BaseModel) else node
+    return node
 
 
 def _cell(text: str) -> str:
@@ -57,11 +54,10 @@ def _cell(text: str) -> str:
 
 def render() -> str:
     """The page's Markdown: one table per top-level section."""
-    cfg = Config()
     sections: dict[str, list[str]] = {}
     for key, doc in key_docs().items():
         section = key.split(".")[0] if "." in key else "(top level)"
-        value = _default(cfg, key)
+        value = _default(key)
         row = f"| `{key}` | `{_cell(repr(value))}` | {_cell(doc) or '-'} |"
         sections.setdefault(section, []).append(row)
     parts = [HEADER]

@@ -60,7 +60,7 @@ EXAMPLES: tuple[tuple[str, list[dict[str, Any]], dict[str, Any], str], ...] = (
         "assistant message, as under TRL.",
     ),
     (
-        "GSM8K rows (`task.format=gsm8k`, `task.prompt_column=question`)",
+        "GSM8K rows (`task.dataset.format=gsm8k`, `task.dataset.prompt_column=question`)",
         GSM8K,
         {"format": "gsm8k", "prompt_column": "question"},
         "The answer is the text after the last `####`; the worked solution is kept in the "
@@ -137,15 +137,17 @@ def render() -> str:
         "The rows can be:",
         "",
         "- a file: " + ", ".join(f"`{s}`" for s in ds.SUFFIXES) + " (all but parquet may be "
-        "gzipped, `rows.jsonl.gz`): `task.path=rows.jsonl`, or `train_dataset='rows.jsonl'`;",
+        "gzipped, `rows.jsonl.gz`): `task.dataset.path=rows.jsonl`, or "
+        "`train_dataset='rows.jsonl'`;",
         "- a `datasets.Dataset` (for a `DatasetDict`, pick a split: `ds['train']`), a pandas "
         "`DataFrame` or a list of dicts: `train_dataset=` in the Python API;",
-        "- a separate held-out file: `task.eval_path` (else `task.eval_size` rows are held out, "
-        "by default min(200, 10%)).",
+        "- a separate held-out file: `task.dataset.eval_path` (else `task.eval_size` rows are "
+        "held out, by default min(200, 10%)).",
         "",
-        "Columns: `task.prompt_column` (default `prompt`), `task.answer_column` (`answer`), "
-        "`task.solution_column` (`solution`, read by `task.format=math`: its last "
-        "`\\boxed{...}`). `task.format` is one of " + ", ".join(f"`{f}`" for f in ds.FORMATS) + ".",
+        "Columns (the `task.dataset` section): `task.dataset.prompt_column` (default `prompt`), "
+        "`task.dataset.answer_column` (`answer`), `task.dataset.solution_column` (`solution`, "
+        "read by `task.dataset.format=math`: its last `\\boxed{...}`). `task.dataset.format` is "
+        "one of " + ", ".join(f"`{f}`" for f in ds.FORMATS) + ".",
         "",
         "Reward functions have TRL's signature, `f(prompts, completions, **columns)`, and "
         "return one float (or None: not applicable) per completion. `columns` are every column "

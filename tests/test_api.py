@@ -193,7 +193,7 @@ def test_objects_in_the_api_train_like_files_and_names_in_the_cli(tmp_path: Path
         *common,
         f"model.path={folder}",
         "task.name=dataset",
-        f"task.path={data}",
+        f"task.dataset.path={data}",
         "task.eval_size=8",  # what the API picks for 80 rows: min(200, 10%)
         f"logging.run_dir={tmp_path}",
         "logging.name=cli",
@@ -211,7 +211,9 @@ def test_objects_in_the_api_train_like_files_and_names_in_the_cli(tmp_path: Path
     )
     assert trainer.config.task.eval_size == 8
     # the in-memory rows are copied into the run folder, and config.yaml names the copy
-    assert trainer.config.task.path == str((tmp_path / "api" / "data" / "train.jsonl").resolve())
+    assert trainer.config.task.settings.path == str(
+        (tmp_path / "api" / "data" / "train.jsonl").resolve()
+    )
     # a callable named like a built-in reward is recorded by its importable name
     assert trainer.config.rewards[0].name == "test_api:correctness"
     summary = trainer.train()
@@ -330,7 +332,7 @@ def test_rows_json_cannot_hold_are_not_copied_and_resuming_needs_them(tmp_path: 
     trainer = ReplayTrainer(
         reward_funcs=correctness, args=args, train_dataset=rows, log=said.append
     )
-    assert trainer.config.task.path.startswith("<in-memory")
+    assert trainer.config.task.settings.path.startswith("<in-memory")
     assert any("not copied into the run folder" in m for m in said)
     trainer.train()
     with pytest.raises(ValueError, match="pass the same train_dataset"):
@@ -377,7 +379,7 @@ def test_python_c_from_a_folder_outside_the_repository(tmp_path: Path) -> None:
     for r in records[1:]:
         assert r["reward/reward_0"] == r["reward/mean"]
     saved = load_config(run / "config.yaml")
-    assert saved.task.path == str((run / "data" / "train.jsonl").resolve())
+    assert saved.task.settings.path == str((run / "data" / "train.jsonl").resolve())
     assert len((run / "data" / "train.jsonl").read_text().splitlines()) == 60
     assert saved.rewards[0].name.startswith("<not replayable from the command line")
     assert "it is a lambda" in saved.rewards[0].name

@@ -302,7 +302,7 @@ def test_reasoning_suite_resolves_every_task_and_variant() -> None:
         assert ({"ppo", "remix-ppo"} <= set(names)) == (task == "add")
         for name in names:
             cfg = variant_config(suite, name, 0, Path("unused"), quick=True, task=task)
-            assert cfg.task.name == "reasoning" and cfg.task.op == task
+            assert cfg.task.name == "reasoning" and cfg.task.settings.op == task
             assert [r.name for r in cfg.rewards] == ["final_answer"]
     assert variants_on(suite, "sub", ["grpo", "ppo"]) == ["grpo"]
 
@@ -312,7 +312,7 @@ def _stand_in_run(cfg, peer, run_dir: Path, log) -> dict:
     (replay +0.1, ppo -0.1), reached at the second eval."""
     from replayrl.config.schema import config_to_yaml
 
-    acc = {"add": 0.5, "sub": 0.3, "chain": 0.1}[cfg.task.op]
+    acc = {"add": 0.5, "sub": 0.3, "chain": 0.1}[cfg.task.settings.op]
     acc += 0.1 if cfg.buffer.kind == "replay" else 0.0
     acc -= 0.1 if cfg.algorithm.advantage == "gae" else 0.0
     evals = [
@@ -440,7 +440,11 @@ def test_reasoning_suite_quick_end_to_end_on_one_task(
     assert set(summary["tasks"]["add"]["variants"]) == {"grpo", "replay"}
     assert (folder / "add" / "accuracy_vs_rollouts_generated.png").stat().st_size > 1000
     cfg = load_config(folder / "add" / "replay-s0" / "config.yaml")
-    assert cfg.task.name == "reasoning" and cfg.task.op == "add" and cfg.buffer.kind == "replay"
+    assert (
+        cfg.task.name == "reasoning"
+        and cfg.task.settings.op == "add"
+        and cfg.buffer.kind == "replay"
+    )
     assert cfg.rewards[0].name == "final_answer"
     run = json.loads((folder / "add" / "replay-s0" / "summary.json").read_text())
     assert all("rollouts_trained" in e for e in run["evals"]) and "no_signal_steps" in run

@@ -110,7 +110,7 @@ def test_run_generates_from_rendered_prompts_and_rewards_see_the_originals(
         [
             f"model.path={model_dir}",
             "task.name=dataset",
-            f"task.path={data}",
+            f"task.dataset.path={data}",
             "task.eval_size=4",
             "task.system_prompt=Add.",
             f"rewards=[{{name: '{reward_file}:spy'}}]",

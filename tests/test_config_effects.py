@@ -23,6 +23,7 @@ import torch
 
 import replayrl.recipes.auto as design_auto
 from replayrl.algorithms import ADVANTAGES, group_advantages
+from replayrl.api.config import config_keys
 from replayrl.config.schema import Config, load_config
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import remix_window
@@ -264,10 +265,11 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
     "algorithm.scale_rewards": ("producer", False, ()),
     "algorithm.advantage": ("producer", "rloo", ()),
     "task.name": ("producer", "reasoning", ()),
-    "task.digits": ("producer", 3, ()),
-    "task.op": ("producer", "sub", ("task.name=reasoning",)),
-    "task.min_digits": ("producer", 2, ("task.name=reasoning",)),
-    "task.terms": ("producer", 3, ("task.name=reasoning", "task.op=chain")),
+    "task.arithmetic.digits": ("producer", 3, ()),
+    "task.reasoning.op": ("producer", "sub", ("task.name=reasoning",)),
+    "task.reasoning.digits": ("producer", 3, ("task.name=reasoning",)),
+    "task.reasoning.min_digits": ("producer", 2, ("task.name=reasoning",)),
+    "task.reasoning.terms": ("producer", 3, ("task.name=reasoning", "task.reasoning.op=chain")),
     "task.eval_size": ("producer", 50, ()),
     "task.seed": ("producer", 5, ()),
     "train.lr": ("learner", 0.05, ()),
@@ -414,10 +416,11 @@ NOT_OBSERVED: dict[str, str] = {
         for k in ("steps", "batch_size", "lr", "teacher_error", "autocast", "lora_r", "seed")
     },
     **{
-        f"task.{k}": "local dataset tasks (files): tests/test_datasets.py, test_dataset_run.py"
+        f"task.dataset.{k}": "local dataset tasks (files): tests/test_datasets.py, "
+        "test_dataset_run.py"
         for k in ("path", "eval_path", "prompt_column", "answer_column", "solution_column")
     },
-    "task.format": "answer extraction of dataset tasks: tests/test_datasets.py",
+    "task.dataset.format": "answer extraction of dataset tasks: tests/test_datasets.py",
     "task.chat_template": "needs a tokenizer with a chat template: tests/test_chat_and_lora.py",
     "task.system_prompt": "rendered with a chat template: tests/test_chat_and_lora.py",
     **{
@@ -533,6 +536,7 @@ def schema_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
 
 def test_every_schema_key_has_an_entry() -> None:
     keys = set(schema_keys(load_config(None, []).model_dump(mode="json")))
+    keys |= set(config_keys())  # with the sections of the tasks the default does not select
     assert not set(OBSERVED) & set(NOT_OBSERVED)
     missing = sorted(keys - set(OBSERVED) - set(NOT_OBSERVED))
     assert missing == [], f"config keys with no effect test and no reason: {missing}"

@@ -32,7 +32,7 @@ def test_dataset_task_with_local_model_and_file_reward(
         [
             f"model.path={model_dir}",
             "task.name=dataset",
-            f"task.path={data}",
+            f"task.dataset.path={data}",
             "task.eval_size=8",
             f"rewards=[{{name: math}}, {{name: '{reward_file}:short', weight: 0.5}}]",
             "rollout.prompts_per_step=2",
@@ -55,5 +55,5 @@ def test_dataset_task_with_local_model_and_file_reward(
 
 
 def test_dataset_task_needs_a_path_and_a_model() -> None:
-    with pytest.raises(ConfigError, match="task.path"):
+    with pytest.raises(ConfigError, match="task.dataset.path"):
         load_config(None, ["task.name=dataset"])

@@ -226,7 +226,7 @@ def test_no_usable_rows_is_an_error(tmp_path: Path) -> None:
     empty.write_text("")
     with pytest.raises(ValueError, match="empty.jsonl: no usable rows out of 0"):
         DatasetTask(empty)
-    with pytest.raises(ValueError, match="task.format: unknown format 'latex'"):
+    with pytest.raises(ValueError, match="task.dataset.format: unknown format 'latex'"):
         DatasetTask(plain_rows(3), format="latex")  # type: ignore[arg-type]
 
 

@@ -98,7 +98,8 @@ def test_eval_of_an_in_memory_run_asks_for_a_file(
     run = tmp_path / "mem"
     run.mkdir()
     data = yaml.safe_load((tiny_run / "config.yaml").read_text())
-    data["task"].update(name="dataset", path="<in-memory: Dataset of 50 rows>")
+    data["task"].pop("arithmetic")
+    data["task"].update(name="dataset", dataset={"path": "<in-memory: Dataset of 50 rows>"})
     (run / "config.yaml").write_text(yaml.safe_dump(data))
     assert load_config(run / "config.yaml").task.name == "dataset"
     code = main(["eval", "--run", str(run), "--model", "x"])

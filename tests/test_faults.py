@@ -186,7 +186,7 @@ def test_refused_resume_override_changes_nothing(base_run: Path, tmp_path: Path,
     "bad",
     [
         "model.path={tmp}/no_such_model",  # F11
-        "task.name=dataset task.path={tmp}/missing.jsonl",  # F12
+        "task.name=dataset task.dataset.path={tmp}/missing.jsonl",  # F12
     ],
 )
 def test_failed_overwrite_keeps_the_old_run(base_run: Path, tmp_path: Path, capsys, bad: str):
@@ -468,7 +468,7 @@ def test_non_utf8_dataset_row_is_skipped_and_counted(base_run: Path, tmp_path: P
         tmp_path,
         "ds",
         "task.name=dataset",
-        f"task.path={data}",
+        f"task.dataset.path={data}",
         "task.eval_size=4",
         f"model.path={model}",
     )
@@ -550,7 +550,7 @@ LINE = st.one_of(ROW.map(lambda r: json.dumps(r).encode()), st.binary(max_size=1
 def test_random_dataset_rows_are_loaded_or_skipped_and_counted(tmp_path: Path, lines):  # H2
     path = tmp_path / "rows.jsonl"
     path.write_bytes(b"\n".join(line.replace(b"\n", b" ").replace(b"\r", b" ") for line in lines))
-    cfg = load_config(None, ["task.name=dataset", f"task.path={path}", "task.eval_size=1"])
+    cfg = load_config(None, ["task.name=dataset", f"task.dataset.path={path}", "task.eval_size=1"])
     try:
         task = task_from_config(cfg.task)
     except ValueError as exc:  # no usable row (or only one): a message naming the file

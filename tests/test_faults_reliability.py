@@ -615,7 +615,9 @@ def test_huge_dataset_row_is_skipped_before_tokenising(base_run: Path, tmp_path:
     lines[7] = json.dumps({"prompt": "1" * 2_000_000 + "+1=", "answer": "2"})
     data.write_text("\n".join(lines) + "\n")
     model = base_run / "checkpoints/step_000004/policy"  # a model folder with a tokenizer
-    argv = args(tmp_path, "ds", "task.name=dataset", f"task.path={data}", "task.eval_size=4")
+    argv = args(
+        tmp_path, "ds", "task.name=dataset", f"task.dataset.path={data}", "task.eval_size=4"
+    )
     code, out, err = cli(["train", *argv, f"model.path={model}", "train.steps=1"], capsys)
     assert code == 0, err
     assert "too_long=1" in out, out

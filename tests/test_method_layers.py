@@ -146,7 +146,7 @@ def test_shipped_data_and_reward_files_are_found_from_any_folder(
 
     monkeypatch.chdir(tmp_path)  # no checkout here: nothing repository-relative resolves
     cfg = load_config(name)
-    assert Path(cfg.task.path).is_file() and Path(cfg.task.path).is_absolute()
+    assert Path(cfg.task.settings.path).is_file() and Path(cfg.task.settings.path).is_absolute()
     refs = [(r.name, r.weight) for r in cfg.rewards]
     assert any(n.endswith("answer_format.py:final_answer_format") for n, _ in refs)
     fns = resolve_rewards(refs)

@@ -5,6 +5,7 @@ accepted by the config and used by a run, with no edit to a central module."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,100 @@ def test_a_plugin_reward_is_named_in_the_config_and_scores_a_tiny_run(tmp_path: 
     finally:
         REWARDS.remove("odd_length")
     assert summary["steps"] == 1 and sum(scored) == 8  # every rollout of the step scored
+
+
+SHIFTED_SUM_PLUGIN = """
+from pydantic import Field
+
+from replayrl.config.registries import TASKS, TaskSpec
+from replayrl.config.section import Section
+from replayrl.rollout.tasks import ArithmeticTask
+
+BUILT = []
+
+
+class ShiftedSumConfig(Section):
+    shift: int = Field(0, ge=0, description="added to every sum")
+    digits: int = Field(1, ge=1, le=2)
+
+
+class ShiftedSum(ArithmeticTask):
+    name = "shifted_sum"
+
+    def __init__(self, shift=0, **kw):
+        self.shift = shift
+        super().__init__(**kw)
+
+    def make_row(self, a, b):
+        return {"prompt": f"{a}+{b}+{self.shift}=", "answer": str(a + b + self.shift),
+                "a": a, "b": b}
+
+
+def build(t):
+    s = t.settings
+    BUILT.append((s.shift, s.digits))
+    return ShiftedSum(shift=s.shift, digits=s.digits, eval_size=t.eval_size, seed=t.seed)
+
+
+def register():
+    TASKS.add("shifted_sum", TaskSpec(build, ShiftedSum, summary="a+b+shift",
+                                      config=ShiftedSumConfig))
+"""
+
+
+@pytest.fixture
+def shifted_sum_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An installed package (an entry point) that adds a task with its own settings."""
+    import sys
+
+    from replayrl.config.registries import TASKS
+    from replayrl.registry import PLUGIN_GROUP, reset_plugins
+
+    root = tmp_path / "site"
+    root.mkdir()
+    (root / "shifted_sum_plugin.py").write_text(SHIFTED_SUM_PLUGIN)
+    info = root / "shifted_sum_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shifted-sum\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[{PLUGIN_GROUP}]\nshifted = shifted_sum_plugin:register\n"
+    )
+    monkeypatch.syspath_prepend(str(root))
+    reset_plugins()
+    yield
+    TASKS.remove("shifted_sum")
+    sys.modules.pop("shifted_sum_plugin", None)
+    reset_plugins()
+
+
+def test_a_plugin_task_brings_its_own_settings_section(shifted_sum_plugin) -> None:
+    cfg = load_config(None, ["task.name=shifted_sum", "task.shifted_sum.shift=3"])
+    assert cfg.task.settings.shift == 3 and cfg.task.settings.digits == 1
+    with pytest.raises(ConfigError, match=r"task.shifted_sum.shift: Input should be greater"):
+        load_config(None, ["task.name=shifted_sum", "task.shifted_sum.shift=-1"])
+    # its setting while another task is selected names its section
+    with pytest.raises(ConfigError, match=r"task.shifted_sum.shift: a setting of task.name=shif"):
+        load_config(None, ["task.shifted_sum.shift=3"])
+
+
+def test_a_plugin_task_is_configured_and_trained_from_the_cli(
+    shifted_sum_plugin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    import yaml
+
+    from replayrl.cli.main import main
+    from tiny import TINY_RUN
+
+    keys = ["task.name=shifted_sum", "task.shifted_sum.shift=7", "task.shifted_sum.digits=2"]
+    assert main(["config", "show", *keys]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["task"]["shifted_sum"] == {"shift": 7, "digits": 2}
+    run = [*TINY_RUN, "train.steps=1", f"logging.run_dir={tmp_path}", "logging.name=p"]
+    assert main(["train", *keys, *run]) == 0
+    assert (7, 2) in sys.modules["shifted_sum_plugin"].BUILT  # the run's task had them
+    saved = yaml.safe_load((tmp_path / "p" / "config.yaml").read_text())
+    assert saved["task"]["shifted_sum"] == {"shift": 7, "digits": 2}
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert summary["steps"] == 1

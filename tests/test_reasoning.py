@@ -92,7 +92,7 @@ def test_verifier_and_reward_read_the_number_after_the_last_mark() -> None:
 
 
 def test_bad_knobs_are_clear_errors_and_config_builds_the_task() -> None:
-    with pytest.raises(ValueError, match="task.op"):
+    with pytest.raises(ValueError, match="task.reasoning.op"):
         ReasoningTask("mul")
     with pytest.raises(ValueError, match="min_digits"):
         ReasoningTask("add", digits=2, min_digits=3)
@@ -123,17 +123,18 @@ def test_arithmetic_warmstart_key_is_unchanged_by_the_new_task_fields() -> None:
         sort_keys=True,
     )
     assert warmstart_key(cfg.model, cfg.task) == hashlib.sha256(payload.encode()).hexdigest()[:16]
-    # reasoning knobs change a reasoning task's key, not arithmetic's
-    other = cfg.task.model_copy(update={"op": "sub", "terms": 6})
+    # a common setting outside arithmetic's list leaves its key; a reasoning knob changes a
+    # reasoning task's key
+    other = cfg.task.model_copy(update={"system_prompt": "Add."})
     assert warmstart_key(cfg.model, other) == warmstart_key(cfg.model, cfg.task)
     r = load_config("configs/reasoning-add.yaml")
-    sub = r.task.model_copy(update={"op": "sub"})
+    sub = r.task.model_copy(update={"reasoning": r.task.settings.model_copy(update={"op": "sub"})})
     assert warmstart_key(r.model, sub) != warmstart_key(r.model, r.task)
 
 
 def test_tiny_warm_start_refuses_arithmetic_digits_it_cannot_start() -> None:
-    cfg = load_config(None, ["task.digits=3"])
-    with pytest.raises(ValueError, match=r"task.digits=3.*task.name=reasoning"):
+    cfg = load_config(None, ["task.arithmetic.digits=3"])
+    with pytest.raises(ValueError, match=r"task.arithmetic.digits=3.*task.name=reasoning"):
         ensure_warmstart(cfg.model, cfg.task, log=lambda _: None)
 
 

@@ -125,18 +125,26 @@ def test_resume_keys_come_from_the_registry_entry() -> None:
 
 def test_a_task_names_its_own_resume_keys() -> None:
     from replayrl.records.folder import check_resume_config
-    from replayrl.rollout.tasks import ArithmeticTask
+    from replayrl.rollout.tasks import ArithmeticConfig, ArithmeticTask
 
-    spec = TaskSpec(lambda t: None, ArithmeticTask, summary="test", frozen_on_resume=("digits",))
+    spec = TaskSpec(
+        lambda t: None,
+        ArithmeticTask,
+        summary="test",
+        config=ArithmeticConfig,
+        frozen_on_resume=("digits",),  # a name in its own section
+    )
     TASKS.add("frozen_digits", spec)
     try:
         saved = load_config(None, ["task.name=frozen_digits"])
         check_resume_config(saved, load_config(None, ["task.name=frozen_digits", "task.seed=3"]))
-        with pytest.raises(ConfigError, match=r"task\.digits \(the checkpoint has 2, now 3\)"):
+        with pytest.raises(
+            ConfigError, match=r"task\.frozen_digits\.digits \(the checkpoint has 2, now 3\)"
+        ):
             check_resume_config(
-                saved, load_config(None, ["task.name=frozen_digits", "task.digits=3"])
+                saved, load_config(None, ["task.name=frozen_digits", "task.frozen_digits.digits=3"])
             )
-        check_resume_config(load_config(None), load_config(None, ["task.digits=3"]))
+        check_resume_config(load_config(None), load_config(None, ["task.arithmetic.digits=3"]))
     finally:
         TASKS.remove("frozen_digits")
 
@@ -238,17 +246,17 @@ def test_remix_is_the_buffer_source_with_its_window() -> None:
 
 
 def test_a_plugin_task_is_built_by_name() -> None:
-    from replayrl.rollout.tasks import ArithmeticTask, make_task, task_from_config
+    from replayrl.rollout.tasks import ArithmeticConfig, ArithmeticTask, make_task, task_from_config
 
     made: list[int] = []
 
     def build(t) -> ArithmeticTask:
-        made.append(t.digits)
+        made.append(t.settings.digits)
         return ArithmeticTask(digits=1, eval_size=10, seed=t.seed)
 
-    TASKS.add("one_digit", TaskSpec(build, ArithmeticTask, summary="test"))
+    TASKS.add("one_digit", TaskSpec(build, ArithmeticTask, summary="test", config=ArithmeticConfig))
     try:
-        cfg = load_config(None, ["task.name=one_digit", "task.digits=2"])
+        cfg = load_config(None, ["task.name=one_digit", "task.one_digit.digits=2"])
         assert isinstance(task_from_config(cfg.task), ArithmeticTask) and made == [2]
         assert isinstance(make_task("one_digit", digits=1, eval_size=10), ArithmeticTask)
     finally:

@@ -84,7 +84,7 @@ def test_a_run_without_reward_variance_says_so(tmp_path) -> None:
     cfg = tiny_config(
         tmp_path,
         "task.name=reasoning",
-        "task.digits=2",
+        "task.reasoning.digits=2",
         "rewards=[{name: final_answer}]",
         "train.steps=3",
         "logging.no_signal_patience=2",
@@ -126,7 +126,7 @@ def test_an_async_run_feeds_the_monitor_its_fresh_deliveries(tmp_path) -> None:
     cfg = tiny_config(
         tmp_path,
         "task.name=reasoning",
-        "task.digits=2",
+        "task.reasoning.digits=2",
         "rewards=[{name: final_answer}]",
         "train.steps=3",
         "train.threads=1",

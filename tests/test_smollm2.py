@@ -85,7 +85,7 @@ def test_one_lora_step_of_the_preset(prepared: Path, tmp_path: Path) -> None:
     cfg = load_config(
         "smollm2-gsm",
         [
-            f"task.path={root / 'data' / 'easy_math.jsonl'}",
+            f"task.dataset.path={root / 'data' / 'easy_math.jsonl'}",
             f"rewards=[{{name: math}}, {{name: '{reward}:final_answer_format', weight: 0.5}}]",
             "train.threads=1",
             "train.steps=1",

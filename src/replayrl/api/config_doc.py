@@ -23,10 +23,12 @@ from replayrl.config.schema import Config, section_fields
 
 def _comments() -> dict[tuple[str, str], str]:
     """(class name, field name) -> the comment beside the field, or the block just above it,
-    in config/schema.py and in the modules of the registered methods' own sections."""
+    in config/schema.py and in the modules of the registered methods' and tasks' own
+    sections."""
     modules = {schema} | {
         inspect.getmodule(sub)
-        for sub in section_fields(schema.GroupsConfig).values()
+        for owner in (schema.GroupsConfig, schema.TaskConfig)
+        for sub in section_fields(owner).values()
         if isinstance(sub, type) and issubclass(sub, BaseModel)
     }
     out: dict[tuple[str, str], str] = {}
@@ -79,12 +81,26 @@ def key_docs(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, str
     return out
 
 
+ABSENT = object()  # a key of a section this config does not hold (another task's)
+
+
 def _value(cfg: Config, key: str) -> Any:
-    """The key's value as plain data (what config.yaml holds)."""
+    """The key's value as plain data (what config.yaml holds), or ABSENT."""
     node: Any = cfg.model_dump(mode="json")
     for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return ABSENT
         node = node[part]
     return node
+
+
+def default_value(key: str) -> Any:
+    """The schema's default of `key` as plain data (also for a section that only the
+    selected task holds)."""
+    value = _value(Config(), key)
+    if value is ABSENT:
+        value = _field(key).get_default(call_default_factory=True)
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
 
 def _shown(value: Any) -> str:
@@ -96,7 +112,9 @@ def show_doc(cfg: Config) -> str:
     """`key = value  # description`, one line per key of the resolved config."""
     lines = []
     for key, doc in key_docs().items():
-        lines.append(f"{key} = {_shown(_value(cfg, key))}" + (f"  # {doc}" if doc else ""))
+        value = _value(cfg, key)
+        if value is not ABSENT:  # another task's settings: not this run's
+            lines.append(f"{key} = {_shown(value)}" + (f"  # {doc}" if doc else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -108,14 +126,15 @@ def explain(cfg: Config, key: str) -> str:
     keys = [k for k in docs if k == key or k.startswith(key + ".")]
     if not keys:
         raise KeyError(f"unknown config key {key!r}{suggest(key, docs)}")
-    default = Config()
     out = []
     for k in keys:
         field_type = _field(k).annotation
         shown = getattr(field_type, "__name__", None) or str(field_type).replace("typing.", "")
+        here = _value(cfg, k)
         out.append(
             f"{k}: {docs[k] or '(no description)'}\n    type {shown}; default "
-            f"{_value(default, k)!r}; here {_value(cfg, k)!r}"
+            f"{default_value(k)!r}; here "
+            + (f"{here!r}" if here is not ABSENT else f"unused (task.name={cfg.task.name})")
         )
     return "\n".join(out) + "\n"
 

@@ -1,9 +1,9 @@
 """What a Python-API run records so that its config.yaml replays it from the command line.
 
 - An in-memory dataset (a `datasets.Dataset`, a list of dicts, a DataFrame) is copied as JSONL
-  into the run folder (`data/train.jsonl`, `data/eval.jsonl`), and config.yaml's `task.path`
-  / `task.eval_path` name the copy, so `replayrl train -c RUN/config.yaml` reads the same rows
-  (and `task.eval_size` / `task.seed` give the same split).
+  into the run folder (`data/train.jsonl`, `data/eval.jsonl`), and config.yaml's
+  `task.dataset.path` / `eval_path` name the copy, so `replayrl train -c RUN/config.yaml`
+  reads the same rows (and `task.eval_size` / `task.seed` give the same split).
 - A reward callable is recorded by its importable name `package.module:function` when that
   name gives the same function back; otherwise (a lambda, a function defined in the script
   being run or inside another function, a callable object) config.yaml says in the reward's

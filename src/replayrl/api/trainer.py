@@ -37,7 +37,8 @@ from replayrl.run.callbacks import ReplayCallback, RunHooks, as_callbacks
 Log = Callable[[str], None]
 __all__ = ["ReplayCallback", "ReplayConfig", "ReplayTrainer", "TrainerState"]
 
-IN_MEMORY = "<in-memory"  # config.yaml's task.path / eval_path for rows given as objects
+# config.yaml's task.dataset.path / eval_path for rows given as objects
+IN_MEMORY = "<in-memory"
 IN_MEMORY_MODEL = "<in-memory model>"
 RewardFunc = Callable[..., Sequence[float | None]]
 
@@ -87,8 +88,8 @@ class ReplayTrainer:
             name or a YAML path (None: defaults).
         train_dataset: a `datasets.Dataset`, a list of dicts, a pandas DataFrame, or a local
             JSONL / JSON / parquet / CSV file. Rows need a prompt (text or chat messages) and
-            an answer (`task.prompt_column` / `task.answer_column`, default "prompt" /
-            "answer"); malformed rows are skipped and counted. None: the config's task.
+            an answer (`task.dataset.prompt_column` / `task.dataset.answer_column`, default
+            "prompt" / "answer"); malformed rows are skipped and counted. None: the config's task.
             With reward callables only (no built-in reward names) and no evaluation, rows
             need no answer column (format or judge rewards).
         eval_dataset: the held-out rows (same kinds). None: with a preset, a seeded split of
@@ -168,6 +169,8 @@ class ReplayTrainer:
         extra: dict[str, Any] = trl_compat.lora_overrides(peft_config)
         self._take_model(model, processing_class, extra)
         self._rewards = self._take_rewards(reward_funcs, extra)
+        if train_dataset is not None:  # a dataset task: its columns are read (task.dataset.*)
+            extra |= {"task.name": "dataset", "task.dataset.path": _in_memory("train_dataset")}
         self.config = self.args.to_config(extra)  # validate the model and rewards part early
         self._task = self._take_datasets(train_dataset, eval_dataset)
         self._steps_from_epochs()
@@ -307,6 +310,7 @@ class ReplayTrainer:
         train = list(train) if hasattr(train, "__next__") else train
         eval_ = list(eval_) if hasattr(eval_, "__next__") else eval_
         t = self.config.task
+        d = t.settings  # task.dataset: the columns and answer format
         explicit = self.args.sets("task.eval_size")
         loop_eval, eval_size = eval_, (t.eval_size if explicit else None)
         if not self._wants_eval():  # as TRL: no evaluation, nothing held out of training
@@ -316,10 +320,10 @@ class ReplayTrainer:
         task = DatasetTask(
             train,
             eval_path=loop_eval,
-            prompt_column=t.prompt_column,
-            answer_column=t.answer_column,
-            solution_column=t.solution_column,
-            format=t.format,
+            prompt_column=d.prompt_column,
+            answer_column=d.answer_column,
+            solution_column=d.solution_column,
+            format=d.format,
             eval_size=eval_size,  # None: all of eval_, or min(200, 10%)
             seed=t.seed,
             require_answer=not prompt_only or eval_size != 0,
@@ -338,11 +342,10 @@ class ReplayTrainer:
                 str(eval_) if _is_path(eval_) else self._copy(eval_, "eval", task.eval_label)
             )
         update = {
-            "path": label,
-            "eval_path": eval_label,
             "name": "dataset",
             "eval_size": task.num_eval,
             "chat_template": self._chat_template(task, eval_ is None),
+            "dataset": {**d.model_dump(), "path": label, "eval_path": eval_label},
         }
         self.config = build_config(
             {**self.config.model_dump(mode="json"), "task": {**t.model_dump(), **update}}
@@ -608,7 +611,8 @@ class ReplayTrainer:
         if not saved.is_file():
             raise FileNotFoundError(f"{run_dir} is not a run folder (no config.yaml)")
         task = load_config(saved).task
-        paths = [p for p in (task.path, task.eval_path) if p and p.startswith(IN_MEMORY)]
+        given = [getattr(task.settings, key, None) for key in ("path", "eval_path")]
+        paths = [p for p in given if isinstance(p, str) and p.startswith(IN_MEMORY)]
         if paths and self._task is None:
             raise ValueError(
                 f"{run_dir} was trained on in-memory rows ({paths[0]}): pass the same "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 import zlib
 from collections import defaultdict
 from pathlib import Path
@@ -146,7 +147,9 @@ def _task_label(t: dict[str, Any]) -> str:
 
     name = str(t.get("name", "?"))
     try:
-        label = describe_task(TaskConfig.model_validate(t))
+        with warnings.catch_warnings():  # a record in the old flat layout: read, not reported
+            warnings.simplefilter("ignore", FutureWarning)
+            label = describe_task(TaskConfig.model_validate(t))
     except ValueError:
         return name
     return f"{name}: {label}" if label != name else name

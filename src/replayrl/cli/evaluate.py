@@ -105,7 +105,7 @@ def rows_to_score(args: argparse.Namespace, cfg: Config) -> tuple[Any, list[Any]
     task = task_from_config(t)
     rows = held_out_rows(cfg, task)
     if data:
-        where = f"the held-out split of {t.eval_path or data}"
+        where = f"the held-out split of {t.settings.eval_path or data}"
     else:
         where = f"the built-in task {t.name!r} ({describe_task(t)}), its held-out split"
         if not args.run and not args.config:

@@ -92,15 +92,23 @@ def _anchored(ref: Any, folder: Path) -> Any:
     return f"{shipped}{sep}{fn}" if shipped.is_file() else ref
 
 
+def _anchored_files(section: dict[str, Any], folder: Path) -> dict[str, Any]:
+    return {
+        k: _anchored(v, folder) if k in ("path", "eval_path") else v for k, v in section.items()
+    }
+
+
 def anchor_files(data: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """A shipped preset's data and reward files (`task.path: data/easy_math.jsonl`, a reward
-    `rewards/answer_format.py:fn`) are relative to the preset's own folder, so the preset
-    runs from any folder of a pip install."""
+    """A shipped preset's data and reward files (`task.dataset.path: data/easy_math.jsonl`, a
+    reward `rewards/answer_format.py:fn`) are relative to the preset's own folder, so the
+    preset runs from any folder of a pip install."""
     data = dict(data)
     task = data.get("task")
     if isinstance(task, dict):
+        # a task's files are in its own section (task.dataset.path); flat: the old layout
         data["task"] = {
-            k: _anchored(v, folder) if k in ("path", "eval_path") else v for k, v in task.items()
+            k: _anchored_files(v, folder) if isinstance(v, dict) else v
+            for k, v in _anchored_files(task, folder).items()
         }
     rewards = data.get("rewards")
     if isinstance(rewards, list):

@@ -8,6 +8,8 @@ arrow of registration points down. The registry imports those provider packages 
 first time it is asked (`replayrl.registry`, which also loads installed plugins' entry points),
 so a config is never checked against a half-filled registry.
 
+A task declares its settings the same way, under `task.<name>`.
+
 A new reuse method is one file that defines its config section (a `Section`), its check over
 the whole config, its builder and its metrics, and one `BATCH_SOURCES.add(...)` line.
 """
@@ -53,12 +55,15 @@ class BatchSourceSpec:
 class TaskSpec:
     """A task as the run sees it: `build(TaskConfig) -> Task`; `make(**kwargs) -> Task` for
     `make_task`; `check(TaskConfig)` raises ValueError for settings it cannot run with.
+    `config`: its settings section, under `task.<name>` (None: only the settings every task
+    has: seed, eval_size, chat_template, system_prompt), read as `TaskConfig.settings`.
 
     For the built-in tiny model's warm start (run/warmstart.py): `warmstart_fields`, the
-    `task.*` keys its cached warm start depends on (None: all of them), and `tiny_check`,
-    which refuses settings that warm start cannot give a usable start policy for.
-    `frozen_on_resume`: the `task.*` keys a resume may not change (its checkpointed state
-    depends on them).
+    keys its cached warm start depends on, by name: the common `task.*` ones and those of its
+    own section (None: all of them), and `tiny_check`, which refuses settings that warm start
+    cannot give a usable start policy for.
+    `frozen_on_resume`: the keys a resume may not change (its checkpointed state depends on
+    them): names in its `task.<name>` section, or full dotted keys.
 
     For reports (`replayrl eval`, bench reports): `describe(TaskConfig) -> str`, its settings in
     a few words (None: its name), and `data_file(TaskConfig) -> str | None`, the file of the
@@ -68,6 +73,7 @@ class TaskSpec:
     make: Callable[..., Any]
     check: Callable[[Any], None] | None = None
     summary: str = ""
+    config: type[Section] | None = None
     warmstart_fields: frozenset[str] | None = None
     tiny_check: Callable[[Any], None] | None = None
     frozen_on_resume: tuple[str, ...] = ()

@@ -39,6 +39,8 @@ from replayrl.config.registries import (
     runtimes_with,
 )
 from replayrl.config.section import Section as _Section  # every section's base
+from replayrl.config.section import nested_errors
+from replayrl.config.task_sections import place_task_keys
 
 
 def config_value(cfg: BaseModel, key: str) -> Any:
@@ -181,42 +183,32 @@ class PrecisionConfig(_Section):
         return value
 
 
-class ReasoningGymConfig(_Section):
-    """task.name=reasoning_gym: generated tasks of the reasoning-gym package."""
-
-    datasets: list[str] = []  # dataset names, e.g. [basic_arithmetic, chain_sum]
-    size: int = Field(10_000, ge=1)  # training items per dataset (seed: task.seed)
-    config: dict[str, dict[str, Any]] = {}  # per-dataset keyword arguments
-    weights: dict[str, float] = {}  # sampling weight per dataset (default 1 each)
-
-
 class TaskConfig(_Section):
-    # arithmetic: the built-in generated task; dataset: rows from a local file (`path`);
+    """The task (`task.name`, a `TASKS` name), the settings every task has, and the selected
+    task's own section (`task.reasoning`, `task.dataset`, ...), validated by the model its
+    task declares next to its code (config/task_sections.py)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    # arithmetic: the built-in generated task; dataset: rows from a local file;
     # reasoning: built-in written-out arithmetic (long traces, final answer after `#`);
-    # reasoning_gym: reasoning-gym's generated tasks (`reasoning_gym`)
+    # reasoning_gym: reasoning-gym's generated tasks
     name: str = Field(
         "arithmetic",
         description="the task (a `TASKS` registry name: arithmetic, dataset, reasoning, "
-        "reasoning_gym, or one a plugin registers)",
+        "reasoning_gym, or one a plugin registers); its settings are under task.<name>",
     )
-    digits: int = Field(2, ge=1, le=9)  # arithmetic's difficulty knob: digits per operand
-    # reasoning (tasks/reasoning.py): the operation, operand lengths min_digits..digits, and
-    # the number of terms of a chain
-    op: Literal["add", "sub", "chain"] = "add"
-    min_digits: int = Field(1, ge=1, le=9, description="reasoning: shortest operand (digits)")
-    terms: int = Field(4, ge=3, le=8, description="reasoning, op chain: terms in the chain")
-    eval_size: int = Field(200, ge=0)  # 0: nothing held out (no evaluation without eval_path)
+    eval_size: int = Field(200, ge=0)  # 0: none held out (no evaluation but a dataset.eval_path)
     seed: int = Field(0, description="seed of the eval split and generated tasks")
-    path: str | None = None  # dataset: JSONL, JSON, parquet or CSV file
-    eval_path: str | None = None  # dataset: a separate held-out file (else a seeded split)
-    prompt_column: str = "prompt"  # text, or a list of {role, content} messages
-    answer_column: str = Field("answer", description="dataset column with the answer")
-    solution_column: str = "solution"  # format=math: the answer is its last \boxed{}
-    format: Literal["plain", "gsm8k", "math"] = "plain"  # gsm8k: answer after "####"
     # render prompts with the tokenizer's chat template when it has one (see prompts.py)
     chat_template: bool = True
     system_prompt: str | None = None  # put first in every prompt (unless a row has its own)
-    reasoning_gym: ReasoningGymConfig = ReasoningGymConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_section(cls, data: Any) -> Any:
+        """The selected task's section under its name; old flat keys moved into it."""
+        return place_task_keys(data, cls.model_fields, "arithmetic")
 
     @model_validator(mode="after")
     def _task_checks(self) -> TaskConfig:
@@ -225,6 +217,18 @@ class TaskConfig(_Section):
         if spec.check is not None:
             spec.check(self)
         return self
+
+    @property
+    def settings(self) -> Any:
+        """The selected task's own section (`task.<name>`; None if it declares none)."""
+        return (self.model_extra or {}).get(self.name)
+
+    def flat(self) -> dict[str, Any]:
+        """The common settings and the selected task's own, in one dict by name (as the
+        flat section held them: hashes over it stay the same for the same settings)."""
+        out = {k: getattr(self, k) for k in type(self).model_fields}
+        settings = self.settings
+        return out | (settings.model_dump() if settings is not None else {})
 
 
 class RewardSpec(_Section):
@@ -606,7 +610,7 @@ class GroupsConfig(_Section):
             try:
                 data[name] = given if isinstance(given, section) else section.model_validate(given)
             except ValidationError as exc:
-                raise ValueError(_nested_errors(f"groups.{name}", exc)) from None
+                raise ValueError(nested_errors(f"groups.{name}", exc)) from None
         return data
 
     def section(self, name: str) -> Any:
@@ -616,20 +620,14 @@ class GroupsConfig(_Section):
 
 def section_fields(model: type[BaseModel]) -> dict[str, Any]:
     """A section's sub-fields by name -> annotation (a model for nested sections), with the
-    registered batch sources' own sections under `groups`."""
+    registered batch sources' own sections under `groups` and the tasks' under `task`."""
     fields: dict[str, Any] = {n: f.annotation for n, f in model.model_fields.items()}
-    if model is GroupsConfig:
-        for name in BATCH_SOURCES:
-            spec = BATCH_SOURCES.get(name)
-            if spec.config is not None:
-                fields[name] = spec.config
+    registry: Any = {GroupsConfig: BATCH_SOURCES, TaskConfig: TASKS}.get(model)
+    for name in registry or ():
+        section = registry.get(name).config
+        if section is not None:
+            fields[name] = section
     return fields
-
-
-def _nested_errors(prefix: str, exc: ValidationError) -> str:
-    return "; ".join(
-        f"{prefix}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-    )
 
 
 class CriticConfig(_Section):

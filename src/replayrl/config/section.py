@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 
 def _takes_bool(annotation: Any) -> bool:
@@ -46,3 +46,10 @@ class Section(BaseModel):
             if _wants_number(annotation) and not _takes_bool(annotation):
                 raise ValueError(f"expected a number, not the boolean {str(value).lower()}")
         return value
+
+
+def nested_errors(prefix: str, exc: ValidationError) -> str:
+    """A section's validation errors, each under its full dotted key (`prefix.key: msg`)."""
+    return "; ".join(
+        f"{prefix}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+    )

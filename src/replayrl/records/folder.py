@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 import yaml
 
 from replayrl.config.registries import BATCH_SOURCES, TASKS
-from replayrl.config.schema import Config, ConfigError, config_to_yaml, load_config
+from replayrl.config.schema import Config, ConfigError, TaskConfig, config_to_yaml, load_config
 from replayrl.errors import RunFailed
 from replayrl.records.trust import Verdict, reward_refs, sign_or_warn, verify_run_folder
 from replayrl.storage.checkpoint import CheckpointWriteError, find_checkpoints, manifest_config
@@ -73,7 +74,8 @@ def frozen_on_resume(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
             keys += [k if "." in k else f"groups.{source}.{k}" for k in own]
         task = _get(side, "task.name") or _get(default, "task.name")
         if task in TASKS:
-            keys += [k if "." in k else f"task.{k}" for k in TASKS.get(task).frozen_on_resume]
+            own = TASKS.get(task).frozen_on_resume
+            keys += [k if "." in k else f"task.{task}.{k}" for k in own]
     return list(dict.fromkeys(keys))
 
 
@@ -217,6 +219,21 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def in_current_layout(record: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config with its task section in today's layout (a flat `task.digits` of an
+    older release under `task.arithmetic`), so a resume compares like with like; as it is
+    when its task section does not validate."""
+    task = record.get("task")
+    if not isinstance(task, dict):
+        return record
+    try:
+        with warnings.catch_warnings():  # the record is old, not the user's new config
+            warnings.simplefilter("ignore", FutureWarning)
+            return {**record, "task": TaskConfig.model_validate(task).model_dump(mode="json")}
+    except ValueError:
+        return record
+
+
 def _is_default(dotted: str, value: Any) -> bool:
     return _get(Config().model_dump(mode="json"), dotted) == value
 
@@ -240,7 +257,7 @@ def check_resume_config(
     if run_dir is not None:
         ckpt, _ = find_checkpoints(run_dir)
         record = manifest_config(ckpt) if ckpt is not None else None
-    a = record if record is not None else saved.model_dump(mode="json")
+    a = in_current_layout(record) if record is not None else saved.model_dump(mode="json")
     b = new.model_dump(mode="json")
     bad = [
         f"{k} (the checkpoint has {_get(a, k)!r}, now {_get(b, k)!r})"
@@ -339,7 +356,7 @@ def _anchor(cfg: Config, base: Path, rewards: bool, data: bool) -> None:
                 fn = r.name.rpartition(":")[2]
                 r.name = f"{(base / target).resolve()}:{fn}"
     if data:
-        t = cfg.task
+        t = cfg.task.settings  # a task that reads files names them in its own section
         for key in ("path", "eval_path"):
             value = getattr(t, key, None)
             if isinstance(value, str) and value and "://" not in value:
@@ -400,8 +417,10 @@ def check_resume_code(
     Returns the run folder's code entries that the resume will run (none when given again).
     """
     given = own_rewards or any(o.split("=", 1)[0].strip().startswith("rewards") for o in overrides)
+    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    # a task's files: task.dataset.path (task.path in the old flat layout), any task's section
     data_given = any(
-        o.split("=", 1)[0].strip() in ("task.path", "task.eval_path") for o in overrides
+        k.startswith("task.") and k.rpartition(".")[2] in ("path", "eval_path") for k in keys
     )
     origin = _read_origin(run_dir)
     cwd = _start_folder(origin)

@@ -102,7 +102,7 @@ class RunHooks:
     callbacks: list[ReplayCallback] = field(default_factory=list)
     stop_requested: bool = False
     # files written into a new run's folder as it starts (path inside it -> text): the JSONL
-    # copy of an in-memory dataset that config.yaml's task.path names
+    # copy of an in-memory dataset that config.yaml's task.dataset.path names
     run_files: dict[str, str] = field(default_factory=dict)
 
     def request_stop(self) -> None:

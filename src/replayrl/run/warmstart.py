@@ -165,10 +165,13 @@ def sft_warmstart(
     return out
 
 
-def _warmstart_task_fields(task_cfg: TaskConfig) -> set[str]:
-    """The task keys the warm start depends on (its registry entry's; all when it names none)."""
+def _warmstart_task(task_cfg: TaskConfig) -> dict[str, Any]:
+    """The task settings the warm start depends on, by name (its registry entry's; all when
+    it names none), common and task-own alike: a flat dict, as the task section was before
+    each task had its own, so existing warm starts keep their keys."""
     fields = TASKS.get(task_cfg.name).warmstart_fields
-    return set(TaskConfig.model_fields) if fields is None else set(fields)
+    flat = task_cfg.flat()
+    return flat if fields is None else {k: v for k, v in flat.items() if k in fields}
 
 
 def check_tiny_task(task_cfg: TaskConfig) -> None:
@@ -184,7 +187,7 @@ def warmstart_key(cfg: ModelConfig, task_cfg: TaskConfig) -> str:
             "tiny": cfg.tiny.model_dump(),
             "warmstart": cfg.warmstart.model_dump(),
             # only what the task's warm start depends on: stable as TaskConfig grows
-            "task": task_cfg.model_dump(include=_warmstart_task_fields(task_cfg)),
+            "task": _warmstart_task(task_cfg),
             "format": 2,
         },
         sort_keys=True,
@@ -424,7 +427,7 @@ def pinned_warmstart(
             "sha256": sha,
             "tiny": cfg.tiny.model_dump(),
             "warmstart": cfg.warmstart.model_dump(),
-            "task": task_cfg.model_dump(include=_warmstart_task_fields(task_cfg)),
+            "task": _warmstart_task(task_cfg),
         }
         atomic_write_json(folder / PIN_MANIFEST, described)
         log(f"warm start {key} pinned in {folder} (sha256 {sha[:12]})")

@@ -1,7 +1,8 @@
 """Verifiable tasks: prompts with answer columns and a correctness check.
 
 Each task is registered below (`replayrl.config.registries.TASKS`): a builder from the
-config's `task` section, a constructor for `make_task`, and its own config rules. The schema
+config's `task` section, a constructor for `make_task`, its own settings (a section declared
+next to its class, under `task.<name>`) and its own config rules. The schema
 checks `task.name` against the registry; the run looks the builder up by name.
 """
 
@@ -11,17 +12,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replayrl.config.registries import TASKS, TaskSpec
-from replayrl.rollout.tasks.arithmetic import ArithmeticTask
+from replayrl.rollout.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from replayrl.rollout.tasks.base import Task
-from replayrl.rollout.tasks.datasets import DatasetTask
-from replayrl.rollout.tasks.reasoning import ReasoningTask
+from replayrl.rollout.tasks.datasets import DatasetConfig, DatasetTask
+from replayrl.rollout.tasks.reasoning import ReasoningConfig, ReasoningTask
+from replayrl.rollout.tasks.reasoning_gym import ReasoningGymConfig
 
 if TYPE_CHECKING:
     from replayrl.config.schema import TaskConfig
 
 __all__ = [
+    "ArithmeticConfig",
     "ArithmeticTask",
+    "DatasetConfig",
     "DatasetTask",
+    "ReasoningConfig",
+    "ReasoningGymConfig",
     "ReasoningTask",
     "Task",
     "describe_task",
@@ -46,7 +52,8 @@ def describe_task(t: TaskConfig) -> str:
     return describe(t) if describe is not None else t.name
 
 
-# -- the built-in tasks -----------------------------------------------------------------------
+# -- the built-in tasks: `t.settings` is the task's own section (`task.<name>`), whose
+# settings are its class's keyword arguments ---------------------------------------------
 
 
 def _reasoning_gym(datasets: Any, **kwargs: Any) -> Task:
@@ -56,50 +63,28 @@ def _reasoning_gym(datasets: Any, **kwargs: Any) -> Task:
 
 
 def _reasoning_gym_from_config(t: TaskConfig) -> Task:
-    rg = t.reasoning_gym
     return _reasoning_gym(
-        rg.datasets,
-        size=rg.size,
-        config=rg.config,
-        weights=rg.weights,
-        eval_size=t.eval_size,
-        seed=t.seed,
-        system_prompt=t.system_prompt,
+        **t.settings.model_dump(), eval_size=t.eval_size, seed=t.seed, system_prompt=t.system_prompt
     )
 
 
 def _check_reasoning_gym(t: TaskConfig) -> None:
-    if not t.reasoning_gym.datasets:
+    if not t.settings.datasets:
         raise ValueError("task.reasoning_gym.datasets must name at least one dataset")
 
 
 def _dataset_from_config(t: TaskConfig) -> Task:
-    return DatasetTask(
-        t.path,  # type: ignore[arg-type]  # checked: _check_dataset
-        eval_path=t.eval_path,
-        prompt_column=t.prompt_column,
-        answer_column=t.answer_column,
-        solution_column=t.solution_column,
-        format=t.format,
-        eval_size=t.eval_size,
-        seed=t.seed,
-    )
+    own = t.settings.model_dump()
+    return DatasetTask(own.pop("path"), **own, eval_size=t.eval_size, seed=t.seed)
 
 
 def _check_dataset(t: TaskConfig) -> None:
-    if not t.path:
-        raise ValueError("task.path must name a local data file for task.name=dataset")
+    if not t.settings.path:
+        raise ValueError("task.dataset.path must name a local data file for task.name=dataset")
 
 
 def _reasoning_from_config(t: TaskConfig) -> Task:
-    return ReasoningTask(
-        op=t.op,
-        digits=t.digits,
-        min_digits=t.min_digits,
-        terms=t.terms,
-        eval_size=t.eval_size,
-        seed=t.seed,
-    )
+    return ReasoningTask(**t.settings.model_dump(), eval_size=t.eval_size, seed=t.seed)
 
 
 # arithmetic digits the built-in tiny model's warm start gives a usable start policy for
@@ -108,27 +93,29 @@ TINY_ARITHMETIC_DIGITS = (1, 2)
 
 
 def _tiny_arithmetic(t: TaskConfig) -> None:
-    if t.digits not in TINY_ARITHMETIC_DIGITS:
+    digits = t.settings.digits
+    if digits not in TINY_ARITHMETIC_DIGITS:
         raise ValueError(
-            f"task.digits={t.digits}: the built-in tiny model's warm start gives a usable "
-            f"start policy for arithmetic with task.digits in {list(TINY_ARITHMETIC_DIGITS)} only "
-            f"(at 3 digits it starts at 0.0 accuracy and no reward ever varies). For longer "
-            f"sums use the written-out task (task.name=reasoning task.op=add "
-            f"task.digits={t.digits}; see configs/reasoning-add.yaml), or set model.path "
-            f"to a causal LM folder"
+            f"task.arithmetic.digits={digits}: the built-in tiny model's warm start gives a "
+            f"usable start policy for arithmetic with task.arithmetic.digits in "
+            f"{list(TINY_ARITHMETIC_DIGITS)} only (at 3 digits it starts at 0.0 accuracy and no "
+            f"reward ever varies). For longer sums use the written-out task (task.name=reasoning "
+            f"task.reasoning.op=add task.reasoning.digits={digits}; see "
+            f"configs/reasoning-add.yaml), or set model.path to a causal LM folder"
         )
 
 
 TASKS.add(
     "arithmetic",
     TaskSpec(
-        lambda t: ArithmeticTask(digits=t.digits, eval_size=t.eval_size, seed=t.seed),
+        lambda t: ArithmeticTask(digits=t.settings.digits, eval_size=t.eval_size, seed=t.seed),
         ArithmeticTask,
-        summary="built-in addition of task.digits-digit numbers, answer only",
+        summary="built-in addition of task.arithmetic.digits-digit numbers, answer only",
+        config=ArithmeticConfig,
         # the original set: existing configs keep their cached warm starts
         warmstart_fields=frozenset({"name", "digits", "eval_size", "seed"}),
         tiny_check=_tiny_arithmetic,
-        describe=lambda t: f"{t.digits}-digit addition",
+        describe=lambda t: f"{t.settings.digits}-digit addition",
     ),
 )
 TASKS.add(
@@ -138,8 +125,9 @@ TASKS.add(
         lambda path, **kw: DatasetTask(path, **kw),
         _check_dataset,
         "a local JSONL / parquet / CSV file with a prompt column and answer columns",
-        describe=lambda t: Path(str(t.path)).name,
-        data_file=lambda t: t.path,
+        config=DatasetConfig,
+        describe=lambda t: Path(str(t.settings.path)).name,
+        data_file=lambda t: t.settings.path,
     ),
 )
 TASKS.add(
@@ -148,10 +136,11 @@ TASKS.add(
         _reasoning_from_config,
         ReasoningTask,
         summary="written-out multi-digit add / sub / chain with carries shown step by step",
+        config=ReasoningConfig,
         warmstart_fields=frozenset(
             {"name", "op", "digits", "min_digits", "terms", "eval_size", "seed"}
         ),
-        describe=lambda t: f"{t.op}, {t.digits} digits, {t.terms} terms",
+        describe=lambda t: f"{t.settings.op}, {t.settings.digits} digits, {t.settings.terms} terms",
     ),
 )
 TASKS.add(
@@ -161,6 +150,7 @@ TASKS.add(
         _reasoning_gym,
         _check_reasoning_gym,
         "procedurally generated problems from the reasoning-gym package",
-        describe=lambda t: ", ".join(t.reasoning_gym.datasets),
+        config=ReasoningGymConfig,
+        describe=lambda t: ", ".join(t.settings.datasets),
     ),
 )

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field
 
+from replayrl.config.section import Section
 from replayrl.rollout.tasks.base import Row
+
+
+class ArithmeticConfig(Section):
+    """task.name=arithmetic: its settings, under `task.arithmetic`."""
+
+    digits: int = Field(2, ge=1, le=9, description="arithmetic: digits per operand")
 
 
 def add_with_carry_errors(a: int, b: int, carry_error: float, rng: np.random.Generator) -> int:
@@ -27,7 +35,7 @@ class ArithmeticTask:
 
     def __init__(self, digits: int = 2, eval_size: int = 200, seed: int = 0) -> None:
         if digits < 1:
-            raise ValueError(f"task.digits must be >= 1 (got {digits})")
+            raise ValueError(f"task.arithmetic.digits must be >= 1 (got {digits})")
         self.digits = digits
         self.low, self.high = 0, 10**digits  # operands in [low, high)
         space = (self.high - self.low) ** 2

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
+from replayrl.config.section import Section
 from replayrl.rollout.rewards.math import answers_match, completion_text, extract_answer, last_boxed
 from replayrl.rollout.tasks.base import Row
 
@@ -347,6 +349,18 @@ def _prompt_key(prompt: str | list[dict[str, Any]]) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
 
 
+class DatasetConfig(Section):
+    """task.name=dataset: where its rows come from and how they are read, under
+    `task.dataset`."""
+
+    path: str | None = None  # a JSONL, JSON, parquet or CSV file
+    eval_path: str | None = None  # a separate held-out file (else a seeded split)
+    prompt_column: str = "prompt"  # text, or a list of {role, content} messages
+    answer_column: str = Field("answer", description="dataset column with the answer")
+    solution_column: str = "solution"  # format=math: the answer is its last \boxed{}
+    format: Format = "plain"  # gsm8k: the answer after "####"; math: the last \boxed{}
+
+
 # --- the task ---------------------------------------------------------------------------
 
 
@@ -369,7 +383,7 @@ class DatasetTask:
     ) -> None:
         if format not in FORMATS:
             raise ValueError(
-                f"task.format: unknown format {format!r} (known: {', '.join(FORMATS)})"
+                f"task.dataset.format: unknown format {format!r} (known: {', '.join(FORMATS)})"
             )
         if eval_size is not None and (isinstance(eval_size, bool) or eval_size < 0):
             raise ValueError(f"task.eval_size must be >= 0 (got {eval_size!r})")
@@ -400,7 +414,7 @@ class DatasetTask:
             if k >= n:
                 raise ValueError(
                     f"dataset {self.source_label}: task.eval_size={k} leaves no training rows "
-                    f"({n} usable rows); lower it or give task.eval_path"
+                    f"({n} usable rows); lower it or give task.dataset.eval_path"
                 )
             rng = np.random.default_rng(seed)
             held = {int(i) for i in rng.permutation(n)[:k]}
@@ -491,16 +505,18 @@ class DatasetTask:
     @classmethod
     def to_score(cls, source: Any, task_cfg: Any) -> DatasetTask:
         """Every usable row of `source` (nothing held out: `train_rows()` are the rows to
-        score), read with the columns and answer format of a config's `task` section."""
-        t = task_cfg
+        score), read with the columns and answer format of a config's `task.dataset` (their
+        defaults when the config's task is another)."""
+        own = task_cfg.settings
+        columns = own if isinstance(own, DatasetConfig) else DatasetConfig()
         return cls(
             source,
-            prompt_column=t.prompt_column,
-            answer_column=t.answer_column,
-            solution_column=t.solution_column,
-            format=t.format,
+            prompt_column=columns.prompt_column,
+            answer_column=columns.answer_column,
+            solution_column=columns.solution_column,
+            format=columns.format,
             eval_size=0,
-            seed=t.seed,
+            seed=task_cfg.seed,
         )
 
     def is_correct(self, completion: Any, row: Row) -> bool:

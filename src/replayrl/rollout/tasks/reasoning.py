@@ -29,13 +29,28 @@ split is a seeded set of problems that training never samples.
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
+from replayrl.config.section import Section
 from replayrl.rollout.rewards.builtin import ANSWER_MARK, final_answer
 from replayrl.rollout.tasks.base import Row
 
 OPS = ("add", "sub", "chain")
+
+
+class ReasoningConfig(Section):
+    """task.name=reasoning: its settings, under `task.reasoning` (operand lengths
+    min_digits..digits; terms: the length of a chain)."""
+
+    op: Literal["add", "sub", "chain"] = Field("add", description="reasoning: the operation")
+    digits: int = Field(2, ge=1, le=9, description="reasoning: longest operand (digits)")
+    min_digits: int = Field(1, ge=1, le=9, description="reasoning: shortest operand (digits)")
+    terms: int = Field(4, ge=3, le=8, description="reasoning, op chain: terms in the chain")
+
+
 ALPHABET = "0123456789+-=,;r#"
 
 
@@ -182,15 +197,18 @@ class ReasoningTask:
         seed: int = 0,
     ) -> None:
         if op not in OPS:
-            raise ValueError(f"task.op: unknown operation {op!r} (known: {', '.join(OPS)})")
+            raise ValueError(
+                f"task.reasoning.op: unknown operation {op!r} (known: {', '.join(OPS)})"
+            )
         if not 1 <= min_digits <= digits:
             raise ValueError(
-                f"task.min_digits={min_digits} must be between 1 and task.digits={digits}"
+                f"task.reasoning.min_digits={min_digits} must be between 1 and "
+                f"task.reasoning.digits={digits}"
             )
         if digits > 6:
-            raise ValueError(f"task.digits={digits}: at most 6 for task.name=reasoning")
+            raise ValueError(f"task.reasoning.digits={digits}: at most 6")
         if op == "chain" and not 3 <= terms <= 8:
-            raise ValueError(f"task.terms={terms}: chain needs 3 to 8 terms")
+            raise ValueError(f"task.reasoning.terms={terms}: chain needs 3 to 8 terms")
         self.op, self.digits, self.min_digits, self.terms = op, digits, min_digits, terms
         space = self._space()
         if eval_size >= space // 2:

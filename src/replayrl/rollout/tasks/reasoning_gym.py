@@ -20,11 +20,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
+from replayrl.config.section import Section
 from replayrl.rollout.rewards.reasoning_gym import import_reasoning_gym, score_completion
 from replayrl.rollout.tasks.base import Row
 
 EVAL_SEED_OFFSET = 1_000_003  # the held-out split's seed: task.seed + this
+
+
+class ReasoningGymConfig(Section):
+    """task.name=reasoning_gym: generated tasks of the reasoning-gym package, under
+    `task.reasoning_gym`."""
+
+    datasets: list[str] = []  # dataset names, e.g. [basic_arithmetic, chain_sum]
+    size: int = Field(10_000, ge=1)  # training items per dataset (seed: task.seed)
+    config: dict[str, dict[str, Any]] = {}  # per-dataset keyword arguments
+    weights: dict[str, float] = {}  # sampling weight per dataset (default 1 each)
 
 
 def _system_prompt() -> str:
