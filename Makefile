@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.replayrl-installed
 
-.PHONY: install demo test lint typecheck mutate format clean trl-peer docs gpu-bundle
+.PHONY: install demo test test-slow lint typecheck mutate format clean trl-peer docs gpu-bundle
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -23,8 +23,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/replayrl train --config demo
 
+# the suite in two tiers, each under 10 minutes on 2 cores: `test`, then the Ray runtime's
+# tests and the few that take a minute or more (`test-slow`); CI runs both
 test: $(STAMP)
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -m "not ray and not slow"
+
+test-slow: $(STAMP)
+	$(VENV)/bin/pytest -m "ray or slow"
 
 # TRL's GRPOTrainer on the same model, task and reward (see BENCHMARKS.md)
 trl-peer: $(STAMP)

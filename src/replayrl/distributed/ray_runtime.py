@@ -565,7 +565,8 @@ class RayDriver:
         started = not ray.is_initialized()
         if started:
             ray.init(
-                address=rc.address,
+                # None: a Ray instance of this run's own, not whichever one runs on the machine
+                address=rc.address or "local",
                 num_cpus=rc.num_cpus if rc.address is None else None,
                 include_dashboard=False,
                 logging_level="WARNING",
