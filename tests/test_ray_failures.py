@@ -128,6 +128,7 @@ def _fail_mid_run(run_fn: Callable[[], Any], run: Path, kill: Callable[[], None]
     t.start()
     _wait_for(lambda: find_checkpoints(run)[0] is not None or not t.is_alive(), 300)
     assert t.is_alive(), out  # killed mid-run, not after it ended
+    out["ckpt_at_loss"] = find_checkpoints(run)[0]
     kill()
     t.join(timeout=120)  # no hang: the run must end soon after the loss
     assert not t.is_alive(), "the run did not end after the loss"
@@ -226,7 +227,7 @@ def test_killed_buffer_actor_fails_the_run_and_resume_restores_the_buffer(
     assert "the buffer actor died mid-run" in msg and "Traceback" not in msg, msg
     assert f"last good checkpoint: {ckpt}" in msg and "--resume" in msg, msg
     # nothing was silently emptied: no checkpoint was written after the loss
-    assert find_checkpoints(run)[0] == ckpt
+    assert ckpt == out["ckpt_at_loss"]
     buffer = load_state(ckpt)["buffer"]
     size = len(buffer["order"])  # stored slots
     assert size > 0

@@ -50,6 +50,11 @@ def test_a_pair_group_refuses_an_unknown_backend() -> None:
         ([], "object_store"),  # CPU actors: the host copy costs nothing extra
         (["ray.learner_num_gpus=1"], "object_store"),  # the generators sample on CPU
         (["ray.learner_num_gpus=1", "ray.generator_num_gpus=1"], "broadcast"),
+        # NCCL refuses two ranks on one GPU: fractions (a shared GPU) keep the object store
+        (["ray.learner_num_gpus=0.5", "ray.generator_num_gpus=0.5"], "object_store"),
+        # sharded learners gather the full weights to the host: the object store
+        (["train.sharding=fsdp", "workers.learners=2", "train.batch_size=16",
+          "ray.learner_num_gpus=1", "ray.generator_num_gpus=1"], "object_store"),
         (["ray.weight_sync=broadcast"], "broadcast"),  # asked for: gloo on CPU
         (["ray.learner_num_gpus=1", "ray.generator_num_gpus=1", "ray.weight_sync=object_store"],
          "object_store"),

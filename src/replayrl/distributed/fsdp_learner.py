@@ -23,6 +23,7 @@ import torch
 
 from replayrl.distributed import fsdp
 from replayrl.distributed.ddp import data_parallel
+from replayrl.errors import RunFailed
 
 # the collectives a follower joins, by name; rank 0 runs the same function in the same order
 _PARTS = ("model", "optimizer")
@@ -52,6 +53,9 @@ def follow_gather(learner: Any, parts: tuple[str, ...]) -> None:
             raise ValueError(f"unknown gather {part!r} (known: {_PARTS})")
 
 
+GATHER_TIMEOUT_S = 600.0  # a gather is one collective: a lost rank must not hang rank 0
+
+
 class ShardedLeader:
     """Rank 0's gathers: each one asks the followers to join, gathers, and waits for them."""
 
@@ -61,7 +65,10 @@ class ShardedLeader:
     def _with_followers(self, part: str, gather: Any) -> Any:
         refs = [f.gather.remote((part,)) for f in self.followers]
         out = gather()
-        self.ray.get(refs)
+        try:
+            self.ray.get(refs, timeout=GATHER_TIMEOUT_S)
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError) as exc:
+            raise RunFailed(f"a sharded learner rank was lost in a gather of the {part}") from exc
         return out
 
     def full_model(self) -> torch.nn.Module:

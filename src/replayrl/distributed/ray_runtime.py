@@ -74,6 +74,8 @@ def _get(refs: Any, what: str, timeout: float = _CALL_TIMEOUT_S, why: str = "") 
     ray = _ray()
     try:
         return ray.get(refs, timeout=timeout)
+    except ray.exceptions.RayTaskError:
+        raise  # the call itself failed (its class also names the cause's): not a lost actor
     except ray.exceptions.GetTimeoutError as exc:
         raise RunFailed(f"{what} did not answer within {timeout:g} s{why}") from exc
     except ray.exceptions.RayActorError as exc:
@@ -348,9 +350,14 @@ class RayGeneratorPool:
                 new = None
                 try:
                     self.sender.send(i, a, self.version)
-                except Exception as exc:  # the generator is gone: nothing of it in flight
-                    self._replace(i, exc, lost=0)
+                except (
+                    self.ray.exceptions.RayActorError,
+                    self.ray.exceptions.GetTimeoutError,
+                ) as exc:
+                    self._replace(i, exc, lost=0)  # gone while idle: nothing of it in flight
                     continue  # the replacement is synced at the next poll
+                except Exception as exc:  # not a lost generator: a broken setting or group
+                    raise RunFailed(f"weight broadcast to generator {i} failed: {exc}") from exc
             self.pending[a.generate.remote(new, self.version)] = i
             self.synced[i] = self.version
 
@@ -372,6 +379,7 @@ class RayGeneratorPool:
         lost = self.cfg.rollouts_per_step if lost is None else lost
         self.lost += lost
         self.sender.forget(i)
+        self.ray.kill(self.actors[i])  # one that timed out may live on, holding its resources
         if self.restart_counts[i] >= self.cfg.workers.max_restarts:
             raise RunFailed(
                 f"generator worker {i} died after {self.restart_counts[i]} restarts "
@@ -491,13 +499,13 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
         self.followers = [cls.remote(config_to_yaml(cfg), r, T, policy) for r in range(1, T)]
         if self.counters.step:  # resumed: the optimizer state too (sharding keeps it)
             state = self.learner.state_dict()
-            ray.get([f.load_learner_state.remote(state) for f in self.followers])
+            _get([f.load_learner_state.remote(state) for f in self.followers], "a learner rank")
         address, port = ray.util.get_node_ip_address(), free_port()
         joins = [f.join.remote(address, port) for f in self.followers]
         init_group(0, T, address, port, device=self.learner.device)
         self.learner.cfg = _per_rank(cfg, T)  # the followers' learners are built with it
         join_learners(self.learner, T)
-        ray.get(joins)
+        _get(joins, "a learner rank joining the process group")
         if is_sharded(cfg):
             self.shard_outputs(ShardedLeader(self.learner, self.followers, ray))
             self.log(f"{T} sharded learners (FSDP2), one buffer shard each")
@@ -565,8 +573,9 @@ class RayDriver:
         started = not ray.is_initialized()
         if started:
             ray.init(
-                # None: a Ray instance of this run's own, not whichever one runs on the machine
-                address=rc.address or "local",
+                # None: RAY_ADDRESS (`ray job submit` sets it), else an instance of the run's
+                # own, not whichever one happens to run on the machine
+                address=rc.address or os.environ.get("RAY_ADDRESS") or "local",
                 num_cpus=rc.num_cpus if rc.address is None else None,
                 include_dashboard=False,
                 logging_level="WARNING",

@@ -8,8 +8,9 @@ one packed snapshot of each published version (the version a generator is told i
 the one it gets, even while the learner trains on) and sends it to a generator just before
 that generator's next batch, when the generator is idle.
 
-`ray.weight_sync: auto` takes the broadcast where the learner and the generators hold GPUs,
-the object store otherwise (on CPU the object store's host copy costs nothing extra).
+`ray.weight_sync: auto` takes the broadcast where the learner and the generators hold a whole
+GPU each, the object store otherwise: on CPU the host copy costs nothing extra, NCCL refuses
+two ranks on one GPU, and sharded learners gather the full weights to the host anyway.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ def weight_sync_path(cfg: Config) -> str:
     rc = cfg.ray
     if rc.weight_sync != "auto":
         return rc.weight_sync
-    return "broadcast" if rc.learner_num_gpus > 0 and rc.generator_num_gpus > 0 else "object_store"
+    if cfg.train.sharding != "none":  # sharded learners gather the full weights to the host
+        return "object_store"
+    # a whole GPU each: NCCL refuses two ranks on one device (fractions share a GPU)
+    return (
+        "broadcast" if rc.learner_num_gpus >= 1 and rc.generator_num_gpus >= 1 else "object_store"
+    )
 
 
 class BroadcastSender:
@@ -57,6 +63,9 @@ class BroadcastSender:
         """The snapshot to generator `worker_id` (idle: no call of it in flight)."""
         assert self.flat is not None, "send before the first snapshot"
         t0 = time.perf_counter()
+        # alive and idle before a collective: an NCCL send to a dead peer would not return
+        # until the watchdog ends the learner
+        self.ray.get(actor.pid.remote(), timeout=self.timeout_s)
         if worker_id not in self.pairs:
             self.pairs[worker_id] = self._open(actor)
         ref = actor.receive_weights.remote(version, str(self.flat.dtype))
