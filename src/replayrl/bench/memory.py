@@ -19,7 +19,7 @@ before the measured work and read after it, minus the RSS before the model was b
   softmax, their gradient), whatever the number of rows, since backward recomputes each
   chunk's logits (learner/logprobs.py), and three tokens x hidden tensors (the final states,
   the norm's input, their gradient);
-- lm-head: the head's function alone (learner/logprobs.py `_head_logprobs`, chunked, backward
+- lm-head: the head's function alone (learner/logprobs.py `head_logprobs`, chunked, backward
   recomputing each chunk) on given final states of every completion token: one vocab x
   hidden weight-gradient temporary and the gradient itself, the three chunk x vocab fp32
   tensors, and the states' gradient (tokens x hidden); the states themselves are inputs,
@@ -205,13 +205,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         model.train()
         base = _reset_peak(cuda)
         if spec["kind"] == "lm-head":  # the head's function alone, on given final states
-            from replayrl.learner.logprobs import _head_logprobs
+            from replayrl.learner.logprobs import head_logprobs
 
             sel = batch["mask"].bool()
             states = torch.randn(int(sel.sum()), CONFIGS[spec["model"]]["hidden_size"])
             states = states.to(device).requires_grad_(True)
             base = _reset_peak(cuda)
-            logps, _ = _head_logprobs(states, model.lm_head, batch, sel, 1.0, False)
+            logps, _ = head_logprobs(states, model.lm_head, batch, sel, 1.0, False)
             (logps * batch["mask"]).sum().backward()
         elif spec["kind"] == "head":  # embedding + final norm + head: the head's own memory
             from replayrl.learner.logprobs import token_logprobs

@@ -215,7 +215,7 @@ def token_logprobs(
             # prompts run once per distinct prompt; frozen weights cast once (lean_forward)
             h = lean_forward.completion_states(core, batch)
             head = cast(torch.nn.Module, core.lm_head)
-            return _head_logprobs(h, head, batch, sel, temperature, entropy_grad, lean=True)
+            return head_logprobs(h, head, batch, sel, temperature, entropy_grad, lean=True)
         parts = _split(model)
         if parts is None:
             return token_logprobs_full(model, batch, temperature, entropy_grad)
@@ -223,7 +223,7 @@ def token_logprobs(
         ids, attn = batch["input_ids"], batch["attention_mask"]
         hidden = backbone(input_ids=ids, attention_mask=attn).last_hidden_state
         # (N, hidden): the states that predict completion tokens
-        return _head_logprobs(hidden[:, :-1][sel], head, batch, sel, temperature, entropy_grad)
+        return head_logprobs(hidden[:, :-1][sel], head, batch, sel, temperature, entropy_grad)
 
 
 class _TargetLogProb(torch.autograd.Function):
@@ -256,7 +256,7 @@ class _TargetLogProb(torch.autograd.Function):
         return grad, None
 
 
-def _head_logprobs(
+def head_logprobs(
     h: torch.Tensor,
     head: torch.nn.Module,
     batch: dict[str, torch.Tensor],
