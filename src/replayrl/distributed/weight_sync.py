@@ -40,8 +40,8 @@ def weight_sync_path(cfg: Config) -> str:
 
 class BroadcastSender:
     """The learner's end of the broadcast path: one `PairGroup` per generator, opened at its
-    first sync; `send` raises when the generator is gone (the pool then replaces it, and the
-    replacement gets a new pair)."""
+    first sync; `send` raises when the generator is gone (the pool then replaces it and
+    `forget`s its pair, so the replacement opens a new one)."""
 
     def __init__(self, ray: Any, timeout_s: float) -> None:
         self.ray, self.timeout_s = ray, timeout_s
@@ -69,12 +69,8 @@ class BroadcastSender:
         if worker_id not in self.pairs:
             self.pairs[worker_id] = self._open(actor)
         ref = actor.receive_weights.remote(version, str(self.flat.dtype))
-        try:
-            self.pairs[worker_id].broadcast(self.flat)
-            self.ray.get(ref, timeout=self.timeout_s)
-        except BaseException:
-            self.pairs.pop(worker_id, None)  # a replacement opens its own pair
-            raise
+        self.pairs[worker_id].broadcast(self.flat)  # on failure the pool `forget`s the pair
+        self.ray.get(ref, timeout=self.timeout_s)
         self.figures["syncs"] += 1
         self.figures["bytes"] += self.flat.numel() * self.flat.element_size()
         self.figures["seconds"] += time.perf_counter() - t0
