@@ -724,7 +724,18 @@ def test_heldout_tasks_fit_the_tiny_model_and_are_harder() -> None:
         seen.add(task)
         longest = max(len(r["prompt"]) for r in task_from_config(cfg.task).eval_rows())
         assert longest + 1 + cfg.rollout.max_new_tokens <= 128, (task, longest)
-    assert seen == {"add6", "sub6", "sub5m2", "chain4m1", "add", "sub"}
+    assert seen == {
+        "add6",
+        "sub6",
+        "sub5m2",
+        "chain4m1",
+        "add5m2h",
+        "sub4m2h",
+        "add6m2h",
+        "chain8h",
+        "add",
+        "sub",
+    }
 
 
 def test_task_headroom_by_hand(tmp_path: Path) -> None:
