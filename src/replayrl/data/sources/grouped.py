@@ -68,7 +68,8 @@ class GroupSource(BufferSource):
     def generate(self, call: Callable[[], Production]) -> Production:
         """One extra generation call of this step, accounted like the loop's first: its
         rollouts generated, its time as generation time less the time in reward functions,
-        one more generation round."""
+        one more generation round (`generation_rounds`: a source that calls this declares
+        that counter in its registry entry)."""
         c = self.bound
         t0 = time.perf_counter()
         p = call()
