@@ -1,9 +1,10 @@
 """Write docs/metrics.md: every key a run logs to metrics.jsonl (and TensorBoard, W&B), what
 it means and TRL's name for it, then the counters each batch source adds to summary.json.
 
-The tables come from run/metric_keys.py and the batch-source registry, so the page cannot
-drift from the code; tests/test_metrics_doc.py fails when the committed page is out of date
-or a short run logs a key the catalogue does not cover.
+The tables come from run/metric_keys.py and the batch-source registry (each counter's meaning
+is declared where its source registers it), so the page cannot drift from the code;
+tests/test_metrics_doc.py fails when the committed page is out of date or a short run logs a
+key the catalogue does not cover.
 
     python scripts/gen_metrics_doc.py            # write docs/metrics.md
     python scripts/gen_metrics_doc.py --check    # exit 1 if the file differs
@@ -59,7 +60,7 @@ def render() -> str:
     ]
     for name, spec in sorted(BATCH_SOURCES.items()):
         for counter in spec.metrics:
-            lines.append(f"| `{name}` | `{counter}` | {metric_keys.COUNTERS[counter]} |")
+            lines.append(f"| `{name}` | `{counter.name}` | {counter.meaning} |")
     return "\n".join(lines) + "\n"
 
 

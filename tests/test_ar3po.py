@@ -173,8 +173,8 @@ def test_rounds_go_to_unsolved_prompts_only_and_every_response_is_counted() -> N
     mid = sorted(r.advantage for r in by_prompt["mid"])
     assert mid == pytest.approx([-0.5, -0.5, -0.5, 1.5], abs=1e-5)
     assert all(r.advantage == 0 for r in by_prompt["hard"] + by_prompt["easy"])
-    assert epochs == 1 and c.generation_rounds == 2 and c.rollouts_generated == 12
-    assert c.rollouts_reused == 0
+    assert epochs == 1 and c.count("generation_rounds") == 2 and c.rollouts_generated == 12
+    assert c.count("rollouts_reused") == 0
     led = ledger(c, src.buffers())
     assert led["balanced"] and led["consumed"] == 12 == led["generated"]
     assert len(src.store) == 2  # the newest correct response of "easy" and of "mid"
@@ -192,7 +192,7 @@ def test_an_unsolved_group_gets_a_stored_correct_response_counted_as_reused() ->
     assert reused.group_id == 1_000_000 and reused.advantage == pytest.approx(2 / 3**0.5, 1e-4)
     assert torch.equal(reused.behaviour_logprobs, stored.behaviour_logprobs)  # behaviour
     assert stored.group_id == 0 and stored.times_sampled == 2  # trained fresh, then reused
-    assert c.rollouts_reused == 1 and c.rollouts_generated == 8  # reused: not generated
+    assert c.count("rollouts_reused") == 1 and c.rollouts_generated == 8  # reused: not generated
     assert ledger(c, src.buffers())["balanced"] and src.store.reused == 1
     assert all(r.advantage == 0 for r in batch if r.prompt_text == "r")  # nothing stored
 
@@ -207,7 +207,7 @@ def test_reuse_logprobs_current_takes_the_policy_at_reuse_and_reuse_zero_turns_i
     off, c2 = _source(None, reuse=0)
     _step(off, c2, {"q": [1, 0]}, step=0)
     batch, _ = _step(off, c2, {"q": [0, 0]}, step=1)
-    assert len(batch) == 2 and c2.rollouts_reused == 0
+    assert len(batch) == 2 and c2.count("rollouts_reused") == 0
 
 
 @pytest.mark.parametrize("mode", ["current", "behaviour"])
@@ -238,7 +238,7 @@ def test_stop_correct_and_max_rounds_decide_the_rounds() -> None:
     batch, _ = _step(src, c, {"q": [1, 0]}, step=0)  # one correct of two: not yet enough
     assert len(producer.calls) == 1 and len(batch) == 4  # and max_rounds=2 ends it there
     one, c1 = _source(FakeProducer([]), max_rounds=1)
-    assert len(_step(one, c1, {"q": [0, 0]}, step=0)[0]) == 2 and c1.generation_rounds == 0
+    assert len(_step(one, c1, {"q": [0, 0]}, step=0)[0]) == 2 and c1.count("generation_rounds") == 0
 
 
 def test_the_store_state_resumes_the_same_reuse() -> None:

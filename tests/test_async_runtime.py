@@ -116,7 +116,10 @@ def test_ledger_balances_hand_computed() -> None:
     assert not rollout_ledger(21, 3, 1, [onpolicy])["balanced"]  # one rollout unaccounted
     # ReMix's window discarded at reincarnation: its 4 rollouts are accounted for
     window = {"size": 0, "evicted": 6, "consumed": 0, "dropped_stale": 0, "pushed": 10}
-    assert rollout_ledger(30, 3, 1, [onpolicy, window], discarded=4)["balanced"]
+    retired = {"discarded_at_reincarnation": 4}
+    assert rollout_ledger(30, 3, 1, [onpolicy, window], retired=retired)["balanced"]
+    # as a filtered term they would count as never pushed: the window's pushes do not balance
+    assert not rollout_ledger(30, 3, 1, [onpolicy, window], filtered=retired)["balanced"]
 
 
 def test_replay_buffer_draws_are_not_removals() -> None:

@@ -126,7 +126,7 @@ def test_reincarnation_happens_once_at_step_t_and_drops_the_window() -> None:
     assert learner.reincarnations == 1
     assert src.window is None and not src.mixing
     assert counters.reincarnation_step == 3
-    assert counters.rollouts_discarded == 3  # the window's contents, retired to the ledger
+    assert counters.count("rollouts_discarded") == 3  # the window's contents, retired to the ledger
     assert logs == ["policy reincarnation at step 3: pi_base <- pi_3, p = 0"]
     src.before_step(learner, counters, logs.append)  # the same step again: not twice
     assert learner.reincarnations == 1

@@ -307,7 +307,12 @@ def test_source_mixes_replayed_questions_and_counts_every_rollout() -> None:
     # step 1: store empty: the 2 replay slots are filled with 2 fresh questions
     batch, epochs = src.next_batch(_first_call(producer, src, c, ["a", "b"]), version=5)
     assert producer.calls == [(["new0", "new1"], 4)] and len(batch) == 16 and epochs == 2
-    assert c.rollouts_reused == 0 and set(src.store.eligible()) == {"a", "b", "new0", "new1"}
+    assert c.count("rollouts_reused") == 0 and set(src.store.eligible()) == {
+        "a",
+        "b",
+        "new0",
+        "new1",
+    }
     # step 2: 2 replayed questions, 3 fresh completions each + the stored trajectory
     c.step, producer.version = 2, 6
     src.before_step(None, c, lambda _: None)
@@ -318,11 +323,11 @@ def test_source_mixes_replayed_questions_and_counts_every_rollout() -> None:
     assert len(old) == 2 and len(batch) == 8 + 2 * 4
     # the lowest "entropy" (last token id) among a question's stored successes: (3, 4)
     assert all(r.completion_ids.tolist() == [3, 4] for r in old)
-    assert c.rollouts_reused == 2 * 2  # two replayed trajectories, two passes
+    assert c.count("rollouts_reused") == 2 * 2  # two replayed trajectories, two passes
     # a replayed question's latest rate is its fresh completions' (2 of 3), not counting the
     # stored trajectory (which would read 3 of 4)
     assert [src.store.rates[q] for q in replayed_qs] == pytest.approx([2 / 3, 2 / 3])
-    assert c.rollouts_generated == 16 + 8 + 6 and c.generation_rounds == 2
+    assert c.rollouts_generated == 16 + 8 + 6 and c.count("generation_rounds") == 2
     led = ledger(c, src.buffers())
     assert led["balanced"] and led["consumed"] == led["generated"] == 30
 

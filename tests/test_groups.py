@@ -191,8 +191,12 @@ def test_dynamic_sampling_generates_until_full_and_counts_every_rollout() -> Non
     assert producer.calls == [(2, 5, 5_000_004)]  # step 5, second call: offset 1 x 4 prompts
     assert sorted({r.group_id for r in batch}) == [5_000_001, 5_000_005, 5_000_006]
     assert len(batch) == 6 and epochs == 1
-    assert c.rollouts_filtered_no_signal == 4 and c.rollouts_filtered_surplus == 2
-    assert c.generation_rounds == 1 and c.short_steps == 0 and c.rollouts_generated == 12
+    assert c.count("rollouts_filtered_no_signal") == 4 and c.count("rollouts_filtered_surplus") == 2
+    assert (
+        c.count("generation_rounds") == 1
+        and c.count("short_steps") == 0
+        and c.rollouts_generated == 12
+    )
     led = ledger(c, src.buffers())
     assert led["balanced"] and led["consumed"] == 6 and led["filtered_no_signal"] == 4
 
@@ -206,7 +210,9 @@ def test_carried_surplus_is_trained_first_next_step_and_stays_in_the_ledger() ->
     fresh = grp(0, [0, 0])
     _account_first(c, fresh)
     batch, _ = src.next_batch(fresh, version=0)  # call 1 gives 3 groups: 2 kept, 1 carried
-    assert sorted({r.group_id for r in batch}) == [3, 4] and c.rollouts_filtered_surplus == 0
+    assert (
+        sorted({r.group_id for r in batch}) == [3, 4] and c.count("rollouts_filtered_surplus") == 0
+    )
     assert len(src.carried) == 2 and ledger(c, src.buffers())["balanced"]
     saved = src.state_dict()
     c.step = 1
@@ -233,7 +239,7 @@ def test_dynamic_sampling_stops_after_max_rounds_and_trains_on_what_it_has() -> 
     _account_first(c, fresh)
     batch, epochs = src.next_batch(fresh, version=0)
     assert len(batch) == 2 and epochs == 2 and producer.script == []
-    assert c.generation_rounds == 2 and c.short_steps == 1
+    assert c.count("generation_rounds") == 2 and c.count("short_steps") == 1
     assert ledger(c, src.buffers())["balanced"]
 
 
@@ -269,13 +275,15 @@ def test_group_replay_replaces_zero_std_groups_by_stored_ones() -> None:
     step1 = [*grp(0, [1, 0, 0, 0]), *grp(1, [1, 1, 1, 1])]
     _account_first(c, step1)
     batch, _ = src.next_batch(step1, version=0)  # empty store: the zero-std group stays
-    assert sorted(r.group_id for r in batch) == [0] * 4 + [1] * 4 and c.rollouts_reused == 0
+    assert (
+        sorted(r.group_id for r in batch) == [0] * 4 + [1] * 4 and c.count("rollouts_reused") == 0
+    )
     step2 = [*grp(10, [0, 0, 0, 0], 1), *grp(11, [0, 0, 0, 0], 1), *grp(12, [1, 1, 0, 0], 1)]
     _account_first(c, step2)
     batch, _ = src.next_batch(step2, version=1)
     ids = sorted(r.group_id for r in batch)
     assert ids == [0] * 8 + [12] * 4  # only group 0 was stored: drawn twice (n > size)
-    assert c.rollouts_filtered_no_signal == 8 and c.rollouts_reused == 8
+    assert c.count("rollouts_filtered_no_signal") == 8 and c.count("rollouts_reused") == 8
     stale = [r for r in batch if r.group_id == 0]
     assert all(r.policy_version == 0 and r.times_sampled >= 2 for r in stale)
     led = ledger(c, src.buffers())
@@ -288,7 +296,7 @@ def test_group_replay_stores_the_batch_first_as_trl_did() -> None:
     _account_first(c, step1)
     batch, _ = src.next_batch(step1, version=0)
     assert sorted(r.group_id for r in batch) == [0] * 8  # group 0 also replaces group 1
-    assert c.rollouts_filtered_no_signal == 4 and ledger(c, src.buffers())["balanced"]
+    assert c.count("rollouts_filtered_no_signal") == 4 and ledger(c, src.buffers())["balanced"]
     state = src.state_dict()
     again, _ = _replay(include_current=True)
     again.load_state_dict(state)
@@ -430,7 +438,7 @@ def test_zero_std_tol_decides_which_groups_are_replaced() -> None:
     src.before_step(None, c, lambda _: None)
     src.next_batch(grp(0, [1, 0]), version=0)  # std 0.707 > 0.6: stored
     batch, _ = src.next_batch(grp(1, [1, 0, 0]), version=1)  # std 0.577 <= 0.6: replaced
-    assert [r.group_id for r in batch] == [0, 0] and c.rollouts_filtered_no_signal == 3
+    assert [r.group_id for r in batch] == [0, 0] and c.count("rollouts_filtered_no_signal") == 3
 
 
 def test_extra_generation_calls_add_their_generation_time_not_reward_time() -> None:

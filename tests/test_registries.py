@@ -6,11 +6,18 @@ from __future__ import annotations
 import ast
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import Field
 
-from replayrl.config.registries import BATCH_SOURCES, TASKS, BatchSourceSpec, TaskSpec
+from replayrl.config.registries import (
+    BATCH_SOURCES,
+    TASKS,
+    BatchSourceSpec,
+    SourceCounter,
+    TaskSpec,
+)
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.config.section import Section
 from replayrl.data.buffer import OnPolicyQueue
@@ -83,14 +90,25 @@ def test_the_schema_lists_and_validates_what_the_sources_register() -> None:
 
 
 def test_each_source_declares_metrics_the_run_counts() -> None:
+    """Each counter is a source's own (not a run-wide `Counters` field), declared once: a
+    name several sources add to means one thing, and no two names share a summary key."""
     fields = {f.name for f in dataclasses.fields(Counters)}
+    by_name: dict[str, SourceCounter] = {}
     for name in BATCH_SOURCES:
         spec = BATCH_SOURCES.get(name)
-        assert set(spec.metrics) <= fields, name
         assert spec.summary, name
         own = set(spec.config.model_fields) if spec.config else set()
         assert {k for k in spec.frozen_on_resume if "." not in k} <= own, name
-        assert {counter for counter, _, _ in spec.ledger} <= set(spec.metrics), name
+        for m in spec.metrics:
+            assert m.name not in fields and m.meaning, (name, m.name)
+            assert by_name.setdefault(m.name, m) == m, (name, m.name)
+    keys = [m.reported_as for m in by_name.values() if m.reported_as is not None]
+    terms = [m.ledger[0] for m in by_name.values() if m.ledger is not None]
+    assert len(keys) == len(set(keys)) and len(terms) == len(set(terms))
+    with pytest.raises(TypeError, match="SourceCounter entries"):
+        BatchSourceSpec(lambda ctx: None, metrics=("rollouts_echoed",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs a ledger term"):
+        SourceCounter("rollouts_echoed", "nowhere", summary_key=None)
 
 
 def test_resume_keys_come_from_the_registry_entry() -> None:
@@ -150,34 +168,113 @@ def test_a_task_names_its_own_resume_keys() -> None:
 
 
 def test_a_plugin_sources_counters_reach_the_ledger_and_the_summary() -> None:
-    """A counter that is not a `Counters` field is kept in `extra`; a declared ledger term
-    makes the ledger balance and is printed in the end-of-run report."""
+    """A source's counter lives in `Counters.source_counts`; a declared ledger term makes the
+    ledger balance and is printed in the end-of-run report."""
     from replayrl.records.ledger import format_accounting
     from replayrl.run.state import ledger, summarize
 
-    spec = BatchSourceSpec(
-        lambda ctx: None,
-        metrics=("rollouts_echoed",),
-        summary="test",
-        ledger=(("rollouts_echoed", "echoed", "echoed away"),),
-    )
+    echoed = SourceCounter("rollouts_echoed", "echoed", ledger=("echoed", "echoed away"))
+    spec = BatchSourceSpec(lambda ctx: None, metrics=(echoed,), summary="test")
     c = Counters(rollouts_generated=5)
     c.add("rollouts_echoed", 5)
-    c.add("rollouts_reused", 2)  # a field: stored there
-    assert c.extra == {"rollouts_echoed": 5} and c.rollouts_reused == 2
-    assert c.count("rollouts_echoed") == 5 and c.count("rollouts_reused") == 2
+    c.add("rollouts_reused", 2)
+    assert c.source_counts == {"rollouts_echoed": 5, "rollouts_reused": 2}
+    assert c.count("rollouts_echoed") == 5 and c.count("generation_rounds") == 0
+    with pytest.raises(ValueError, match="'rollouts_generated' is a run-wide counter"):
+        c.add("rollouts_generated", 1)
     assert not ledger(c, [])["balanced"]  # not registered: 5 generated rollouts unaccounted
+    run = dict(policy_version=0, num_eval_prompts=0, run_dir="x", num_parameters=1)
+    s = summarize(load_config("grpo"), c, [], model_path="m", **run)
+    assert s["rollouts_echoed"] == 5  # not registered: still reported, by its name
     BATCH_SOURCES.add("echo", spec)
     try:
         led = ledger(c, [])
         assert led["echoed"] == 5 and led["balanced"] and led["filtered_no_signal"] == 0
         roles = {"roles": {}, "mu": None, "workers": 1, "trainers": 1, "gamma": None}
         assert "+ echoed away 5 (balanced)" in format_accounting(led, roles)
-        run = dict(policy_version=0, num_eval_prompts=0, run_dir="x", num_parameters=1)
         s = summarize(load_config("grpo"), c, [], model_path="m", **run)
         assert s["rollouts_echoed"] == 5 and s["accounting"]["ledger"]["echoed"] == 5
+        assert s["rollouts_reused"] == 2 and s["generation_rounds_extra"] == 0
+        steps = SourceCounter("steps", "a name summary.json has for its own")
+        BATCH_SOURCES.add("clash", BatchSourceSpec(lambda ctx: None, metrics=(steps,)))
+        with pytest.raises(ValueError, match=r"summary.json's own keys: \['steps'\]"):
+            summarize(load_config("grpo"), c, [], model_path="m", **run)
     finally:
         BATCH_SOURCES.remove("echo")
+        if "clash" in BATCH_SOURCES:
+            BATCH_SOURCES.remove("clash")
+
+
+# Counters as a checkpoint of the code before the sources owned their counters saved them
+# (`Counters.__dict__`): each built-in source's counter a field, a plugin's in `extra`
+OLD_STATE: dict[str, Any] = {
+    "step": 6,
+    "rollouts_generated": 96,
+    "tokens_generated": 380,
+    "tokens_trained": 700,
+    "rollouts_dropped_reward_error": 0,
+    "prompts_skipped_too_long": 0,
+    "generation_seconds": 1.5,
+    "training_seconds": 2.5,
+    "wall_seconds": 4.5,
+    "eval_seconds": 0.0,
+    "reward_seconds": 0.1,
+    "rollouts_dropped_reward_timeout": 0,
+    "mu_per_step": [1.0, 2.0],
+    "design": None,
+    "reincarnation_step": 3,
+    "evals": [],
+    "first_reward_error": None,
+    "rollouts_trained": 80,
+    "rollouts_sampled": 0,
+    "rollouts_lost_worker_died": 0,
+    "rollouts_discarded": 4,
+    "retired_buffer_stats": [],
+    "rollouts_filtered_no_signal": 8,
+    "rollouts_filtered_surplus": 0,
+    "rollouts_discarded_probe": 0,
+    "rollouts_reused": 12,
+    "generation_rounds": 3,
+    "short_steps": 1,
+    "roles": {},
+    "extra": {"rollouts_echoed": 2},
+}
+
+
+def test_a_checkpoint_with_the_old_counter_fields_loads_into_the_sources_counts() -> None:
+    from replayrl.run.state import ledger, summarize
+
+    c = Counters.from_state(OLD_STATE, declared=None)
+    assert c.step == 6 and c.rollouts_generated == 96 and c.reincarnation_step == 3
+    assert c.source_counts == {  # zeros are no count: the old fields were saved for any source
+        "rollouts_discarded": 4,
+        "rollouts_filtered_no_signal": 8,
+        "rollouts_reused": 12,
+        "generation_rounds": 3,
+        "short_steps": 1,
+        "rollouts_echoed": 2,
+    }
+    run = dict(policy_version=6, num_eval_prompts=0, run_dir="x", num_parameters=1)
+    s = summarize(load_config("grpo"), c, [], model_path="m", **run)
+    assert (s["rollouts_reused"], s["generation_rounds_extra"], s["short_steps"]) == (12, 3, 1)
+    led = ledger(c, [])
+    assert (led["discarded_at_reincarnation"], led["filtered_no_signal"]) == (4, 8)
+    assert led["filtered_surplus"] == 0
+    # saved again (the new layout) and loaded: the same counters
+    again = Counters.from_state(c.state_dict(), declared=frozenset({"rollouts_reused"}))
+    assert again == c and again.declared == {"rollouts_reused"}
+    with pytest.raises(ValueError, match="'rollouts_reused' is 'twelve', not a count"):
+        Counters.from_state({**OLD_STATE, "rollouts_reused": "twelve"}, declared=None)
+
+
+def test_a_source_counting_what_it_does_not_declare_is_refused() -> None:
+    c = Counters(declared=frozenset({"rollouts_reused"}))
+    c.add("rollouts_reused", 3)
+    with pytest.raises(ValueError, match=r"counts 'short_steps', which its .* not declare"):
+        c.add("short_steps", 1)
+    assert c.source_counts == {"rollouts_reused": 3}
+    with pytest.raises(ValueError, match="names of run-wide counters"):
+        Counters(declared=frozenset({"step"}))
 
 
 def test_presets_lists_each_source_with_its_summary_and_counters(
@@ -192,7 +289,7 @@ def test_presets_lists_each_source_with_its_summary_and_counters(
         spec = BATCH_SOURCES.get(name)
         line = [x for x in out if x.startswith(f"{name} ")]
         assert len(line) == 1 and spec.summary in line[0], name
-        assert all(m in line[0] for m in spec.metrics), name
+        assert all(m.name in line[0] for m in spec.metrics), name
 
 
 def test_the_method_checks_run_from_the_registry() -> None:
@@ -302,3 +399,68 @@ def test_a_buffer_source_samples_the_size_it_is_asked_for() -> None:
     batch, passes = source.sample(0, n=3)
     assert len(batch) == 3 and passes == 2
     assert len(source.sample(0)[0]) == 8
+
+
+# settings under which each built-in source counts something within two tiny steps
+COUNTING: dict[str, tuple[str, list[str]]] = {
+    "none": ("remix-grpo", ["remix.reincarnation_step=1"]),  # the window dropped at step 1
+    "dynamic_sampling": ("dapo", ["groups.dynamic_sampling.max_rounds=2"]),
+    "group_replay": (  # some groups vary (stored), some do not (replaced)
+        "group-replay",
+        ["rollout.num_generations=2", "train.steps=3", "rewards=[{name: digits_format}]"],
+    ),
+    "ar3po": ("ar3po", []),
+    "exgrpo": ("exgrpo", ["groups.exgrpo.start_accuracy=0.0"]),
+    "repo": ("repo", ["groups.repo.prompt_pool=2", "groups.repo.min_buffer=2"]),
+}
+
+
+@pytest.mark.parametrize("name", list(BATCH_SOURCES))
+def test_a_run_reports_every_counter_its_source_declares(name: str, tmp_path: Path) -> None:
+    """summary.json (as written) holds each declared counter under its key, or its ledger
+    term, with the count the run's checkpoint holds; the source counted something."""
+    import json
+    import warnings
+
+    from replayrl.launch.entry import train
+    from replayrl.storage.checkpoint import latest_checkpoint, load_state
+    from tiny import tiny_config
+
+    warnings.simplefilter("ignore", UserWarning)
+    preset, extra = COUNTING.get(name, ("grpo", [f"groups.source={name}"]))
+    cfg = tiny_config(tmp_path, "train.steps=2", "logging.name=run", *extra, config=preset)
+    assert cfg.groups.source == name
+    train(cfg, log=lambda _: None)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert ckpt is not None
+    counts = load_state(ckpt)["counters"]["source_counts"]
+    declared = BATCH_SOURCES.get(name).metrics
+    for m in declared:
+        if m.reported_as is not None:
+            assert summary[m.reported_as] == counts.get(m.name, 0), m.name
+        if m.ledger is not None:
+            assert summary["accounting"]["ledger"][m.ledger[0]] == counts.get(m.name, 0), m.name
+    assert summary["accounting"]["ledger"]["balanced"]
+    assert any(counts.get(m.name) for m in declared) or not declared, counts
+
+
+def test_a_run_whose_source_counts_an_undeclared_name_fails_naming_it(tmp_path: Path) -> None:
+    from replayrl.launch.entry import train
+    from tiny import tiny_config
+
+    class Sloppy(BufferSource):
+        def before_step(self, learner: Any, counters: Any, log: Any) -> None:
+            counters.add("rollouts_echoed", 1)  # declared
+            if counters.step == 1:
+                counters.add("rollouts_echoes", 1)  # a typo: not declared
+
+    echoed = SourceCounter("rollouts_echoed", "echoed")
+    build = lambda ctx: Sloppy(ctx.buffer, ctx.cfg.batch_size, 1)  # noqa: E731
+    BATCH_SOURCES.add("sloppy", BatchSourceSpec(build, metrics=(echoed,), summary="test"))
+    try:
+        cfg = tiny_config(tmp_path, "train.steps=2", "groups.source=sloppy")
+        with pytest.raises(ValueError, match="counts 'rollouts_echoes', which its"):
+            train(cfg, log=lambda _: None)
+    finally:
+        BATCH_SOURCES.remove("sloppy")

@@ -188,7 +188,7 @@ def test_source_replays_for_the_steps_prompts_once_their_buffers_fill() -> None:
     src.before_step(None, c, lambda _: None)
     step0 = _fresh(0, {"a": [1, 0, 0, 1], "b": [0, 0, 0, 1]})
     b1, _ = src.next_batch(step0, 0)
-    assert len(b1) == 8 and c.rollouts_reused == 0  # nothing stored before this step
+    assert len(b1) == 8 and c.count("rollouts_reused") == 0  # nothing stored before this step
     c.step = 1
     fresh = _fresh(1, {"a": [1, 1, 1, 1], "c": [0, 1, 0, 1]})
     b2, epochs = src.next_batch(fresh, 1)
@@ -200,7 +200,7 @@ def test_source_replays_for_the_steps_prompts_once_their_buffers_fill() -> None:
         ("a", 0, 1.0),
     ]
     assert [r.advantage for r in old] == pytest.approx([-0.7071, 0.7071], abs=1e-3)
-    assert c.rollouts_reused == 2
+    assert c.count("rollouts_reused") == 2
     # the fresh groups keep their own (on-policy) advantages; a step never replays its own
     assert all(r.policy_version == 1 for r in b2[:8])
     assert [r.policy_version for r in src.store.get("a")] == [1, 1, 1, 1]  # step 1's now
@@ -214,10 +214,10 @@ def test_source_waits_for_min_buffer() -> None:
     src.next_batch(_fresh(0, {"a": [1, 0, 1]}), 0)  # 3 stored < 4
     c.step = 1
     b, _ = src.next_batch(_fresh(1, {"a": [1, 0, 1]}), 1)
-    assert len(b) == 3 and c.rollouts_reused == 0
+    assert len(b) == 3 and c.count("rollouts_reused") == 0
     c.step = 2
     b, _ = src.next_batch(_fresh(2, {"a": [0, 0, 1]}), 2)
-    assert len(b) == 5 and c.rollouts_reused == 2  # 6 stored: the 2 newest, step 1's
+    assert len(b) == 5 and c.count("rollouts_reused") == 2  # 6 stored: the 2 newest, step 1's
 
 
 def test_source_state_round_trip_replays_the_same() -> None:

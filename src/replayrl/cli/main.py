@@ -210,7 +210,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     width = max(len(n) for n in BATCH_SOURCES)
     for name in BATCH_SOURCES:
         spec = BATCH_SOURCES.get(name)
-        counts = f" [{', '.join(spec.metrics)}]" if spec.metrics else ""
+        counts = f" [{', '.join(m.name for m in spec.metrics)}]" if spec.metrics else ""
         print(f"{name:<{width}}  {spec.summary}{counts}")
     return 0
 

@@ -25,6 +25,39 @@ from replayrl.registry import Registry
 
 
 @dataclass(frozen=True)
+class SourceCounter:
+    """A run counter a batch source adds to (`Counters.add(name, n)`; saved in checkpoints).
+
+    name: what the source adds to, and the run reads (`Counters.count(name)`).
+    meaning: one line for docs/metrics.md.
+    summary_key: its key at summary.json's top level ("": its name; None: reported only as
+        its ledger term). Every summary has the counters of every registered source (0 where
+        the run's source has none), so runs of different methods compare key by key.
+    ledger: (term, phrase) when it counts rollouts that are in no buffer: its term in the
+        rollout ledger and its phrase in the end-of-run report, so the ledger balances.
+    retired: with `ledger`, the rollouts it counts were pushed to a buffer the source then
+        dropped (`Counters.retire`); otherwise they were generated and never pushed.
+    """
+
+    name: str
+    meaning: str
+    summary_key: str | None = ""
+    ledger: tuple[str, str] | None = None
+    retired: bool = False
+
+    def __post_init__(self) -> None:
+        if self.summary_key is None and self.ledger is None:
+            raise ValueError(f"counter {self.name!r}: summary_key=None needs a ledger term")
+        if self.retired and self.ledger is None:
+            raise ValueError(f"counter {self.name!r}: retired=True needs a ledger term")
+
+    @property
+    def reported_as(self) -> str | None:
+        """Its summary.json key (None: only its ledger term)."""
+        return self.name if self.summary_key == "" else self.summary_key
+
+
+@dataclass(frozen=True)
 class BatchSourceSpec:
     """A reuse method as the run sees it.
 
@@ -32,23 +65,29 @@ class BatchSourceSpec:
     config: its section, under `groups.<name>` (None: it has no settings of its own).
     check: `(Config) -> None`, raising ValueError for settings it cannot run with (the
         runtime, the buffer, the batch size...); called when the config selects it.
-    metrics: the run counters it adds to (`replayrl.run.state.Counters` fields, reported in
-        summary.json and listed by `replayrl presets`).
+    metrics: the run counters it adds to (`SourceCounter`s: the one place that lists them;
+        the run refuses a count of any other name), reported in summary.json and listed by
+        `replayrl presets`.
     summary: one line for `replayrl presets`, the docs and error messages.
     frozen_on_resume: the keys its checkpointed state depends on (a store's bounds, a prompt
         pool's size), which a resume may not change: names in its `groups.<name>` section, or
         full dotted keys. Any other key of its section must resume and train.
-    ledger: (counter, ledger term, phrase in the end-of-run report) for those of its counters
-        that count generated rollouts never pushed to a buffer, so the rollout ledger balances.
     """
 
     build: Callable[[Any], Any]
     config: type[Section] | None = None
     check: Callable[[Any], None] | None = None
-    metrics: tuple[str, ...] = ()
+    metrics: tuple[SourceCounter, ...] = ()
     summary: str = ""
     frozen_on_resume: tuple[str, ...] = ()
-    ledger: tuple[tuple[str, str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.metrics if not isinstance(m, SourceCounter)]
+        if bad:
+            raise TypeError(
+                f"BatchSourceSpec.metrics takes SourceCounter entries (a name and its "
+                f"meaning), not {bad[0]!r}"
+            )
 
 
 @dataclass(frozen=True)

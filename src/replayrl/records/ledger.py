@@ -2,12 +2,13 @@
 
 The ledger must balance: generated = dropped (reward error) + lost (worker died mid-batch)
 + in a buffer + evicted + consumed (removed by on-policy sampling) + dropped as stale
-+ discarded (ReMix's window at reincarnation) + filtered (the terms batch sources declare
-in their registry entries: e.g. groups without reward variance dropped or replaced, surplus
-groups beyond a full batch; never pushed to a buffer) + discarded by the `auto` design's
-alpha / rho probe (its warm-up batches after the first and its own batch came from policies
-it undoes; never pushed). Replayed rollouts are reuse, not generation: they appear in no
-ledger term (the summary's `rollouts_reused` counts them). A run that does not balance says so.
++ the terms batch sources declare in their registry entries (`SourceCounter.ledger`): retired
+(the contents of a buffer a source dropped, e.g. ReMix's window at reincarnation) and
+filtered (never pushed to a buffer: e.g. groups without reward variance dropped or replaced,
+surplus groups beyond a full batch) + discarded by the `auto` design's alpha / rho probe (its
+warm-up batches after the first and its own batch came from policies it undoes; never
+pushed). Replayed rollouts are reuse, not generation: they appear in no ledger term (the
+summary's `rollouts_reused` counts them). A run that does not balance says so.
 """
 
 from __future__ import annotations
@@ -16,20 +17,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayrl.config.registries import BATCH_SOURCES
+from replayrl.config.registries import BATCH_SOURCES, SourceCounter
 from replayrl.design.theory import cost_ratio, gamma
 
 BUFFER_KEYS = ("size", "evicted", "consumed", "dropped_stale", "pushed")
 
 
-def source_terms() -> list[tuple[str, str, str]]:
-    """(counter, ledger term, phrase) of every registered batch source's filtered rollouts
-    (`BatchSourceSpec.ledger`), each term once: every ledger has the same terms, whichever
-    source the run used."""
-    seen: dict[str, tuple[str, str, str]] = {}
+def source_terms() -> list[SourceCounter]:
+    """The counters with a ledger term (`SourceCounter.ledger`) of every registered batch
+    source, each term once: every ledger has the same terms, whichever source the run used."""
+    seen: dict[str, SourceCounter] = {}
     for name in BATCH_SOURCES:
-        for entry in BATCH_SOURCES.get(name).ledger:
-            seen.setdefault(entry[1], entry)
+        for m in BATCH_SOURCES.get(name).metrics:
+            if m.ledger is not None:
+                seen.setdefault(m.ledger[0], m)
     return list(seen.values())
 
 
@@ -48,14 +49,14 @@ def rollout_ledger(
     dropped_reward_error: int,
     lost_worker_died: int,
     buffer_stats: Iterable[dict[str, float]],
-    discarded: int = 0,
     discarded_probe: int = 0,
+    retired: dict[str, int] | None = None,
     filtered: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Sum the buffers' counters and check that generated rollouts are all accounted for.
-    `filtered`: ledger term -> rollouts a batch source generated but never pushed (the terms
-    its registry entry declares, `source_terms`)."""
-    filtered = dict(filtered or {})
+    The terms batch sources declare (`source_terms`), ledger term -> rollouts: `retired`,
+    pushed to a buffer the source then dropped; `filtered`, generated but never pushed."""
+    retired, filtered = dict(retired or {}), dict(filtered or {})
     totals = dict.fromkeys(BUFFER_KEYS, 0)
     for st in buffer_stats:
         for k in BUFFER_KEYS:
@@ -67,7 +68,7 @@ def rollout_ledger(
         + totals["evicted"]
         + totals["consumed"]
         + totals["dropped_stale"]
-        + discarded
+        + sum(retired.values())
         + sum(filtered.values())
         + discarded_probe
     )
@@ -80,11 +81,11 @@ def rollout_ledger(
         "evicted": totals["evicted"],
         "consumed": totals["consumed"],
         "dropped_stale": totals["dropped_stale"],
-        "discarded_at_reincarnation": discarded,
+        **retired,
         **filtered,
         "discarded_probe": discarded_probe,
         "pushed": totals["pushed"],
-        "balanced": accounted == generated and stored + discarded == totals["pushed"],
+        "balanced": accounted == generated and stored + sum(retired.values()) == totals["pushed"],
     }
 
 
@@ -168,13 +169,10 @@ def format_accounting(ledger: dict[str, Any], summary: dict[str, Any], show_mu: 
         f"{led['consumed']:,} + evicted {led['evicted']:,} + dropped stale "
         f"{led['dropped_stale']:,} + dropped reward error {led['dropped_reward_error']:,} + lost "
         f"with a dead worker {led['lost_worker_died']:,}"
-        + (
-            f" + discarded at reincarnation {led['discarded_at_reincarnation']:,}"
-            if led["discarded_at_reincarnation"]
-            else ""
-        )
         + "".join(
-            f" + {phrase} {led[term]:,}" for _, term, phrase in source_terms() if led.get(term)
+            f" + {m.ledger[1]} {led[m.ledger[0]]:,}"
+            for m in source_terms()
+            if m.ledger and led.get(m.ledger[0])
         )
         + (
             f" + discarded by the design probe {led['discarded_probe']:,}"

@@ -143,17 +143,6 @@ SECTIONS: tuple[tuple[str, tuple[MetricKey, ...]], ...] = (
 )
 CATALOGUE: tuple[MetricKey, ...] = tuple(m for _, entries in SECTIONS for m in entries)
 
-# the meaning of each counter a batch source declares (`BatchSourceSpec.metrics`), reported
-# in summary.json at the end of a run
-COUNTERS = {
-    "rollouts_discarded": "rollouts dropped from ReMix's window when the policy is reincarnated",
-    "rollouts_filtered_no_signal": "rollouts dropped with their group for lack of reward variance",
-    "rollouts_filtered_surplus": "rollouts of groups generated beyond the batch and dropped",
-    "rollouts_reused": "stored rollouts trained on again beside fresh ones",
-    "generation_rounds": "extra rounds of generation to fill a batch",
-    "short_steps": "steps that trained on fewer groups than asked for",
-}
-
 
 def _regex(pattern: str) -> re.Pattern[str]:
     parts = re.split(r"(<[^>]*>)", pattern)

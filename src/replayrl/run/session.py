@@ -36,7 +36,7 @@ from replayrl.run.completions import CompletionsLog
 from replayrl.run.components import Components, build_batch_source, build_buffer, build_components
 from replayrl.run.metrics import MetricsLogger, Progress
 from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
-from replayrl.run.state import Counters, accounting, summarize
+from replayrl.run.state import Counters, accounting, declared_counters, summarize
 from replayrl.storage.checkpoint import (
     describe_missing,
     latest_checkpoint,
@@ -91,7 +91,7 @@ class Session:
         self.n_params, self.max_positions = p.n_params, p.max_positions
         self.source: BatchSource | None = p.source
         log(f"precision: {self.learner.precision_choice.describe()}")  # `auto` resolved
-        self.counters = Counters()
+        self.counters = Counters(declared=declared_counters(cfg))
         self.failed_steps = 0  # steps in a row that trained nothing (check_training)
         self._generated_at_last_step = 0  # eval.every_rollouts' grid (set again by start)
         # no silent non-learning: steps whose groups all have equal rewards (signal.py)
@@ -136,7 +136,7 @@ class Session:
             **self.source.state_dict(),  # "buffer" (and ReMix's "window")
             "prompt_rng": self.parts.prompt_rng.bit_generator.state,
             "shuffle_rng": self.parts.shuffle_rng.bit_generator.state,
-            "counters": self.counters.__dict__.copy(),
+            "counters": self.counters.state_dict(),
             "reward_signal": self.reward_signal.state_dict(),
         }
 
@@ -147,7 +147,7 @@ class Session:
         self.source.load_state_dict(state)  # a ReMix source reads a missing window as None
         self.parts.prompt_rng.bit_generator.state = state["prompt_rng"]
         self.parts.shuffle_rng.bit_generator.state = state["shuffle_rng"]
-        self.counters = Counters(**state["counters"])
+        self.counters = Counters.from_state(state["counters"], self.counters.declared)
         if "reward_signal" in state:  # a checkpoint without it: the monitor starts afresh
             self.reward_signal.load_state_dict(state["reward_signal"])
         set_rng_state(state["rng"])

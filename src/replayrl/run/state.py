@@ -3,10 +3,11 @@ end-of-run summary and accounting computed from them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from replayrl.config.registries import RUNTIMES
+from replayrl.config.registries import BATCH_SOURCES, RUNTIMES
 from replayrl.config.schema import Config
 from replayrl.design.theory import estimate_mu
 from replayrl.records.ledger import (
@@ -20,7 +21,13 @@ from replayrl.records.ledger import (
 
 @dataclass
 class Counters:
-    """Cumulative accounting, saved in checkpoints so resumed runs keep counting."""
+    """Cumulative accounting, saved in checkpoints so resumed runs keep counting.
+
+    The fields are the run-wide counts, kept by the loop whatever the batch source; what a
+    batch source counts on its own (rollouts it filters or reuses, its extra generation
+    rounds...) is in `source_counts`, by the names its registry entry declares
+    (`BatchSourceSpec.metrics`), through `add` and `count`. `declared`: those names for this
+    run's source (None: any name, as in a unit test's counters); not saved."""
 
     step: int = 0
     rollouts_generated: int = 0
@@ -42,32 +49,50 @@ class Counters:
     rollouts_trained: int = 0  # rollouts in training batches, counted per update pass
     rollouts_sampled: int = 0  # rollouts drawn from the buffer (async replay-ratio pacing)
     rollouts_lost_worker_died: int = 0  # async: the batch a killed generator was producing
-    rollouts_discarded: int = 0  # ReMix's window contents dropped at reincarnation
     retired_buffer_stats: list[dict[str, float]] = field(default_factory=list)
-    # group sources (data/sources/): generated and scored, never trained on
-    rollouts_filtered_no_signal: int = 0  # groups without reward variance dropped / replaced
-    rollouts_filtered_surplus: int = 0  # groups beyond a full dynamic-sampling batch
     # `auto` design's alpha / rho probe: batches of the policies it undoes (recipes/probe.py)
     rollouts_discarded_probe: int = 0
-    rollouts_reused: int = 0  # replayed (not fresh) rollouts in training batches, per pass
-    generation_rounds: int = 0  # generation calls beyond each step's first (dynamic sampling)
-    short_steps: int = 0  # dynamic-sampling steps that hit max_rounds before a full batch
     roles: dict[str, dict[str, float]] = field(default_factory=dict)  # async role clocks
-    # a plugin source's counters (`BatchSourceSpec.metrics`) that are not fields above
-    extra: dict[str, int] = field(default_factory=dict)
+    source_counts: dict[str, int] = field(default_factory=dict)
+    declared: frozenset[str] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.declared is not None and (clash := sorted(self.declared & _FIELDS)):
+            raise ValueError(f"a batch source declares {clash}: names of run-wide counters")
 
     def count(self, name: str) -> int:
-        """A counter a batch source declares (`BatchSourceSpec.metrics` / `.ledger`)."""
-        if name in _FIELDS:
-            return getattr(self, name)
-        return self.extra.get(name, 0)
+        """A batch source's counter (`SourceCounter.name`); 0 before its first count."""
+        return self.source_counts.get(name, 0)
 
     def add(self, name: str, n: int) -> None:
-        """Add `n` to a source's counter: a field above, or a plugin's own in `extra`."""
+        """Add `n` to a batch source's counter, one its registry entry declares."""
         if name in _FIELDS:
-            setattr(self, name, getattr(self, name) + n)
-        else:
-            self.extra[name] = self.extra.get(name, 0) + n
+            raise ValueError(f"{name!r} is a run-wide counter (a Counters field), not a source's")
+        if self.declared is not None and name not in self.declared:
+            raise ValueError(
+                f"the batch source counts {name!r}, which its BatchSourceSpec.metrics does not "
+                f"declare (declared: {', '.join(sorted(self.declared)) or 'none'})"
+            )
+        self.source_counts[name] = self.source_counts.get(name, 0) + n
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (all but `declared`, which the config gives again)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "declared"}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], declared: frozenset[str] | None) -> Counters:
+        """A checkpoint's counters. Older checkpoints kept the built-in sources' counters as
+        fields (`rollouts_reused`, `generation_rounds`, ...) and a plugin's in `extra`: any
+        saved count that is not a field now is a source's, so those resume too."""
+        kw = {k: v for k, v in state.items() if k in _FIELDS}
+        counts = dict(kw.pop("source_counts", {}))
+        old = [(k, v) for k, v in state.items() if k not in _FIELDS and k != "extra"]
+        for name, n in [*old, *state.get("extra", {}).items()]:
+            if type(n) is not int:
+                raise ValueError(f"checkpoint counters: {name!r} is {n!r}, not a count")
+            if n:  # a zero is no count (the old fields were saved whatever the source)
+                counts[name] = counts.get(name, 0) + n
+        return cls(**kw, source_counts=counts, declared=declared)
 
     def account(self, p: Any) -> None:
         """Add one generation batch (a `Production`) to the counters (the ledger's inputs)."""
@@ -87,11 +112,12 @@ class Counters:
         self.training_seconds += seconds
         self.step += 1
 
-    def retire(self, buffer: Any) -> None:
-        """Keep a dropped buffer's counters in the ledger; its contents count as discarded."""
+    def retire(self, buffer: Any) -> int:
+        """Keep a dropped buffer's counters in the ledger; returns its contents, which the
+        source counts in its own counter (a `SourceCounter` with `retired=True`)."""
         st = ledger_stats(buffer)
-        self.rollouts_discarded += int(st["size"])
         self.retired_buffer_stats.append({**st, "size": 0.0})
+        return int(st["size"])
 
     def flops(self, n_params: int) -> float:
         """Estimated compute: 2 N per generated token + 6 N per trained token (Kaplan et al.)."""
@@ -115,18 +141,38 @@ class Counters:
         )
 
 
-_FIELDS = frozenset(f.name for f in fields(Counters)) - {"extra"}
+_FIELDS = frozenset(f.name for f in fields(Counters)) - {"declared"}
+
+
+def declared_counters(cfg: Config) -> frozenset[str]:
+    """The counters the run's batch source may add to: those its registry entry declares."""
+    return frozenset(m.name for m in BATCH_SOURCES.get(cfg.groups.source).metrics)
+
+
+def source_summary(c: Counters) -> dict[str, int]:
+    """summary.json's batch-source counters: every registered source's, under its summary key
+    (0 where the run's source has none), then any count no registered source declares (a
+    checkpoint's, of a plugin no longer installed) by its name, so none is lost."""
+    out: dict[str, int] = {}
+    known: set[str] = set()
+    for name in BATCH_SOURCES:
+        for m in BATCH_SOURCES.get(name).metrics:
+            known.add(m.name)
+            if m.reported_as is not None:
+                out.setdefault(m.reported_as, c.count(m.name))
+    return {**out, **{k: v for k, v in c.source_counts.items() if k not in known}}
 
 
 def ledger(c: Counters, buffers: list[Any]) -> dict[str, Any]:
+    terms = [(m.ledger[0], c.count(m.name), m.retired) for m in source_terms() if m.ledger]
     return rollout_ledger(
         c.rollouts_generated,
         c.rollouts_dropped_reward_error,
         c.rollouts_lost_worker_died,
         [*(ledger_stats(b) for b in buffers), *c.retired_buffer_stats],
-        c.rollouts_discarded,
         discarded_probe=c.rollouts_discarded_probe,
-        filtered={term: c.count(counter) for counter, term, _ in source_terms()},
+        retired={term: n for term, n, retired in terms if retired},
+        filtered={term: n for term, n, retired in terms if not retired},
     )
 
 
@@ -153,7 +199,7 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
     """The run's summary.json; `run` adds policy_version, run_dir, num_eval_prompts,
     num_parameters, model_path (in that order in the file)."""
     accs = [e["eval/accuracy"] for e in c.evals]
-    return {
+    head = {
         "initial_eval_accuracy": accs[0] if accs else None,
         "final_eval_accuracy": accs[-1] if accs else None,
         "best_eval_accuracy": max(accs) if accs else None,
@@ -171,10 +217,9 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
         "eval_seconds": c.eval_seconds,
         "reward_seconds": c.reward_seconds,
         "rollouts_dropped_reward_timeout": c.rollouts_dropped_reward_timeout,
-        "rollouts_reused": c.rollouts_reused,
-        "generation_rounds_extra": c.generation_rounds,
-        "short_steps": c.short_steps,
-        **c.extra,  # a plugin source's own counters
+    }
+    counts = source_summary(c)  # the batch sources' (`BatchSourceSpec.metrics`)
+    tail = {
         "mu_median": estimate_mu(c.mu_per_step),
         "design": c.design,
         "reincarnation_step": c.reincarnation_step,
@@ -186,3 +231,6 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
         "accounting": accounting(cfg, c, buffers),
         "evals": c.evals,
     }
+    if clash := sorted(counts.keys() & (head.keys() | tail.keys())):
+        raise ValueError(f"batch-source counters reported under summary.json's own keys: {clash}")
+    return {**head, **counts, **tail}

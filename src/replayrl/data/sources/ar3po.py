@@ -276,7 +276,7 @@ class Ar3poSource(GroupSource):
             regroup(m, m[0].group_id, self.scale_rewards)
         self.store.add(generated)  # after the look-ups: reuse is of earlier steps' responses
         batch = self.train_fresh(generated, version)
-        c.rollouts_reused += len(copies) * self.epochs
+        c.add("rollouts_reused", len(copies) * self.epochs)
         return batch + copies, self.epochs
 
     # the store holds trained rollouts again: reuse, not the ledger (buffers(): the queue)

@@ -30,7 +30,8 @@ class Counters(Protocol):
     reincarnation_step: int | None
     rollouts_generated: int
 
-    def retire(self, buffer: Any) -> None: ...
+    def retire(self, buffer: Any) -> int: ...
+    def add(self, name: str, n: int) -> None: ...
 
 
 class BatchSource(Protocol):
@@ -164,7 +165,8 @@ class RemixSource(BufferSource):
         if due and counters.reincarnation_step is None:
             learner.reincarnate()
             if self.window is not None:
-                counters.retire(self.window)
+                # its contents count as discarded (a ledger term: pushed, never trained)
+                counters.add("rollouts_discarded", counters.retire(self.window))
             self.window = None  # from now on plain on-policy training
             counters.reincarnation_step = step
             super().push(self.pending)  # delivered before T: the on-policy queue's now

@@ -444,7 +444,7 @@ class ExgrpoSource(GroupSource):
             self.store.update(groups + mixed_fresh, {**rows, **mixed_rows})
         replay_fresh = [r for g in mixed for r in g.rollouts if id(r) not in replayed_ids]
         batch = self.train_fresh(flatten(groups) + replay_fresh, version)
-        c.rollouts_reused += len(replayed) * self.epochs
+        c.add("rollouts_reused", len(replayed) * self.epochs)
         return batch + replayed, self.epochs
 
     def parts(self) -> dict[str, Any]:

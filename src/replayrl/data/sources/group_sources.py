@@ -203,11 +203,11 @@ class DynamicSamplingSource(GroupSource):
                 split_groups(rollouts), self.train_prompts - len(kept), self.ds.std_tol
             )
             kept += more
-            c.rollouts_filtered_no_signal += no_signal
+            c.add("rollouts_filtered_no_signal", no_signal)
             if self.carried is not None:
                 self.carried.carry(surplus)
             else:
-                c.rollouts_filtered_surplus += sum(len(g) for g in surplus)
+                c.add("rollouts_filtered_surplus", sum(len(g) for g in surplus))
             call += 1
             if len(kept) >= self.train_prompts or call >= self.ds.max_rounds:
                 break
@@ -215,7 +215,7 @@ class DynamicSamplingSource(GroupSource):
                 break  # no hook (a unit test's source): train on what the first call gave
             rollouts = self._more(version, call)
         if len(kept) < self.train_prompts:
-            c.short_steps += 1
+            c.add("short_steps", 1)
         fresh_batch = self.train_fresh(flatten(kept[len(carried) :]), version)
         return flatten(carried) + fresh_batch, self.epochs
 
@@ -250,12 +250,12 @@ class GroupReplaySource(GroupSource):
         if not self.gr.include_current:
             self.store.add(signal, [trl_group_score(g) for g in signal])
         kept_zero = zero[len(replayed) :]  # replaced ones are dropped, counted
-        c.rollouts_filtered_no_signal += sum(len(g) for g in zero[: len(replayed)])
+        c.add("rollouts_filtered_no_signal", sum(len(g) for g in zero[: len(replayed)]))
         batch = self.train_fresh(flatten(signal + kept_zero), version)
         old = flatten(replayed)
         for r in old:
             r.times_sampled += 1
-        c.rollouts_reused += len(old) * self.epochs
+        c.add("rollouts_reused", len(old) * self.epochs)
         return batch + old, self.epochs
 
     # the store holds trained rollouts again: reuse, not the ledger (buffers(): the queue)

@@ -26,14 +26,10 @@ class GroupCounters(Protocol):
     step: int
     reincarnation_step: int | None
     generation_seconds: float
-    rollouts_filtered_no_signal: int
-    rollouts_filtered_surplus: int
-    rollouts_reused: int
-    generation_rounds: int
-    short_steps: int
 
     def account(self, p: Any) -> None: ...
-    def retire(self, buffer: Any) -> None: ...
+    def add(self, name: str, n: int) -> None: ...
+    def retire(self, buffer: Any) -> int: ...
 
 
 class Stateful(Protocol):
@@ -72,13 +68,14 @@ class GroupSource(BufferSource):
     def generate(self, call: Callable[[], Production]) -> Production:
         """One extra generation call of this step, accounted like the loop's first: its
         rollouts generated, its time as generation time less the time in reward functions,
-        one more generation round."""
+        one more generation round (`generation_rounds`: a source that calls this declares
+        that counter in its registry entry)."""
         c = self.bound
         t0 = time.perf_counter()
         p = call()
         c.account(p)
         c.generation_seconds += max(0.0, time.perf_counter() - t0 - p.reward_seconds)
-        c.generation_rounds += 1
+        c.add("generation_rounds", 1)
         return p
 
     def parts(self) -> dict[str, Stateful | None]:

@@ -331,7 +331,7 @@ class RepoSource(GroupSource):
         old = self.replayed(fresh, c.step)  # before storing: a step never replays its own
         self.store.add(fresh)
         batch = self.train_fresh(fresh, version)
-        c.rollouts_reused += len(old) * self.epochs
+        c.add("rollouts_reused", len(old) * self.epochs)
         return batch + old, self.epochs
 
     def parts(self) -> dict[str, Any]:
