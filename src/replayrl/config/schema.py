@@ -680,8 +680,9 @@ class TrainConfig(_Section):
     sharding: Literal["none", "fsdp"] = Field(
         "none",
         description="fsdp = the policy, its gradients and AdamW state sharded across the "
-        "learner ranks with FSDP2 (runtime=ray, workers.learners >= 2; not with LoRA or "
-        "kl.beta > 0); none = every learner holds the whole policy (data-parallel)",
+        "learner ranks with FSDP2 (runtime=ray, workers.learners >= 2; not with "
+        "kl.beta > 0); with model.lora.enabled the frozen base is sharded too and AdamW "
+        "holds the adapters only; none = every learner holds the whole policy (data-parallel)",
     )
     # no silent non-training: this many steps in a row in which nothing could be trained (a
     # reward function failed on every call, every update was skipped as non-finite, or the
@@ -910,11 +911,6 @@ class Config(_Section):
                 f"it shards over learner ranks: use {runtimes_with('multi_learner')} with "
                 f"workers.learners >= 2 (got runtime={self.runtime}, workers.learners="
                 f"{self.workers.learners})"
-            )
-        elif self.model.lora.enabled:
-            why = (
-                "model.lora.enabled: the adapters are small and the base is frozen, so "
-                "there is little to shard; use train.sharding=none (data-parallel learners)"
             )
         elif self.kl.beta > 0:
             why = (

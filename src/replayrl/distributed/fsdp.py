@@ -16,6 +16,7 @@ model, a checkpoint's HF folder and optimizer state) is gathered once into full 
 
 from __future__ import annotations
 
+import copy as copy_module
 from typing import Any
 
 import torch
@@ -31,13 +32,12 @@ from torch.distributed.tensor import DTensor
 from replayrl.distributed.ddp import average_gradients, sum_over_ranks
 from replayrl.learner.frozen import is_lora
 from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
+from replayrl.models.loading import unwrap_model
 
 _FULL = StateDictOptions(full_state_dict=True)
 
 
 def _unsupported(learner: Any) -> str | None:
-    if is_lora(learner.model):
-        return "LoRA adapters"
     if learner.base_model is not None or learner.cfg.kl.beta > 0:
         return "the KL terms' frozen policies (kl.beta > 0)"
     return None
@@ -45,11 +45,15 @@ def _unsupported(learner: Any) -> str | None:
 
 def shard_policy(model: torch.nn.Module) -> None:
     """FSDP2 over the ranks of the default process group: one group per decoder layer, the
-    rest (embeddings, tied head, final norm) in the root group. In place."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    rest (embeddings, tied head, final norm) in the root group. In place.
+
+    A LoRA policy (peft) is sharded as it is: each layer's group holds its frozen base weights
+    and its adapters, and FSDP reduces gradients only for the parameters that train."""
+    inner = unwrap_model(model)
+    layers = getattr(getattr(inner, "model", None), "layers", None)
     if layers is None:
         raise ValueError(
-            f"train.sharding=fsdp: {type(model).__name__} has no model.layers (decoder "
+            f"train.sharding=fsdp: {type(inner).__name__} has no model.layers (decoder "
             "layers) to shard"
         )
     for layer in layers:
@@ -110,12 +114,32 @@ def _unsharded_class(model: torch.nn.Module) -> type:
     return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
+def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """An unsharded module of `model`'s architecture on the meta device (no memory): the
+    HF model, or for a LoRA policy the same HF model wrapped in the same adapters."""
+    inner = unwrap_model(model)
+    with torch.device("meta"):
+        copy = _unsharded_class(inner)(inner.config)  # type: ignore[attr-defined]
+        if is_lora(model):
+            from peft import get_peft_model  # lazy: the `lora` extra
+
+            configs = model.peft_config  # type: ignore[attr-defined]
+            if set(configs) != {"default"}:
+                raise ValueError(
+                    f"train.sharding=fsdp: a LoRA policy with one adapter named 'default' "
+                    f"is supported (got {sorted(configs)})"
+                )
+            copy = get_peft_model(copy, copy_module.deepcopy(configs["default"]))
+    return copy
+
+
 def full_model(model: torch.nn.Module) -> torch.nn.Module:
     """An unsharded CPU copy of a sharded policy, for the generators, evaluation and
-    `save_pretrained`: the weights gathered once."""
+    `save_pretrained`: the weights gathered once. A LoRA policy's copy is a peft model like
+    the unsharded learner's: the same trainable adapter tensors (what a weight sync sends)
+    and `save_pretrained` writes the adapter folder."""
     state = full_state(model)
-    with torch.device("meta"):
-        copy = _unsharded_class(model)(model.config)  # type: ignore[attr-defined]
+    copy = _meta_copy(model)
     copy.load_state_dict(state, assign=True, strict=False)
     # buffers outside the state dict (rotary inv_freq) are whole on every rank: copied over
     for name, buf in model.named_buffers():

@@ -9,8 +9,9 @@ asks every follower to join (`gather`) and gathers itself, in the same order on 
 - weights for the generators: gathered at every publish (`workers.sync_every`), sent as full
   tensors in the generation dtype;
 - an evaluation: gathered into an unsharded copy rank 0 generates with;
-- a checkpoint: the full policy as an HF folder, and the AdamW state gathered into an
-  unsharded optimizer's layout. A resume loads both into the unsharded learners, which are
+- a checkpoint: the full policy as an HF folder (a LoRA policy's adapter folder, as an
+  unsharded LoRA learner writes), and the AdamW state gathered into an unsharded optimizer's
+  layout. A resume loads both into the unsharded learners, which are
   then sharded again, each rank keeping its part (`fsdp.shard_learner`).
 """
 
@@ -24,6 +25,7 @@ import torch
 from replayrl.distributed import fsdp
 from replayrl.distributed.ddp import data_parallel
 from replayrl.errors import RunFailed
+from replayrl.models.loading import unwrap_model
 
 # the collectives a follower joins, by name; rank 0 runs the same function in the same order
 _PARTS = ("model", "optimizer")
@@ -110,7 +112,9 @@ class ShardedSession:
         if self.sharded is None:
             return super().evaluate()  # type: ignore[misc]
         gen = copy.copy(self.generator)  # type: ignore[has-type]
-        gen.model = self.sharded.full_model().to(self.learner.device)  # type: ignore[attr-defined]
+        # the HF model the generator takes (a LoRA policy's with its adapter layers active)
+        full = unwrap_model(self.sharded.full_model())
+        gen.model = full.to(self.learner.device)  # type: ignore[attr-defined]
         real, self.generator = self.generator, gen  # type: ignore[has-type]
         try:
             return super().evaluate()  # type: ignore[misc]
