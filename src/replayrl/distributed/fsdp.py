@@ -30,7 +30,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from replayrl.distributed.ddp import average_gradients, sum_over_ranks
-from replayrl.learner.frozen import is_lora
+from replayrl.learner.frozen import AdapterSnapshot, is_lora
 from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
 from replayrl.models.loading import unwrap_model
 
@@ -38,8 +38,13 @@ _FULL = StateDictOptions(full_state_dict=True)
 
 
 def _unsupported(learner: Any) -> str | None:
-    if learner.base_model is not None or learner.cfg.kl.beta > 0:
-        return "the KL terms' frozen policies (kl.beta > 0)"
+    kl = learner.cfg.kl
+    if learner.prev_model is not None or (kl.beta > 0 and kl.target != "reference"):
+        return "KL-Convex's previous policy pi_{k-1} (kl.target=convex)"
+    if isinstance(learner.base_model, AdapterSnapshot):
+        return "a reincarnated LoRA reference (an adapter snapshot)"
+    if kl.beta > 0 and learner.base_model is None:
+        return "kl.beta > 0 without a reference policy to shard (a state saved with kl.beta=0)"
     return None
 
 
@@ -71,7 +76,7 @@ def _replicated_mean(params: list[torch.nn.Parameter]) -> None:
 
 def shard_learner(learner: Any, world: int) -> None:
     """Make a learner one of `world` sharded ranks (the process group already joined; every
-    rank calls it at once).
+    rank calls it at once): its policy and, with kl.beta > 0, its frozen reference.
 
     FSDP replaces the parameters with sharded ones, so the optimizer and its learning-rate
     schedule are rebuilt over them; AdamW state the learner already holds (a resumed run's,
@@ -84,6 +89,11 @@ def shard_learner(learner: Any, world: int) -> None:
         raise ValueError("train.sharding=fsdp: this learner is already one of several ranks")
     carried = learner.optimizer.state_dict() if learner.optimizer.state else None
     shard_policy(learner.model)
+    if isinstance(learner.base_model, torch.nn.Module):
+        # full fine-tuning's frozen reference (kl.beta > 0), sharded the same way: its
+        # no-grad forwards are collectives every rank joins in lockstep, as the policy's are.
+        # LoRA's reference is the sharded policy itself with its adapters switched off.
+        shard_policy(learner.base_model)
     t = learner.cfg.train
     learner.optimizer = torch.optim.AdamW(
         [p for p in learner.model.parameters() if p.requires_grad],
@@ -199,10 +209,13 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: Any, state: Any
 
 
 def full_learner_state(learner: Any) -> dict[str, object]:
-    """`learner.state_dict()` with the optimizer state gathered (`full_optimizer_state`): the
-    same layout as an unsharded learner's, so `learner.load_state_dict` before
-    `shard_learner` resumes it."""
-    return {
+    """`learner.state_dict()` with the optimizer state (`full_optimizer_state`) and a frozen
+    reference gathered: the same layout as an unsharded learner's, so
+    `learner.load_state_dict` before `shard_learner` resumes it."""
+    state = {
         **learner.state_dict(),
         "optimizer": full_optimizer_state(learner.model, learner.optimizer),
     }
+    if isinstance(learner.base_model, torch.nn.Module):  # a sharded frozen reference
+        state["base_model"] = full_state(learner.base_model)
+    return state

@@ -50,7 +50,7 @@ def follow_gather(learner: Any, parts: tuple[str, ...]) -> None:
         if part == "model":
             fsdp.full_state(learner.model)
         elif part == "optimizer":
-            fsdp.full_optimizer_state(learner.model, learner.optimizer)
+            fsdp.full_learner_state(learner)
         else:
             raise ValueError(f"unknown gather {part!r} (known: {_PARTS})")
 
