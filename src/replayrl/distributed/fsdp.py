@@ -5,13 +5,16 @@ Each rank trains on its own B / T rollouts like the data-parallel learners (ddp.
 reduce-scatter averages the gradients, and the loss normaliser counts over every rank, so a
 sharded step equals the unsharded step on the whole batch (tests/test_fsdp.py). Each decoder
 layer is one shard group (all-gathered for its forward and backward, then freed); the
-embeddings, final norm and output head form the root group.
+embeddings, final norm and output head form the root group. A LoRA policy is sharded with its
+frozen base (what sharding saves there), and AdamW holds its adapters only. With kl.beta > 0
+the frozen reference is sharded the same way (LoRA's is the policy with adapters off).
 
 The learner's forward goes through `model(...)` (full logits): FSDP gathers a group's weights
 in that module's forward hook, which the lean forward and the chunked head, reading weights
 directly, would skip. Whatever leaves the learner (the generators' weights, an evaluation's
-model, a checkpoint's HF folder and optimizer state) is gathered once into full tensors
-(`full_model`, `full_learner_state`). Every function here is a collective: every rank calls it.
+model, a checkpoint's HF or adapter folder, optimizer state and reference) is gathered once
+into full tensors (`full_model`, `full_learner_state`). Every function here is a collective:
+every rank calls it.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ asks every follower to join (`gather`) and gathers itself, in the same order on 
 - an evaluation: gathered into an unsharded copy rank 0 generates with;
 - a checkpoint: the full policy as an HF folder (a LoRA policy's adapter folder, as an
   unsharded LoRA learner writes), and the AdamW state gathered into an unsharded optimizer's
-  layout. A resume loads both into the unsharded learners, which are
-  then sharded again, each rank keeping its part (`fsdp.shard_learner`).
+  layout (with kl.beta > 0, the frozen reference gathered too). A resume loads both into the
+  unsharded learners, which are then sharded again, each rank keeping its part
+  (`fsdp.shard_learner`).
 """
 
 from __future__ import annotations
