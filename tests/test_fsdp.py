@@ -215,7 +215,9 @@ def _lora_rank(rank: int, port: int, base, policy, tok, batch, out: str) -> None
 
     from replayrl.distributed import fsdp
     from replayrl.distributed.ddp import init_group
+    from replayrl.distributed.fsdp_learner import follow_gather
     from replayrl.distributed.weights import trainable_state
+    from replayrl.models.precision import choose_for
     from replayrl.storage.checkpoint import load_state, save_checkpoint
 
     torch.set_num_threads(1)
@@ -234,6 +236,15 @@ def _lora_rank(rank: int, port: int, base, policy, tok, batch, out: str) -> None
     loss /= WORLD
     hf = fsdp.full_model(learner.model)
     state = fsdp.full_learner_state(learner)
+    if rank == 0:  # a weight sync as on Ray: rank 0 gathers the adapters, a follower joins
+        synced = fsdp.adapters_model(learner.model)
+        frozen = [p for p in synced.parameters() if not p.requires_grad]
+        assert frozen and all(p.is_meta for p in frozen)  # the base was not gathered
+        dtypes = [choose_for(cfg.precision, m).generation for m in (synced, hf)]
+        assert dtypes[0] == dtypes[1]  # the generation dtype the sync sends in
+        save_file(trainable_state(synced), f"{out}/synced.safetensors")
+    else:
+        follow_gather(learner, ("adapters",))
     if rank == 0:
         save_file(trainable_state(hf), f"{out}/published.safetensors")
         save_file(_plain_merged(hf), f"{out}/merged.safetensors")
@@ -282,12 +293,15 @@ def test_a_sharded_lora_step_equals_the_unsharded_one(
 
     adapters = trainable_state(ref.model)
     before = trainable_state(lora_policy)
-    published = load_file(str(tmp_path / "published.safetensors"))
-    assert set(published) == set(adapters) and all(".lora_" in n for n in adapters)
+    assert all(".lora_" in n for n in adapters)
     moved = {n: float((adapters[n] - before[n]).abs().max()) for n in adapters}
     assert min(moved.values()) > 5e-5, moved  # A and B both moved: not a vacuous comparison
-    for name, t in published.items():
-        torch.testing.assert_close(t, adapters[name], atol=1e-6, rtol=0)
+    # what a weight sync sends (the adapters only) and the full copy's trainable tensors
+    for name in ("synced", "published"):
+        got = load_file(str(tmp_path / f"{name}.safetensors"))
+        assert set(got) == set(adapters), name
+        for k, t in got.items():
+            torch.testing.assert_close(t, adapters[k], atol=1e-6, rtol=0)
 
     # the merged weights (what a vLLM engine loads) equal the unsharded learner's, and peft's
     # own merge of them

@@ -167,6 +167,38 @@ def full_model(model: torch.nn.Module) -> torch.nn.Module:
     return copy.eval()
 
 
+@torch.no_grad()
+def full_trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable parameters as full CPU tensors, on every rank (LoRA: the adapters only,
+    the frozen base is not gathered)."""
+    # one all-gather per parameter, in the same order on every rank (DCP's
+    # ignore_frozen_params would gather a frozen tied head as well)
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to("cpu", copy=True)
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
+
+
+def adapters_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A sharded LoRA policy's unsharded peft model with only its adapters gathered, the base
+    left on the meta device (no memory, never read): what a weight sync sends from, since a
+    LoRA sync carries the adapters only (distributed/weights.py), so the frozen base is not
+    all-gathered at every sync."""
+    if not is_lora(model):
+        raise ValueError("adapters_model: the policy has no LoRA adapters")
+    copy = _meta_copy(model)
+    adapters = full_trainable(model)
+    copy.load_state_dict(adapters, assign=True, strict=False)
+    names = {n for n, p in copy.named_parameters() if p.requires_grad}
+    if names != set(adapters):
+        raise KeyError(
+            f"train.sharding=fsdp: the gathered adapters {sorted(set(adapters) ^ names)[:3]} "
+            "do not match the policy's"
+        )
+    return copy
+
+
 def _trainable_names(model: torch.nn.Module) -> list[str]:
     """The optimizer's parameters in its own order (the learner's AdamW takes them so)."""
     return [n for n, p in model.named_parameters() if p.requires_grad]
