@@ -98,8 +98,7 @@ FSDP = ["runtime=ray", "workers.learners=2", "train.sharding=fsdp"]
         (["train.sharding=fsdp"], "workers.learners >= 2"),
         (["runtime=ray", "train.sharding=fsdp"], "workers.learners >= 2"),
         (["runtime=async-local", "train.sharding=fsdp"], "use runtime=ray"),
-        (FSDP + ["model.lora.enabled=true"], "train.sharding=fsdp: model.lora.enabled"),
-        (FSDP + ["kl.beta=0.04"], "train.sharding=fsdp: kl.beta > 0"),
+        (FSDP + ["kl.beta=0.04", "kl.target=convex"], "train.sharding=fsdp: kl.target=convex"),
         (FSDP + ["train.max_tokens_per_micro_batch=64"], "max_tokens_per_micro_batch packs"),
     ],
 )

@@ -5,6 +5,7 @@ are full tensors, and a resume from them is exact."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,16 @@ import torch.multiprocessing as mp
 
 from replayrl.config.schema import ModelConfig, load_config
 from replayrl.data.rollout import Rollout
+from replayrl.learner.frozen import frozen_copy
 from replayrl.learner.learner import Learner
-from replayrl.models.loading import build_tiny_model
+from replayrl.models.loading import (
+    apply_lora,
+    attach_adapter,
+    build_tiny_model,
+    is_adapter_folder,
+    unwrap_model,
+)
+from replayrl.models.lora_merge import merged_lora_tensors
 from replayrl.rollout.generation import HFGenerator, SamplingParams
 from tiny import as_rollouts
 
@@ -169,6 +178,275 @@ def test_sharded_step_equals_unsharded_and_resumes_exactly(
         assert torch.equal(v, two[k]), k  # resume from the gathered state is exact
 
 
+# a collective one rank does not join (a gather's follower side out of step) fails, not hangs
+GROUP_TIMEOUT_S = 60
+# LoRA on q/v (fp32, no dropout): the sharded groups hold frozen base weights and adapters
+LORA = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8"]
+needs_peft = pytest.mark.skipif(
+    importlib.util.find_spec("peft") is None, reason="peft not installed (replayrl[lora])"
+)
+
+
+@pytest.fixture(scope="module")
+def lora_policy(model):
+    """The tiny Llama wrapped in LoRA adapters whose B is not zero: with B = 0 (peft's start)
+    A's gradient is zero, and a step would leave half the adapters untested."""
+    policy = apply_lora(copy.deepcopy(model), load_config(None, LORA).model)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return policy
+
+
+def _plain_merged(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a vLLM generator receives of a LoRA policy: plain HF names, adapters merged."""
+    scaling = 8 / 4  # model.lora.alpha / model.lora.r
+    named = unwrap_model(policy).named_parameters()
+    return {n: t.detach().clone() for n, t in merged_lora_tensors(named, scaling)}
+
+
+def _lora_rank(rank: int, port: int, base, policy, tok, batch, out: str) -> None:
+    """Rank `rank` of a sharded LoRA learner: one step on its half of `batch`, then what
+    leaves the learner (the published and merged weights, a checkpoint, the summed loss);
+    then a learner resumed from that checkpoint is sharded again and holds the same shards."""
+    from safetensors.torch import save_file
+
+    from replayrl.distributed import fsdp
+    from replayrl.distributed.ddp import init_group
+    from replayrl.distributed.fsdp_learner import follow_gather
+    from replayrl.distributed.weights import trainable_state
+    from replayrl.models.precision import choose_for
+    from replayrl.storage.checkpoint import load_state, save_checkpoint
+
+    torch.set_num_threads(1)
+    init_group(rank, WORLD, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
+    cfg = load_config(None, [*OVERRIDES, *LORA])
+    learner = Learner(copy.deepcopy(policy), tok.pad_token_id, cfg)
+    fsdp.shard_learner(learner, WORLD)
+    trained = {id(p) for g in learner.optimizer.param_groups for p in g["params"]}
+    names = [n for n, p in learner.model.named_parameters() if id(p) in trained]
+    assert names and all(".lora_" in n for n in names)  # AdamW holds the adapters only
+    metrics = learner.train_step(batch[rank::WORLD], np.random.default_rng(rank), step=0)
+    loss = torch.tensor([metrics["loss"]], dtype=torch.float64)
+    # each rank's loss is normalised by the mean count per rank, as FSDP averages gradients:
+    # the whole batch's loss is the ranks' mean
+    torch.distributed.all_reduce(loss)
+    loss /= WORLD
+    hf = fsdp.full_model(learner.model)
+    state = fsdp.full_learner_state(learner)
+    if rank == 0:  # a weight sync as on Ray: rank 0 gathers the adapters, a follower joins
+        synced = fsdp.adapters_model(learner.model)
+        frozen = [p for p in synced.parameters() if not p.requires_grad]
+        assert frozen and all(p.is_meta for p in frozen)  # the base was not gathered
+        dtypes = [choose_for(cfg.precision, m).generation for m in (synced, hf)]
+        assert dtypes[0] == dtypes[1]  # the generation dtype the sync sends in
+        save_file(trainable_state(synced), f"{out}/synced.safetensors")
+    else:
+        follow_gather(learner, ("adapters",))
+    if rank == 0:
+        save_file(trainable_state(hf), f"{out}/published.safetensors")
+        save_file(_plain_merged(hf), f"{out}/merged.safetensors")
+        save_file({"loss": loss}, f"{out}/loss.safetensors")
+        save_checkpoint(Path(out), 1, hf, tok, {"learner": state})
+    torch.distributed.barrier()
+
+    # a resume as a run does it: the adapter folder on the base, the state, then sharded
+    ckpt = Path(out) / "checkpoints" / "step_000001"
+    resumed = Learner(
+        attach_adapter(copy.deepcopy(base), ckpt / "policy", trainable=True), tok.pad_token_id, cfg
+    )
+    resumed.load_state_dict(load_state(ckpt)["learner"])
+    fsdp.shard_learner(resumed, WORLD)
+    shards, again = _local_optimizer_state(learner), _local_optimizer_state(resumed)
+    assert set(again) == set(shards) and shards
+    for k, v in shards.items():
+        assert torch.equal(again[k], v), (rank, k)
+    for k, v in fsdp.full_state(resumed.model).items():
+        assert torch.equal(v, fsdp.full_state(learner.model)[k]), (rank, k)
+    torch.distributed.destroy_process_group()
+
+
+@needs_peft
+def test_a_sharded_lora_step_equals_the_unsharded_one(
+    model, lora_policy, rollouts, char_tokenizer, tmp_path: Path
+):
+    from safetensors.torch import load_file
+
+    from replayrl.distributed.ddp import free_port
+    from replayrl.distributed.weights import trainable_state
+    from replayrl.storage.checkpoint import load_state
+
+    batch = rollouts[:12]
+    mp.spawn(
+        _lora_rank,
+        args=(free_port(), model, lora_policy, char_tokenizer, batch, str(tmp_path)),
+        nprocs=WORLD,
+        join=True,
+    )
+    cfg = load_config(None, [*REFERENCE, *LORA])
+    ref = Learner(copy.deepcopy(lora_policy), char_tokenizer.pad_token_id, cfg)
+    metrics = ref.train_step(batch[0::WORLD] + batch[1::WORLD], np.random.default_rng(0), step=0)
+    loss = load_file(str(tmp_path / "loss.safetensors"))["loss"]
+    assert abs(float(loss) - metrics["loss"]) < 1e-6, (float(loss), metrics["loss"])
+
+    adapters = trainable_state(ref.model)
+    before = trainable_state(lora_policy)
+    assert all(".lora_" in n for n in adapters)
+    moved = {n: float((adapters[n] - before[n]).abs().max()) for n in adapters}
+    assert min(moved.values()) > 5e-5, moved  # A and B both moved: not a vacuous comparison
+    # what a weight sync sends (the adapters only) and the full copy's trainable tensors
+    for name in ("synced", "published"):
+        got = load_file(str(tmp_path / f"{name}.safetensors"))
+        assert set(got) == set(adapters), name
+        for k, t in got.items():
+            torch.testing.assert_close(t, adapters[k], atol=1e-6, rtol=0)
+
+    # the merged weights (what a vLLM engine loads) equal the unsharded learner's, and peft's
+    # own merge of them
+    merged = load_file(str(tmp_path / "merged.safetensors"))
+    expected = _plain_merged(ref.model)
+    plain = copy.deepcopy(ref.model).merge_and_unload().state_dict()
+    assert set(merged) == set(expected) and set(merged) <= set(plain)
+    for name, t in merged.items():
+        torch.testing.assert_close(t, expected[name], atol=1e-6, rtol=0)
+        torch.testing.assert_close(t, plain[name], atol=1e-6, rtol=0)
+
+    # the sharded checkpoint, loaded unsharded: the adapter folder and AdamW's state
+    ckpt = tmp_path / "checkpoints" / "step_000001"
+    assert is_adapter_folder(ckpt / "policy")
+    loaded = attach_adapter(copy.deepcopy(model), ckpt / "policy", trainable=True)
+    resumed = Learner(loaded, char_tokenizer.pad_token_id, cfg)
+    resumed.load_state_dict(load_state(ckpt)["learner"])
+    for name, t in trainable_state(resumed.model).items():
+        torch.testing.assert_close(t, adapters[name], atol=1e-6, rtol=0)
+    params = dict(ref.model.named_parameters())
+    own = dict(resumed.model.named_parameters())
+    assert len(resumed.optimizer.state) == len(adapters)
+    for name in adapters:
+        got, want = resumed.optimizer.state[own[name]], ref.optimizer.state[params[name]]
+        assert set(got) == set(want) == {"step", "exp_avg", "exp_avg_sq"}, name
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], atol=1e-9, rtol=1e-5)
+
+
+KL = ["kl.beta=0.5"]
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """A full fine-tuning reference away from the policy: the KL term and its gradient are
+    not zero from the first step (LoRA's reference, the adapters switched off, is away from
+    `lora_policy` already)."""
+    ref = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    return ref
+
+
+def _kl_learner(policy, reference, pad_id: int, cfg) -> Learner:
+    learner = Learner(copy.deepcopy(policy), pad_id, cfg)
+    if reference is not None:
+        learner.base_model = frozen_copy(reference)
+    return learner
+
+
+def _kl_rank(
+    rank: int, port: int, policy, reference, pad_id: int, batches, overrides, out: str
+) -> None:
+    """Rank `rank` with a frozen reference (kl.beta > 0): two steps on its halves, the
+    ranks' mean losses saved; a learner resumed from the gathered state after the first step
+    (the reference included) takes the second step to the same weights."""
+    from safetensors.torch import save_file
+    from torch.distributed.tensor import DTensor
+
+    from replayrl.distributed import fsdp
+    from replayrl.distributed.ddp import init_group
+    from replayrl.distributed.fsdp_learner import follow_gather
+
+    torch.set_num_threads(1)
+    init_group(rank, WORLD, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
+    cfg = load_config(None, [*OVERRIDES, *overrides])
+    half = [b[rank::WORLD] for b in batches]
+    learner = _kl_learner(policy, reference, pad_id, cfg)
+    fsdp.shard_learner(learner, WORLD)
+    if reference is not None:  # no rank holds the reference whole
+        assert all(isinstance(p, DTensor) for p in learner.base_model.parameters())
+    losses, kls = [], []
+    for step in (0, 1):
+        m = learner.train_step(half[step], np.random.default_rng(rank), step=step)
+        losses.append(m["loss"])
+        kls.append(m["kl_to_base"])
+        if step == 0:  # gathered as on Ray: rank 0 gathers, a follower joins, rank 0 sends
+            weights = fsdp.full_state(learner.model)
+            if rank == 0:
+                state = fsdp.full_learner_state(learner)
+            else:
+                follow_gather(learner, ("optimizer",))
+            sent = [state if rank == 0 else None]
+            torch.distributed.broadcast_object_list(sent, src=0)
+            state = sent[0]
+    mean = torch.tensor(losses, dtype=torch.float64)
+    torch.distributed.all_reduce(mean)  # the whole batch's loss: the ranks' mean
+    final = fsdp.full_state(learner.model)
+    if rank == 0:
+        save_file({"loss": mean / WORLD, "kl": torch.tensor(kls)}, f"{out}/loss.safetensors")
+        save_file({k: v.clone() for k, v in final.items()}, f"{out}/step2.safetensors")
+        reference = state["base_model"]
+        if isinstance(reference, dict):  # full fine-tuning: the gathered reference copy
+            save_file(reference, f"{out}/reference.safetensors")
+
+    plain = copy.deepcopy(policy)
+    plain.load_state_dict(weights)
+    resumed = Learner(plain, pad_id, cfg)
+    resumed.load_state_dict(state)
+    fsdp.shard_learner(resumed, WORLD)
+    resumed.train_step(half[1], np.random.default_rng(rank), step=1)
+    for k, v in fsdp.full_state(resumed.model).items():
+        assert torch.equal(v, final[k]), (rank, k)  # the resumed reference is the same
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=needs_peft)])
+def test_a_sharded_step_with_a_kl_reference_equals_the_unsharded_one(
+    model, lora_policy, reference, rollouts, char_tokenizer, tmp_path: Path, lora: bool
+):
+    from safetensors.torch import load_file
+
+    from replayrl.distributed.ddp import free_port
+
+    policy, overrides = (lora_policy, [*KL, *LORA]) if lora else (model, KL)
+    reference = None if lora else reference
+    pad = char_tokenizer.pad_token_id
+    batches = [rollouts[:12], rollouts[12:]]
+    mp.spawn(
+        _kl_rank,
+        args=(free_port(), policy, reference, pad, batches, overrides, str(tmp_path)),
+        nprocs=WORLD,
+        join=True,
+    )
+    ref = _kl_learner(policy, reference, pad, load_config(None, [*REFERENCE, *overrides]))
+    whole = [b[0::WORLD] + b[1::WORLD] for b in batches]
+    losses = [ref.train_step(whole[s], np.random.default_rng(0), step=s)["loss"] for s in (0, 1)]
+    got = load_file(str(tmp_path / "loss.safetensors"))
+    assert float(got["kl"].min()) > 1e-4  # the policy is away from the reference
+    torch.testing.assert_close(
+        got["loss"], torch.tensor(losses, dtype=torch.float64), atol=1e-6, rtol=0
+    )
+    step2 = load_file(str(tmp_path / "step2.safetensors"))
+    expected = ref.model.state_dict()
+    for k, v in step2.items():
+        torch.testing.assert_close(v, expected[k], atol=1e-6, rtol=0)
+    if reference is not None:  # the checkpoint's reference, gathered whole
+        saved = load_file(str(tmp_path / "reference.safetensors"))
+        assert set(saved) == set(reference.state_dict())
+        for k, v in saved.items():
+            assert torch.equal(v, reference.state_dict()[k]), k
+
+
 @pytest.mark.parametrize("runtime", ["sync", "async-local"])
 def test_sharding_is_refused_where_no_runtime_runs_it(runtime: str) -> None:
     assert load_config(None, [f"runtime={runtime}"]).train.sharding == "none"
@@ -177,5 +455,12 @@ def test_sharding_is_refused_where_no_runtime_runs_it(runtime: str) -> None:
 
 
 def test_ray_with_two_learners_accepts_sharding() -> None:
-    cfg = load_config(None, ["runtime=ray", "workers.learners=2", "train.sharding=fsdp"])
+    sharded = ["runtime=ray", "workers.learners=2", "train.sharding=fsdp"]
+    cfg = load_config(None, sharded)
     assert cfg.train.sharding == "fsdp"
+    lora = load_config(None, [*sharded, *LORA])
+    assert lora.train.sharding == "fsdp" and lora.model.lora.enabled  # the base is sharded
+    kl = load_config(None, [*sharded, "kl.beta=0.1"])  # the reference is sharded too
+    assert kl.kl.target == "reference"
+    with pytest.raises(ValueError, match="train.sharding=fsdp: kl.target=convex keeps"):
+        load_config(None, [*sharded, "kl.beta=0.1", "kl.target=convex"])

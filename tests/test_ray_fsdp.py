@@ -168,3 +168,57 @@ def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
     adam = load_state(latest_checkpoint(run))["learner"]["optimizer"]
     # the resumed AdamW went on from the checkpoint's state: its step count is 3, not 1
     assert {float(s["step"]) for s in adam["state"].values()} == {3.0}
+
+
+def test_a_sharded_lora_ray_run_checkpoints_the_adapters_and_resumes(
+    local_ray, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from replayrl.launch.entry import resume, train
+    from replayrl.models.loading import is_adapter_folder
+    from replayrl.storage.checkpoint import latest_checkpoint, load_state
+
+    reward = tmp_path / "length.py"  # varies within a group, so advantages are not all zero
+    reward.write_text(
+        "def length(prompts, completions, **kw):\n    return [len(c) for c in completions]\n"
+    )
+    lora = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8"]
+    cfg = load_config(
+        None,
+        [
+            *TINY_RUN,
+            *LAYERS,
+            *SHARDED,
+            *lora,
+            f"rewards=[{{name: '{reward}:length'}}]",
+            "train.lr=2e-2",
+            "train.steps=2",
+            f"logging.run_dir={tmp_path}",
+        ],
+    )
+    summary = train(cfg, log=quiet)
+    assert summary["steps"] == 2 and summary["accounting"]["trainers"] == 2
+    run = tmp_path / "demo"
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and ckpt.name == "step_000002"
+    # what an unsharded LoRA learner writes: the adapter folder, AdamW over the adapters
+    assert is_adapter_folder(ckpt / "policy")
+    adapters = load_file(str(ckpt / "policy" / "adapter_model.safetensors"))
+    assert adapters and all(".lora_" in n for n in adapters)
+    assert any(t.abs().max() > 0 for n, t in adapters.items() if "lora_B" in n)  # it trained
+    adam = load_state(ckpt)["learner"]["optimizer"]
+    assert len(adam["state"]) == len(adapters)  # q and v of 2 layers, A and B each
+    shapes = sorted(tuple(t.shape) for t in adapters.values())
+    assert sorted(tuple(s["exp_avg"].shape) for s in adam["state"].values()) == shapes
+    assert {float(s["step"]) for s in adam["state"].values()} == {2.0}
+
+    resumed = resume(run, ["train.steps=3"], log=quiet)
+    assert resumed["steps"] == 3
+    again = latest_checkpoint(run)
+    adam = load_state(again)["learner"]["optimizer"]
+    # the adapter folder loaded, sharded again, and AdamW went on from its state
+    assert {float(s["step"]) for s in adam["state"].values()} == {3.0}
+    moved = load_file(str(again / "policy" / "adapter_model.safetensors"))
+    assert set(moved) == set(adapters)
+    assert any(not torch.equal(moved[n], adapters[n]) for n in adapters)

@@ -680,8 +680,10 @@ class TrainConfig(_Section):
     sharding: Literal["none", "fsdp"] = Field(
         "none",
         description="fsdp = the policy, its gradients and AdamW state sharded across the "
-        "learner ranks with FSDP2 (runtime=ray, workers.learners >= 2; not with LoRA or "
-        "kl.beta > 0); none = every learner holds the whole policy (data-parallel)",
+        "learner ranks with FSDP2 (runtime=ray, workers.learners >= 2; not with "
+        "kl.target=convex); with model.lora.enabled the frozen base is sharded too and AdamW "
+        "holds the adapters only; kl.beta > 0's reference policy is sharded the same "
+        "way; none = every learner holds the whole policy (data-parallel)",
     )
     # no silent non-training: this many steps in a row in which nothing could be trained (a
     # reward function failed on every call, every update was skipped as non-finite, or the
@@ -911,16 +913,11 @@ class Config(_Section):
                 f"workers.learners >= 2 (got runtime={self.runtime}, workers.learners="
                 f"{self.workers.learners})"
             )
-        elif self.model.lora.enabled:
+        elif self.kl.beta > 0 and self.kl.target != "reference":
             why = (
-                "model.lora.enabled: the adapters are small and the base is frozen, so "
-                "there is little to shard; use train.sharding=none (data-parallel learners)"
-            )
-        elif self.kl.beta > 0:
-            why = (
-                "kl.beta > 0 keeps frozen policies (the reference, pi_{k-1}) that would be "
-                "unsharded copies on every rank, undoing the memory sharding saves; use "
-                "kl.beta=0 or train.sharding=none"
+                "kl.target=convex keeps pi_{k-1}, a frozen copy of the policy refreshed every "
+                "step, which the sharded learners do not keep; use kl.target=reference (the "
+                "initial policy, sharded like the policy) or train.sharding=none"
             )
         elif t.max_tokens_per_micro_batch is not None:
             why = (

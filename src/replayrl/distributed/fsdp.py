@@ -5,17 +5,21 @@ Each rank trains on its own B / T rollouts like the data-parallel learners (ddp.
 reduce-scatter averages the gradients, and the loss normaliser counts over every rank, so a
 sharded step equals the unsharded step on the whole batch (tests/test_fsdp.py). Each decoder
 layer is one shard group (all-gathered for its forward and backward, then freed); the
-embeddings, final norm and output head form the root group.
+embeddings, final norm and output head form the root group. A LoRA policy is sharded with its
+frozen base (what sharding saves there), and AdamW holds its adapters only. With kl.beta > 0
+the frozen reference is sharded the same way (LoRA's is the policy with adapters off).
 
 The learner's forward goes through `model(...)` (full logits): FSDP gathers a group's weights
 in that module's forward hook, which the lean forward and the chunked head, reading weights
 directly, would skip. Whatever leaves the learner (the generators' weights, an evaluation's
-model, a checkpoint's HF folder and optimizer state) is gathered once into full tensors
-(`full_model`, `full_learner_state`). Every function here is a collective: every rank calls it.
+model, a checkpoint's HF or adapter folder, optimizer state and reference) is gathered once
+into full tensors (`full_model`, `full_learner_state`). Every function here is a collective:
+every rank calls it.
 """
 
 from __future__ import annotations
 
+import copy as copy_module
 from typing import Any
 
 import torch
@@ -29,27 +33,35 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from replayrl.distributed.ddp import average_gradients, sum_over_ranks
-from replayrl.learner.frozen import is_lora
+from replayrl.learner.frozen import AdapterSnapshot, is_lora
 from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
+from replayrl.models.loading import unwrap_model
 
 _FULL = StateDictOptions(full_state_dict=True)
 
 
 def _unsupported(learner: Any) -> str | None:
-    if is_lora(learner.model):
-        return "LoRA adapters"
-    if learner.base_model is not None or learner.cfg.kl.beta > 0:
-        return "the KL terms' frozen policies (kl.beta > 0)"
+    kl = learner.cfg.kl
+    if learner.prev_model is not None or (kl.beta > 0 and kl.target != "reference"):
+        return "KL-Convex's previous policy pi_{k-1} (kl.target=convex)"
+    if isinstance(learner.base_model, AdapterSnapshot):
+        return "a reincarnated LoRA reference (an adapter snapshot)"
+    if kl.beta > 0 and learner.base_model is None:
+        return "kl.beta > 0 without a reference policy to shard (a state saved with kl.beta=0)"
     return None
 
 
 def shard_policy(model: torch.nn.Module) -> None:
     """FSDP2 over the ranks of the default process group: one group per decoder layer, the
-    rest (embeddings, tied head, final norm) in the root group. In place."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    rest (embeddings, tied head, final norm) in the root group. In place.
+
+    A LoRA policy (peft) is sharded as it is: each layer's group holds its frozen base weights
+    and its adapters, and FSDP reduces gradients only for the parameters that train."""
+    inner = unwrap_model(model)
+    layers = getattr(getattr(inner, "model", None), "layers", None)
     if layers is None:
         raise ValueError(
-            f"train.sharding=fsdp: {type(model).__name__} has no model.layers (decoder "
+            f"train.sharding=fsdp: {type(inner).__name__} has no model.layers (decoder "
             "layers) to shard"
         )
     for layer in layers:
@@ -67,7 +79,7 @@ def _replicated_mean(params: list[torch.nn.Parameter]) -> None:
 
 def shard_learner(learner: Any, world: int) -> None:
     """Make a learner one of `world` sharded ranks (the process group already joined; every
-    rank calls it at once).
+    rank calls it at once): its policy and, with kl.beta > 0, its frozen reference.
 
     FSDP replaces the parameters with sharded ones, so the optimizer and its learning-rate
     schedule are rebuilt over them; AdamW state the learner already holds (a resumed run's,
@@ -80,6 +92,11 @@ def shard_learner(learner: Any, world: int) -> None:
         raise ValueError("train.sharding=fsdp: this learner is already one of several ranks")
     carried = learner.optimizer.state_dict() if learner.optimizer.state else None
     shard_policy(learner.model)
+    if isinstance(learner.base_model, torch.nn.Module):
+        # full fine-tuning's frozen reference (kl.beta > 0), sharded the same way: its
+        # no-grad forwards are collectives every rank joins in lockstep, as the policy's are.
+        # LoRA's reference is the sharded policy itself with its adapters switched off.
+        shard_policy(learner.base_model)
     t = learner.cfg.train
     learner.optimizer = torch.optim.AdamW(
         [p for p in learner.model.parameters() if p.requires_grad],
@@ -110,12 +127,32 @@ def _unsharded_class(model: torch.nn.Module) -> type:
     return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
+def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """An unsharded module of `model`'s architecture on the meta device (no memory): the
+    HF model, or for a LoRA policy the same HF model wrapped in the same adapters."""
+    inner = unwrap_model(model)
+    with torch.device("meta"):
+        copy = _unsharded_class(inner)(inner.config)  # type: ignore[attr-defined]
+        if is_lora(model):
+            from peft import get_peft_model  # lazy: the `lora` extra
+
+            configs = model.peft_config  # type: ignore[attr-defined]
+            if set(configs) != {"default"}:
+                raise ValueError(
+                    f"train.sharding=fsdp: a LoRA policy with one adapter named 'default' "
+                    f"is supported (got {sorted(configs)})"
+                )
+            copy = get_peft_model(copy, copy_module.deepcopy(configs["default"]))
+    return copy
+
+
 def full_model(model: torch.nn.Module) -> torch.nn.Module:
     """An unsharded CPU copy of a sharded policy, for the generators, evaluation and
-    `save_pretrained`: the weights gathered once."""
+    `save_pretrained`: the weights gathered once. A LoRA policy's copy is a peft model like
+    the unsharded learner's: the same trainable adapter tensors (what a weight sync sends)
+    and `save_pretrained` writes the adapter folder."""
     state = full_state(model)
-    with torch.device("meta"):
-        copy = _unsharded_class(model)(model.config)  # type: ignore[attr-defined]
+    copy = _meta_copy(model)
     copy.load_state_dict(state, assign=True, strict=False)
     # buffers outside the state dict (rotary inv_freq) are whole on every rank: copied over
     for name, buf in model.named_buffers():
@@ -128,6 +165,38 @@ def full_model(model: torch.nn.Module) -> torch.nn.Module:
         raise KeyError(f"train.sharding=fsdp: the gathered state lacks {missing[0]!r}")
     copy.tie_weights()
     return copy.eval()
+
+
+@torch.no_grad()
+def full_trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable parameters as full CPU tensors, on every rank (LoRA: the adapters only,
+    the frozen base is not gathered)."""
+    # one all-gather per parameter, in the same order on every rank (DCP's
+    # ignore_frozen_params would gather a frozen tied head as well)
+    return {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to("cpu", copy=True)
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
+
+
+def adapters_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A sharded LoRA policy's unsharded peft model with only its adapters gathered, the base
+    left on the meta device (no memory, never read): what a weight sync sends from, since a
+    LoRA sync carries the adapters only (distributed/weights.py), so the frozen base is not
+    all-gathered at every sync."""
+    if not is_lora(model):
+        raise ValueError("adapters_model: the policy has no LoRA adapters")
+    copy = _meta_copy(model)
+    adapters = full_trainable(model)
+    copy.load_state_dict(adapters, assign=True, strict=False)
+    names = {n for n, p in copy.named_parameters() if p.requires_grad}
+    if names != set(adapters):
+        raise KeyError(
+            f"train.sharding=fsdp: the gathered adapters {sorted(set(adapters) ^ names)[:3]} "
+            "do not match the policy's"
+        )
+    return copy
 
 
 def _trainable_names(model: torch.nn.Module) -> list[str]:
@@ -175,10 +244,13 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: Any, state: Any
 
 
 def full_learner_state(learner: Any) -> dict[str, object]:
-    """`learner.state_dict()` with the optimizer state gathered (`full_optimizer_state`): the
-    same layout as an unsharded learner's, so `learner.load_state_dict` before
-    `shard_learner` resumes it."""
-    return {
+    """`learner.state_dict()` with the optimizer state (`full_optimizer_state`) and a frozen
+    reference gathered: the same layout as an unsharded learner's, so
+    `learner.load_state_dict` before `shard_learner` resumes it."""
+    state = {
         **learner.state_dict(),
         "optimizer": full_optimizer_state(learner.model, learner.optimizer),
     }
+    if isinstance(learner.base_model, torch.nn.Module):  # a sharded frozen reference
+        state["base_model"] = full_state(learner.base_model)
+    return state

@@ -7,11 +7,14 @@ own buffer shard's B / T rollouts, as the data-parallel learners do.
 What leaves the learners needs the full weights, and gathering them is a collective: rank 0
 asks every follower to join (`gather`) and gathers itself, in the same order on every rank.
 - weights for the generators: gathered at every publish (`workers.sync_every`), sent as full
-  tensors in the generation dtype;
+  tensors in the generation dtype (with LoRA only the adapters are gathered and sent, as an
+  unsharded LoRA learner sends them);
 - an evaluation: gathered into an unsharded copy rank 0 generates with;
-- a checkpoint: the full policy as an HF folder, and the AdamW state gathered into an
-  unsharded optimizer's layout. A resume loads both into the unsharded learners, which are
-  then sharded again, each rank keeping its part (`fsdp.shard_learner`).
+- a checkpoint: the full policy as an HF folder (a LoRA policy's adapter folder, as an
+  unsharded LoRA learner writes), and the AdamW state gathered into an unsharded optimizer's
+  layout (with kl.beta > 0, the frozen reference gathered too). A resume loads both into the
+  unsharded learners, which are then sharded again, each rank keeping its part
+  (`fsdp.shard_learner`).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import torch
 from replayrl.distributed import fsdp
 from replayrl.distributed.ddp import data_parallel
 from replayrl.errors import RunFailed
+from replayrl.learner.frozen import is_lora
+from replayrl.models.loading import unwrap_model
 
 # the collectives a follower joins, by name; rank 0 runs the same function in the same order
-_PARTS = ("model", "optimizer")
+_PARTS = ("model", "adapters", "optimizer")
 
 
 def is_sharded(cfg: Any) -> bool:
@@ -47,8 +52,10 @@ def follow_gather(learner: Any, parts: tuple[str, ...]) -> None:
     for part in parts:
         if part == "model":
             fsdp.full_state(learner.model)
+        elif part == "adapters":
+            fsdp.full_trainable(learner.model)
         elif part == "optimizer":
-            fsdp.full_optimizer_state(learner.model, learner.optimizer)
+            fsdp.full_learner_state(learner)
         else:
             raise ValueError(f"unknown gather {part!r} (known: {_PARTS})")
 
@@ -75,6 +82,13 @@ class ShardedLeader:
         """An unsharded CPU copy of the policy (one all-gather over the ranks)."""
         return self._with_followers("model", lambda: fsdp.full_model(self.learner.model))
 
+    def sync_model(self) -> torch.nn.Module:
+        """What a weight sync sends from: the full policy, or for LoRA a copy holding only the
+        gathered adapters (a sync sends the adapters; the base is frozen)."""
+        if is_lora(self.learner.model):
+            return self._with_followers("adapters", lambda: fsdp.adapters_model(self.learner.model))
+        return self.full_model()
+
     def full_learner_state(self) -> dict[str, object]:
         """The learner's state with the AdamW state gathered (`fsdp.full_learner_state`)."""
         return self._with_followers("optimizer", lambda: fsdp.full_learner_state(self.learner))
@@ -88,7 +102,7 @@ class FullWeightsPool:
         self.pool, self.leader = pool, leader
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        self.pool.publish(self.leader.full_model(), version)
+        self.pool.publish(self.leader.sync_model(), version)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.pool, name)
@@ -110,7 +124,9 @@ class ShardedSession:
         if self.sharded is None:
             return super().evaluate()  # type: ignore[misc]
         gen = copy.copy(self.generator)  # type: ignore[has-type]
-        gen.model = self.sharded.full_model().to(self.learner.device)  # type: ignore[attr-defined]
+        # the HF model the generator takes (a LoRA policy's with its adapter layers active)
+        full = unwrap_model(self.sharded.full_model())
+        gen.model = full.to(self.learner.device)  # type: ignore[attr-defined]
         real, self.generator = self.generator, gen  # type: ignore[has-type]
         try:
             return super().evaluate()  # type: ignore[misc]
