@@ -108,6 +108,8 @@ def test_retrieve_rejects_what_it_cannot_do() -> None:
         retrieve(REWARDS, "best", 2, rng())
     with pytest.raises(ValueError, match="k=0"):
         retrieve(REWARDS, "reward", 0, rng())
+    with pytest.raises(ValueError, match=r"k=4: must be in 1\.\.3"):
+        max_variance_subset([0.0, 1.0, 0.5], 4)
 
 
 # -- the off-policy advantages -------------------------------------------------------------------
