@@ -151,16 +151,13 @@ def test_kl_convex_drops_pi_base_once_its_weight_stays_zero(
 ) -> None:
     # lambda(t) = max(1 - ceil(t), 0): 1 at t = 0 (pi_base kept from the start), 0 from step 1,
     # so after step 1 only pi_{k-1} is needed and pi_base's copy is freed
-    learner = _learner(
-        tiny_model,
-        char_tokenizer.pad_token_id,
+    schedule = {"start": 0, "every": 1, "decrement": 1.0, "floor": 0.0}
+    convex = [
         "kl.beta=0.1",
         "kl.target=convex",
-        "kl.schedule.start=0",
-        "kl.schedule.every=1",
-        "kl.schedule.decrement=1.0",
-        "kl.schedule.floor=0.0",
-    )
+        *(f"kl.schedule.{k}={v}" for k, v in schedule.items()),
+    ]
+    learner = _learner(tiny_model, char_tokenizer.pad_token_id, *convex)
     assert learner.base_model is not None and learner.prev_model is None
     learner.train_step(rollouts, np.random.default_rng(0), step=1)
     assert learner.kl_weights(2) == (0.0, pytest.approx(0.1))
