@@ -323,6 +323,11 @@ def test_source_mixes_replayed_questions_and_counts_every_rollout() -> None:
     assert len(old) == 2 and len(batch) == 8 + 2 * 4
     # the lowest "entropy" (last token id) among a question's stored successes: (3, 4)
     assert all(r.completion_ids.tolist() == [3, 4] for r in old)
+    # each mixed group (3 fresh + the replayed one) is one group with an id of its own
+    mixed_ids = [{r.group_id for r in batch if r.prompt_text == q} for q in replayed_qs]
+    fresh_ids = {r.group_id for r in batch if r.prompt_text not in replayed_qs}
+    assert all(len(ids) == 1 and isinstance(min(ids), int) for ids in mixed_ids)
+    assert len(set.union(*mixed_ids, fresh_ids)) == len(fresh_ids) + 2
     assert c.count("rollouts_reused") == 2 * 2  # two replayed trajectories, two passes
     # a replayed question's latest rate is its fresh completions' (2 of 3), not counting the
     # stored trajectory (which would read 3 of 4)
@@ -388,6 +393,13 @@ def test_source_state_round_trip_draws_the_same_questions() -> None:
 def test_exgrpo_refuses_settings_it_cannot_honour(extra: list[str], match: str) -> None:
     with pytest.raises((ConfigError, ValueError), match=match):
         load_config("exgrpo", extra)
+
+
+def test_exgrpo_capacity_must_hold_the_fresh_and_the_replayed_questions_rollouts() -> None:
+    # the preset: 64 fresh rollouts + round(8 * 0.5 / 0.5) = 8 replayed questions x 8
+    with pytest.raises(ValueError, match=r"up to 128\)"):
+        load_config("exgrpo", ["buffer.capacity=127"])
+    assert load_config("exgrpo", ["buffer.capacity=128"]).buffer.capacity == 128
 
 
 def test_config_keys_reach_the_exgrpo_source() -> None:

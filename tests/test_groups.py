@@ -431,6 +431,26 @@ def test_config_keys_reach_the_sources() -> None:
     assert isinstance(build_batch_source(load_config("grpo"), OnPolicyQueue()), BufferSource)
 
 
+def test_group_replay_counts_each_replayed_rollout_once_per_epoch() -> None:
+    # rollouts_reused counts training passes over replayed rollouts: 4 stored rollouts drawn
+    # once, trained for 3 epochs, are 12 reuses
+    gr = GroupReplayConfig(capacity=4, include_current=False)
+    src = GroupReplaySource(OnPolicyQueue(), ScoredGroupBuffer(4, seed=0), 3, gr)
+    c = Counters()
+    src.before_step(None, c, lambda _: None)
+    src.next_batch(grp(0, [1, 0, 0, 0]), version=0)
+    batch, epochs = src.next_batch(grp(1, [0, 0, 0, 0], 1), version=1)
+    assert epochs == 3 and [r.group_id for r in batch] == [0] * 4
+    assert c.count("rollouts_reused") == 4 * 3
+
+
+def test_a_group_source_used_before_its_counters_are_bound_says_so() -> None:
+    gr = GroupReplayConfig(capacity=4, include_current=False)
+    src = GroupReplaySource(OnPolicyQueue(), ScoredGroupBuffer(4, seed=0), 1, gr)
+    with pytest.raises(AssertionError, match="before_step binds the counters"):
+        src.next_batch(grp(0, [1, 0]), version=0)
+
+
 def test_zero_std_tol_decides_which_groups_are_replaced() -> None:
     gr = GroupReplayConfig(capacity=4, include_current=False, zero_std_tol=0.6)
     src = GroupReplaySource(OnPolicyQueue(), ScoredGroupBuffer(4, seed=0), 1, gr)

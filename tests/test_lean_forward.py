@@ -166,6 +166,41 @@ def test_bf16_autocast_agrees_with_transformers_autocast_and_cache_follows_weigh
     assert float((a2 - b2)[m].abs().mean()) < 2 * noise
 
 
+def test_bf16_autocast_casts_each_frozen_projection_once():
+    """Every frozen Linear the lean forward multiplies by (LoRA's base layers, the MLP's
+    three projections, the other attention projections, the head) has its bf16 copy cached;
+    LoRA projections run through the lean path, not peft's forward."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        _llama(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    model.train()
+    with lean_impl(True), torch.no_grad():
+        token_logprobs(model, collate(_rollouts(), 0), 1.0, autocast=torch.bfloat16)
+    frozen = {
+        n: m
+        for n, m in model.named_modules()
+        if type(m) is torch.nn.Linear and not m.weight.requires_grad
+    }
+    assert any("q_proj.base_layer" in n for n in frozen) and any("up_proj" in n for n in frozen)
+    uncached = [n for n, m in frozen.items() if lean_forward._WEIGHTS.get(m) is None]
+    assert uncached == []
+    assert {lean_forward._WEIGHTS[m][1] for m in frozen.values()} == {torch.bfloat16}
+
+
+def test_linear_calls_a_module_of_another_kind_as_it_is():
+    class Doubled(torch.nn.Module):  # e.g. a quantised projection: no nn.Linear, no LoRA
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * self.inner(x)
+
+    mod, x = Doubled(), torch.randn(5, 4)
+    assert torch.equal(lean_forward.linear(mod, x, None), mod(x))
+
+
 def test_a_lean_forward_that_disagrees_is_not_used(monkeypatch):
     """The per-model check catches a forward that does not reproduce transformers' (here:
     rotary embeddings left out), and the log-probs come from transformers' forward."""

@@ -135,3 +135,44 @@ def test_a_resume_with_a_new_weight_decay_uses_it(tiny_model, char_tokenizer) ->
     resumed = _learner(tiny_model, pad, "train.weight_decay=0.1")
     resumed.load_state_dict(saved)
     assert {g["weight_decay"] for g in resumed.optimizer.param_groups} == {0.1}
+
+
+def test_gradients_are_clipped_to_max_grad_norm(rollouts, tiny_model, char_tokenizer) -> None:
+    # the metric reports the norm before clipping; the gradients the optimizer stepped with
+    # (left on the parameters) have norm max_grad_norm
+    learner = _learner(tiny_model, char_tokenizer.pad_token_id, "train.max_grad_norm=1e-3")
+    m = learner.train_step(rollouts, np.random.default_rng(0))
+    assert m["grad_norm"] > 1e-2
+    assert float(_grads(learner).norm()) == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_kl_convex_drops_pi_base_once_its_weight_stays_zero(
+    rollouts, tiny_model, char_tokenizer
+) -> None:
+    # lambda(t) = max(1 - ceil(t), 0): 1 at t = 0 (pi_base kept from the start), 0 from step 1,
+    # so after step 1 only pi_{k-1} is needed and pi_base's copy is freed
+    schedule = {"start": 0, "every": 1, "decrement": 1.0, "floor": 0.0}
+    convex = [
+        "kl.beta=0.1",
+        "kl.target=convex",
+        *(f"kl.schedule.{k}={v}" for k, v in schedule.items()),
+    ]
+    learner = _learner(tiny_model, char_tokenizer.pad_token_id, *convex)
+    assert learner.base_model is not None and learner.prev_model is None
+    learner.train_step(rollouts, np.random.default_rng(0), step=1)
+    assert learner.kl_weights(2) == (0.0, pytest.approx(0.1))
+    assert learner.base_model is None and learner.prev_model is not None
+
+
+def test_a_resumed_learner_keeps_its_kl_reference(rollouts, tiny_model, char_tokenizer) -> None:
+    # pi_base is the initial policy, not the weights the run resumes from
+    pad = char_tokenizer.pad_token_id
+    learner = _learner(tiny_model, pad, "kl.beta=0.1", "train.lr=1e-2")
+    learner.train_step(rollouts, np.random.default_rng(0))
+    resumed = _learner(learner.model, pad, "kl.beta=0.1", "train.lr=1e-2")
+    resumed.load_state_dict(learner.state_dict())
+    assert resumed.base_model is not None
+    r = rollouts[0]
+    initial, trained = _seq_logprob(tiny_model, r, pad), _seq_logprob(learner.model, r, pad)
+    assert abs(trained - initial) > 1e-3  # the step moved the policy away from pi_base
+    assert _seq_logprob(resumed.base_model, r, pad) == pytest.approx(initial, abs=1e-5)

@@ -86,6 +86,8 @@ def test_token_micro_batches_pack_by_padded_tokens_with_a_row_cap():
     assert [len(lengths[sl]) for sl in token_micro_batches(lengths, 10**6, 4)] == [4, 4, 1]
     with pytest.raises(ValueError, match="max_tokens_per_micro_batch=11"):
         token_micro_batches(lengths, max_tokens=11, max_rows=3)
+    # a row exactly as long as the budget fits, alone
+    assert [len(lengths[sl]) for sl in token_micro_batches(lengths, 12, 3)] == [1, 1, 1, 3, 2, 1]
 
 
 def _count_forwards(monkeypatch) -> list[int]:

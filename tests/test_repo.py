@@ -110,6 +110,13 @@ def test_retrieve_rejects_what_it_cannot_do() -> None:
         retrieve(REWARDS, "reward", 0, rng())
 
 
+def test_max_variance_subset_names_the_k_it_cannot_take() -> None:
+    # retrieve caps k at the buffer's size; a direct call out of range says which k and range
+    for k in (0, 4):
+        with pytest.raises(ValueError, match=rf"k={k}: must be in 1\.\.3"):
+            max_variance_subset([0.0, 1.0, 0.5], k)
+
+
 # -- the off-policy advantages -------------------------------------------------------------------
 
 
