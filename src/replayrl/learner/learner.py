@@ -132,6 +132,9 @@ class Learner:
         self.precision_choice = precision.choose_for(p, model)
         self.autocast = self.precision_choice.learner_autocast
         self.full_logprobs = cfg.train.logprobs_impl == "full"
+        # sharded ranks (distributed/fsdp.py): every forward is a collective, so a pass that
+        # one rank's rows ask for (stale rows' Mix-PPG anchors) runs on every rank
+        self.lockstep_forwards = False
         gen = self.precision_choice.generation
         reduced = self.autocast is not None or (gen is not None and gen != torch.float32)
         reduced = reduced or (gen is None and cfg.model.dtype != "float32")
@@ -373,7 +376,8 @@ class Learner:
         """Everything computed once per batch without grad, added to its padded batch `b`."""
         rows = self._shared_rows(batch, range(len(batch)))
         stale_rows = torch.tensor(stale, dtype=torch.bool, device=self.device)[:, None]
-        if "anchor_logprobs" in POLICY_LOSSES.get(self.loss_type).inputs and any(stale):
+        anchors = "anchor_logprobs" in POLICY_LOSSES.get(self.loss_type).inputs
+        if anchors and (any(stale) or self.lockstep_forwards):
             current = self._logprobs_in(self.model, b, lengths, rows)
             # fresh data: c = pi_k / pi_beh = 1 exactly (plain PPO clipping)
             b["anchor_logprobs"] = torch.where(stale_rows, current, b["old_logprobs"])
