@@ -524,3 +524,63 @@ def test_a_sharded_step_with_stale_rows_on_one_rank_only_equals_the_unsharded_on
         torch.testing.assert_close(step[k], v, atol=1e-6, rtol=0)
         moved = max(moved, float((v - model.state_dict()[k]).abs().max()))
     assert moved > 5e-5  # the step changed the weights: the comparison is not vacuous
+
+
+RECOMPUTE = ["precision.recompute_behaviour_logprobs=always"]
+
+
+def _refresh_rank(rank: int, port: int, model, pad_id: int, batch, out: str) -> None:
+    """Rank `rank` of a sharded learner recomputing log pi_old in a pass of its own (not
+    fused into the update): rank 0's half is fresh (recomputed), rank 1's stale (kept)."""
+    from safetensors.torch import save_file
+
+    from replayrl.distributed import fsdp
+    from replayrl.distributed.ddp import init_group
+
+    torch.set_num_threads(1)
+    init_group(rank, WORLD, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
+    learner = Learner(copy.deepcopy(model), pad_id, load_config(None, [*OVERRIDES, *RECOMPUTE]))
+    learner.fuse_behaviour_recompute = False
+    fsdp.shard_learner(learner, WORLD)
+    learner.version = 1
+    m = learner.train_step(batch[rank::WORLD], np.random.default_rng(rank), step=1)
+    loss = torch.tensor([m["loss"]], dtype=torch.float64)
+    torch.distributed.all_reduce(loss)
+    final = fsdp.full_state(learner.model)
+    if rank == 0:
+        save_file({k: v.clone() for k, v in final.items()}, f"{out}/step.safetensors")
+        save_file({"loss": loss / WORLD}, f"{out}/loss.safetensors")
+    torch.distributed.destroy_process_group()
+
+
+def test_a_sharded_behaviour_refresh_with_fresh_rows_on_one_rank_only_equals_the_unsharded_one(
+    model, rollouts, char_tokenizer, tmp_path: Path
+):
+    """log pi_old's recompute is a forward over a rank's fresh rollouts; a sharded forward is
+    a collective, so ranks with other numbers of fresh rollouts (or none) must still run the
+    same micro-batches."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    from replayrl.distributed.ddp import free_port
+
+    pad = char_tokenizer.pad_token_id
+    # even rows (rank 0's) from version 1: fresh at version 1; odd rows (rank 1's) stale
+    batch = [
+        dataclasses.replace(r, policy_version=1) if i % 2 == 0 else r
+        for i, r in enumerate(rollouts[:12])
+    ]
+    mp.spawn(
+        _refresh_rank, args=(free_port(), model, pad, batch, str(tmp_path)), nprocs=WORLD, join=True
+    )
+    ref = Learner(copy.deepcopy(model), pad, load_config(None, [*REFERENCE, *RECOMPUTE]))
+    ref.fuse_behaviour_recompute = False
+    ref.version = 1
+    m = ref.train_step(batch[0::WORLD] + batch[1::WORLD], np.random.default_rng(0), step=1)
+    assert m["behaviour_refreshed"] == 6  # rank 0's half only
+    got = load_file(str(tmp_path / "loss.safetensors"))["loss"]
+    assert abs(float(got) - m["loss"]) < 1e-6, (float(got), m["loss"])
+    step = load_file(str(tmp_path / "step.safetensors"))
+    for k, v in ref.model.state_dict().items():
+        torch.testing.assert_close(step[k], v, atol=1e-6, rtol=0)

@@ -426,7 +426,7 @@ class Learner:
         no-grad pass now, or by the first update's own forward (the rows returned)."""
         counts = refresh_counts(batch, self.version, self.pi_old)
         fresh = fresh_rollouts(batch, self.version, self.pi_old)
-        if not fresh:
+        if not fresh and not self.lockstep_forwards:
             return counts, []
         ids = {id(r) for r in fresh}
         rows = [i for i, r in enumerate(batch) if id(r) in ids]
@@ -436,7 +436,12 @@ class Learner:
         for i in rows:
             first.setdefault(id(batch[i]), i)
         keep = sorted(first.values())
-        lp = self._logprobs_in(self.model, b, lengths, self._shared_rows(batch, keep))
+        # sharded ranks hold as many rollouts each but other fresh ones (or none): each
+        # passes its whole batch, so all run the same micro-batches
+        passed = list(range(len(batch))) if self.lockstep_forwards else keep
+        lp = self._logprobs_in(self.model, b, lengths, self._shared_rows(batch, passed))
+        if not keep:
+            return counts, []
         src = torch.tensor([first[id(batch[i])] for i in rows], device=self.device)
         dst = torch.tensor(rows, device=self.device)
         b["old_logprobs"][dst] = torch.where(b["mask"][dst].bool(), lp[src], b["old_logprobs"][dst])
