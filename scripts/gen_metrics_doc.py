@@ -18,7 +18,7 @@ from pathlib import Path
 from docgen import write_or_check
 
 from replayrl.api.trl_compat import TRL_LOG_KEYS
-from replayrl.config.registries import BATCH_SOURCES
+from replayrl.config.registries import BATCH_SOURCES, SourceCounter
 from replayrl.run import metric_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,15 +53,24 @@ def render() -> str:
         "## Batch sources' counters (summary.json)",
         "",
         "Each batch source (`groups.source`) declares the run counters it adds to; they are "
-        "totals in `summary.json` at the end of the run, not per-step keys.",
+        "totals in `summary.json` at the end of the run, not per-step keys: a top-level key, "
+        "or for rollouts that are in no buffer a term of the rollout ledger "
+        "(`accounting.ledger`).",
         "",
-        "| groups.source | counter | meaning |",
-        "|---|---|---|",
+        "| groups.source | counter | in summary.json | meaning |",
+        "|---|---|---|---|",
     ]
     for name, spec in sorted(BATCH_SOURCES.items()):
         for counter in spec.metrics:
-            lines.append(f"| `{name}` | `{counter.name}` | {counter.meaning} |")
+            where = ", ".join(f"`{key}`" for key in summary_paths(counter))
+            lines.append(f"| `{name}` | `{counter.name}` | {where} | {counter.meaning} |")
     return "\n".join(lines) + "\n"
+
+
+def summary_paths(counter: SourceCounter) -> list[str]:
+    """Where summary.json reports a source's counter (dotted below its top level)."""
+    out = [] if counter.reported_as is None else [counter.reported_as]
+    return out + ([] if counter.ledger is None else [f"accounting.ledger.{counter.ledger[0]}"])
 
 
 def main() -> int:

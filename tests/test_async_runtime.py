@@ -492,3 +492,38 @@ def test_a_generator_killed_mid_poll_never_blocks_the_learners_stop_flag() -> No
         assert seen == [False], "the learner blocked on a lock the killed worker held"
     flag.set()
     assert flag.is_set()
+
+
+def test_ray_followers_trained_rollouts_and_tokens_are_counted(monkeypatch) -> None:
+    """With T learners each rank trains B / T: the run's trained rollouts and tokens (the
+    summary's, its compute estimate's and bench/targets.py's) are every rank's, not rank
+    0's share alone."""
+    from replayrl.distributed import ray_runtime
+
+    class Call:
+        def __init__(self, result: dict[str, float]) -> None:
+            self.result = result
+
+        def remote(self, *args: object) -> dict[str, float]:
+            return self.result
+
+    def rank0_step(self: object, B: int) -> None:  # rank 0's share: 4 rollouts, 2 passes
+        s.counters.add_trained(batch_tokens=10, batch_size=B, epochs=2, seconds=0.5)
+        s.counters.rollouts_sampled += B
+
+    monkeypatch.setattr(AsyncSession, "learner_step", rank0_step)
+    monkeypatch.setattr(ray_runtime, "_get", lambda refs, what: refs)
+    s = object.__new__(ray_runtime.RayAsyncTrainer)
+    follower = SimpleNamespace(
+        train_step=Call({"busy_s": 0.5, "rollouts": 4 * 2, "tokens": 12 * 2})
+    )
+    s.followers, s.clocks, s.counters = [follower], {}, Counters()
+    s.learner = SimpleNamespace(version=0)
+    shards = [None, SimpleNamespace(handle=None)]  # rank 1 samples its own shard
+    s.source = SimpleNamespace(buffer=SimpleNamespace(shards=shards))
+    ray_runtime.RayAsyncTrainer.learner_step(s, 8)
+    c = s.counters
+    assert c.step == 1 and c.rollouts_sampled == 8
+    assert c.rollouts_trained == 8 * 2  # both ranks' 4 rollouts, 2 passes each
+    assert c.tokens_trained == (10 + 12) * 2
+    assert s.clocks["learner/1"].tokens == 12 * 2

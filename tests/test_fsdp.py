@@ -464,3 +464,72 @@ def test_ray_with_two_learners_accepts_sharding() -> None:
     assert kl.kl.target == "reference"
     with pytest.raises(ValueError, match="train.sharding=fsdp: kl.target=convex keeps"):
         load_config(None, [*sharded, "kl.beta=0.1", "kl.target=convex"])
+
+
+# a pass only some ranks' rows ask for: Mix-PPG's anchors (log pi_k of stale rollouts) and
+# the log pi_old recompute of fresh ones (in a pass of its own, not fused into the update)
+ONE_RANK_PASSES = {
+    "anchors": (["algorithm.loss_type=mix_ppg"], 0),  # rank 0's rows stale, rank 1's fresh
+    "refresh": (["precision.recompute_behaviour_logprobs=always"], 1),  # the other way round
+}
+
+
+def _one_rank_pass(rank: int, port: int, model, pad_id: int, batch, overrides, out: str) -> None:
+    """Rank `rank` of a sharded learner at version 1: one step on its half of `batch`."""
+    from safetensors.torch import save_file
+
+    from replayrl.distributed import fsdp
+    from replayrl.distributed.ddp import init_group
+
+    torch.set_num_threads(1)
+    init_group(rank, WORLD, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
+    learner = Learner(copy.deepcopy(model), pad_id, load_config(None, [*OVERRIDES, *overrides]))
+    learner.fuse_behaviour_recompute = False
+    fsdp.shard_learner(learner, WORLD)
+    learner.version = 1
+    m = learner.train_step(batch[rank::WORLD], np.random.default_rng(rank), step=1)
+    loss = torch.tensor([m["loss"]], dtype=torch.float64)
+    torch.distributed.all_reduce(loss)
+    final = fsdp.full_state(learner.model)
+    if rank == 0:
+        save_file({k: v.clone() for k, v in final.items()}, f"{out}/step.safetensors")
+        save_file({"loss": loss / WORLD}, f"{out}/loss.safetensors")
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("case", list(ONE_RANK_PASSES))
+def test_a_pass_one_ranks_rows_ask_for_runs_on_every_rank(
+    model, rollouts, char_tokenizer, tmp_path: Path, case: str
+):
+    """A sharded forward is a collective: a no-grad pass that only one rank's rollouts need
+    runs on every rank (else the ranks' all-gathers pair up out of step: a timeout or wrong
+    weights), and the step equals the unsharded one."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    from replayrl.distributed.ddp import free_port
+
+    overrides, even = ONE_RANK_PASSES[case]
+    pad = char_tokenizer.pad_token_id
+    # rank 0 takes the even rows (of version `even`), rank 1 the odd ones (the other one)
+    batch = [
+        dataclasses.replace(r, policy_version=even if i % 2 == 0 else 1 - even)
+        for i, r in enumerate(rollouts[:12])
+    ]
+    args = (free_port(), model, pad, batch, overrides, str(tmp_path))
+    mp.spawn(_one_rank_pass, args=args, nprocs=WORLD, join=True)
+    ref = Learner(copy.deepcopy(model), pad, load_config(None, [*REFERENCE, *overrides]))
+    ref.fuse_behaviour_recompute = False
+    ref.version = 1
+    m = ref.train_step(batch[0::WORLD] + batch[1::WORLD], np.random.default_rng(0), step=1)
+    if case == "refresh":
+        assert m["behaviour_refreshed"] == 6  # rank 0's half only
+    got = load_file(str(tmp_path / "loss.safetensors"))["loss"]
+    assert abs(float(got) - m["loss"]) < 1e-6, (float(got), m["loss"])
+    step = load_file(str(tmp_path / "step.safetensors"))
+    moved = 0.0
+    for k, v in ref.model.state_dict().items():
+        torch.testing.assert_close(step[k], v, atol=1e-6, rtol=0)
+        moved = max(moved, float((v - model.state_dict()[k]).abs().max()))
+    assert moved > 5e-5  # the step changed the weights: the comparison is not vacuous

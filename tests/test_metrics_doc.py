@@ -79,4 +79,33 @@ def test_every_batch_source_counter_has_a_meaning_on_the_page() -> None:
     for name, spec in BATCH_SOURCES.items():
         for counter in spec.metrics:
             assert counter.meaning, f"{name}: {counter.name} has no meaning"
-            assert f"| `{name}` | `{counter.name}` | {counter.meaning} |" in text
+            assert f"| `{name}` | `{counter.name}` | " in text
+            assert f" | {counter.meaning} |" in text
+
+
+def test_the_page_names_where_summary_json_reports_each_counter() -> None:
+    """The page's key for each counter is one a run's summary.json has (`generation_rounds`
+    is reported as `generation_rounds_extra`; filtered and discarded rollouts only as ledger
+    terms), and the count it holds there."""
+    from replayrl.config.schema import load_config
+    from replayrl.run.state import Counters, summarize
+
+    text = _gen().render()
+    c = Counters()
+    counters = {m.name: m for _, spec in BATCH_SOURCES.items() for m in spec.metrics}
+    for i, name in enumerate(sorted(counters), start=1):
+        c.add(name, i)
+    run = dict(policy_version=0, num_eval_prompts=0, run_dir="x", num_parameters=1)
+    summary = summarize(load_config("grpo"), c, [], model_path="m", **run)
+    for source, spec in BATCH_SOURCES.items():
+        for m in spec.metrics:
+            paths = [] if m.reported_as is None else [m.reported_as]
+            paths += [] if m.ledger is None else [f"accounting.ledger.{m.ledger[0]}"]
+            where = ", ".join(f"`{p}`" for p in paths)
+            assert paths and f"| `{source}` | `{m.name}` | {where} |" in text, m.name
+            for path in paths:
+                value: object = summary
+                for part in path.split("."):
+                    assert isinstance(value, dict) and part in value, (m.name, path)
+                    value = value[part]
+                assert value == c.count(m.name), (m.name, path)

@@ -112,6 +112,7 @@ def shard_learner(learner: Any, world: int) -> None:
     if carried is not None:
         load_full_optimizer_state(learner.model, learner.optimizer, carried)
     learner.full_logprobs = True  # through model(...): see the module docstring
+    learner.lockstep_forwards = True  # a forward one rank's data asks for runs on every rank
     learner.grad_hook = _replicated_mean
     learner.count_reducer = sum_over_ranks
     learner.world_size = world

@@ -528,6 +528,9 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
             clock.rollouts += res["rollouts"]
             clock.tokens += res["tokens"]
             clock.batches += 1
+            # the step trained every rank's share: the run's trained counts hold them all
+            c.rollouts_trained += res["rollouts"]
+            c.tokens_trained += res["tokens"]
         c.rollouts_sampled += B - B // T  # the followers' shares (rank 0's counted above)
 
     def stop_requested(self) -> bool:

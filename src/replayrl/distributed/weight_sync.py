@@ -10,7 +10,8 @@ that generator's next batch, when the generator is idle.
 
 `ray.weight_sync: auto` takes the broadcast where the learner and the generators hold a whole
 GPU each, the object store otherwise: on CPU the host copy costs nothing extra, NCCL refuses
-two ranks on one GPU, and sharded learners gather the full weights to the host anyway.
+two ranks on one GPU, and sharded learners gather what they send (the full weights; with LoRA
+the adapters) to the host anyway.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def weight_sync_path(cfg: Config) -> str:
     rc = cfg.ray
     if rc.weight_sync != "auto":
         return rc.weight_sync
-    if cfg.train.sharding != "none":  # sharded learners gather the full weights to the host
+    if cfg.train.sharding != "none":  # sharded learners gather to the host
         return "object_store"
     # a whole GPU each: NCCL refuses two ranks on one device (fractions share a GPU)
     return (

@@ -132,6 +132,9 @@ class Learner:
         self.precision_choice = precision.choose_for(p, model)
         self.autocast = self.precision_choice.learner_autocast
         self.full_logprobs = cfg.train.logprobs_impl == "full"
+        # sharded ranks (distributed/fsdp.py): every forward is a collective, so a pass that
+        # one rank's rows ask for (stale rows' Mix-PPG anchors) runs on every rank
+        self.lockstep_forwards = False
         gen = self.precision_choice.generation
         reduced = self.autocast is not None or (gen is not None and gen != torch.float32)
         reduced = reduced or (gen is None and cfg.model.dtype != "float32")
@@ -373,7 +376,8 @@ class Learner:
         """Everything computed once per batch without grad, added to its padded batch `b`."""
         rows = self._shared_rows(batch, range(len(batch)))
         stale_rows = torch.tensor(stale, dtype=torch.bool, device=self.device)[:, None]
-        if "anchor_logprobs" in POLICY_LOSSES.get(self.loss_type).inputs and any(stale):
+        anchors = "anchor_logprobs" in POLICY_LOSSES.get(self.loss_type).inputs
+        if anchors and (any(stale) or self.lockstep_forwards):
             current = self._logprobs_in(self.model, b, lengths, rows)
             # fresh data: c = pi_k / pi_beh = 1 exactly (plain PPO clipping)
             b["anchor_logprobs"] = torch.where(stale_rows, current, b["old_logprobs"])
@@ -422,7 +426,7 @@ class Learner:
         no-grad pass now, or by the first update's own forward (the rows returned)."""
         counts = refresh_counts(batch, self.version, self.pi_old)
         fresh = fresh_rollouts(batch, self.version, self.pi_old)
-        if not fresh:
+        if not fresh and not self.lockstep_forwards:
             return counts, []
         ids = {id(r) for r in fresh}
         rows = [i for i, r in enumerate(batch) if id(r) in ids]
@@ -432,7 +436,12 @@ class Learner:
         for i in rows:
             first.setdefault(id(batch[i]), i)
         keep = sorted(first.values())
-        lp = self._logprobs_in(self.model, b, lengths, self._shared_rows(batch, keep))
+        # sharded ranks hold as many rollouts each but other fresh ones (or none): each
+        # passes its whole batch, so all run the same micro-batches
+        passed = list(range(len(batch))) if self.lockstep_forwards else keep
+        lp = self._logprobs_in(self.model, b, lengths, self._shared_rows(batch, passed))
+        if not keep:
+            return counts, []
         src = torch.tensor([first[id(batch[i])] for i in rows], device=self.device)
         dst = torch.tensor(rows, device=self.device)
         b["old_logprobs"][dst] = torch.where(b["mask"][dst].bool(), lp[src], b["old_logprobs"][dst])
