@@ -37,6 +37,7 @@ from replayrl.rollout.prompts import PromptRenderer
 from replayrl.rollout.rewards import resolve_rewards
 from replayrl.rollout.tasks import task_from_config
 from replayrl.run.components import build_batch_source, build_buffer
+from replayrl.run.state import Counters
 
 R_OVERRIDES = ("rollout.prompts_per_step=2", "rollout.num_generations=4")  # R = 8
 REMIX = ("remix.enabled=true", "algorithm.loss_type=mix_ppg", "remix.reincarnation_step=2")
@@ -64,9 +65,7 @@ def observe_data(cfg: Config, _: Any) -> Any:
     if window is not None:
         window.push([_rollout(i, i // R) for i in range(5 * R)])
     source = build_batch_source(cfg, build_buffer(cfg))
-    counters = SimpleNamespace(
-        step=0, reincarnation_step=None, retire=lambda b: None, rollouts_generated=0
-    )
+    counters = Counters()
     learner = SimpleNamespace(reincarnate=lambda: None)
     batches = []
     for step in range(4):
