@@ -135,16 +135,8 @@ class Learner:
         # sharded ranks (distributed/fsdp.py): every forward is a collective, so a pass that
         # one rank's rows ask for (stale rows' Mix-PPG anchors) runs on every rank
         self.lockstep_forwards = False
-        gen = self.precision_choice.generation
-        reduced = self.autocast is not None or (gen is not None and gen != torch.float32)
-        reduced = reduced or (gen is None and cfg.model.dtype != "float32")
-        # a backend with its own kernels (vLLM): its log-probs are never the learner's, so the
-        # learner recomputes log pi_old and corrects for the mismatch
         backend = BACKENDS.get(cfg.rollout.backend)
-        reduced = reduced or backend.own_logprobs
-        self.recompute_behaviour = p.recompute_behaviour_logprobs == "always" or (
-            p.recompute_behaviour_logprobs == "auto" and reduced
-        )
+        self.recompute_behaviour = self._recompute_behaviour(cfg, backend)
         # on-policy fresh rollouts take log pi_old from the first update's own forward
         # (detached: the same weights, so the same values) instead of a separate no-grad pass
         # (`_fusable` says when); False: always the separate pass (benchmarks, tests)
@@ -186,6 +178,18 @@ class Learner:
         self.prev_model: FrozenPolicy | None = None  # pi_{k-1}
         if cfg.kl.beta > 0 and self.kl_weights(0)[0] > 0:
             self.base_model = initial_policy(self.model)
+
+    def _recompute_behaviour(self, cfg: Config, backend: BackendSpec) -> bool:
+        """Whether fresh rollouts get log pi_old recomputed by the learner: `always`, or
+        `auto` where generation and training differ in precision or kernels."""
+        gen = self.precision_choice.generation
+        reduced = self.autocast is not None or (gen is not None and gen != torch.float32)
+        reduced = reduced or (gen is None and cfg.model.dtype != "float32")
+        # a backend with its own kernels (vLLM): its log-probs are never the learner's, so the
+        # learner recomputes log pi_old and corrects for the mismatch
+        reduced = reduced or backend.own_logprobs
+        mode = cfg.precision.recompute_behaviour_logprobs
+        return mode == "always" or (mode == "auto" and reduced)
 
     def _truncated_is_cap(self, cfg: Config, backend: BackendSpec) -> float | None:
         """C of truncated IS: precision.truncated_is_cap, else the backend's default (vLLM:
