@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -235,4 +236,27 @@ def test_lean_attention_with_padding_expands_kv_heads(shared, monkeypatch):
     for c in calls:
         assert type(c["mask"]) is torch.Tensor and c["mask"].dtype == torch.bool
         assert c["k"][1] == c["q"][1]  # K/V expanded to the query heads
+        assert not c.get("enable_gqa", False)
+
+
+def test_kernel_takes_gqa_only_where_a_fused_kernel_has_it():
+    cuda = lambda dtype: SimpleNamespace(is_cuda=True, dtype=dtype)  # noqa: E731
+    assert not lean_forward._kernel_takes_gqa(cuda(torch.float32))
+    assert lean_forward._kernel_takes_gqa(cuda(torch.bfloat16))
+    assert lean_forward._kernel_takes_gqa(cuda(torch.float16))
+    assert lean_forward._kernel_takes_gqa(torch.zeros(1, dtype=torch.float32))  # CPU
+
+
+def test_causal_pass_expands_kv_heads_where_no_fused_kernel_takes_gqa(monkeypatch):
+    """fp32 on CUDA: the mask-free causal pass expands K/V and stays causal (the
+    memory-efficient kernel's layout) instead of passing enable_gqa (the math kernel's)."""
+    model = _llama()
+    model.eval()
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    monkeypatch.setattr(lean_forward, "_kernel_takes_gqa", lambda q: False)
+    batch = _batch([6, 6, 6], [7, 7, 7])  # rows whole, no padding: the causal pass
+    calls = _states_match_and_sdpa_calls(model, batch, False, monkeypatch)
+    for c in calls:
+        assert c["mask"] is None and c.get("is_causal"), c
+        assert c["k"][1] == c["q"][1]
         assert not c.get("enable_gqa", False)

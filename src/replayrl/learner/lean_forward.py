@@ -21,7 +21,9 @@ Attention keeps the fused SDPA kernels: a pass without padding inside its attend
 (every prompt of one length) runs causal with no mask (top-left causal for the prompts,
 bottom-right for completions after their prompt); otherwise K/V are expanded to the query
 heads and a boolean mask is passed, a layout the memory-efficient kernel accepts (a mask with
-`enable_gqa` leaves only the math kernel, which keeps T x T weights per layer). With the
+`enable_gqa` leaves only the math kernel, which keeps T x T weights per layer). fp32 on CUDA
+expands them for the mask-free passes too: FlashAttention, the one CUDA kernel with GQA,
+runs fp16/bf16 only. With the
 model's gradient checkpointing on (`model.gradient_checkpointing`), each decoder layer runs
 under `torch.utils.checkpoint`: backward keeps only the layers' inputs.
 
@@ -190,18 +192,31 @@ class _Layout:
             self.out_sel = torch.arange(cmax, device=device)[None, :] >= cmax - lengths[:, None]
 
 
+def _kernel_takes_gqa(q: torch.Tensor) -> bool:
+    """Whether a fused SDPA kernel takes grouped K/V heads (`enable_gqa`) for queries `q`.
+    On CUDA only FlashAttention does, and it runs fp16/bf16 only: fp32 there falls to the
+    math kernel, which keeps rows x heads x T x T weights per layer (a Qwen2.5-0.5B-shaped
+    fp32 step of 8 rows x 4k tokens peaked at 35 GB on an H200 that way). The CPU's fused
+    kernel takes it."""
+    return not q.is_cuda or q.dtype in (torch.float16, torch.bfloat16)
+
+
 def _sdpa(q, keys, values, mask, scale, heads, kv_heads):
     """SDPA in a form its fused kernels accept. `mask`: "causal" (queries and keys aligned
     at the start), "lower_right" (the queries are the last keys), or a boolean mask."""
-    if isinstance(mask, str):
-        if mask == "causal":
-            return F.scaled_dot_product_attention(
-                q, keys, values, is_causal=True, scale=scale, enable_gqa=heads != kv_heads
-            )
-        mask = causal_lower_right(q.shape[2], keys.shape[2])
-    if heads != kv_heads:  # the memory-efficient kernel takes a mask but not GQA
+    gqa = heads != kv_heads
+    causal = isinstance(mask, str) and mask == "causal"
+    if causal and (not gqa or _kernel_takes_gqa(q)):
+        return F.scaled_dot_product_attention(
+            q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa
+        )
+    if gqa:  # the memory-efficient kernel takes a mask and fp32 but not GQA
         keys = keys.repeat_interleave(heads // kv_heads, dim=1)
         values = values.repeat_interleave(heads // kv_heads, dim=1)
+    if causal:
+        return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale)
+    if isinstance(mask, str):  # "lower_right"
+        mask = causal_lower_right(q.shape[2], keys.shape[2])
     return F.scaled_dot_product_attention(q, keys, values, mask, scale=scale)
 
 
