@@ -1,0 +1,81 @@
+"""README's headline table from a held-out suite's summary.json (`replayrl bench suite heldout
+... --no-run` writes it): one row per variant, over the tasks, with the suite's own
+intervals and claims; and one line of the baseline's finals per task.
+
+    python benchmarks/headline_table.py runs/bench/heldout/summary.json
+
+It reads what the suite computed (bench/evidence.py); it computes nothing of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+LABELS = {
+    "placebo": "placebo: GRPO again, other sampling seeds",
+    "replay-posbias": "replay, positive bias (`replay`, delta 0.2)",
+    "remix-grpo": "ReMix-GRPO (`remix-grpo`)",
+    "ar3po": "AR3PO (`ar3po`)",
+    "dapo": "DAPO (`dapo`)",
+    "repo": "RePO (`repo`)",
+    "grpo-p8": "GRPO control: 8 x 8 for 160 steps (`grpo-p8`)",
+    "grpo-utd4": "GRPO control: 4 updates per batch (`grpo-utd4`)",
+}
+
+
+def interval(d: dict[str, Any], fmt: str, unit: str = "") -> str:
+    def one(v: float | None) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return "never" if math.isinf(v) else format(v, fmt) + unit
+
+    if d.get("low") is None or math.isnan(d["low"]):
+        return f"{one(d['estimate'])} (no interval)"
+    return f"{one(d['estimate'])} [{one(d['low'])}, {one(d['high'])}]"
+
+
+def table(summary: dict[str, Any]) -> str:
+    base = summary["baseline"]
+    tasks = summary["tasks"]
+    seeds = summary["seeds"]
+    rows = [
+        "| method | generated rollouts to 90% of the baseline's gain, ratio (median over tasks) "
+        "| final minus the baseline's (mean over tasks) | P(improvement) | claim by the rule |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in summary["evidence_over_tasks"].items():
+        claim = r["claim"]
+        if "placebo_consistent" in r:
+            ok = r["placebo_consistent"]
+            claim += {True: " (looks like noise)", False: " (NOT like noise)", None: ""}[ok]
+        rows.append(
+            f"| {LABELS.get(name, name)} | {interval(r['ratio'], '.2f', 'x')} "
+            f"| {interval(r['difference'], '+.3f')} "
+            f"| {interval(r['probability_of_improvement'], '.2f')} | {claim} |"
+        )
+    finals = []
+    for task, t in tasks.items():
+        f = t["evidence"]["variants"][base]["finals"]
+        finals.append(f"{task} {statistics.median(f):.3f}")
+    foot = (
+        f"\nBaseline `{base}`, median final per task (mean of the last 3 evaluations): "
+        + ", ".join(finals)
+        + f". Seeds {min(seeds)}-{max(seeds)} ({len(seeds)} per arm and task)."
+    )
+    return "\n".join(rows) + "\n" + foot + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("summary", type=Path)
+    args = p.parse_args()
+    print(table(json.loads(args.summary.read_text())), end="")
+
+
+if __name__ == "__main__":
+    main()
