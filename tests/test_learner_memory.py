@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -239,24 +238,34 @@ def test_lean_attention_with_padding_expands_kv_heads(shared, monkeypatch):
         assert not c.get("enable_gqa", False)
 
 
-def test_kernel_takes_gqa_only_where_a_fused_kernel_has_it():
-    cuda = lambda dtype: SimpleNamespace(is_cuda=True, dtype=dtype)  # noqa: E731
-    assert not lean_forward._kernel_takes_gqa(cuda(torch.float32))
-    assert lean_forward._kernel_takes_gqa(cuda(torch.bfloat16))
-    assert lean_forward._kernel_takes_gqa(cuda(torch.float16))
-    assert lean_forward._kernel_takes_gqa(torch.zeros(1, dtype=torch.float32))  # CPU
+def test_gqa_goes_to_a_fused_kernel_only_where_one_takes_it():
+    takes = lean_forward.fused_gqa_kernel
+    assert takes("cpu", torch.float32, (0, 0), 64)
+    assert takes("cuda", torch.bfloat16, (9, 0), 64)  # an H100 / H200 in bf16
+    assert takes("cuda", torch.float16, (8, 0), 128)
+    assert not takes("cuda", torch.float32, (9, 0), 64)  # fp32: the math kernel
+    assert not takes("cuda", torch.float16, (7, 5), 64)  # a T4: no FlashAttention
+    assert not takes("cuda", torch.bfloat16, (9, 0), 36)  # head_dim not a multiple of 8
+    assert not takes("cuda", torch.bfloat16, (9, 0), 512)
+    assert lean_forward._kernel_takes_gqa(torch.zeros(1, 2, 3, 8))  # a CPU tensor
 
 
-def test_causal_pass_expands_kv_heads_where_no_fused_kernel_takes_gqa(monkeypatch):
+@pytest.mark.parametrize("shared", [True, False])
+def test_causal_pass_expands_kv_heads_where_no_fused_kernel_takes_gqa(shared, monkeypatch):
     """fp32 on CUDA: the mask-free causal pass expands K/V and stays causal (the
     memory-efficient kernel's layout) instead of passing enable_gqa (the math kernel's)."""
     model = _llama()
     model.eval()
     assert model.config.num_key_value_heads < model.config.num_attention_heads
     monkeypatch.setattr(lean_forward, "_kernel_takes_gqa", lambda q: False)
-    batch = _batch([6, 6, 6], [7, 7, 7])  # rows whole, no padding: the causal pass
-    calls = _states_match_and_sdpa_calls(model, batch, False, monkeypatch)
+    # no padding: the prompt pass is causal from the start; shared, completions after it
+    batch = _batch([6, 6, 6], [9, 4, 7] if shared else [7, 7, 7])
+    if shared:
+        batch["input_ids"][1:, :6] = batch["input_ids"][0, :6]
+    calls = _states_match_and_sdpa_calls(model, batch, shared, monkeypatch)
     for c in calls:
-        assert c["mask"] is None and c.get("is_causal"), c
+        top_left = c["mask"] is None and c.get("is_causal")
+        assert top_left or isinstance(c["mask"], CausalBias), c
         assert c["k"][1] == c["q"][1]
         assert not c.get("enable_gqa", False)
+    assert any(c.get("is_causal") for c in calls)

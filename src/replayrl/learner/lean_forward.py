@@ -21,9 +21,9 @@ Attention keeps the fused SDPA kernels: a pass without padding inside its attend
 (every prompt of one length) runs causal with no mask (top-left causal for the prompts,
 bottom-right for completions after their prompt); otherwise K/V are expanded to the query
 heads and a boolean mask is passed, a layout the memory-efficient kernel accepts (a mask with
-`enable_gqa` leaves only the math kernel, which keeps T x T weights per layer). fp32 on CUDA
-expands them for the mask-free passes too: FlashAttention, the one CUDA kernel with GQA,
-runs fp16/bf16 only. With the
+`enable_gqa` leaves only the math kernel, which keeps T x T weights per layer). Where no fused
+CUDA kernel takes GQA (fp32, or a GPU older than sm80) the mask-free prompt pass expands them
+too (`fused_gqa_kernel`). With the
 model's gradient checkpointing on (`model.gradient_checkpointing`), each decoder layer runs
 under `torch.utils.checkpoint`: backward keeps only the layers' inputs.
 
@@ -192,13 +192,24 @@ class _Layout:
             self.out_sel = torch.arange(cmax, device=device)[None, :] >= cmax - lengths[:, None]
 
 
+def fused_gqa_kernel(
+    device_type: str, dtype: torch.dtype, capability: tuple[int, int], head_dim: int
+) -> bool:
+    """Whether a fused SDPA kernel takes grouped K/V heads (`enable_gqa`). On CUDA only
+    FlashAttention and cuDNN attention do, both fp16/bf16 only, FlashAttention from sm80 on
+    with head_dim a multiple of 8 up to 256; anything else falls to the math kernel, which
+    keeps rows x heads x T x T weights per layer (a Qwen2.5-0.5B-shaped fp32 step of 8 rows x
+    4k tokens peaked at 34.7 GiB on an H200 that way, 9.8 GiB with K/V expanded). The CPU's
+    fused kernel takes GQA."""
+    if device_type != "cuda":
+        return True
+    half = dtype in (torch.float16, torch.bfloat16)
+    return half and capability >= (8, 0) and head_dim % 8 == 0 and head_dim <= 256
+
+
 def _kernel_takes_gqa(q: torch.Tensor) -> bool:
-    """Whether a fused SDPA kernel takes grouped K/V heads (`enable_gqa`) for queries `q`.
-    On CUDA only FlashAttention does, and it runs fp16/bf16 only: fp32 there falls to the
-    math kernel, which keeps rows x heads x T x T weights per layer (a Qwen2.5-0.5B-shaped
-    fp32 step of 8 rows x 4k tokens peaked at 35 GB on an H200 that way). The CPU's fused
-    kernel takes it."""
-    return not q.is_cuda or q.dtype in (torch.float16, torch.bfloat16)
+    capability = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)
+    return fused_gqa_kernel(q.device.type, q.dtype, capability, q.shape[-1])
 
 
 def _sdpa(q, keys, values, mask, scale, heads, kv_heads):
