@@ -1,10 +1,12 @@
 """README's headline table from a held-out suite's summary.json (`replayrl bench suite heldout
 ... --no-run` writes it): one row per variant, over the tasks, with the suite's own
-intervals and claims; and one line of the baseline's finals per task.
+intervals and claims and the runs behind each; and a line of the baseline's median final
+per task.
 
     python benchmarks/headline_table.py runs/bench/heldout/summary.json
 
-It reads what the suite computed (bench/evidence.py); it computes nothing of its own.
+The intervals and claims are the suite's (bench/evidence.py); this adds only counts and
+the baseline's medians.
 """
 
 from __future__ import annotations
@@ -39,33 +41,47 @@ def interval(d: dict[str, Any], fmt: str, unit: str = "") -> str:
     return f"{one(d['estimate'])} [{one(d['low'])}, {one(d['high'])}]"
 
 
+def _span(counts: list[int]) -> str:
+    return str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+
+
 def table(summary: dict[str, Any]) -> str:
     base = summary["baseline"]
     tasks = summary["tasks"]
-    seeds = summary["seeds"]
+    over = summary.get("evidence_over_tasks")
+    missing = [t for t, v in tasks.items() if not v.get("evidence")]
+    if not over or missing:
+        raise SystemExit(
+            "this summary has no intervals (evidence): "
+            + (f"tasks without them: {missing}" if missing else "none over tasks")
+            + "; make it with `replayrl bench suite heldout ... --no-run` (scipy installed)"
+        )
     rows = [
-        "| method | generated rollouts to 90% of the baseline's gain, ratio (median over tasks) "
-        "| final minus the baseline's (mean over tasks) | P(improvement) | claim by the rule |",
-        "|---|---|---|---|---|",
+        "| method | runs (seeds per task) | generated rollouts to 90% of the baseline's gain, "
+        "ratio (median over tasks) | final minus the baseline's (mean over tasks) "
+        "| P(improvement) | claim by the rule |",
+        "|---|---|---|---|---|---|",
     ]
-    for name, r in summary["evidence_over_tasks"].items():
+    for name, r in over.items():
         claim = r["claim"]
         if "placebo_consistent" in r:
             ok = r["placebo_consistent"]
             claim += {True: " (looks like noise)", False: " (NOT like noise)", None: ""}[ok]
+        counts = [len(tasks[t]["evidence"]["variants"][name]["finals"]) for t in r["tasks"]]
         rows.append(
-            f"| {LABELS.get(name, name)} | {interval(r['ratio'], '.2f', 'x')} "
+            f"| {LABELS.get(name, name)} | {sum(counts)} ({_span(counts)}) "
+            f"| {interval(r['ratio'], '.2f', 'x')} "
             f"| {interval(r['difference'], '+.3f')} "
             f"| {interval(r['probability_of_improvement'], '.2f')} | {claim} |"
         )
-    finals = []
+    finals, counts = [], []
     for task, t in tasks.items():
         f = t["evidence"]["variants"][base]["finals"]
         finals.append(f"{task} {statistics.median(f):.3f}")
+        counts.append(len(f))
     foot = (
-        f"\nBaseline `{base}`, median final per task (mean of the last 3 evaluations): "
-        + ", ".join(finals)
-        + f". Seeds {min(seeds)}-{max(seeds)} ({len(seeds)} per arm and task)."
+        f"\nBaseline `{base}` ({_span(counts)} seeds per task), median final per task "
+        "(mean of the last 3 evaluations): " + ", ".join(finals) + "."
     )
     return "\n".join(rows) + "\n" + foot + "\n"
 

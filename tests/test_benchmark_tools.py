@@ -73,34 +73,61 @@ def test_plot_speed_groups_rows_by_section_and_skips_rows_without_a_rate() -> No
 def test_headline_table_prints_the_suites_intervals_and_claims() -> None:
     mod = _load("headline_table")
     iv = lambda e, lo, hi: {"estimate": e, "low": lo, "high": hi}  # noqa: E731
+    nan = float("nan")
+    runs = lambda *finals: {"finals": list(finals)}  # noqa: E731
     summary = {
         "baseline": "grpo-p16",
         "seeds": [0, 1, 2],
         "tasks": {
-            "a": {"evidence": {"variants": {"grpo-p16": {"finals": [0.5, 0.7, 0.6]}}}},
-            "b": {"evidence": {"variants": {"grpo-p16": {"finals": [0.2, 0.4, 0.9]}}}},
+            "a": {
+                "evidence": {
+                    "variants": {
+                        "grpo-p16": runs(0.5, 0.7, 0.6),
+                        "remix-grpo": runs(0.6, 0.6, 0.6),
+                        "placebo": runs(0.5),
+                    }
+                }
+            },
+            "b": {
+                "evidence": {
+                    "variants": {
+                        "grpo-p16": runs(0.2, 0.4, 0.9),
+                        "remix-grpo": runs(0.3, 0.3),
+                        "placebo": runs(0.4),
+                    }
+                }
+            },
         },
         "evidence_over_tasks": {
             "remix-grpo": {
+                "tasks": ["a", "b"],
                 "ratio": iv(0.5, 0.3, math.inf),
                 "difference": iv(0.01, -0.03, 0.05),
                 "probability_of_improvement": iv(0.6, 0.4, 0.8),
                 "claim": "saving not resolved; loss not resolved",
             },
-            "placebo": {
-                "ratio": iv(1.0, float("nan"), float("nan")),
-                "difference": iv(0.0, float("nan"), float("nan")),
+            "placebo": {  # one run a task: no interval, so no placebo verdict either
+                "tasks": ["a", "b"],
+                "ratio": iv(1.0, nan, nan),
+                "difference": iv(0.0, nan, nan),
                 "probability_of_improvement": iv(0.5, None, None),
                 "claim": "saving not resolved; loss not resolved",
-                "placebo_consistent": False,
+                "placebo_consistent": None,
             },
         },
     }
     text = mod.table(summary)
     rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
     remix = rows["| ReMix-GRPO (`remix-grpo`)"]
+    assert "| 5 (2-3) |" in remix
     assert "0.50x [0.30x, never]" in remix and "+0.010 [-0.030, +0.050]" in remix
     assert "0.60 [0.40, 0.80]" in remix and remix.endswith("loss not resolved |")
     placebo = rows["| placebo: GRPO again, other sampling seeds"]
-    assert "1.00x (no interval)" in placebo and "(NOT like noise)" in placebo
-    assert "a 0.600, b 0.400" in text and "Seeds 0-2 (3 per arm and task)" in text
+    assert "| 2 (1) |" in placebo and "1.00x (no interval)" in placebo
+    assert "noise" not in placebo
+    assert "a 0.600, b 0.400" in text and "(3 seeds per task)" in text
+    summary["evidence_over_tasks"]["placebo"]["placebo_consistent"] = False
+    assert "(NOT like noise)" in mod.table(summary)
+    summary["tasks"]["b"]["evidence"] = None  # the suite ran without scipy
+    with pytest.raises(SystemExit, match=r"tasks without them: \['b'\]"):
+        mod.table(summary)
