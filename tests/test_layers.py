@@ -13,7 +13,7 @@
 A module may import its own layer or any layer below, never one above. No cycles, between
 modules or between packages (two packages of one layer may not import each other), no private
 imports. Read from the source with `ast`, function-level (lazy) imports included: a lazy import
-is still an arrow. README's "How it is built" section draws the same picture."""
+is still an arrow. docs/concepts.md's "How it is built" section draws the same picture."""
 
 from __future__ import annotations
 
