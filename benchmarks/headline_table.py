@@ -41,6 +41,24 @@ def interval(d: dict[str, Any], fmt: str, unit: str = "") -> str:
     return f"{one(d['estimate'])} [{one(d['low'])}, {one(d['high'])}]"
 
 
+def ratio_from_json(d: dict[str, Any], resampled: bool) -> dict[str, float]:
+    """The rollouts ratio's interval as the suite computed it. summary.json writes +inf and NaN
+    both as null; in a ratio, +inf is a median that never crosses (`never`) and NaN only an
+    interval that was not computed (a task with fewer than 2 runs of the method or the
+    baseline, `resampled` False). So null reads back as +inf, except for the ends of an
+    interval that was not computed."""
+
+    def back(v: float | None, missing: float) -> float:
+        return missing if v is None else float(v)
+
+    ends = math.inf if resampled else math.nan
+    return {
+        "estimate": back(d["estimate"], math.inf),
+        "low": back(d["low"], ends),
+        "high": back(d["high"], ends),
+    }
+
+
 def _span(counts: list[int]) -> str:
     return str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
 
@@ -68,9 +86,11 @@ def table(summary: dict[str, Any]) -> str:
             ok = r["placebo_consistent"]
             claim += {True: " (looks like noise)", False: " (NOT like noise)", None: ""}[ok]
         counts = [len(tasks[t]["evidence"]["variants"][name]["finals"]) for t in r["tasks"]]
+        base_counts = [len(tasks[t]["evidence"]["variants"][base]["finals"]) for t in r["tasks"]]
+        ratio = ratio_from_json(r["ratio"], min(counts + base_counts) >= 2)
         rows.append(
             f"| {LABELS.get(name, name)} | {sum(counts)} ({_span(counts)}) "
-            f"| {interval(r['ratio'], '.2f', 'x')} "
+            f"| {interval(ratio, '.2f', 'x')} "
             f"| {interval(r['difference'], '+.3f')} "
             f"| {interval(r['probability_of_improvement'], '.2f')} | {claim} |"
         )

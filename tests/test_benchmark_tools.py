@@ -131,3 +131,58 @@ def test_headline_table_prints_the_suites_intervals_and_claims() -> None:
     summary["tasks"]["b"]["evidence"] = None  # the suite ran without scipy
     with pytest.raises(SystemExit, match=r"tasks without them: \['b'\]"):
         mod.table(summary)
+
+
+def test_headline_table_reads_never_back_from_summary_json() -> None:
+    """summary.json writes +inf (a resample whose median never crosses) as null, like NaN (no
+    interval): read back, the ratio's censored upper end must print as `never`, not `-`."""
+    import json
+
+    from replayrl.bench.suite import _json_safe
+
+    mod = _load("headline_table")
+    iv = lambda e, lo, hi: {"estimate": e, "low": lo, "high": hi}  # noqa: E731
+    nan = float("nan")
+    runs = lambda *finals: {"finals": list(finals)}  # noqa: E731
+    summary = {
+        "baseline": "grpo-p16",
+        "tasks": {
+            "a": {"evidence": {"variants": {"grpo-p16": runs(0.5, 0.7), "placebo": runs(0.5)}}},
+            "b": {"evidence": {"variants": {"grpo-p16": runs(0.2, 0.4), "placebo": runs(0.4)}}},
+        },
+        "evidence_over_tasks": {
+            "replay-posbias": {
+                "tasks": ["a", "b"],
+                "ratio": iv(0.7, 0.5, math.inf),
+                "difference": iv(0.01, -0.03, 0.05),
+                "probability_of_improvement": iv(0.6, 0.4, 0.8),
+                "claim": "saving not resolved; loss not resolved",
+            },
+            "remix-grpo": {  # every resample's median never crosses
+                "tasks": ["a", "b"],
+                "ratio": iv(math.inf, math.inf, math.inf),
+                "difference": iv(-0.2, -0.3, -0.1),
+                "probability_of_improvement": iv(0.1, 0.0, 0.2),
+                "claim": "saving not resolved; lower final",
+            },
+            "placebo": {  # one run a task: no interval
+                "tasks": ["a", "b"],
+                "ratio": iv(1.0, nan, nan),
+                "difference": iv(0.0, nan, nan),
+                "probability_of_improvement": iv(0.5, nan, nan),
+                "claim": "saving not resolved; loss not resolved",
+                "placebo_consistent": None,
+            },
+        },
+    }
+    for name in ("replay-posbias", "remix-grpo"):
+        for task in ("a", "b"):
+            summary["tasks"][task]["evidence"]["variants"][name] = runs(0.5, 0.6)
+    read_back = json.loads(json.dumps(_json_safe(summary)))
+    text = mod.table(read_back)
+    assert text == mod.table(summary)
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert "| 0.70x [0.50x, never] |" in rows["| replay, positive bias (`replay`, delta 0.2)"]
+    assert "| never [never, never] |" in rows["| ReMix-GRPO (`remix-grpo`)"]
+    placebo = rows["| placebo: GRPO again, other sampling seeds"]
+    assert "1.00x (no interval)" in placebo and "+0.000 (no interval)" in placebo
