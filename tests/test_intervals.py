@@ -114,3 +114,29 @@ def test_one_run_gives_no_interval_and_no_claim() -> None:
     assert r["estimate"] == pytest.approx(0.4) and math.isnan(r["high"])
     assert claim(r, d) == "saving not resolved; loss not resolved"
     assert placebo_consistent(r, d) is None
+
+
+def test_scipy_too_old_for_the_bootstrap_is_a_clear_import_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scipy.stats.bootstrap takes `rng` from scipy 1.15 on (older ones fail with a TypeError
+    deep in the call): an older scipy is refused up front, and the extras ask for 1.15."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    import scipy
+
+    from replayrl.bench import intervals
+
+    assert intervals.scipy_version("1.14.1") == (1, 14)
+    assert intervals.scipy_version("1.16.0rc1") == (1, 16)
+    assert intervals.scipy_version("2.0.0.dev0+abc") == (2, 0)
+    assert final_difference_interval([0.5, 0.6], [0.4, 0.5])["low"] <= 0.1  # the real scipy
+    monkeypatch.setattr(scipy, "__version__", "1.14.1")
+    with pytest.raises(ImportError, match=r"scipy>=1\.15.*found 1\.14\.1"):
+        final_difference_interval([0.5, 0.6], [0.4, 0.5])
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    floors = [r for extra in ("test", "bench") for r in extras[extra] if r.startswith("scipy")]
+    assert floors and all(re.fullmatch(r"scipy>=1\.15(\.\d+)?", r) for r in floors), floors

@@ -23,6 +23,7 @@ each task (stratified, as rliable's StratifiedBootstrap) with the tasks fixed.
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,13 +36,33 @@ NO_LOSS = 0.02  # "no loss": the final difference's lower end is at least -0.02
 Pair = tuple[Sequence[float], Sequence[float]]  # (method's values, baseline's values)
 
 
+SCIPY_MIN = (1, 15)  # scipy.stats.bootstrap takes `rng` (a Generator) from scipy 1.15 on
+
+
+def scipy_version(text: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as `1.15.2`, `1.16.0rc1` or `1.17.0.dev0`."""
+    match = re.match(r"(\d+)\.(\d+)", text)
+    if match is None:
+        raise ValueError(f"not a version: {text!r}")
+    return int(match[1]), int(match[2])
+
+
 def _stats() -> Any:
+    """scipy.stats, or an ImportError that says what to install (no scipy, or one older than
+    `SCIPY_MIN`, whose bootstrap would fail on the `rng` keyword)."""
+    need = f"scipy>={SCIPY_MIN[0]}.{SCIPY_MIN[1]}"
     try:
+        import scipy
         import scipy.stats
     except ImportError as exc:  # a clear message, not a bare ModuleNotFoundError
         raise ImportError(
-            "intervals need scipy: pip install 'replayrl[bench]' (or pip install scipy)"
+            f"intervals need {need}: pip install 'replayrl[bench]' (or pip install '{need}')"
         ) from exc
+    if scipy_version(scipy.__version__) < SCIPY_MIN:
+        raise ImportError(
+            f"intervals need {need} (scipy.stats.bootstrap's rng), found {scipy.__version__}: "
+            f"pip install -U '{need}'"
+        )
     return scipy.stats
 
 
