@@ -63,6 +63,9 @@ def test_table_refuses_runs_from_two_machines_unless_mixed(tmp_path: Path) -> No
     table = (tmp_path / "table.md").read_text()
     assert "| g | replay | A,B |" in table and "| g | grpo (baseline) | A |" in table
     assert "- B: cpu (m2), commit c1" in table
+    # the median verdicts under the intervals are labelled descriptive, not claims
+    assert "is a point comparison, not a claim" in table
+    assert table.index("Claims:") < table.index("is a point comparison")
 
 
 def test_table_refuses_two_warm_starts_and_a_dirty_commit_is_its_own_block(

@@ -46,13 +46,40 @@ def test_final_difference_interval_two_point_sample() -> None:
     assert const["low"] == pytest.approx(0.1) and const["high"] == pytest.approx(0.1)
 
 
+def jump(first_one: int, evals: int = 8, every: float = 100) -> tuple[list, list]:
+    """A run evaluated every `every` rollouts from 0: accuracy 0, then 1 from evaluation
+    `first_one` on; its 3-eval trailing mean reaches 0.9 at (first_one + 2) x every."""
+    ones = max(0, evals - first_one)
+    return [i * every for i in range(evals)], [0.0] * (evals - ones) + [1.0] * ones
+
+
 def test_crossing_ratio_interval_keeps_never_as_infinite_upper_end() -> None:
-    # medians of 3 resampled from [100, 200, inf]: inf with probability
-    # P(at least 2 of 3 draws are inf) = 3 (1/3)^2 (2/3) + (1/3)^3 = 7/27 > 5%
-    r = crossing_ratio_interval([100, 200, INF], [200, 200, 200], 1000, seed=2)
+    # the baseline's runs are alike (start 0, final 1: target 0.9 on every resample) and
+    # cross at 400; the method's at 300, 400 and never. Medians of 3 resampled from
+    # [300, 400, inf]: inf with P(at least 2 of 3 draws are inf) = 7/27 > 5%
+    never = ([i * 100.0 for i in range(8)], [0.0] * 8)
+    r = crossing_ratio_interval([jump(1), jump(2), never], [jump(2)] * 3, 1000, seed=2)
     assert r["estimate"] == pytest.approx(1.0)
     assert r["high"] == INF
-    assert r["low"] == pytest.approx(0.5)  # all three draws 100: (1/3)^3 + ... > 5%
+    assert r["low"] == pytest.approx(0.75)  # at least two draws 300: 7/27 > 5%
+
+
+def test_crossing_ratio_interval_refits_the_target_on_each_baseline_resample() -> None:
+    # evaluations every 100 rollouts; trailing means (3 evals):
+    #   baseline b1 [0, 1, ...]:   0.667 at 200, 1 from 300 on; final 1
+    #   baseline b2 [0, .5, ...]:  0.333 at 200, 0.5 from 300 on; final 0.5
+    #   method (both runs) [0, .7, ...]: 0.467 at 200, 0.7 from 300 on
+    x = [i * 100.0 for i in range(6)]
+    b1, b2, m = (x, [0.0] + [1.0] * 5), (x, [0.0] + [0.5] * 5), (x, [0.0] + [0.7] * 5)
+    r = crossing_ratio_interval([m, m], [b1, b2], 500, seed=4)
+    # full sample: median final 0.75, target 0.675: method crosses at 300, baseline's median
+    # of [300, never] is never, so the ratio is 300 over its budget 500
+    assert r["estimate"] == pytest.approx(0.6)
+    # baseline resamples: {b1, b2} (1/2) as above, 0.6; {b2, b2} (1/4): target 0.45, 200 over
+    # 300; {b1, b1} (1/4): target 0.9, the method never gets there: +inf. A fixed target
+    # (0.675) would give 1/4 of 300 / 300 and 3/4 of 0.6: the interval [0.6, 1.0]
+    assert r["low"] == pytest.approx(0.6)
+    assert r["high"] == INF
 
 
 def test_takeoff_interval_is_clopper_pearson() -> None:
@@ -77,7 +104,12 @@ def test_probability_of_improvement_counts_ties_half() -> None:
 
 
 def test_over_tasks_figures() -> None:
-    pairs = [([100, 100], [200, 200]), ([300, 300], [300, 300]), ([50, 50], [200, 200])]
+    # per task (alike runs: fixed targets): 300 / 600, 300 / 300, 150 / 600
+    pairs = [
+        ([jump(1)] * 2, [jump(4)] * 2),
+        ([jump(1)] * 2, [jump(1)] * 2),
+        ([jump(1, every=50)] * 2, [jump(4)] * 2),
+    ]
     r = ratio_over_tasks_interval(pairs, [1000, 1000, 1000])
     assert r == {"estimate": 0.5, "low": 0.5, "high": 0.5}  # median of 0.5, 1, 0.25
     d = difference_over_tasks_interval([([0.6, 0.6], [0.5, 0.5]), ([0.5, 0.5], [0.5, 0.5])])
@@ -110,8 +142,8 @@ def test_placebo_must_contain_one_and_zero() -> None:
 def test_one_run_gives_no_interval_and_no_claim() -> None:
     d = final_difference_interval([0.5], [0.4, 0.6])
     assert d["estimate"] == pytest.approx(0.0) and math.isnan(d["low"]) and math.isnan(d["high"])
-    r = crossing_ratio_interval([100], [200, 300], 1000)
-    assert r["estimate"] == pytest.approx(0.4) and math.isnan(r["high"])
+    r = crossing_ratio_interval([jump(0)], [jump(0), jump(1)], 1000)  # 200 over median 250
+    assert r["estimate"] == pytest.approx(0.8) and math.isnan(r["high"])
     assert claim(r, d) == "saving not resolved; loss not resolved"
     assert placebo_consistent(r, d) is None
 

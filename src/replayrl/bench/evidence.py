@@ -5,8 +5,9 @@ blocks (machine, commit, warm start) its rows come from; plus the small per-run 
 
 Per task, against the baseline's robust targets (bench/robust.py: 3-eval trailing means):
 
-- rollouts to 90% of the baseline's median gain, as a ratio of medians with a 90% interval;
-  a run that never gets there is +inf (censored, see intervals.py);
+- rollouts to 90% of the baseline's median gain, as a ratio of medians with a 90% interval
+  whose bootstrap refits that target on each resample of the baseline's runs; a run that
+  never gets there is +inf (censored, see intervals.py);
 - final difference: mean over runs of each run's mean of its last 3 evaluations, method
   minus baseline, with a 90% interval;
 - take-off: the share of runs whose trailing mean reaches 50% of the baseline's gain, with an
@@ -145,7 +146,7 @@ def task_evidence(
     g = robust_gain_targets(base)
     target, takeoff_at = g["targets"][HEADLINE], g["start"] + TAKEOFF * g["gain"]
     budget = statistics.median(float(s["rollouts_generated"]) for s in base)
-    b_cross, b_final = _crossings(base, target), _finals(base)
+    b_final = _finals(base)
     out: dict[str, Any] = {
         "target": target,
         "budget": budget,
@@ -158,13 +159,16 @@ def task_evidence(
         cross, finals = _crossings(runs, target), _finals(runs)
         took = sum(math.isfinite(x) for x in _crossings(runs, takeoff_at))
         row: dict[str, Any] = {
+            "curves": [curve(s) for s in runs],  # the ratio's bootstrap refits the target
             "crossings": cross,
             "finals": finals,
             "takeoff": takeoff_interval(took, len(runs)),
             "blocks": sorted({block_of(s) for s in runs}),
         }
         if name != baseline:
-            row["ratio"] = crossing_ratio_interval(cross, b_cross, budget, seed=seed)
+            row["ratio"] = crossing_ratio_interval(
+                row["curves"], [curve(s) for s in base], budget, HEADLINE, seed=seed
+            )
             row["difference"] = final_difference_interval(finals, b_final, seed=seed)
             row["claim"] = claim(row["ratio"], row["difference"])
             if name == PLACEBO:
@@ -184,10 +188,10 @@ def across_tasks(per_task: dict[str, dict[str, Any]], baseline: str, seed: int =
         if len(tasks) < len(per_task):
             continue  # not run on every task: no figure over tasks
         rows = [(per_task[t]["variants"][name], per_task[t]["variants"][baseline]) for t in tasks]
-        cross = [(v["crossings"], b["crossings"]) for v, b in rows]
+        curves = [(v["curves"], b["curves"]) for v, b in rows]
         finals = [(v["finals"], b["finals"]) for v, b in rows]
         budgets = [per_task[t]["budget"] for t in tasks]
-        ratio = ratio_over_tasks_interval(cross, budgets, seed=seed)
+        ratio = ratio_over_tasks_interval(curves, budgets, HEADLINE, seed=seed)
         diff = difference_over_tasks_interval(finals, seed=seed)
         out[name] = {
             "tasks": tasks,
@@ -238,7 +242,8 @@ def evidence_table(
         "(scipy bootstrap over seeds, percentile; take-off: exact binomial). Rollouts ratio: "
         "median generated rollouts until the 3-eval trailing mean reaches 90% of the "
         "baseline's gain, over the baseline's (runs that never reach it count as never, not "
-        "dropped). Final difference: each run's mean of its last 3 evaluations, mean over "
+        "dropped; each bootstrap resample refits the target from its resample of the "
+        "baseline's runs). Final difference: each run's mean of its last 3 evaluations, mean over "
         f"runs, minus the baseline's. Take-off: runs reaching {TAKEOFF:.0%} of the gain.",
         "",
         RULE,

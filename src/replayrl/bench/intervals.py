@@ -16,6 +16,10 @@ cross. The ratio of medians is then:
   generated rollouts): the baseline needs more than its budget, so this is an upper bound
   of the true ratio, never an optimistic one.
 
+The rollouts ratio's target (a fraction of the baseline's median gain) is itself estimated
+from the baseline's runs, so its bootstrap resamples run indices and refits the target on
+each resample (`crossing_ratio_interval`): the interval carries the target's uncertainty.
+
 Claims follow `claim` (see its docstring); the across-task figures resample seeds within
 each task (stratified, as rliable's StratifiedBootstrap) with the tasks fixed.
 """
@@ -29,6 +33,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from replayrl.bench.robust import final_mean, trailing_means
 
 LEVEL = 0.9  # two-sided: 5% below, 5% above
 RESAMPLES = 4000
@@ -124,19 +130,81 @@ def _as_dict(t: tuple[float, float, float]) -> dict[str, float]:
     return {"estimate": t[0], "low": t[1], "high": t[2]}
 
 
+Curve = tuple[Sequence[float], Sequence[float]]  # (generated rollouts, accuracy) per evaluation
+
+
+class _Runs:
+    """One arm's runs as arrays: the running best of each run's trailing mean (a crossing of
+    target T is the first evaluation where it is >= T) and the rollouts at each evaluation,
+    padded to the longest run (-inf / +inf: never a crossing); each run's start and final."""
+
+    def __init__(self, curves: Sequence[Curve]) -> None:
+        if not curves:
+            raise ValueError("need at least one run")
+        width = max(len(x) for x, _ in curves)
+        self.best = np.full((len(curves), width), -np.inf)
+        self.rollouts = np.full((len(curves), width), np.inf)
+        for i, (x, y) in enumerate(curves):
+            if len(x) != len(y) or not len(y) or np.isnan(np.asarray(y, dtype=float)).any():
+                raise ValueError(f"run {i}: need as many rollouts as accuracies, no NaN")
+            means = np.nan_to_num(np.asarray(trailing_means(list(y)), dtype=float), nan=-np.inf)
+            self.best[i, : len(y)] = np.maximum.accumulate(means)
+            self.rollouts[i, : len(x)] = np.asarray(x, dtype=float)
+        self.start = np.asarray([float(y[0]) for _, y in curves])
+        self.final = np.asarray([final_mean(list(y)) for _, y in curves])
+
+    def crossings(self, targets: np.ndarray) -> np.ndarray:
+        """Rollouts at which each run's trailing mean first reaches each target (+inf:
+        never), shape (*targets.shape, runs); `robust.smoothed_crossing`, vectorized."""
+        hit = self.best >= np.asarray(targets, dtype=float)[..., None, None] - 1e-9
+        first = hit.argmax(axis=-1)
+        at = self.rollouts[np.arange(len(self.best)), first]
+        return np.where(hit.any(axis=-1), at, np.inf)
+
+
+def _refit_ratio(
+    v: _Runs, b: _Runs, fraction: float, budget: float
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The ratio of medians as a function of resampled run indices: the target (the
+    baseline's median start plus `fraction` of its median gain) is refit on each resample of
+    the baseline's runs, so the interval carries the target's own uncertainty."""
+
+    def ratio(vi: np.ndarray, bi: np.ndarray) -> np.ndarray:
+        vi, bi = vi.astype(int), bi.astype(int)
+        start = np.median(b.start[bi], axis=-1)
+        target = start + fraction * (np.median(b.final[bi], axis=-1) - start)
+        cv = np.take_along_axis(v.crossings(target), vi, axis=-1)
+        cb = np.take_along_axis(b.crossings(target), bi, axis=-1)
+        return _median_ratio(cv, cb, budget)
+
+    return ratio
+
+
+def _indices(*arms: _Runs) -> list[np.ndarray]:
+    """What the bootstrap resamples: each arm's run indices (as floats, scipy's dtype)."""
+    return [np.arange(len(a.best), dtype=float) for a in arms]
+
+
 def crossing_ratio_interval(
-    variant: Sequence[float],
-    baseline: Sequence[float],
+    variant: Sequence[Curve],
+    baseline: Sequence[Curve],
     budget: float,
+    fraction: float = 0.9,
     level: float = LEVEL,
     n_resamples: int = RESAMPLES,
     seed: int = 0,
 ) -> dict[str, float]:
-    """Ratio of median rollouts to the target (method / baseline) with a `level` interval;
-    never-crossing runs are +inf (censored, see the module docstring)."""
-    v, b = _finite_or_inf(variant), _finite_or_inf(baseline)
-    stat = lambda v, b, axis=-1: _median_ratio(v, b, budget)  # noqa: E731
-    return _as_dict(_interval([v, b], stat, level, n_resamples, seed))
+    """Ratio of median rollouts to the target (method / baseline) with a `level` interval.
+
+    The target is the baseline's median start plus `fraction` of its median gain (the robust
+    target of bench/robust.py); runs that never reach it are +inf (censored, see the module
+    docstring). The bootstrap resamples both arms' runs and refits the target on each
+    resample of the baseline, so the interval includes the target's uncertainty: a fixed
+    target would treat the baseline's median final as known."""
+    v, b = _Runs(variant), _Runs(baseline)
+    f = _refit_ratio(v, b, fraction, budget)
+    stat = lambda vi, bi, axis=-1: f(vi, bi)  # noqa: E731
+    return _as_dict(_interval(_indices(v, b), stat, level, n_resamples, seed))
 
 
 def final_difference_interval(
@@ -195,22 +263,28 @@ def probability_of_improvement(
 
 
 def ratio_over_tasks_interval(
-    pairs: list[Pair],
+    pairs: list[tuple[Sequence[Curve], Sequence[Curve]]],
     budgets: Sequence[float],
+    fraction: float = 0.9,
     level: float = LEVEL,
     n_resamples: int = RESAMPLES,
     seed: int = 0,
 ) -> dict[str, float]:
-    """Median over tasks of the per-task ratio of median rollouts to the target, with a
-    stratified bootstrap interval over seeds (tasks fixed)."""
+    """Median over tasks of the per-task ratio of median rollouts to the target (as in
+    `crossing_ratio_interval`, the target refit on each resample), with a stratified
+    bootstrap interval over seeds (tasks fixed)."""
     if len(budgets) != len(pairs):
         raise ValueError(f"{len(pairs)} tasks but {len(budgets)} budgets")
-    samples = [a for v, b in pairs for a in (_finite_or_inf(v), _finite_or_inf(b))]
+    if not pairs:
+        raise ValueError("need at least one task")
+    arms = [(_Runs(v), _Runs(b)) for v, b in pairs]
+    ratios = [_refit_ratio(v, b, fraction, m) for (v, b), m in zip(arms, budgets, strict=True)]
 
     def stat(*xs: np.ndarray, axis: int = -1) -> np.ndarray:
-        vals = [_median_ratio(xs[2 * i], xs[2 * i + 1], m) for i, m in enumerate(budgets)]
+        vals = [f(xs[2 * i], xs[2 * i + 1]) for i, f in enumerate(ratios)]
         return np.median(np.stack(vals, axis=0), axis=0)
 
+    samples = [a for v, b in arms for a in _indices(v, b)]
     return _as_dict(_interval(samples, stat, level, n_resamples, seed))
 
 

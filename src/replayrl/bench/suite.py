@@ -708,12 +708,18 @@ def summarise(
     text = markdown_table(summary)
     if summary["evidence"] is not None:
         name = suite["name"]
-        text = evidence_table({name: summary["evidence"]}, {}, base, blocks, _rule(suite)) + (
-            "\n" + text
-        )
+        head = evidence_table({name: summary["evidence"]}, {}, base, blocks, _rule(suite))
+        text = head + "\n" + DESCRIPTIVE + text
     atomic_write_text(out / "summary.json", json.dumps(_json_safe(summary), indent=2, default=str))
     atomic_write_text(out / "table.md", text)
     return {**summary, "_runs": results}
+
+
+DESCRIPTIVE = (
+    "The tables below are descriptive medians without intervals: the claims are the interval "
+    "rule's above. A verdict below (a median final within 0.01 of the baseline's, less than "
+    "one evaluation's binomial error) is a point comparison, not a claim.\n\n"
+)
 
 
 def _evidence(results: dict[str, list[dict[str, Any]]], base: str) -> dict[str, Any] | None:
@@ -853,7 +859,7 @@ def summarise_tasks(
         head = evidence_table(
             evidence, summary["evidence_over_tasks"], suite["baseline"], blocks, _rule(suite)
         )
-        text = head + "\n" + text
+        text = head + "\n" + DESCRIPTIVE + text
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "summary.json", json.dumps(_json_safe(summary), indent=2, default=str))
     atomic_write_text(out / "table.md", text)
@@ -875,7 +881,7 @@ def multi_task_table(summary: dict[str, Any]) -> str:
         "compute (paper 1's cost model, not measured): mu x generated rollouts + trained "
         f"rollouts, at each run's measured mu and at mu = {summary['paper_mu']}.",
         "",
-        "Robust columns (the headline): a target counts as reached when the mean of 3 "
+        "Robust columns: a target counts as reached when the mean of 3 "
         "consecutive evaluations first reaches it (held: and stays there to the end of the "
         "run); final = mean of the last 3 evaluations; targets at 90% of the baseline's median "
         "gain measured the same way; verdict: non-inferior when that median final is within "
