@@ -163,6 +163,10 @@ def test_run_record_is_small_and_keeps_curve_and_provenance(tmp_path: Path) -> N
     assert [e["eval/accuracy"] for e in rec["evals"]] == [0.2, 0.6, 0.85, 0.88, 0.88]
     assert rec["evals"][2]["rollouts_generated"] == 100
     assert "/home/someone" not in path.read_text()  # no local paths in a committed record
+    assert "unmatched_settings" not in rec  # only a peer trainer's record has one
+    peer = {**s, "peer": "trl", "trl_version": "1.16", "unmatched_settings": ["lr schedule"]}
+    rec = run_record(peer, "sub6", "trl-grpo", 3)
+    assert (rec["peer"], rec["unmatched_settings"]) == ("trl", ["lr schedule"])
 
 
 def test_pinned_warmstart_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,6 +90,9 @@ def check_blocks(
     return blocks
 
 
+PEER_KEYS = ("peer", "trl_version", "unmatched_settings")
+
+
 def run_record(summary: dict[str, Any], task: str | None, variant: str, seed: int) -> dict:
     """A run's committed record: what it was, where it ran and its evaluation curve."""
     keys = (
@@ -108,6 +111,8 @@ def run_record(summary: dict[str, Any], task: str | None, variant: str, seed: in
         "variant": variant,
         "seed": seed,
         **{k: summary.get(k) for k in keys},
+        # a peer trainer's run (bench/peers) says which trainer and what it could not match
+        **{k: summary[k] for k in PEER_KEYS if k in summary},
         "provenance": prov or None,
         "evals": [
             {k: e.get(k) for k in ("step", "rollouts_generated", "eval/accuracy", "wall_seconds")}
