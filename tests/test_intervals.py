@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 pytest.importorskip("scipy")
@@ -20,6 +21,7 @@ from replayrl.bench.intervals import (  # noqa: E402
     ratio_over_tasks_interval,
     takeoff_interval,
 )
+from replayrl.bench.robust import smoothed_crossing, trailing_means  # noqa: E402
 
 INF = math.inf
 
@@ -82,6 +84,56 @@ def test_crossing_ratio_interval_refits_the_target_on_each_baseline_resample() -
     assert r["high"] == INF
 
 
+def random_curves(rng: np.random.Generator, runs: int) -> list[tuple[list, list]]:
+    """Runs of 1-11 evaluations at irregular rollouts (not multiples of anything), accuracies
+    continuous or on a coarse grid (many ties)."""
+    out = []
+    for _ in range(runs):
+        n = int(rng.integers(1, 12))
+        x = np.cumsum(rng.uniform(0.1, 137.3, n)).tolist()
+        y = rng.uniform(0, 1, n) if rng.random() < 0.5 else rng.integers(0, 5, n) / 4
+        out.append((x, y.tolist()))
+    return out
+
+
+def test_vectorized_crossing_is_smoothed_crossing_on_random_curves() -> None:
+    # the bootstrap's crossings (padded arrays, running best of the trailing mean) must be
+    # robust.smoothed_crossing's for any curves: runs of different lengths and grids, runs
+    # shorter than the 3-eval window (never), targets on a trailing mean and within or just
+    # outside its 1e-9 tolerance
+    from replayrl.bench.intervals import _Runs
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        curves = random_curves(rng, int(rng.integers(1, 6)))
+        means = [m for _, y in curves for m in trailing_means(y) if not math.isnan(m)]
+        targets = [*rng.uniform(-0.1, 1.1, 4), *means, *(m + 5e-10 for m in means)]
+        targets += [m + 2e-9 for m in means]
+        got = _Runs(curves).crossings(np.asarray(targets))
+        want = [[smoothed_crossing(x, y, t) for x, y in curves] for t in targets]
+        assert got.tolist() == want
+
+
+def test_ratio_estimate_is_the_ratio_of_medians_at_the_full_sample_target() -> None:
+    # the point estimate is the old one: the ratio of the medians of each run's crossing of
+    # the baseline's robust target (median start + 0.9 median gain, finals of the last 3)
+    from replayrl.bench.robust import robust_gain_targets
+
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        v = random_curves(rng, int(rng.integers(1, 6)))
+        b = random_curves(rng, int(rng.integers(1, 6)))  # one run: an estimate, no interval
+        evals = [
+            [{"rollouts_generated": x, "eval/accuracy": y} for x, y in zip(*c, strict=True)]
+            for c in b
+        ]
+        runs = [{"evals": e} for e in evals]
+        target = robust_gain_targets(runs)["targets"][0.9]
+        cross = [[smoothed_crossing(x, y, target) for x, y in arm] for arm in (v, b)]
+        r = crossing_ratio_interval(v, b, 777.0, n_resamples=50, seed=1)
+        assert r["estimate"] == ratio_of_medians(*cross, 777.0)
+
+
 def test_takeoff_interval_is_clopper_pearson() -> None:
     # exact ends at 90%: 0 of 5 -> [0, 1 - 0.05^(1/5)], 5 of 5 -> [0.05^(1/5), 1]
     none = takeoff_interval(0, 5)
@@ -116,6 +168,18 @@ def test_over_tasks_figures() -> None:
     assert d["estimate"] == pytest.approx(0.05)
     with pytest.raises(ValueError):
         ratio_over_tasks_interval(pairs, [1000])
+
+
+def test_over_tasks_pairs_each_task_with_its_own_curves_and_budget() -> None:
+    # baselines of 2 evaluations never have a 3-eval mean (never), start 0, final 0.5:
+    # target 0.45, so the ratio is the method's crossing over that task's own budget. Method
+    # jump(k) reaches 0.45 at (k + 1) x 100: task 1 200 / 400, task 2 400 / 1000; median of
+    # two 0.45 (budgets swapped: 200 / 1000 and 400 / 400, 0.6). Run counts differ per arm.
+    short = ([0.0, 100.0], [0.0, 1.0])
+    pairs = [([jump(1)] * 2, [short] * 3), ([jump(3)] * 4, [short] * 2)]
+    r = ratio_over_tasks_interval(pairs, [400, 1000], n_resamples=200)
+    assert r["estimate"] == pytest.approx(0.45)
+    assert r["low"] == pytest.approx(0.45) and r["high"] == pytest.approx(0.45)
 
 
 def test_claims_follow_the_rule() -> None:
