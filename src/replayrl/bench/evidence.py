@@ -164,7 +164,7 @@ def task_evidence(
         cross, finals = _crossings(runs, target), _finals(runs)
         took = sum(math.isfinite(x) for x in _crossings(runs, takeoff_at))
         row: dict[str, Any] = {
-            "curves": [curve(s) for s in runs],  # the ratio's bootstrap refits the target
+            "curves": [list(curve(s)) for s in runs],  # the ratio's bootstrap refits the target
             "crossings": cross,
             "finals": finals,
             "takeoff": takeoff_interval(took, len(runs)),

@@ -686,7 +686,8 @@ def summarise(
     horizon = min(float(s["rollouts_generated"]) for rs in results.values() for s in rs)
     for name, row in table.items():
         row.update(score_against_gain(results[name], results[row["baseline"]], horizon))
-        # the headline: crossings of a 3-eval trailing mean, final = mean of the last 3
+        # crossings of a 3-eval trailing mean, final = mean of the last 3 (the intervals of
+        # bench/evidence.py are read on these)
         row.update(robust_score(results[name], results[row["baseline"]]))
     summary = {
         "suite": suite["name"],
@@ -837,7 +838,7 @@ def summarise_tasks(
             },
             "mu": stats([r["mu"]["median"] for r in rows.values()]),
             **over_tasks(rows),  # below the plateau: 90% of the gain, AUC, non-inferiority
-            **robust_over_tasks(rows),  # the same on smoothed crossings (the headline)
+            **robust_over_tasks(rows),  # the same on smoothed crossings
         }
     summary = {
         "suite": suite["name"],
