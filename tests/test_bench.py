@@ -586,6 +586,10 @@ def test_gain_targets_over_tasks(tmp_path: Path) -> None:
         "(2/2 tasks) | 2/4 | 0.895 [0.895, 0.895] | 0.42 | 0.48 |" in table
     )
     assert "non-inferior (2/2 tasks)" in table
+    # the intervals over tasks (bench/evidence.py), read on the runs' curves: the ratio's
+    # estimate is the same 175 / 400 on both tasks; no curves are copied into summary.json
+    assert s["evidence_over_tasks"]["replay"]["ratio"]["estimate"] == pytest.approx(175 / 400)
+    assert '"curves"' not in (tmp_path / "summary.json").read_text()
 
 
 def test_tuning_choice_is_the_same_rule_for_every_method(tmp_path: Path) -> None:

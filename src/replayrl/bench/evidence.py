@@ -164,7 +164,6 @@ def task_evidence(
         cross, finals = _crossings(runs, target), _finals(runs)
         took = sum(math.isfinite(x) for x in _crossings(runs, takeoff_at))
         row: dict[str, Any] = {
-            "curves": [list(curve(s)) for s in runs],  # the ratio's bootstrap refits the target
             "crossings": cross,
             "finals": finals,
             "takeoff": takeoff_interval(took, len(runs)),
@@ -172,7 +171,7 @@ def task_evidence(
         }
         if name != baseline:
             row["ratio"] = crossing_ratio_interval(
-                row["curves"], [curve(s) for s in base], budget, HEADLINE, seed=seed
+                [curve(s) for s in runs], [curve(s) for s in base], budget, HEADLINE, seed=seed
             )
             row["difference"] = final_difference_interval(finals, b_final, seed=seed)
             row["claim"] = claim(row["ratio"], row["difference"])
@@ -182,10 +181,16 @@ def task_evidence(
     return out
 
 
-def across_tasks(per_task: dict[str, dict[str, Any]], baseline: str, seed: int = 0) -> dict:
+def across_tasks(
+    per_task: dict[str, dict[str, Any]],
+    runs: dict[str, dict[str, list[dict[str, Any]]]],
+    baseline: str,
+    seed: int = 0,
+) -> dict:
     """Per variant run on every task: median over tasks of the rollouts ratio, mean final
     difference and the probability of improvement, each with a stratified bootstrap interval
-    over seeds (tasks fixed)."""
+    over seeds (tasks fixed). `per_task` is `task_evidence` per task, `runs` the run
+    summaries it was made from (the ratio's bootstrap refits the target from their curves)."""
     names = [n for n in next(iter(per_task.values()))["variants"] if n != baseline]
     out: dict[str, Any] = {}
     for name in names:
@@ -193,7 +198,10 @@ def across_tasks(per_task: dict[str, dict[str, Any]], baseline: str, seed: int =
         if len(tasks) < len(per_task):
             continue  # not run on every task: no figure over tasks
         rows = [(per_task[t]["variants"][name], per_task[t]["variants"][baseline]) for t in tasks]
-        curves = [(v["curves"], b["curves"]) for v, b in rows]
+        curves = [
+            ([curve(s) for s in runs[t][name]], [curve(s) for s in runs[t][baseline]])
+            for t in tasks
+        ]
         finals = [(v["finals"], b["finals"]) for v, b in rows]
         budgets = [per_task[t]["budget"] for t in tasks]
         ratio = ratio_over_tasks_interval(curves, budgets, HEADLINE, seed=seed)

@@ -856,7 +856,7 @@ def summarise_tasks(
     text = multi_task_table(summary)
     evidence = {t: s["evidence"] for t, s in per_task.items() if s.get("evidence")}
     if evidence and len(evidence) == len(per_task):
-        summary["evidence_over_tasks"] = across_tasks(evidence, suite["baseline"])
+        summary["evidence_over_tasks"] = across_tasks(evidence, runs, suite["baseline"])
         head = evidence_table(
             evidence, summary["evidence_over_tasks"], suite["baseline"], blocks, _rule(suite)
         )
