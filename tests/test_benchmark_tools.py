@@ -186,3 +186,13 @@ def test_headline_table_reads_never_back_from_summary_json() -> None:
     assert "| never [never, never] |" in rows["| ReMix-GRPO (`remix-grpo`)"]
     placebo = rows["| placebo: GRPO again, other sampling seeds"]
     assert "1.00x (no interval)" in placebo and "+0.000 (no interval)" in placebo
+
+
+def test_bootstrap_coverage_counts_intervals_that_contain_the_truth() -> None:
+    pytest.importorskip("scipy")
+    mod = _load("bootstrap_coverage")
+    # both arms from one distribution: most 90% intervals contain 0, not all (a coverage of
+    # 1.0 or near 0 would mean the count or the interval is wired wrong); fixed seeds
+    c = mod.coverage(10, trials=60, sd=0.03, seed=1)
+    assert 0.7 <= c < 1.0
+    assert mod.coverage(2, trials=30, sd=0.03, seed=1) < c  # two runs: far too narrow
