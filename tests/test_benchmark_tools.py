@@ -70,9 +70,25 @@ def test_plot_speed_groups_rows_by_section_and_skips_rows_without_a_rate() -> No
     assert tool.sections(runs) == {"generation": [("old", 49.0)], "learner": [("new", 76.0)]}
 
 
+def _iv(estimate: float, low: float | None, high: float | None) -> dict:
+    return {"estimate": estimate, "low": low, "high": high}
+
+
+def _over_tasks(ratio: dict, difference: dict, improvement: dict, claim: str, **extra) -> dict:
+    """One variant's figures over tasks ("a" and "b") as the suite's summary.json has them."""
+    return {
+        "tasks": ["a", "b"],
+        "ratio": ratio,
+        "difference": difference,
+        "probability_of_improvement": improvement,
+        "claim": claim,
+        **extra,
+    }
+
+
 def test_headline_table_prints_the_suites_intervals_and_claims() -> None:
     mod = _load("headline_table")
-    iv = lambda e, lo, hi: {"estimate": e, "low": lo, "high": hi}  # noqa: E731
+    iv = _iv
     nan = float("nan")
     runs = lambda *finals: {"finals": list(finals)}  # noqa: E731
     summary = {
@@ -99,21 +115,20 @@ def test_headline_table_prints_the_suites_intervals_and_claims() -> None:
             },
         },
         "evidence_over_tasks": {
-            "remix-grpo": {
-                "tasks": ["a", "b"],
-                "ratio": iv(0.5, 0.3, math.inf),
-                "difference": iv(0.01, -0.03, 0.05),
-                "probability_of_improvement": iv(0.6, 0.4, 0.8),
-                "claim": "saving not resolved; loss not resolved",
-            },
-            "placebo": {  # one run a task: no interval, so no placebo verdict either
-                "tasks": ["a", "b"],
-                "ratio": iv(1.0, nan, nan),
-                "difference": iv(0.0, nan, nan),
-                "probability_of_improvement": iv(0.5, None, None),
-                "claim": "saving not resolved; loss not resolved",
-                "placebo_consistent": None,
-            },
+            "remix-grpo": _over_tasks(
+                iv(0.5, 0.3, math.inf),
+                iv(0.01, -0.03, 0.05),
+                iv(0.6, 0.4, 0.8),
+                "saving not resolved; loss not resolved",
+            ),
+            # one run a task: no interval, so no placebo verdict either
+            "placebo": _over_tasks(
+                iv(1.0, nan, nan),
+                iv(0.0, nan, nan),
+                iv(0.5, None, None),
+                "saving not resolved; loss not resolved",
+                placebo_consistent=None,
+            ),
         },
     }
     text = mod.table(summary)
@@ -141,7 +156,7 @@ def test_headline_table_reads_never_back_from_summary_json() -> None:
     from replayrl.bench.suite import _json_safe
 
     mod = _load("headline_table")
-    iv = lambda e, lo, hi: {"estimate": e, "low": lo, "high": hi}  # noqa: E731
+    iv = _iv
     nan = float("nan")
     runs = lambda *finals: {"finals": list(finals)}  # noqa: E731
     summary = {
@@ -151,28 +166,25 @@ def test_headline_table_reads_never_back_from_summary_json() -> None:
             "b": {"evidence": {"variants": {"grpo-p16": runs(0.2, 0.4), "placebo": runs(0.4)}}},
         },
         "evidence_over_tasks": {
-            "replay-posbias": {
-                "tasks": ["a", "b"],
-                "ratio": iv(0.7, 0.5, math.inf),
-                "difference": iv(0.01, -0.03, 0.05),
-                "probability_of_improvement": iv(0.6, 0.4, 0.8),
-                "claim": "saving not resolved; loss not resolved",
-            },
-            "remix-grpo": {  # every resample's median never crosses
-                "tasks": ["a", "b"],
-                "ratio": iv(math.inf, math.inf, math.inf),
-                "difference": iv(-0.2, -0.3, -0.1),
-                "probability_of_improvement": iv(0.1, 0.0, 0.2),
-                "claim": "saving not resolved; lower final",
-            },
-            "placebo": {  # one run a task: no interval
-                "tasks": ["a", "b"],
-                "ratio": iv(1.0, nan, nan),
-                "difference": iv(0.0, nan, nan),
-                "probability_of_improvement": iv(0.5, nan, nan),
-                "claim": "saving not resolved; loss not resolved",
-                "placebo_consistent": None,
-            },
+            "replay-posbias": _over_tasks(
+                iv(0.7, 0.5, math.inf),
+                iv(0.01, -0.03, 0.05),
+                iv(0.6, 0.4, 0.8),
+                "saving not resolved; loss not resolved",
+            ),
+            "remix-grpo": _over_tasks(  # every resample's median never crosses
+                iv(math.inf, math.inf, math.inf),
+                iv(-0.2, -0.3, -0.1),
+                iv(0.1, 0.0, 0.2),
+                "saving not resolved; lower final",
+            ),
+            "placebo": _over_tasks(  # one run a task: no interval
+                iv(1.0, nan, nan),
+                iv(0.0, nan, nan),
+                iv(0.5, nan, nan),
+                "saving not resolved; loss not resolved",
+                placebo_consistent=None,
+            ),
         },
     }
     for name in ("replay-posbias", "remix-grpo"):
