@@ -206,3 +206,10 @@ def test_heldout_suite_evaluates_500_prompts_on_every_task(tmp_path: Path) -> No
         cfg = variant_config(suite, suite["baseline"], 0, tmp_path, task=task)
         # eval.num_prompts alone is capped by the task's eval split (200 by default)
         assert len(held_out_rows(cfg, task_from_config(cfg.task))) >= MIN_EVAL_PROMPTS, task
+
+
+def test_a_run_without_evaluations_is_named_in_the_error() -> None:
+    results = _with_provenance()
+    results["replay"][1]["evals"] = []
+    with pytest.raises(ValueError, match="replay against grpo: run 1 has no evaluations"):
+        task_evidence(results, "grpo")

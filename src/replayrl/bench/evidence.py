@@ -151,7 +151,7 @@ def task_evidence(
     g = robust_gain_targets(base)
     target, takeoff_at = g["targets"][HEADLINE], g["start"] + TAKEOFF * g["gain"]
     budget = statistics.median(float(s["rollouts_generated"]) for s in base)
-    b_final = _finals(base)
+    b_final, b_curves = _finals(base), [curve(s) for s in base]
     out: dict[str, Any] = {
         "target": target,
         "budget": budget,
@@ -170,9 +170,12 @@ def task_evidence(
             "blocks": sorted({block_of(s) for s in runs}),
         }
         if name != baseline:
-            row["ratio"] = crossing_ratio_interval(
-                [curve(s) for s in runs], [curve(s) for s in base], budget, HEADLINE, seed=seed
-            )
+            try:
+                row["ratio"] = crossing_ratio_interval(
+                    [curve(s) for s in runs], b_curves, budget, HEADLINE, seed=seed
+                )
+            except ValueError as exc:  # say which arm's runs, not only an index
+                raise ValueError(f"{name} against {baseline}: {exc}") from exc
             row["difference"] = final_difference_interval(finals, b_final, seed=seed)
             row["claim"] = claim(row["ratio"], row["difference"])
             if name == PLACEBO:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from replayrl.bench.robust import final_mean, trailing_means
+from replayrl.bench.targets import HEADLINE
 
 LEVEL = 0.9  # two-sided: 5% below, 5% above
 RESAMPLES = 4000
@@ -145,7 +146,9 @@ class _Runs:
         self.best = np.full((len(curves), width), -np.inf)
         self.rollouts = np.full((len(curves), width), np.inf)
         for i, (x, y) in enumerate(curves):
-            if len(x) != len(y) or not len(y) or np.isnan(np.asarray(y, dtype=float)).any():
+            if not len(y):
+                raise ValueError(f"run {i} has no evaluations")
+            if len(x) != len(y) or np.isnan(np.asarray(y, dtype=float)).any():
                 raise ValueError(f"run {i}: need as many rollouts as accuracies, no NaN")
             means = np.nan_to_num(np.asarray(trailing_means(list(y)), dtype=float), nan=-np.inf)
             self.best[i, : len(y)] = np.maximum.accumulate(means)
@@ -189,7 +192,7 @@ def crossing_ratio_interval(
     variant: Sequence[Curve],
     baseline: Sequence[Curve],
     budget: float,
-    fraction: float = 0.9,
+    fraction: float = HEADLINE,
     level: float = LEVEL,
     n_resamples: int = RESAMPLES,
     seed: int = 0,
@@ -265,7 +268,7 @@ def probability_of_improvement(
 def ratio_over_tasks_interval(
     pairs: list[tuple[Sequence[Curve], Sequence[Curve]]],
     budgets: Sequence[float],
-    fraction: float = 0.9,
+    fraction: float = HEADLINE,
     level: float = LEVEL,
     n_resamples: int = RESAMPLES,
     seed: int = 0,
