@@ -74,6 +74,11 @@ def _iv(estimate: float, low: float | None, high: float | None) -> dict:
     return {"estimate": estimate, "low": low, "high": high}
 
 
+def _finals(*finals: float) -> dict:
+    """A variant's per-task evidence as the headline table reads it: its runs' finals."""
+    return {"finals": list(finals)}
+
+
 def _over_tasks(ratio: dict, difference: dict, improvement: dict, claim: str, **extra) -> dict:
     """One variant's figures over tasks ("a" and "b") as the suite's summary.json has them."""
     return {
@@ -88,9 +93,7 @@ def _over_tasks(ratio: dict, difference: dict, improvement: dict, claim: str, **
 
 def test_headline_table_prints_the_suites_intervals_and_claims() -> None:
     mod = _load("headline_table")
-    iv = _iv
-    nan = float("nan")
-    runs = lambda *finals: {"finals": list(finals)}  # noqa: E731
+    iv, nan, runs = _iv, math.nan, _finals
     summary = {
         "baseline": "grpo-p16",
         "seeds": [0, 1, 2],
@@ -156,9 +159,7 @@ def test_headline_table_reads_never_back_from_summary_json() -> None:
     from replayrl.bench.suite import _json_safe
 
     mod = _load("headline_table")
-    iv = _iv
-    nan = float("nan")
-    runs = lambda *finals: {"finals": list(finals)}  # noqa: E731
+    iv, nan, runs = _iv, math.nan, _finals
     summary = {
         "baseline": "grpo-p16",
         "tasks": {
