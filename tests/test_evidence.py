@@ -61,7 +61,7 @@ def test_table_refuses_runs_from_two_machines_unless_mixed(tmp_path: Path) -> No
         summarise(GAIN_SUITE, results, [0, 1], tmp_path, quick=False)
     summarise({**GAIN_SUITE, "mixed": True}, results, [0, 1], tmp_path, quick=False)
     table = (tmp_path / "table.md").read_text()
-    assert "| g | replay | A,B |" in table and "| g | grpo (baseline) | A |" in table
+    assert "| g | replay | 2 | A,B |" in table and "| g | grpo (baseline) | 2 | A |" in table
     assert "- B: cpu (m2), commit c1" in table
     # the median verdicts under the intervals are labelled descriptive, not claims
     assert "is a point comparison, not a claim" in table
@@ -85,8 +85,27 @@ def test_table_states_the_rule_and_no_internal_goals(tmp_path: Path) -> None:
     summarise(GAIN_SUITE, _with_provenance(), [0, 1], tmp_path, quick=False)
     table = (tmp_path / "table.md").read_text()
     assert 'Claims: "k x fewer rollouts" only when the 90% interval' in table
-    assert "| g | replay | A | 0.44x [0.38x, 0.50x] | +0.045 [+0.003, +0.087] |" in table
+    assert "| g | replay | 2 | A | 0.44x [0.38x, 0.50x] | +0.045 [+0.003, +0.087] |" in table
     assert "target <=" not in table and "not met" not in table
+
+
+def test_table_counts_each_variants_runs_per_task_and_over_tasks(tmp_path: Path) -> None:
+    # a control with fewer seeds in than the baseline (one run on task a, two on b): each row
+    # says how many runs it stands on, not the baseline's count
+    from replayrl.bench.suite import summarise_tasks
+
+    per_task = {}
+    for task, replay_runs in (("a", 1), ("b", 2)):
+        results = _with_provenance()
+        results["replay"] = results["replay"][:replay_runs]
+        (tmp_path / task).mkdir()
+        per_task[task] = summarise(GAIN_SUITE, results, [0, 1], tmp_path / task, quick=False)
+    summarise_tasks(GAIN_SUITE, per_task, [0, 1], tmp_path, quick=False)
+    table = (tmp_path / "table.md").read_text()
+    assert "| a | replay | 1 | A |" in table and "| b | replay | 2 | A |" in table
+    assert "| a | grpo (baseline) | 2 | A |" in table
+    assert "| **over 2 tasks** | replay | 3 | |" in table
+    assert "| **over 2 tasks** | replay-auto | 4 | |" in table
 
 
 def _suite_file(tmp_path: Path, extra: str) -> Path:

@@ -264,26 +264,31 @@ def evidence_table(
         "",
         RULE,
         "",
-        "| task | variant | block | rollouts ratio | final difference | take-off | claim | "
+        "| task | variant | runs | block | rollouts ratio | final difference | take-off | claim | "
         "placebo looks like noise |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for task, ev in per_task.items():
         for name, r in ev["variants"].items():
             block = ",".join(blocks.get(tuple(b), "?") for b in r["blocks"])
             take = _iv(r["takeoff"], _share)
+            runs = len(r["finals"])  # a variant may have fewer seeds in than the baseline
             if name == baseline:
-                lines.append(f"| {task} | {name} (baseline) | {block} | 1 | 0 | {take} | | |")
+                lines.append(
+                    f"| {task} | {name} (baseline) | {runs} | {block} | 1 | 0 | {take} | | |"
+                )
                 continue
             placebo = _placebo_cell(r.get("placebo_consistent")) if name == PLACEBO else ""
             lines.append(
-                f"| {task} | {name} | {block} | {_iv(r['ratio'], _x)} | "
+                f"| {task} | {name} | {runs} | {block} | {_iv(r['ratio'], _x)} | "
                 f"{_iv(r['difference'], _pp)} | {take} | {r['claim']} | {placebo} |"
             )
     for name, r in over.items():
         placebo = _placebo_cell(r.get("placebo_consistent")) if name == PLACEBO else ""
+        runs = sum(len(per_task[t]["variants"][name]["finals"]) for t in r["tasks"])
         lines.append(
-            f"| **over {len(r['tasks'])} tasks** | {name} | | {_iv(r['ratio'], _x)} (median) "
+            f"| **over {len(r['tasks'])} tasks** | {name} | {runs} | "
+            f"| {_iv(r['ratio'], _x)} (median) "
             f"| {_iv(r['difference'], _pp)} (mean) | P(improvement) "
             f"{_iv(r['probability_of_improvement'], _share)} | {r['claim']} | {placebo} |"
         )
