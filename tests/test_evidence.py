@@ -232,3 +232,43 @@ def test_a_run_without_evaluations_is_named_in_the_error() -> None:
     results["replay"][1]["evals"] = []
     with pytest.raises(ValueError, match="replay against grpo: run 1 has no evaluations"):
         task_evidence(results, "grpo")
+
+
+def test_records_table_gives_the_suites_figures_from_committed_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # benchmarks/records_table.py: arms that ran outside a suite (a peer trainer), read back
+    # from their records in two folders, get the suite's own figures and claims
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("rt", root / "benchmarks/records_table.py")
+    assert spec and spec.loader
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def write(results: dict) -> None:
+        for task in ("a", "b"):
+            for folder, variant in (("ours", "grpo"), ("peer", "replay")):
+                for seed, s in enumerate(results[variant]):
+                    write_run_record(tmp_path / folder, run_record(s, task, variant, seed))
+
+    write(_with_provenance())
+    arms = ["--arms", f"{tmp_path / 'ours'}:grpo", f"{tmp_path / 'peer'}:replay"]
+    argv = ["--baseline", "grpo", "--tasks", "a", "b", "--seeds", "0", "1", *arms]
+    assert tool.main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| a | replay | 2 | A | 0.44x [0.38x, 0.50x] | +0.045 [+0.003, +0.087] |" in table
+    assert "| b | grpo (baseline) | 2 | A | 1 | 0 |" in table
+    assert "| **over 2 tasks** | replay | 4 | |" in table
+    # a missing record is named, not a smaller table
+    assert tool.main(["--baseline", "grpo", "--tasks", "a", "--seeds", "0", "1", "2", *arms]) == 2
+    assert "replay-s2.json" in capsys.readouterr().err
+    # runs from two machines are refused, as in the suite
+    results = _with_provenance()
+    results["replay"][1]["provenance"]["machine_id"] = "m2"
+    write(results)
+    assert tool.main(argv) == 2
+    assert "more than one machine or commit" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tool.main([*argv[:-2], f"{tmp_path / 'peer'}:replay"])  # the baseline is no arm
