@@ -27,19 +27,31 @@ from replayrl.config.schema import ConfigError
 def load_arms(
     arms: list[tuple[Path, str]], tasks: list[str], seeds: list[int]
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """{task: {variant: [record per seed]}}; ConfigError listing every missing record."""
+    """{task: {variant: [record per seed]}}; ConfigError listing every missing record and
+    every record whose own task, variant or seed is not the one its file name says. A seed,
+    task or variant given twice is refused: it would count the same runs twice."""
+    named = {"seed": [str(s) for s in seeds], "task": tasks, "variant": [v for _, v in arms]}
+    for what, items in named.items():
+        repeated = sorted({x for x in items if items.count(x) > 1})
+        if repeated:
+            raise ConfigError(f"{what} given more than once: {', '.join(repeated)}")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in tasks}
-    missing = []
+    problems = []
     for task in tasks:
         for folder, variant in arms:
             for seed in seeds:
                 path = folder / task / f"{variant}-s{seed}.json"
                 if not path.is_file():
-                    missing.append(str(path))
+                    problems.append(f"{path}: missing")
                     continue
-                runs[task].setdefault(variant, []).append(json.loads(path.read_text()))
-    if missing:
-        raise ConfigError("missing run records:\n  " + "\n  ".join(missing))
+                record = json.loads(path.read_text())
+                own = (record.get("task"), record.get("variant"), record.get("seed"))
+                if own != (task, variant, seed):
+                    problems.append(f"{path}: the record is task, variant, seed {own}")
+                    continue
+                runs[task].setdefault(variant, []).append(record)
+    if problems:
+        raise ConfigError("run records that cannot be used:\n  " + "\n  ".join(problems))
     return runs
 
 

@@ -175,12 +175,15 @@ def test_baseline_choice_reads_tuning_results_and_refuses_a_stale_baseline(
 def test_run_record_is_small_and_keeps_curve_and_provenance(tmp_path: Path) -> None:
     s = _with_provenance()["replay"][0]
     s["model_path"] = s["provenance"]["warmstart_path"] = "/home/someone/.cache/x"
+    s["generation_seconds"], s["training_seconds"] = 41.5, 64.0
     path = write_run_record(tmp_path, run_record(s, "sub6", "replay", 3))
     assert path == tmp_path / "sub6" / "replay-s3.json"
     rec = json.loads(path.read_text())
     assert rec["provenance"]["machine_id"] == "m1" and rec["seed"] == 3
     assert [e["eval/accuracy"] for e in rec["evals"]] == [0.2, 0.6, 0.85, 0.88, 0.88]
     assert rec["evals"][2]["rollouts_generated"] == 100
+    # where a step's time went, for speed tables read back from records
+    assert (rec["generation_seconds"], rec["training_seconds"]) == (41.5, 64.0)
     assert "/home/someone" not in path.read_text()  # no local paths in a committed record
     assert "unmatched_settings" not in rec  # only a peer trainer's record has one
     peer = {**s, "peer": "trl", "trl_version": "1.16", "unmatched_settings": ["lr schedule"]}
@@ -238,8 +241,11 @@ def test_records_table_gives_the_suites_figures_from_committed_records(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # benchmarks/records_table.py: arms that ran outside a suite (a peer trainer), read back
-    # from their records in two folders, get the suite's own figures and claims
+    # from their records in two folders, get the rows the suite itself draws from the same
+    # runs: per task (different runs on each task) and over the tasks
     import importlib.util
+
+    from replayrl.bench.suite import summarise_tasks
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("rt", root / "benchmarks/records_table.py")
@@ -247,28 +253,69 @@ def test_records_table_gives_the_suites_figures_from_committed_records(
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
 
-    def write(results: dict) -> None:
-        for task in ("a", "b"):
-            for folder, variant in (("ours", "grpo"), ("peer", "replay")):
-                for seed, s in enumerate(results[variant]):
-                    write_run_record(tmp_path / folder, run_record(s, task, variant, seed))
+    def per_task(results: dict) -> dict:
+        # task a: replay's runs; task b: slower runs under the same name
+        return {
+            "a": {"grpo": results["grpo"], "replay": results["replay"]},
+            "b": {"grpo": results["grpo"][::-1], "replay": results["replay-auto"]},
+        }
 
-    write(_with_provenance())
-    arms = ["--arms", f"{tmp_path / 'ours'}:grpo", f"{tmp_path / 'peer'}:replay"]
+    def write(results: dict) -> None:
+        folders = {"grpo": "ours", "replay": "peer"}
+        for task, arms in per_task(results).items():
+            for variant, runs in arms.items():
+                for seed, s in enumerate(runs):
+                    record = run_record(s, task, variant, seed)
+                    write_run_record(tmp_path / folders[variant], record)
+
+    results = _with_provenance()
+    write(results)
+    suite = {**GAIN_SUITE, "variants": {"grpo": {}, "replay": {}}}
+    summaries = {}
+    for task, arms in per_task(copy.deepcopy(results)).items():
+        (tmp_path / "suite" / task).mkdir(parents=True)
+        summaries[task] = summarise(suite, arms, [0, 1], tmp_path / "suite" / task, quick=False)
+    summarise_tasks(suite, summaries, [0, 1], tmp_path / "suite", quick=False)
+    suite_rows = [
+        line
+        for line in (tmp_path / "suite" / "table.md").read_text().splitlines()
+        # the evidence table's rows (9 columns), not the descriptive table under it
+        if line.startswith(("| a |", "| b |", "| **over 2 tasks** |")) and line.count("|") == 10
+    ]
+    assert len(suite_rows) == 5
+
+    # the baseline is the second arm given: it is found by name, not by place
+    arms = ["--arms", f"{tmp_path / 'peer'}:replay", f"{tmp_path / 'ours'}:grpo"]
     argv = ["--baseline", "grpo", "--tasks", "a", "b", "--seeds", "0", "1", *arms]
     assert tool.main(argv) == 0
     table = capsys.readouterr().out
+    for row in suite_rows:
+        assert row in table
     assert "| a | replay | 2 | A | 0.44x [0.38x, 0.50x] | +0.045 [+0.003, +0.087] |" in table
-    assert "| b | grpo (baseline) | 2 | A | 1 | 0 |" in table
-    assert "| **over 2 tasks** | replay | 4 | |" in table
+    assert "| b | replay | 2 | A | 0.44x" not in table  # b's own runs, not a's
+
+    def refused(argv: list[str]) -> str:
+        assert tool.main(argv) == 2
+        return capsys.readouterr().err
+
     # a missing record is named, not a smaller table
-    assert tool.main(["--baseline", "grpo", "--tasks", "a", "--seeds", "0", "1", "2", *arms]) == 2
-    assert "replay-s2.json" in capsys.readouterr().err
+    assert "replay-s2.json: missing" in refused(
+        ["--baseline", "grpo", "--tasks", "a", "--seeds", "0", "1", "2", *arms]
+    )
+    # a seed or an arm given twice would count the same runs twice
+    assert "seed given more than once: 1" in refused(
+        ["--baseline", "grpo", "--tasks", "a", "--seeds", "0", "1", "1", *arms]
+    )
+    assert "variant given more than once: grpo" in refused(
+        ["--baseline", "grpo", "--tasks", "a", "--seeds", "0", *arms, f"{tmp_path / 'peer'}:grpo"]
+    )
+    # a record under another run's name
+    moved = tmp_path / "peer" / "a" / "replay-s1.json"
+    moved.write_text((tmp_path / "peer" / "a" / "replay-s0.json").read_text())
+    assert "replay-s1.json: the record is task, variant, seed ('a', 'replay', 0)" in refused(argv)
     # runs from two machines are refused, as in the suite
-    results = _with_provenance()
     results["replay"][1]["provenance"]["machine_id"] = "m2"
     write(results)
-    assert tool.main(argv) == 2
-    assert "more than one machine or commit" in capsys.readouterr().err
+    assert "more than one machine or commit" in refused(argv)
     with pytest.raises(SystemExit):
-        tool.main([*argv[:-2], f"{tmp_path / 'peer'}:replay"])  # the baseline is no arm
+        tool.main([*argv[:-1]])  # the baseline is no arm

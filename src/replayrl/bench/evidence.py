@@ -101,6 +101,8 @@ def run_record(summary: dict[str, Any], task: str | None, variant: str, seed: in
         "tokens_generated",
         "steps",
         "wall_seconds",
+        "generation_seconds",
+        "training_seconds",
         "num_eval_prompts",
     )
     # local paths (the cache, the run folder) say nothing on another machine: the warm start
