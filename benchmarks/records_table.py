@@ -8,8 +8,8 @@ the suite's own intervals, take-off rates, block check and claims (bench/evidenc
 
 Each of `--arms` (`FOLDER:VARIANT`, the baseline's included) reads
 `FOLDER/<task>/<VARIANT>-s<seed>.json`, the records a suite's `--results` and
-`bench.evidence.write_run_record` write. A missing record is an error naming it, not a
-smaller table.
+`bench.evidence.write_run_record` write. A missing or unreadable record is an error naming
+it, not a smaller table.
 """
 
 from __future__ import annotations
@@ -20,16 +20,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from replayrl.bench.evidence import across_tasks, check_blocks, evidence_table, task_evidence
+from replayrl.bench.evidence import (
+    across_tasks,
+    check_blocks,
+    evidence_table,
+    run_record_path,
+    task_evidence,
+)
 from replayrl.config.schema import ConfigError
 
 
 def load_arms(
     arms: list[tuple[Path, str]], tasks: list[str], seeds: list[int]
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """{task: {variant: [record per seed]}}; ConfigError listing every missing record and
-    every record whose own task, variant or seed is not the one its file name says. A seed,
-    task or variant given twice is refused: it would count the same runs twice."""
+    """{task: {variant: [record per seed]}}; ConfigError listing every missing or unreadable
+    record and every record whose own task, variant or seed is not the one its file name
+    says. A seed, task or variant given twice is refused: it would count the same runs twice."""
     named = {"seed": [str(s) for s in seeds], "task": tasks, "variant": [v for _, v in arms]}
     for what, items in named.items():
         repeated = sorted({x for x in items if items.count(x) > 1})
@@ -40,11 +46,18 @@ def load_arms(
     for task in tasks:
         for folder, variant in arms:
             for seed in seeds:
-                path = folder / task / f"{variant}-s{seed}.json"
+                path = run_record_path(folder, task, variant, seed)
                 if not path.is_file():
                     problems.append(f"{path}: missing")
                     continue
-                record = json.loads(path.read_text())
+                try:
+                    record = json.loads(path.read_text())
+                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                    problems.append(f"{path}: not a JSON record ({err})")
+                    continue
+                if not isinstance(record, dict):
+                    problems.append(f"{path}: not a JSON record (a {type(record).__name__})")
+                    continue
                 own = (record.get("task"), record.get("variant"), record.get("seed"))
                 if own != (task, variant, seed):
                     problems.append(f"{path}: the record is task, variant, seed {own}")

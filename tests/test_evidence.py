@@ -309,6 +309,14 @@ def test_records_table_gives_the_suites_figures_from_committed_records(
     assert "variant given more than once: grpo" in refused(
         ["--baseline", "grpo", "--tasks", "a", "--seeds", "0", *arms, f"{tmp_path / 'peer'}:grpo"]
     )
+    # an unreadable record is named too, not a crash
+    broken = tmp_path / "ours" / "a" / "grpo-s1.json"
+    saved = broken.read_text()
+    broken.write_text("{not json")
+    assert "grpo-s1.json: not a JSON record" in refused(argv)
+    broken.write_text("[1, 2]")
+    assert "grpo-s1.json: not a JSON record (a list)" in refused(argv)
+    broken.write_text(saved)
     # a record under another run's name
     moved = tmp_path / "peer" / "a" / "replay-s1.json"
     moved.write_text((tmp_path / "peer" / "a" / "replay-s0.json").read_text())

@@ -123,11 +123,15 @@ def run_record(summary: dict[str, Any], task: str | None, variant: str, seed: in
     }
 
 
+def run_record_path(folder: Path, task: str | None, variant: str, seed: int) -> Path:
+    """Where a run's record lives: `folder/<task>/<variant>-s<seed>.json`."""
+    return (folder / task if task else folder) / f"{variant}-s{seed}.json"
+
+
 def write_run_record(folder: Path, record: dict[str, Any]) -> Path:
-    """`folder/<task>/<variant>-s<seed>.json` (atomic; small: no checkpoints, no metrics)."""
-    where = folder / record["task"] if record["task"] else folder
-    path = where / f"{record['variant']}-s{record['seed']}.json"
-    where.mkdir(parents=True, exist_ok=True)
+    """Write a record at `run_record_path` (atomic; small: no checkpoints, no metrics)."""
+    path = run_record_path(folder, record["task"], record["variant"], record["seed"])
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(record, indent=1, default=_no_inf) + "\n")
     return path
 
