@@ -382,14 +382,14 @@ def test_hf_decoding_reads_the_device_once_every_k_tokens(monkeypatch, tiny_mode
         assert hits == ([] if s.truncated else [len(s.completion_ids) - 1])
 
 
-def test_readme_gpu_commands_are_the_ones_the_check_runs():
+def test_documented_gpu_check_commands_are_the_ones_the_check_runs():
     import re
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
-    section = readme.split("## On a GPU", 1)[1].split("\n## ", 1)[0]
+    page = (root / "docs" / "gpu.md").read_text()
+    section = page.split("## Checking a GPU machine", 1)[1].split("\n## ", 1)[0]
     block = re.findall(r"```bash\n(.*?)```", section, re.S)[-1]
     lines = [ln.split("#")[0].split() for ln in block.splitlines()]
     script = (root / "scripts" / "gpu_check.sh").read_text()
