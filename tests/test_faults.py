@@ -281,8 +281,15 @@ def _start(run_root: Path, name: str) -> subprocess.Popen:
 
 
 def _wait_for_checkpoint(run: Path, proc: subprocess.Popen, step: int) -> None:
+    """Until a checkpoint at `step` or later exists. Not `step` itself: `keep_last` prunes
+    older checkpoints, so a poller descheduled under load may never see that one folder."""
+
+    def reached() -> bool:
+        names = (p.name for p in (run / "checkpoints").glob("step_*") if p.is_dir())
+        return any(n[5:].isdigit() and int(n[5:]) >= step for n in names)
+
     deadline = time.monotonic() + 240
-    while not (run / "checkpoints" / f"step_{step:06d}").is_dir():
+    while not reached():
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.05)
