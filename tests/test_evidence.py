@@ -65,7 +65,7 @@ def test_table_refuses_runs_from_two_machines_unless_mixed(tmp_path: Path) -> No
     assert "- B: cpu (m2), commit c1" in table
     # the median verdicts under the intervals are labelled descriptive, not claims
     assert "is a point comparison, not a claim" in table
-    assert table.index("Claims:") < table.index("is a point comparison")
+    assert table.index("Claims (fixed before the runs)") < table.index("is a point comparison")
 
 
 def test_table_refuses_two_warm_starts_and_a_dirty_commit_is_its_own_block(
@@ -84,7 +84,8 @@ def test_table_refuses_two_warm_starts_and_a_dirty_commit_is_its_own_block(
 def test_table_states_the_rule_and_no_internal_goals(tmp_path: Path) -> None:
     summarise(GAIN_SUITE, _with_provenance(), [0, 1], tmp_path, quick=False)
     table = (tmp_path / "table.md").read_text()
-    assert 'Claims: "k x fewer rollouts" only when the 90% interval' in table
+    assert 'Claims (fixed before the runs): "k x fewer rollouts" only when' in table
+    assert "Holm's step-down over the table's methods" in table
     assert "| g | replay | 2 | A | 0.44x [0.38x, 0.50x] | +0.045 [+0.003, +0.087] |" in table
     assert "target <=" not in table and "not met" not in table
 
@@ -280,7 +281,7 @@ def test_records_table_gives_the_suites_figures_from_committed_records(
         line
         for line in (tmp_path / "suite" / "table.md").read_text().splitlines()
         # the evidence table's rows (9 columns), not the descriptive table under it
-        if line.startswith(("| a |", "| b |", "| **over 2 tasks** |")) and line.count("|") == 10
+        if line.startswith(("| a |", "| b |", "| **over 2 tasks** |")) and line.count("|") == 11
     ]
     assert len(suite_rows) == 5
 

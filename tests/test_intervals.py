@@ -15,6 +15,7 @@ from replayrl.bench.intervals import (  # noqa: E402
     difference_over_tasks_interval,
     fewer_rollouts_factor,
     final_difference_interval,
+    hierarchical_distribution,
     placebo_consistent,
     probability_of_improvement,
     ratio_of_medians,
@@ -162,8 +163,12 @@ def test_over_tasks_figures() -> None:
         ([jump(1)] * 2, [jump(1)] * 2),
         ([jump(1, every=50)] * 2, [jump(4)] * 2),
     ]
-    r = ratio_over_tasks_interval(pairs, [1000, 1000, 1000])
+    # seeds alike: resampling seeds within the tasks moves nothing (stratified), resampling
+    # the tasks themselves does (hierarchical: three draws of {0.5, 1, 0.25})
+    r = ratio_over_tasks_interval(pairs, [1000, 1000, 1000], resampling="stratified")
     assert r == {"estimate": 0.5, "low": 0.5, "high": 0.5}  # median of 0.5, 1, 0.25
+    r = ratio_over_tasks_interval(pairs, [1000, 1000, 1000])
+    assert r == {"estimate": 0.5, "low": 0.25, "high": 1.0}
     d = difference_over_tasks_interval([([0.6, 0.6], [0.5, 0.5]), ([0.5, 0.5], [0.5, 0.5])])
     assert d["estimate"] == pytest.approx(0.05)
     with pytest.raises(ValueError):
@@ -177,9 +182,32 @@ def test_over_tasks_pairs_each_task_with_its_own_curves_and_budget() -> None:
     # two 0.45 (budgets swapped: 200 / 1000 and 400 / 400, 0.6). Run counts differ per arm.
     short = ([0.0, 100.0], [0.0, 1.0])
     pairs = [([jump(1)] * 2, [short] * 3), ([jump(3)] * 4, [short] * 2)]
-    r = ratio_over_tasks_interval(pairs, [400, 1000], n_resamples=200)
+    r = ratio_over_tasks_interval(pairs, [400, 1000], n_resamples=200, resampling="stratified")
     assert r["estimate"] == pytest.approx(0.45)
     assert r["low"] == pytest.approx(0.45) and r["high"] == pytest.approx(0.45)
+    # tasks resampled: {0.5, 0.5}, {0.4, 0.4} or one of each, medians 0.5, 0.4, 0.45
+    r = ratio_over_tasks_interval(pairs, [400, 1000], n_resamples=200)
+    assert r["estimate"] == pytest.approx(0.45)
+    assert r["low"] == pytest.approx(0.4) and r["high"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="resampling is one of"):
+        ratio_over_tasks_interval(pairs, [400, 1000], resampling="tasks")
+
+
+def test_hierarchical_draws_tasks_then_an_independent_seed_resample_for_each_draw() -> None:
+    n = 8000
+    # task 0's seed resamples are all 0, task 1's all 1: a resample's mean over two drawn
+    # tasks is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4 (tasks drawn with replacement)
+    est, dist = hierarchical_distribution([0.0, 1.0], [np.zeros(n), np.ones(n)], np.mean, seed=3)
+    assert est == 0.5 and dist is not None and dist.shape == (n,)
+    shares = [np.mean(dist == v) for v in (0.0, 0.5, 1.0)]
+    assert shares == pytest.approx([0.25, 0.5, 0.25], abs=0.03)
+    # two alike tasks: each draw takes its own resample of the seeds, so the mean of two
+    # draws has half a resample's variance (one resample shared by both draws: all of it)
+    d = np.random.default_rng(0).normal(size=n)
+    _, dist = hierarchical_distribution([0.0, 0.0], [d, d], np.mean, seed=1)
+    assert np.var(dist) == pytest.approx(np.var(d) / 2, rel=0.1)
+    # a task without a distribution (one run): no interval over the tasks either
+    assert hierarchical_distribution([0.0, 1.0], [np.zeros(n), None], np.mean)[1] is None
 
 
 def test_claims_follow_the_rule() -> None:

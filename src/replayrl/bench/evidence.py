@@ -23,16 +23,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from replayrl.bench.claims import RULE_HOLM, Estimate, holm_claims
 from replayrl.bench.intervals import (
+    HIERARCHICAL,
     LEVEL,
-    RULE,
+    STRATIFIED,
     claim,
-    crossing_ratio_interval,
-    difference_over_tasks_interval,
-    final_difference_interval,
+    crossing_ratio_distribution,
+    difference_over_tasks_distribution,
+    ends,
+    final_difference_distribution,
     placebo_consistent,
     probability_of_improvement,
-    ratio_over_tasks_interval,
+    ratio_over_tasks_distribution,
     takeoff_interval,
 )
 from replayrl.bench.robust import curve, final_mean, robust_gain_targets, smoothed_crossing
@@ -44,6 +47,38 @@ TAKEOFF = 0.5  # a run takes off when its trailing mean reaches 50% of the basel
 MIN_EVAL_PROMPTS = 500  # final evaluations on fewer prompts: one eval's error is too wide
 PLACEBO = "placebo"  # the baseline again on another sampling-seed stream
 PLACEBO_SEED_OFFSET = 1000
+# the targets claims are made at: the headline (90% of the baseline's gain) and two beside it
+CLAIM_FRACTIONS = (0.8, HEADLINE, 0.95)
+
+
+def _iv_of(e: Estimate, level: float = LEVEL) -> dict[str, float]:
+    """{"estimate", "low", "high"} of an (estimate, bootstrap distribution) pair."""
+    low, high = ends(e[1], level)
+    return {"estimate": e[0], "low": low, "high": high}
+
+
+def apply_claims(
+    rows: dict[str, dict[str, Any]],
+    ratios: dict[str, dict[float, Estimate]],
+    differences: dict[str, Estimate],
+) -> None:
+    """Set each row's claims: per target, Holm's over the rows' methods (bench/claims.py;
+    the placebo aside, judged alone); `claim` is the headline target's. `claim_unadjusted`
+    keeps each method's claim by its own 90% intervals, for comparison."""
+    family = [n for n in rows if n != PLACEBO]
+    for f in CLAIM_FRACTIONS:
+        held = holm_claims(
+            {n: ratios[n].get(f) for n in family}, {n: differences[n] for n in family}
+        )
+        for name, row in rows.items():
+            target = row["targets"][str(f)]
+            if name == PLACEBO:
+                target["claim"] = claim(target["ratio"], row["difference"])
+            else:
+                target["claim"] = held[name]["claim"]
+                target["family"] = held[name]["family"]
+    for row in rows.values():
+        row["claim"] = row["targets"][str(HEADLINE)]["claim"]
 
 
 def block_of(summary: dict[str, Any]) -> tuple[str, str]:
@@ -166,6 +201,9 @@ def task_evidence(
         ),
         "variants": {},
     }
+    claimed: dict[str, dict[str, Any]] = {}
+    ratios: dict[str, dict[float, Estimate]] = {}
+    diffs: dict[str, Estimate] = {}
     for name, runs in results.items():
         cross, finals = _crossings(runs, target), _finals(runs)
         took = sum(math.isfinite(x) for x in _crossings(runs, takeoff_at))
@@ -177,16 +215,24 @@ def task_evidence(
         }
         if name != baseline:
             try:
-                row["ratio"] = crossing_ratio_interval(
-                    [curve(s) for s in runs], b_curves, budget, HEADLINE, seed=seed
-                )
+                ratios[name] = {
+                    f: crossing_ratio_distribution(
+                        [curve(s) for s in runs], b_curves, budget, f, seed=seed
+                    )
+                    for f in CLAIM_FRACTIONS
+                }
             except ValueError as exc:  # say which arm's runs, not only an index
                 raise ValueError(f"{name} against {baseline}: {exc}") from exc
-            row["difference"] = final_difference_interval(finals, b_final, seed=seed)
-            row["claim"] = claim(row["ratio"], row["difference"])
+            diffs[name] = final_difference_distribution(finals, b_final, seed=seed)
+            row["ratio"] = _iv_of(ratios[name][HEADLINE])
+            row["difference"] = _iv_of(diffs[name])
+            row["targets"] = {str(f): {"ratio": _iv_of(e)} for f, e in ratios[name].items()}
+            row["claim_unadjusted"] = claim(row["ratio"], row["difference"])
             if name == PLACEBO:
                 row["placebo_consistent"] = placebo_consistent(row["ratio"], row["difference"])
+            claimed[name] = row
         out["variants"][name] = row
+    apply_claims(claimed, ratios, diffs)
     return out
 
 
@@ -195,13 +241,18 @@ def across_tasks(
     runs: dict[str, dict[str, list[dict[str, Any]]]],
     baseline: str,
     seed: int = 0,
+    resampling: str = HIERARCHICAL,
 ) -> dict:
-    """Per variant run on every task: median over tasks of the rollouts ratio, mean final
-    difference and the probability of improvement, each with a stratified bootstrap interval
-    over seeds (tasks fixed). `per_task` is `task_evidence` per task, `runs` the run
-    summaries it was made from (the ratio's bootstrap refits the target from their curves)."""
+    """Per variant run on every task: median over tasks of the rollouts ratio (at each of
+    `CLAIM_FRACTIONS`) and mean final difference, resampled at `resampling`'s level
+    (hierarchical: tasks, then seeds within each; the other level beside it, labelled), with
+    Holm-controlled claims over the variants; the probability of improvement (seeds within
+    each task). `per_task` is `task_evidence` per task, `runs` the run summaries it was made
+    from (the ratio's bootstrap refits the target from their curves)."""
     names = [n for n in next(iter(per_task.values()))["variants"] if n != baseline]
     out: dict[str, Any] = {}
+    ratios: dict[str, dict[float, Estimate]] = {}
+    diffs: dict[str, Estimate] = {}
     for name in names:
         tasks = [t for t, e in per_task.items() if name in e["variants"]]
         if len(tasks) < len(per_task):
@@ -213,17 +264,35 @@ def across_tasks(
         ]
         finals = [(v["finals"], b["finals"]) for v, b in rows]
         budgets = [per_task[t]["budget"] for t in tasks]
-        ratio = ratio_over_tasks_interval(curves, budgets, HEADLINE, seed=seed)
-        diff = difference_over_tasks_interval(finals, seed=seed)
+        ratios[name] = {
+            f: ratio_over_tasks_distribution(curves, budgets, f, seed=seed, resampling=resampling)
+            for f in CLAIM_FRACTIONS
+        }
+        diffs[name] = difference_over_tasks_distribution(finals, seed=seed, resampling=resampling)
+        # the other level beside it, labelled: seeds within the four tasks, the tasks fixed
+        other = STRATIFIED if resampling == HIERARCHICAL else HIERARCHICAL
+        beside = ratio_over_tasks_distribution(
+            curves, budgets, HEADLINE, seed=seed, resampling=other
+        )
         out[name] = {
             "tasks": tasks,
-            "ratio": ratio,
-            "difference": diff,
+            "resampling": resampling,
+            "ratio": _iv_of(ratios[name][HEADLINE]),
+            "difference": _iv_of(diffs[name]),
+            f"ratio_{other}": _iv_of(beside),
+            f"difference_{other}": _iv_of(
+                difference_over_tasks_distribution(finals, seed=seed, resampling=other)
+            ),
+            "targets": {str(f): {"ratio": _iv_of(e)} for f, e in ratios[name].items()},
+            # seeds within each task (stratified): a probability over the tasks run
             "probability_of_improvement": probability_of_improvement(finals, seed=seed),
-            "claim": claim(ratio, diff),
         }
+        out[name]["claim_unadjusted"] = claim(out[name]["ratio"], out[name]["difference"])
         if name == PLACEBO:
-            out[name]["placebo_consistent"] = placebo_consistent(ratio, diff)
+            out[name]["placebo_consistent"] = placebo_consistent(
+                out[name]["ratio"], out[name]["difference"]
+            )
+    apply_claims(out, ratios, diffs)
     return out
 
 
@@ -245,6 +314,14 @@ def _share(v: float) -> str:
     return f"{v:.2f}"
 
 
+def _beside(r: dict[str, Any]) -> str:
+    """The claims at the targets beside the headline's (80% and 95% of the gain)."""
+    t = r.get("targets") or {}
+    return " / ".join(
+        t[k]["claim"].split(";")[0] for k in ("0.8", "0.95") if "claim" in t.get(k, {})
+    )
+
+
 def _placebo_cell(ok: bool | None) -> str:
     return {True: "yes", False: "NO", None: "n/a"}[ok]
 
@@ -261,18 +338,20 @@ def evidence_table(
     lvl = f"{LEVEL:.0%}"
     lines = [
         f"Against `{baseline}`" + (f" ({rule})" if rule else "") + f", {lvl} intervals "
-        "(scipy bootstrap over seeds, percentile; take-off: exact binomial). Rollouts ratio: "
+        "(scipy bootstrap over seeds, percentile; over the tasks hierarchical: tasks "
+        "resampled, then seeds within each drawn task, the stratified interval (seeds within "
+        "the tasks run, tasks fixed) beside it; take-off: exact binomial). Rollouts ratio: "
         "median generated rollouts until the 3-eval trailing mean reaches 90% of the "
         "baseline's gain, over the baseline's (runs that never reach it count as never, not "
         "dropped; each bootstrap resample refits the target from its resample of the "
         "baseline's runs). Final difference: each run's mean of its last 3 evaluations, mean over "
         f"runs, minus the baseline's. Take-off: runs reaching {TAKEOFF:.0%} of the gain.",
         "",
-        RULE,
+        RULE_HOLM,
         "",
         "| task | variant | runs | block | rollouts ratio | final difference | take-off | claim | "
-        "placebo looks like noise |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "claim at 80% / 95% of the gain | placebo looks like noise |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, ev in per_task.items():
         for name, r in ev["variants"].items():
@@ -281,22 +360,25 @@ def evidence_table(
             runs = len(r["finals"])  # a variant may have fewer seeds in than the baseline
             if name == baseline:
                 lines.append(
-                    f"| {task} | {name} (baseline) | {runs} | {block} | 1 | 0 | {take} | | |"
+                    f"| {task} | {name} (baseline) | {runs} | {block} | 1 | 0 | {take} | | | |"
                 )
                 continue
             placebo = _placebo_cell(r.get("placebo_consistent")) if name == PLACEBO else ""
             lines.append(
                 f"| {task} | {name} | {runs} | {block} | {_iv(r['ratio'], _x)} | "
-                f"{_iv(r['difference'], _pp)} | {take} | {r['claim']} | {placebo} |"
+                f"{_iv(r['difference'], _pp)} | {take} | {r['claim']} | {_beside(r)} | {placebo} |"
             )
     for name, r in over.items():
         placebo = _placebo_cell(r.get("placebo_consistent")) if name == PLACEBO else ""
         runs = sum(len(per_task[t]["variants"][name]["finals"]) for t in r["tasks"])
+        other = STRATIFIED if r.get("resampling", HIERARCHICAL) == HIERARCHICAL else HIERARCHICAL
+        beside = f"; {other} {_iv(r[f'ratio_{other}'], _x)}" if f"ratio_{other}" in r else ""
         lines.append(
             f"| **over {len(r['tasks'])} tasks** | {name} | {runs} | "
-            f"| {_iv(r['ratio'], _x)} (median) "
+            f"| {_iv(r['ratio'], _x)} (median, {r.get('resampling', HIERARCHICAL)}{beside}) "
             f"| {_iv(r['difference'], _pp)} (mean) | P(improvement) "
-            f"{_iv(r['probability_of_improvement'], _share)} | {r['claim']} | {placebo} |"
+            f"{_iv(r['probability_of_improvement'], _share)} | {r['claim']} | {_beside(r)} "
+            f"| {placebo} |"
         )
     prompts = min(ev["eval_prompts"] for ev in per_task.values())
     if 0 < prompts < MIN_EVAL_PROMPTS:

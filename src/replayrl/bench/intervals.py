@@ -20,8 +20,17 @@ The rollouts ratio's target (a fraction of the baseline's median gain) is itself
 from the baseline's runs, so its bootstrap resamples run indices and refits the target on
 each resample (`crossing_ratio_interval`): the interval carries the target's uncertainty.
 
-Claims follow `claim` (see its docstring); the across-task figures resample seeds within
-each task (stratified, as rliable's StratifiedBootstrap) with the tasks fixed.
+Over tasks, two resampling levels:
+
+- hierarchical (the default, `HIERARCHICAL`): tasks are a sample of tasks. Each resample
+  draws as many tasks as there are, with replacement, and for each drawn task one of that
+  task's own bootstrap resamples over seeds, drawn independently, so a task drawn twice gets
+  two resamples of its seeds (a two-stage bootstrap);
+- stratified (`STRATIFIED`, as rliable's StratifiedBootstrap): seeds resampled within each
+  task, the tasks fixed. Narrower, and it says nothing about tasks not run.
+
+Claims follow `claim` (see its docstring) for one interval alone; a table of several methods
+makes its claims with Holm's step-down control over them (bench/claims.py).
 """
 
 from __future__ import annotations
@@ -94,19 +103,19 @@ def _finite_or_inf(xs: Sequence[float]) -> np.ndarray:
     return a
 
 
-def _interval(
+def _bootstrap(
     samples: list[np.ndarray],
     statistic: Callable[..., np.ndarray],
-    level: float,
     n_resamples: int,
     seed: int,
-) -> tuple[float, float, float]:
-    """(estimate, low, high): scipy's percentile bootstrap, each sample resampled on its own."""
+) -> tuple[float, np.ndarray | None]:
+    """(estimate, bootstrap distribution): scipy's bootstrap, each sample resampled on its
+    own; the distribution is None when a sample has one value (nothing to resample)."""
     estimate = float(statistic(*samples, axis=-1))
     if any(s.size < 2 for s in samples):
-        return estimate, math.nan, math.nan  # one run cannot be resampled: no interval
+        return estimate, None  # one run cannot be resampled: no interval
     if all(s.size == 1 or np.all(s == s[0]) for s in samples):
-        return estimate, estimate, estimate  # nothing varies: every resample is the estimate
+        return estimate, np.full(n_resamples, estimate)  # nothing varies
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # inf in a resample: scipy's own ends may be NaN
         res = _stats().bootstrap(
@@ -116,15 +125,34 @@ def _interval(
             paired=False,
             vectorized=True,
             method="percentile",
-            confidence_level=level,
+            confidence_level=LEVEL,  # the ends are read from the distribution
             rng=np.random.default_rng(seed),
         )
     dist = np.asarray(res.bootstrap_distribution, dtype=float)
-    dist = np.where(np.isnan(dist), np.inf, dist)  # undefined resample: the worse end
+    return estimate, np.where(np.isnan(dist), np.inf, dist)  # undefined resample: the worse end
+
+
+def ends(dist: np.ndarray | None, level: float) -> tuple[float, float]:
+    """(low, high) of the two-sided `level` percentile interval of a bootstrap distribution,
+    read as observed values (`inverted_cdf`: +inf stays +inf); NaN without a distribution."""
+    if dist is None:
+        return math.nan, math.nan
     alpha = (1 - level) / 2
     low = float(np.quantile(dist, alpha, method="inverted_cdf"))
     high = float(np.quantile(dist, 1 - alpha, method="inverted_cdf"))
-    return estimate, low, high
+    return low, high
+
+
+def _interval(
+    samples: list[np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    level: float,
+    n_resamples: int,
+    seed: int,
+) -> tuple[float, float, float]:
+    """(estimate, low, high): scipy's percentile bootstrap, each sample resampled on its own."""
+    estimate, dist = _bootstrap(samples, statistic, n_resamples, seed)
+    return (estimate, *ends(dist, level))
 
 
 def _as_dict(t: tuple[float, float, float]) -> dict[str, float]:
@@ -188,6 +216,31 @@ def _indices(*arms: _Runs) -> list[np.ndarray]:
     return [np.arange(len(a.best), dtype=float) for a in arms]
 
 
+def crossing_ratio_distribution(
+    variant: Sequence[Curve],
+    baseline: Sequence[Curve],
+    budget: float,
+    fraction: float = HEADLINE,
+    n_resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, np.ndarray | None]:
+    """(estimate, bootstrap distribution) of `crossing_ratio_interval`'s ratio: what Holm's
+    control and the hierarchical bootstrap over tasks read."""
+    v, b = _Runs(variant), _Runs(baseline)
+    f = _refit_ratio(v, b, fraction, budget)
+    stat = lambda vi, bi, axis=-1: f(vi, bi)  # noqa: E731
+    return _bootstrap(_indices(v, b), stat, n_resamples, seed)
+
+
+def final_difference_distribution(
+    variant: Sequence[float], baseline: Sequence[float], n_resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, np.ndarray | None]:
+    """(estimate, bootstrap distribution) of `final_difference_interval`'s difference."""
+    v, b = np.asarray(variant, dtype=float), np.asarray(baseline, dtype=float)
+    stat = lambda v, b, axis=-1: v.mean(axis=axis) - b.mean(axis=axis)  # noqa: E731
+    return _bootstrap([v, b], stat, n_resamples, seed)
+
+
 def crossing_ratio_interval(
     variant: Sequence[Curve],
     baseline: Sequence[Curve],
@@ -204,10 +257,10 @@ def crossing_ratio_interval(
     docstring). The bootstrap resamples both arms' runs and refits the target on each
     resample of the baseline, so the interval includes the target's uncertainty: a fixed
     target would treat the baseline's median final as known."""
-    v, b = _Runs(variant), _Runs(baseline)
-    f = _refit_ratio(v, b, fraction, budget)
-    stat = lambda vi, bi, axis=-1: f(vi, bi)  # noqa: E731
-    return _as_dict(_interval(_indices(v, b), stat, level, n_resamples, seed))
+    estimate, dist = crossing_ratio_distribution(
+        variant, baseline, budget, fraction, n_resamples, seed
+    )
+    return _as_dict((estimate, *ends(dist, level)))
 
 
 def final_difference_interval(
@@ -219,9 +272,8 @@ def final_difference_interval(
 ) -> dict[str, float]:
     """Mean final accuracy (each run's mean of its last evaluations) of the method minus the
     baseline's, with a `level` interval."""
-    v, b = np.asarray(variant, dtype=float), np.asarray(baseline, dtype=float)
-    stat = lambda v, b, axis=-1: v.mean(axis=axis) - b.mean(axis=axis)  # noqa: E731
-    return _as_dict(_interval([v, b], stat, level, n_resamples, seed))
+    estimate, dist = final_difference_distribution(variant, baseline, n_resamples, seed)
+    return _as_dict((estimate, *ends(dist, level)))
 
 
 def takeoff_interval(taken_off: int, runs: int, level: float = LEVEL) -> dict[str, float]:
@@ -265,21 +317,67 @@ def probability_of_improvement(
     return _as_dict(_interval(samples, stat, level, n_resamples, seed))
 
 
-def ratio_over_tasks_interval(
+HIERARCHICAL = "hierarchical"  # tasks, then seeds within each drawn task
+STRATIFIED = "stratified"  # seeds within each task, the tasks fixed
+RESAMPLING = (HIERARCHICAL, STRATIFIED)
+
+
+def hierarchical_distribution(
+    estimates: Sequence[float],
+    dists: Sequence[np.ndarray | None],
+    combine: Callable[..., np.ndarray],
+    seed: int = 0,
+) -> tuple[float, np.ndarray | None]:
+    """(estimate, distribution) of `combine` over tasks, tasks treated as a sample: each
+    resample draws len(tasks) tasks with replacement and, for each draw, one of that task's
+    own resamples over seeds (`dists[t]`), drawn independently of every other draw, so a task
+    drawn twice contributes two different resamples of its seeds. The estimate is `combine`
+    over the tasks' own estimates. None when a task has no distribution (one run)."""
+    if not dists:
+        raise ValueError("need at least one task")
+    estimate = float(combine(np.asarray(estimates, dtype=float)))
+    if any(d is None for d in dists):
+        return estimate, None
+    per_task = np.stack([np.asarray(d, dtype=float) for d in dists])  # (tasks, resamples)
+    k, n = per_task.shape
+    rng = np.random.default_rng([seed, k, n])  # its own stream, not the seeds' resamples'
+    tasks = rng.integers(0, k, size=(n, k))
+    inner = rng.integers(0, n, size=(n, k))
+    with np.errstate(invalid="ignore"):
+        dist = np.asarray(combine(per_task[tasks, inner], axis=1), dtype=float)
+    return estimate, np.where(np.isnan(dist), np.inf, dist)
+
+
+def _check_resampling(resampling: str) -> None:
+    if resampling not in RESAMPLING:
+        raise ValueError(f"resampling is one of {RESAMPLING}, got {resampling!r}")
+
+
+def ratio_over_tasks_distribution(
     pairs: list[tuple[Sequence[Curve], Sequence[Curve]]],
     budgets: Sequence[float],
     fraction: float = HEADLINE,
-    level: float = LEVEL,
     n_resamples: int = RESAMPLES,
     seed: int = 0,
-) -> dict[str, float]:
-    """Median over tasks of the per-task ratio of median rollouts to the target (as in
-    `crossing_ratio_interval`, the target refit on each resample), with a stratified
-    bootstrap interval over seeds (tasks fixed)."""
+    resampling: str = HIERARCHICAL,
+) -> tuple[float, np.ndarray | None]:
+    """(estimate, distribution) of the median over tasks of the per-task ratio of median
+    rollouts to the target (the target refit on each resample, as in
+    `crossing_ratio_interval`), resampled at `resampling`'s level (module docstring)."""
+    _check_resampling(resampling)
     if len(budgets) != len(pairs):
         raise ValueError(f"{len(pairs)} tasks but {len(budgets)} budgets")
     if not pairs:
         raise ValueError("need at least one task")
+    if resampling == HIERARCHICAL:
+        per_task = [
+            # each task its own seed: tasks with as many runs must not share resamples
+            crossing_ratio_distribution(v, b, m, fraction, n_resamples, seed + i)
+            for i, ((v, b), m) in enumerate(zip(pairs, budgets, strict=True))
+        ]
+        return hierarchical_distribution(
+            [e for e, _ in per_task], [d for _, d in per_task], np.median, seed
+        )
     arms = [(_Runs(v), _Runs(b)) for v, b in pairs]
     ratios = [_refit_ratio(v, b, fraction, m) for (v, b), m in zip(arms, budgets, strict=True)]
 
@@ -288,16 +386,59 @@ def ratio_over_tasks_interval(
         return np.median(np.stack(vals, axis=0), axis=0)
 
     samples = [a for v, b in arms for a in _indices(v, b)]
-    return _as_dict(_interval(samples, stat, level, n_resamples, seed))
+    return _bootstrap(samples, stat, n_resamples, seed)
+
+
+def ratio_over_tasks_interval(
+    pairs: list[tuple[Sequence[Curve], Sequence[Curve]]],
+    budgets: Sequence[float],
+    fraction: float = HEADLINE,
+    level: float = LEVEL,
+    n_resamples: int = RESAMPLES,
+    seed: int = 0,
+    resampling: str = HIERARCHICAL,
+) -> dict[str, float]:
+    """Median over tasks of the per-task ratio of median rollouts to the target, with a
+    `level` interval resampled at `resampling`'s level (hierarchical: tasks, then seeds)."""
+    estimate, dist = ratio_over_tasks_distribution(
+        pairs, budgets, fraction, n_resamples, seed, resampling
+    )
+    return _as_dict((estimate, *ends(dist, level)))
+
+
+def difference_over_tasks_distribution(
+    pairs: list[Pair], n_resamples: int = RESAMPLES, seed: int = 0, resampling: str = HIERARCHICAL
+) -> tuple[float, np.ndarray | None]:
+    """(estimate, distribution) of the mean over tasks of the per-task final difference."""
+    _check_resampling(resampling)
+    if resampling == HIERARCHICAL:
+        if not pairs:
+            raise ValueError("need at least one task")
+        per_task = [
+            final_difference_distribution(
+                _finite_or_inf(v), _finite_or_inf(b), n_resamples, seed + i
+            )
+            for i, (v, b) in enumerate(pairs)
+        ]
+        return hierarchical_distribution(
+            [e for e, _ in per_task], [d for _, d in per_task], np.mean, seed
+        )
+    diff = lambda v, b: v.mean(axis=-1) - b.mean(axis=-1)  # noqa: E731
+    samples, stat = _per_task(pairs, diff, "mean")
+    return _bootstrap(samples, stat, n_resamples, seed)
 
 
 def difference_over_tasks_interval(
-    pairs: list[Pair], level: float = LEVEL, n_resamples: int = RESAMPLES, seed: int = 0
+    pairs: list[Pair],
+    level: float = LEVEL,
+    n_resamples: int = RESAMPLES,
+    seed: int = 0,
+    resampling: str = HIERARCHICAL,
 ) -> dict[str, float]:
-    """Mean over tasks of the per-task final difference, stratified bootstrap over seeds."""
-    diff = lambda v, b: v.mean(axis=-1) - b.mean(axis=-1)  # noqa: E731
-    samples, stat = _per_task(pairs, diff, "mean")
-    return _as_dict(_interval(samples, stat, level, n_resamples, seed))
+    """Mean over tasks of the per-task final difference, with a `level` interval resampled
+    at `resampling`'s level (hierarchical: tasks, then seeds)."""
+    estimate, dist = difference_over_tasks_distribution(pairs, n_resamples, seed, resampling)
+    return _as_dict((estimate, *ends(dist, level)))
 
 
 def fewer_rollouts_factor(ratio_high: float) -> float | None:
