@@ -1,12 +1,25 @@
-"""README's headline table from a held-out suite's summary.json (`replayrl bench suite heldout
-... --no-run` writes it): one row per variant, over the tasks, with the suite's own
-intervals and claims and the runs behind each; and a line of the baseline's median final
-per task.
+"""README's headline table: one row per method over the tasks, with intervals and claims.
+
+From the committed per-run records of a block (every method of the block in one table, so
+that Holm's control covers all of them), recomputed with bench/evidence.py:
+
+    python benchmarks/headline_table.py --records benchmarks/results/heldout/runs \
+        --baseline grpo-p16 --tasks add6 sub6 sub5m2 add5m2h \
+        --methods remix-grpo replay-posbias placebo ar3po dapo repo grpo-p8 grpo-utd4 \
+        --suite-summaries benchmarks/results/heldout/block-0811966/summary.json \
+            benchmarks/results/heldout/block-0811966/controls/summary.json
+
+Each method's runs are every `<task>/<method>-s<seed>.json` in the folder (the same seeds
+on every task). The over-task intervals resample tasks, then seeds within each drawn task;
+the stratified one (seeds within the tasks run) is beside it. The wall-time and modelled
+compute (mu 5.3) columns are the suite's point estimates from its summaries (first
+evaluation at the target; the records hold no trained-rollout counts to recompute them).
+`--per-task` adds the per-task table with the same rule.
+
+Or from a held-out suite's summary.json (`replayrl bench suite heldout ... --no-run`), the
+suite's own figures:
 
     python benchmarks/headline_table.py runs/bench/heldout/summary.json
-
-The intervals and claims are the suite's (bench/evidence.py); this adds only counts and
-the baseline's medians.
 """
 
 from __future__ import annotations
@@ -15,8 +28,19 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
+
+from replayrl.bench.evidence import (
+    PLACEBO,
+    across_tasks,
+    check_blocks,
+    evidence_table,
+    task_evidence,
+)
+from replayrl.bench.intervals import HIERARCHICAL, STRATIFIED
+from replayrl.config.schema import ConfigError
 
 LABELS = {
     "placebo": "placebo: GRPO again, other sampling seeds",
@@ -106,12 +130,167 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n" + foot + "\n"
 
 
-def main() -> None:
+LEVELS = {HIERARCHICAL: "tasks, then seeds", STRATIFIED: "seeds within these tasks"}
+
+
+def load_records(
+    folder: Path, tasks: list[str], variants: list[str]
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """{task: {variant: [record per seed, by seed]}} of every record of `variants` under
+    `folder/<task>/`; ConfigError when a variant has no record on a task, its seeds differ
+    between tasks, or a record says it is another run than its file name."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in tasks}
+    seeds: dict[str, set[int]] = {}
+    problems = []
+    for task in tasks:
+        for variant in variants:
+            found = {}
+            for path in sorted((folder / task).glob(f"{variant}-s*.json")):
+                seed = path.stem.removeprefix(f"{variant}-s")
+                if not seed.isdigit():
+                    continue  # another variant whose name starts with this one's
+                record = json.loads(path.read_text())
+                if (record.get("task"), record.get("variant"), record.get("seed")) != (
+                    task,
+                    variant,
+                    int(seed),
+                ):
+                    problems.append(f"{path}: the record is another run")
+                found[int(seed)] = record
+            if not found:
+                problems.append(f"{folder / task}: no records of {variant}")
+            elif seeds.setdefault(variant, set(found)) != set(found):
+                problems.append(
+                    f"{variant}: seeds {sorted(found)} on {task}, not {sorted(seeds[variant])}"
+                )
+            runs[task][variant] = [found[k] for k in sorted(found)]
+    if problems:
+        raise ConfigError("records that cannot be used:\n  " + "\n  ".join(problems))
+    return runs
+
+
+def suite_costs(paths: list[Path]) -> dict[str, dict[str, float]]:
+    """Per method, the suite's medians over tasks of its wall-time and modelled-compute (mu
+    5.3) ratios to 90% of the baseline's gain (first evaluation at the target)."""
+    out: dict[str, dict[str, float]] = {}
+    for path in paths:
+        over = json.loads(path.read_text())["median_over_tasks"]
+        for name, r in over.items():
+            out.setdefault(
+                name,
+                {
+                    "wall": _median(r.get("gain90_wall_seconds_ratio")),
+                    "compute": _median(r.get("gain90_compute_paper_mu_ratio")),
+                },
+            )
+    return out
+
+
+def _median(d: dict[str, Any] | None) -> float:
+    v = (d or {}).get("median")
+    return math.inf if v is None else float(v)  # summary.json writes +inf (never) as null
+
+
+def _beside(r: dict[str, Any]) -> dict[str, float]:
+    """The ratio at the other resampling level (stratified beside hierarchical)."""
+    other = [k for k in r if k.startswith("ratio_")]
+    if len(other) != 1:
+        raise ValueError(f"expected one other resampling level, got {other}")
+    return r[other[0]]
+
+
+def _ratio_cell(r: dict[str, float]) -> str:
+    return interval(r, ".2f", "x")
+
+
+def _target_cell(t: dict[str, Any]) -> str:
+    return f"{_ratio_cell(t['ratio'])}: {t['claim'].split(';')[0]}"
+
+
+def records_headline(
+    runs: dict[str, dict[str, list[dict[str, Any]]]],
+    baseline: str,
+    costs: dict[str, dict[str, float]] | None = None,
+    seed: int = 0,
+    per_task: bool = False,
+) -> str:
+    """Markdown: the headline table of `runs` against `baseline` (module docstring)."""
+    blocks = check_blocks(runs, mixed=False)
+    evidence = {t: task_evidence(results, baseline, seed=seed) for t, results in runs.items()}
+    over = across_tasks(evidence, runs, baseline, seed=seed)
+    family = len([n for n in over if n != PLACEBO])
+    levels = {r["resampling"] for r in over.values()}
+    level = LEVELS[levels.pop()] if len(levels) == 1 else "mixed levels"
+    beside = LEVELS[HIERARCHICAL if level == LEVELS[STRATIFIED] else STRATIFIED]
+    rows = [
+        "| method | runs (seeds per task) | rollouts to 90% of the gain, ratio (median over "
+        f"tasks): {level} | the same: {beside} | final minus the "
+        f"baseline's (mean over tasks): {level} | claim at 90% (Holm over {family}) "
+        "| at 80% of the gain | at 95% of the gain | wall time to 90% | modelled compute to "
+        "90% (mu 5.3) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in over.items():
+        counts = [len(evidence[t]["variants"][name]["finals"]) for t in r["tasks"]]
+        claim = r["claim"]
+        if name == PLACEBO:
+            ok = r.get("placebo_consistent")
+            claim += {True: " (looks like noise)", False: " (NOT like noise)", None: ""}[ok]
+        cost = (costs or {}).get(name, {})
+        money = [
+            "-" if k not in cost else ("never" if math.isinf(cost[k]) else f"{cost[k]:.2f}x")
+            for k in ("wall", "compute")
+        ]
+        rows.append(
+            f"| {LABELS.get(name, name)} | {sum(counts)} ({_span(counts)}) "
+            f"| {_ratio_cell(r['ratio'])} | {_ratio_cell(_beside(r))} "
+            f"| {interval(r['difference'], '+.3f')} | {claim} "
+            f"| {_target_cell(r['targets']['0.8'])} | {_target_cell(r['targets']['0.95'])} "
+            f"| {money[0]} | {money[1]} |"
+        )
+    finals = [
+        f"{t} {statistics.median(e['variants'][baseline]['finals']):.3f}"
+        for t, e in evidence.items()
+    ]
+    base_runs = [len(e["variants"][baseline]["finals"]) for e in evidence.values()]
+    text = "\n".join(rows) + (
+        f"\n\nBaseline `{baseline}` ({_span(base_runs)} seeds per task), median final per task "
+        "(mean of the last 3 evaluations): " + ", ".join(finals) + ".\n"
+    )
+    if per_task:
+        text += "\n" + evidence_table(evidence, over, baseline, blocks)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("summary", type=Path)
-    args = p.parse_args()
-    print(table(json.loads(args.summary.read_text())), end="")
+    p.add_argument("summary", type=Path, nargs="?", help="a suite's summary.json")
+    p.add_argument("--records", type=Path, help="a block's per-run records folder")
+    p.add_argument("--baseline")
+    p.add_argument("--tasks", nargs="+")
+    p.add_argument("--methods", nargs="+", help="the table's methods, the placebo's included")
+    p.add_argument("--suite-summaries", nargs="*", type=Path, default=[])
+    p.add_argument("--bootstrap-seed", type=int, default=0)
+    p.add_argument("--per-task", action="store_true")
+    args = p.parse_args(argv)
+    if args.records is None:
+        if args.summary is None:
+            p.error("give a summary.json or --records")
+        print(table(json.loads(args.summary.read_text())), end="")
+        return 0
+    if not (args.baseline and args.tasks and args.methods):
+        p.error("--records needs --baseline, --tasks and --methods")
+    try:
+        runs = load_records(args.records, args.tasks, [args.baseline, *args.methods])
+        costs = suite_costs(args.suite_summaries)
+        print(
+            records_headline(runs, args.baseline, costs, args.bootstrap_seed, args.per_task), end=""
+        )
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
