@@ -209,3 +209,52 @@ def test_bootstrap_coverage_counts_intervals_that_contain_the_truth() -> None:
     c = mod.coverage(10, trials=60, sd=0.03, seed=1)
     assert 0.7 <= c < 1.0
     assert mod.coverage(2, trials=30, sd=0.03, seed=1) < c  # two runs: far too narrow
+
+
+def _steps(rollouts: list[float], zero: list[float | None], replayed=None) -> dict:
+    return {
+        "step": list(range(1, len(rollouts) + 1)),
+        "rollouts_generated": rollouts,
+        "zero_advantage": zero,
+        **({"replayed": replayed} if replayed else {}),
+    }
+
+
+def test_waste_figure_counts_rollouts_in_zero_advantage_groups_by_quarter() -> None:
+    tool = _load("waste_figure")
+    # spans of 100 rollouts each; shares 1, 0.5, 0.5, 0 (one span a quarter)
+    w = tool.wasted(_steps([100, 200, 300, 400], [1.0, 0.5, 0.5, 0.0]))
+    assert w["generated"] == 400 and w["wasted"] == 200 and w["share"] == 0.5
+    assert w["quarters"] == [1.0, 0.5, 0.5, 0.0]
+    # uneven spans weigh by the rollouts they generated: 300 at 0.2 and 100 at 1.0
+    w = tool.wasted(_steps([300, 400], [0.2, 1.0]))
+    assert w["wasted"] == pytest.approx(160) and w["share"] == pytest.approx(0.4)
+    assert w["quarters"] == [None, None, pytest.approx(0.2), pytest.approx(1.0)]
+    # a span without the metric (no group had two rollouts) counts as no waste
+    assert tool.wasted(_steps([100, 200], [None, 1.0]))["wasted"] == 100
+
+
+def test_waste_figure_reads_records_draws_and_tabulates(tmp_path: Path, capsys) -> None:
+    import json
+
+    tool = _load("waste_figure")
+    folder = tmp_path / "runs"
+    (folder / "t").mkdir(parents=True)
+    records = {
+        "grpo-s0": _steps([100, 200, 300, 400], [0.8, 0.6, 0.4, 0.2]),
+        "grpo-s1": _steps([100, 200, 300, 400], [0.6, 0.6, 0.2, 0.2]),
+        "remix-s0": _steps([100, 200, 300, 400], [0.4, 0.2, 0.2, 0.0], [0.0, 0.25, 0.25, 0.25]),
+    }
+    for name, steps in records.items():
+        (folder / "t" / f"{name}.json").write_text(json.dumps({"step_metrics": steps}))
+    (folder / "t" / "grpo-s2.json").write_text(json.dumps({"evals": []}))  # an older record
+    (folder / "t" / "grpo-p8-s0.json").write_text(json.dumps({"step_metrics": {}}))  # not grpo's
+    out = tmp_path / "waste.png"
+    argv = ["--records", str(folder), "--tasks", "t", "--variants", "grpo", "remix"]
+    assert tool.main([*argv, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "1 records without per-step metrics" in text and "grpo-s2.json" in text
+    # grpo: shares 0.5 and 0.4, median 0.45; quarters medians 0.7, 0.6, 0.3, 0.2
+    assert "| t | grpo | 2 | 0.45 | 0.70 | 0.60 | 0.30 | 0.20 |" in text
+    assert "| t | remix | 1 | 0.20 | 0.40 | 0.20 | 0.20 | 0.00 |" in text
+    assert out.read_bytes()[:4] == b"\x89PNG"

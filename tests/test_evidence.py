@@ -328,3 +328,66 @@ def test_records_table_gives_the_suites_figures_from_committed_records(
     assert "more than one machine or commit" in refused(argv)
     with pytest.raises(SystemExit):
         tool.main([*argv[:-1]])  # the baseline is no arm
+
+
+def test_run_record_keeps_per_step_metrics_in_spans(tmp_path: Path) -> None:
+    from replayrl.bench.evidence import STEP_BINS, step_metrics
+
+    rows = [
+        {
+            "step": i,
+            "rollouts_generated": 64 * i,
+            "tokens_generated": 1000 * i,
+            "tokens_trained": 2000 * i,
+            "wall_seconds": 1.5 * i,
+            "signal/frac_reward_zero_std": 0.5 if i % 2 else 1.0,
+            "batch/age_mean": 0.25,
+            "train/ess": 0.99,
+            "train/on_policy/tokens": 300,
+            "train/off_policy/tokens": 100 if i > 50 else 0,
+            "time/generation_s": 0.5,
+            "time/training_s": 1.0,
+        }
+        for i in range(1, 129)
+    ]
+    cols = step_metrics(rows)
+    assert len(cols["step"]) == STEP_BINS and sum(cols["steps"]) == 128
+    assert cols["step"][0] == 4 and cols["step"][-1] == 128  # each span's last step
+    assert cols["rollouts_generated"][-1] == 64 * 128  # counters: the span's end
+    assert cols["zero_advantage"] == [0.75] * STEP_BINS  # shares: the span's mean
+    assert cols["replayed"][0] == 0.0 and cols["replayed"][-1] == 0.25
+    assert cols["generation_s"] == [2.0] * STEP_BINS and cols["training_s"][0] == 4.0
+    assert cols["staleness"][0] == 0.25 and cols["ess"][0] == 0.99
+    # a run without a metric (an on-policy run logs no off-policy tokens) has no column
+    bare = step_metrics([{"step": 1, "rollouts_generated": 8}, {"step": 2}])
+    assert bare["steps"] == [1, 1] and "replayed" not in bare and "ess" not in bare
+
+    summary = {"evals": [{"step": 0, "rollouts_generated": 0, "eval/accuracy": 0.1}]}
+    path = write_run_record(tmp_path, run_record(summary, "t", "grpo", 0, metrics=rows))
+    record = json.loads(path.read_text())
+    assert record["step_metrics"] == json.loads(json.dumps(cols))
+    assert path.stat().st_size < 12_000  # small enough to commit beside the table
+    assert "step_metrics" not in run_record(summary, "t", "grpo", 0)  # no metrics: none
+
+
+def test_the_suite_writes_each_runs_per_step_metrics_into_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import replayrl.bench.suite as bench
+    from test_bench import _stand_in_run
+
+    def run_with_metrics(cfg, peer, run_dir: Path, log) -> dict:
+        summary = _stand_in_run(cfg, peer, run_dir, log)
+        rows = [
+            {"step": 1, "rollouts_generated": 32, "signal/frac_reward_zero_std": 0.75},
+            {"step": 2, "rollouts_generated": 64, "signal/frac_reward_zero_std": 0.25},
+        ]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return summary
+
+    monkeypatch.setattr(bench, "run_one", run_with_metrics)
+    suite = {**load_suite("reasoning"), "results_dir": str(tmp_path / "records")}
+    bench.run_suite(suite, [0], tmp_path / "out", quick=True, only=["grpo"])
+    record = json.loads((tmp_path / "records" / "add" / "grpo-s0.json").read_text())
+    assert record["step_metrics"]["zero_advantage"] == [0.75, 0.25]
+    assert record["step_metrics"]["rollouts_generated"] == [32, 64]

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from replayrl.bench.claims import RULE_HOLM, Estimate, holm_claims
 from replayrl.bench.intervals import (
     HIERARCHICAL,
@@ -126,10 +128,75 @@ def check_blocks(
 
 
 PEER_KEYS = ("peer", "trl_version", "unmatched_settings")
+EVAL_EXTRA = ("tokens_generated", "tokens_trained", "rollouts_trained")
 
 
-def run_record(summary: dict[str, Any], task: str | None, variant: str, seed: int) -> dict:
-    """A run's committed record: what it was, where it ran and its evaluation curve."""
+STEP_BINS = 32  # per-step metrics kept as at most this many spans of consecutive steps
+# per-step keys of metrics.jsonl kept in a record: cumulative counters (the span's last value)
+STEP_COUNTERS = {
+    "rollouts_generated": "rollouts_generated",
+    "tokens_generated": "tokens_generated",
+    "tokens_trained": "tokens_trained",
+    "wall_seconds": "wall_seconds",
+}
+# ... per-step shares and means (the mean over the span's steps that have them)
+STEP_MEANS = {
+    "zero_advantage": "signal/frac_reward_zero_std",  # groups whose rewards are all equal
+    "staleness": "batch/age_mean",  # policy versions behind the learner
+    "ess": "train/ess",  # effective sample size / N of the importance weights
+}
+# ... per-step seconds (summed over the span)
+STEP_SUMS = {"generation_s": "time/generation_s", "training_s": "time/training_s"}
+
+
+def _replayed_share(row: dict[str, Any]) -> float | None:
+    """Share of the step's trained tokens that were replayed (stale) rather than fresh."""
+    on, off = row.get("train/on_policy/tokens"), row.get("train/off_policy/tokens")
+    if on is None and off is None:
+        return None
+    total = float(on or 0) + float(off or 0)
+    return float(off or 0) / total if total else None
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(f"{x:.4g}")
+
+
+def step_metrics(rows: list[dict[str, Any]], bins: int = STEP_BINS) -> dict[str, list[Any]]:
+    """metrics.jsonl's per-step rows cut to at most `bins` spans of consecutive steps, as
+    columns (a few kilobytes a run, small enough to commit): each span's last step, the
+    cumulative counters at its end, the mean of each share over its steps (None when no step
+    of it has one) and its summed seconds. What `benchmarks/waste_figure.py` draws."""
+    rows = [r for r in rows if r.get("step") is not None]
+    if not rows:
+        return {}
+    edges = np.linspace(0, len(rows), min(bins, len(rows)) + 1).round().astype(int)
+    spans = [rows[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+    cols: dict[str, list[Any]] = {"step": [int(sp[-1]["step"]) for sp in spans]}
+    cols["steps"] = [len(sp) for sp in spans]
+    for out, key in STEP_COUNTERS.items():
+        cols[out] = [_round(sp[-1].get(key)) for sp in spans]
+    means: dict[str, Any] = {k: (lambda r, key=key: r.get(key)) for k, key in STEP_MEANS.items()}
+    means["replayed"] = _replayed_share
+    for out, get in means.items():
+        cols[out] = []
+        for sp in spans:
+            vals = [float(v) for v in map(get, sp) if v is not None]
+            cols[out].append(_round(sum(vals) / len(vals)) if vals else None)
+    for out, key in STEP_SUMS.items():
+        cols[out] = [_round(sum(float(r.get(key) or 0) for r in sp)) for sp in spans]
+    return {k: v for k, v in cols.items() if any(x is not None for x in v)}
+
+
+def run_record(
+    summary: dict[str, Any],
+    task: str | None,
+    variant: str,
+    seed: int,
+    metrics: list[dict[str, Any]] | None = None,
+) -> dict:
+    """A run's committed record: what it was, where it ran, its evaluation curve and, given
+    its metrics.jsonl rows, its per-step metrics in spans (`step_metrics`)."""
     keys = (
         "final_eval_accuracy",
         "rollouts_generated",
@@ -153,8 +220,11 @@ def run_record(summary: dict[str, Any], task: str | None, variant: str, seed: in
         "provenance": prov or None,
         "evals": [
             {k: e.get(k) for k in ("step", "rollouts_generated", "eval/accuracy", "wall_seconds")}
+            # trained counts, where the loop records them: modelled compute from the record
+            | {k: e[k] for k in EVAL_EXTRA if e.get(k) is not None}
             for e in summary.get("evals") or []
         ],
+        **({"step_metrics": step_metrics(metrics)} if metrics else {}),
     }
 
 
@@ -164,7 +234,8 @@ def run_record_path(folder: Path, task: str | None, variant: str, seed: int) -> 
 
 
 def write_run_record(folder: Path, record: dict[str, Any]) -> Path:
-    """Write a record at `run_record_path` (atomic; small: no checkpoints, no metrics)."""
+    """Write a record at `run_record_path` (atomic; small: no checkpoints, per-step metrics
+    in at most `STEP_BINS` spans)."""
     path = run_record_path(folder, record["task"], record["variant"], record["seed"])
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(record, indent=1, default=_no_inf) + "\n")

@@ -554,7 +554,8 @@ def _run_task(
             ent = [m["train/entropy"] for m in rows if m.get("train/entropy") is not None]
             summary["final_entropy"] = ent[-1] if ent else math.nan
             results[name].append(summary)
-            write_run_record(_records_dir(suite, out, task), run_record(summary, task, name, seed))
+            record = run_record(summary, task, name, seed, metrics=rows)
+            write_run_record(_records_dir(suite, out, task), record)
             log(_result_line(f"{task + '/' if task else ''}{run_name}", summary))
     results = {k: v for k, v in results.items() if v}  # --no-run: variants with no run
     label = {**suite, "name": f"{suite['name']}/{task}"} if task else suite
