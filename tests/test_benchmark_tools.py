@@ -258,3 +258,32 @@ def test_waste_figure_reads_records_draws_and_tabulates(tmp_path: Path, capsys) 
     assert "| t | grpo | 2 | 0.45 | 0.70 | 0.60 | 0.30 | 0.20 |" in text
     assert "| t | remix | 1 | 0.20 | 0.40 | 0.20 | 0.20 | 0.00 |" in text
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_block_cost_prices_each_planned_arm_from_the_records(tmp_path: Path, capsys) -> None:
+    import json
+
+    tool = _load("block_cost")
+    records = tmp_path / "runs"
+    measured = {v for _, _, v, _ in tool.PLAN}
+    for task in tool.OLD_TASKS:
+        (records / task).mkdir(parents=True)
+        for variant in measured:
+            for seed, wall in enumerate([100.0, 200.0, 300.0]):  # median 200 s a run
+                record = {"task": task, "variant": variant, "seed": seed, "wall_seconds": wall}
+                (records / task / f"{variant}-s{seed}.json").write_text(json.dumps(record))
+    tuning = tmp_path / "tuning.json"
+    walls = {"grpo.lr1e-4": {"wall_seconds": {"median": 36.0}}}
+    walls["grpo.utd4"] = {"wall_seconds": {"median": 72.0}}
+    tuning.write_text(json.dumps({"variants": walls}))
+    tool.main(["--records", str(records), "--tuning", str(tuning)])
+    out = capsys.readouterr().out
+    # each held-out arm: 5 seeds x 8 tasks x 200 s = 8000 s = 2.2 h; 8 arms: 17.8 h
+    assert "| main | remix-grpo | 40 | 2.2 |" in out
+    # grid: 40 x 36 s = 0.4 h, 40 x 72 s = 0.8 h, placebo 5 x 36 s; probe: 6 x 200 s
+    assert (
+        "| grid | 8 cells, u4 | 40 | 0.8 |" in out
+        and "| probe | baseline, seed 0 | 6 | 0.3 |" in out
+    )
+    total = 8 * 8000 / 3600 + (40 * 36 + 40 * 72 + 5 * 36 + 6 * 200) / 3600
+    assert f"411 runs, {total:.1f} CPU hours" in out

@@ -146,6 +146,12 @@ def test_strongest_setting_rule() -> None:
     assert strongest(rows, ["g.x", "g.y", "g.z"]) == "g.x"
     with pytest.raises(ConfigError, match="no"):
         strongest(rows, ["g.x", "g.missing"])
+    # the guard: a setting 0.016 below the best final but twice as fast is rejected at the
+    # default 0.01 and picked at the no-loss margin's 0.02; 0.031 below stays out at 0.02
+    rows = {"g.x": _tuning_row(0.98, 2000), "g.y": _tuning_row(0.964, 1000), "g.z": _tuning_row(
+        0.949, 500)}  # fmt: skip
+    assert strongest(rows, ["g.x", "g.y", "g.z"]) == "g.x"
+    assert strongest(rows, ["g.x", "g.y", "g.z"], guard=0.02) == "g.y"
 
 
 def test_baseline_choice_reads_tuning_results_and_refuses_a_stale_baseline(
@@ -391,3 +397,37 @@ def test_the_suite_writes_each_runs_per_step_metrics_into_its_record(
     record = json.loads((tmp_path / "records" / "add" / "grpo-s0.json").read_text())
     assert record["step_metrics"]["zero_advantage"] == [0.75, 0.25]
     assert record["step_metrics"]["rollouts_generated"] == [32, 64]
+
+
+def test_the_next_block_is_set_up_as_the_rule_says(tmp_path: Path) -> None:
+    from replayrl.bench.suite import fairness_problems, planned_runs
+
+    grid = load_suite("grpo-grid")
+    cells = {n: variant_config(grid, n, 0, tmp_path, False, None) for n in grid["variants"]}
+    cells.pop("placebo")
+    shapes = {(c.train.lr, c.rollout.prompts_per_step, c.train.epochs) for c in cells.values()}
+    assert len(cells) == len(shapes) == 16  # lr x batch shape x updates per batch, no repeats
+    assert {c.train.lr for c in cells.values()} == {3e-5, 5e-5, 1e-4, 2e-4}  # below 1e-4 too
+    assert {c.rollout.prompts_per_step for c in cells.values()} == {8, 16}
+    assert {c.train.rollout_budget or c.train.steps * c.rollout.prompts_per_step * 8
+            for c in cells.values()} == {10_240}  # fmt: skip
+    held = load_suite("heldout8")
+    # the baseline is chosen among every grid cell, with the no-loss margin as the guard
+    choice = held["baseline_choice"]
+    assert set(choice["settings"]) == set(cells) and choice["guard"] == 0.02
+    assert held["baseline"] in choice["settings"].values()
+    assert "within 0.02 of the best" in held["baseline_rule"]
+    # four tasks of the block and six candidates over three operations
+    ops = {
+        t: variant_config(held, "remix-grpo", 0, tmp_path, False, t).task.reasoning.op
+        for t in held["tasks"]
+    }
+    assert list(ops)[:4] == ["add6", "sub6", "sub5m2", "add5m2h"] and len(ops) == 10
+    assert set(list(ops.values())[4:]) == {"add", "sub", "chain"}
+    # the no-reuse control: ReMix's shape and lr, 4 updates a step, no rollout seen twice
+    fresh = variant_config(held, "grpo-fresh-updates", 0, tmp_path, False, "add6")
+    assert (fresh.rollout.prompts_per_step, fresh.train.lr, fresh.train.epochs) == (8, 5e-5, 1)
+    assert 64 // fresh.train.mini_batch_size == 4
+    only = [held["baseline"], "placebo", "remix-grpo", "replay-posbias", "grpo-fresh-updates"]
+    plan = planned_runs(held, [0], tmp_path, only=[*only, "ar3po", "dapo", "repo"])
+    assert fairness_problems(held, plan) == []

@@ -8,9 +8,12 @@ A suite names the candidates and the committed tuning summary to choose from:
       tuning_results: benchmarks/results/tuning/remix-fair/summary.json
       settings: {grpo.lr1e-4: grpo-p16, grpo.p8: grpo-p8, grpo.utd4: grpo-utd4}
 
-Rule (`STRONGEST`): the highest median final accuracy (mean of each run's last 3 evals);
-settings within `MARGIN` of it tie, and among those the fewest median generated rollouts to
-90% of the tuning baseline's gain wins. The other settings stay in the suite as controls.
+Rule (`STRONGEST`): the fewest median generated rollouts to 90% of the tuning baseline's
+gain (the claimed metric) among the settings whose median final accuracy (mean of each run's
+last 3 evals) is within a guard of the best one's: `MARGIN` (0.01) unless the suite sets
+`baseline_choice.guard` (the next block's grid: 0.02, the no-loss margin, since a guard
+inside one evaluation's binomial error rejects settings on noise). The other settings stay
+in the suite as controls.
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from replayrl.bench.targets import MARGIN, tuning_choice
 from replayrl.config.schema import ConfigError
 
 STRONGEST = (
-    "the strongest of {n} GRPO settings on the tuning task at the same budget: highest "
-    f"median final (mean of the last 3 evals), ties within {MARGIN:g} broken by fewer "
-    "rollouts to 90% of the gain"
+    "the strongest of {n} GRPO settings on the tuning task at the same budget: fewest "
+    "rollouts to 90% of the gain among those whose median final (mean of the last 3 evals) "
+    "is within {guard:g} of the best"
 )
 
 
-def strongest(tuning_variants: dict[str, dict[str, Any]], settings: list[str]) -> str:
+def strongest(
+    tuning_variants: dict[str, dict[str, Any]], settings: list[str], guard: float = MARGIN
+) -> str:
     """The tuning variant among `settings` that the rule picks (ConfigError when one of them
     is missing from the tuning results)."""
     missing = [s for s in settings if s not in tuning_variants]
@@ -37,7 +42,7 @@ def strongest(tuning_variants: dict[str, dict[str, Any]], settings: list[str]) -
         raise ConfigError(f"baseline_choice: the tuning results have no {missing}")
     rows = {s: tuning_variants[s] for s in settings}
     # tuning_choice groups by the name before the first `.`: one group, the same rule
-    picked = tuning_choice({f"x.{s}": r for s, r in rows.items()})["x"]["setting"]
+    picked = tuning_choice({f"x.{s}": r for s, r in rows.items()}, guard)["x"]["setting"]
     return picked.removeprefix("x.")
 
 
@@ -65,7 +70,8 @@ def choose_baseline(suite: dict[str, Any], log: Any = None) -> dict[str, Any]:
             "baseline_choice.settings must map at least 3 tuning settings to variants of the "
             f"suite, got {settings}"
         )
-    rule = STRONGEST.format(n=len(settings))
+    guard = float(choice.get("guard", MARGIN))
+    rule = STRONGEST.format(n=len(settings), guard=guard)
     found = find_results(str(choice.get("tuning_results", "")), Path(suite["path"]))
     if found is None:
         if log is not None:
@@ -73,7 +79,7 @@ def choose_baseline(suite: dict[str, Any], log: Any = None) -> dict[str, Any]:
         suite["baseline_rule"] = rule
         return suite
     tuning = json.loads(found.read_text())
-    picked = settings[strongest(tuning["variants"], list(settings))]
+    picked = settings[strongest(tuning["variants"], list(settings), guard)]
     if suite.get("baseline_stated") and suite["baseline"] != picked:
         raise ConfigError(
             f"baseline {suite['baseline']!r} disagrees with the rule on {found}, which picks "

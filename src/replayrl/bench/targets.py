@@ -255,12 +255,15 @@ def over_tasks(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def tuning_choice(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def tuning_choice(
+    variants: dict[str, dict[str, Any]], margin: float = MARGIN
+) -> dict[str, dict[str, Any]]:
     """Per method (the variant name before the first `.`: `grpo.lr2e-4` is method `grpo`),
     the setting a tuning suite picks: among the method's settings whose median final accuracy
-    is within `MARGIN` of the method's best, the one with the fewest median generated
-    rollouts to 90% of the baseline's gain (ties: the higher final). Every method gets the
-    same number of settings in the suite; this rule is the same for all of them."""
+    is within `margin` of the method's best (the final-accuracy guard), the one with the
+    fewest median generated rollouts to 90% of the baseline's gain (ties: the higher final).
+    Every method gets the same number of settings in the suite; this rule is the same for
+    all of them."""
     by_method: dict[str, list[str]] = {}
     for name in variants:
         by_method.setdefault(name.split(".")[0], []).append(name)
@@ -268,7 +271,7 @@ def tuning_choice(variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, An
     for method, names in by_method.items():
         finals = {n: _headline(variants[n])[0] for n in names}
         top = max(finals.values())
-        keep = [n for n in names if finals[n] >= top - MARGIN - 1e-12]
+        keep = [n for n in names if finals[n] >= top - margin - 1e-12]
         best = min(keep, key=lambda n: (_headline(variants[n])[1], -finals[n]))
         out[method] = {
             "setting": best,
