@@ -12,6 +12,17 @@ replays. Reads the per-step metrics (`step_metrics`) of the run records a suite'
 It also prints, per task and variant, the median over seeds of the wasted share of all
 generated rollouts and of each quarter of the run (records without per-step metrics are
 listed and left out).
+
+Records without per-step metrics (the block of 2026-12-04) still bound the waste at the
+start: `--start-bound` prints, per task, a lower bound on the share of groups of G
+completions with zero advantage before the first update, from the baseline's first
+evaluation (the median over its seeds): a group of a prompt with success probability p is
+all-wrong or all-right with probability (1 - p)^G + p^G, convex in p, so its mean over
+prompts is at least its value at their mean accuracy (Jensen). The greedy evaluation's
+accuracy stands in for the sampled one (an approximation, stated beside the figure):
+
+    python benchmarks/waste_figure.py --records benchmarks/results/heldout/runs \
+        --tasks add6 sub6 sub5m2 add5m2h --variants grpo-p16 --start-bound 8
 """
 
 from __future__ import annotations
@@ -46,6 +57,35 @@ def wasted(steps: dict[str, list[Any]]) -> dict[str, Any]:
         "share": sum(lost) / total if total else None,
         "quarters": quarters,
     }
+
+
+def start_bound(accuracy: float, group: int) -> float:
+    """Lower bound on the share of zero-advantage groups of `group` completions at mean
+    accuracy `accuracy` (Jensen on (1 - p)^G + p^G; see the module docstring)."""
+    return (1 - accuracy) ** group + accuracy**group
+
+
+def start_bounds(folder: Path, tasks: list[str], variant: str, group: int) -> str:
+    """Markdown: per task, the median first-evaluation accuracy of `variant`'s records and
+    the zero-advantage bound at it."""
+    lines = [
+        f"| task | first evaluation (median of {variant}'s seeds) | zero-advantage groups of "
+        f"{group} at the start, at least |",
+        "|---|---|---|",
+    ]
+    for task in tasks:
+        firsts = []
+        for path in sorted((folder / task).glob(f"{variant}-s*.json")):
+            if path.stem.removeprefix(f"{variant}-s").isdigit():
+                evals = json.loads(path.read_text()).get("evals") or []
+                if evals:
+                    firsts.append(float(evals[0]["eval/accuracy"]))
+        if not firsts:
+            lines.append(f"| {task} | - | - |")
+            continue
+        acc = statistics.median(firsts)
+        lines.append(f"| {task} | {acc:.3f} | {start_bound(acc, group):.0%} |")
+    return "\n".join(lines) + "\n"
 
 
 def load(folder: Path, tasks: list[str], variants: list[str]) -> tuple[dict, list[str]]:
@@ -136,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", nargs="+", required=True)
     p.add_argument("--variants", nargs="+", required=True)
     p.add_argument("--out", type=Path, help="the figure (PNG); without it, the table only")
+    p.add_argument("--start-bound", type=int, metavar="G", help="the start's bound, groups of G")
     args = p.parse_args(argv)
+    if args.start_bound:
+        for variant in args.variants:
+            print(start_bounds(args.records, args.tasks, variant, args.start_bound), end="")
+        return 0
     runs, missing = load(args.records, args.tasks, args.variants)
     if missing:
         print(f"{len(missing)} records without per-step metrics, left out: {missing[:3]} ...")

@@ -287,3 +287,24 @@ def test_block_cost_prices_each_planned_arm_from_the_records(tmp_path: Path, cap
     )
     total = 8 * 8000 / 3600 + (40 * 36 + 40 * 72 + 5 * 36 + 6 * 200) / 3600
     assert f"411 runs, {total:.1f} CPU hours" in out
+
+
+def test_waste_figure_bounds_the_starts_zero_advantage_share(tmp_path: Path, capsys) -> None:
+    import json
+
+    tool = _load("waste_figure")
+    assert tool.start_bound(0.5, 2) == 0.5  # two coins: equal half the time
+    assert tool.start_bound(0.0, 8) == 1.0 and tool.start_bound(0.1, 8) == pytest.approx(
+        0.9**8 + 0.1**8
+    )
+    # Jensen: prompts at 0 and 0.2 (mean 0.1) waste more than the bound at 0.1
+    mixed = (tool.start_bound(0.0, 8) + tool.start_bound(0.2, 8)) / 2
+    assert mixed >= tool.start_bound(0.1, 8)
+    (tmp_path / "t").mkdir()
+    for seed, acc in enumerate([0.05, 0.1, 0.3]):
+        record = {"evals": [{"eval/accuracy": acc}, {"eval/accuracy": 0.9}]}
+        (tmp_path / "t" / f"grpo-s{seed}.json").write_text(json.dumps(record))
+    argv = ["--records", str(tmp_path), "--tasks", "t", "u", "--variants", "grpo"]
+    assert tool.main([*argv, "--start-bound", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "| t | 0.100 | 43% |" in out and "| u | - | - |" in out
