@@ -98,10 +98,13 @@ def table(summary: dict[str, Any]) -> str:
             + (f"tasks without them: {missing}" if missing else "none over tasks")
             + "; make it with `replayrl bench suite heldout ... --no-run` (scipy installed)"
         )
+    # a summary written before intervals resampled tasks has no level: it was stratified
+    levels = {r.get("resampling", STRATIFIED) for r in over.values()}
+    level = f"; {LEVELS[levels.pop()]}" if len(levels) == 1 else ""
     rows = [
         "| method | runs (seeds per task) | generated rollouts to 90% of the baseline's gain, "
-        "ratio (median over tasks) | final minus the baseline's (mean over tasks) "
-        "| P(improvement) | claim by the rule |",
+        f"ratio (median over tasks{level}) | final minus the baseline's (mean over tasks"
+        f"{level}) | P(improvement) | claim by the rule |",
         "|---|---|---|---|---|---|",
     ]
     for name, r in over.items():
