@@ -15,7 +15,7 @@ import torch
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
-from replayrl.data.groups import Group, QuestionHistory, reward_std, split_groups
+from replayrl.data.groups import Group, reward_std, split_groups
 from replayrl.data.rollout import Rollout
 from replayrl.data.sources.buffer import BufferSource
 from replayrl.data.sources.group_sources import (
@@ -69,16 +69,6 @@ def test_split_groups_keeps_order_and_rejects_mixed_ids() -> None:
         Group([ro(1, 0.0), ro(2, 0.0)])
     with pytest.raises(ValueError, match="at least one"):
         Group([])
-
-
-def test_question_history_keeps_the_newest_accuracies() -> None:
-    h = QuestionHistory(keep=2)
-    for rewards in ([1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]):
-        h.update([Group([ro(0, r, prompt="same") for r in rewards])])
-    assert h.record["same"] == [0.5, 1.0] and h.latest("same") == 1.0 and h.latest("x") is None
-    again = QuestionHistory()
-    again.load_state_dict(h.state_dict())
-    assert again.record == h.record and again.keep == 2
 
 
 # -- TRL's scored group store ----------------------------------------------------------------
