@@ -231,13 +231,16 @@ class Ar3poSource(GroupSource):
         members = [list(g.rollouts) for g in split_groups(fresh)]
         texts = [m[0].prompt_text for m in members]
         generated = [self.per_round] * len(members)
+        # the one limit on rounds: a prompt's budget of max_rounds rounds of k responses
         cap = self.ar.max_rounds * self.per_round
-        for rnd in range(1, self.ar.max_rounds):
+        rnd = 0
+        while True:
             correct = [sum(r.correct for r in m) for m in members]
             alloc = round_allocation(correct, generated, self.per_round, self.ar.stop_correct, cap)
             active = [i for i, n in enumerate(alloc) if n]
             if not active or self.produce is None:
                 break
+            rnd += 1
             base, more = self._round(version, rnd, [texts[i] for i in active])
             for i in active:
                 generated[i] += self.per_round
