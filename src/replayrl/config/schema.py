@@ -826,6 +826,7 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
+        self._check_buffer()  # what the method's kind of buffer can hold, first
         if (self.buffer.capacity == "auto") != (self.train.batch_size == "auto"):
             # the design picks N and B jointly; with one fixed it would report a design
             # (even "stay on-policy") other than the run
@@ -833,7 +834,6 @@ class Config(_Section):
                 "buffer.capacity=auto and train.batch_size=auto go together (paper 1's design "
                 "picks N and B jointly): set both to auto, or neither"
             )
-        self._check_buffer()
         resolve_ratios(self)  # N, B from x, y first: every check below sees integers
         mini = self.train.mini_batch_size
         if self.train.batch_size != "auto" and mini is not None and mini > self.batch_size:
