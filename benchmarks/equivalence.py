@@ -44,20 +44,20 @@ CASES: dict[str, tuple[str, list[str]]] = {
     ),
     "remix-grpo": (
         "remix-grpo",
-        ["remix.reincarnation_step=6", "kl.schedule.start=2", "kl.schedule.every=2"],
+        ["method.remix.reincarnation_step=6", "kl.schedule.start=2", "kl.schedule.every=2"],
     ),
     "ppo": ("ppo", ["critic.warmup_steps=2"]),
     "remix-ppo": (
         "remix-ppo",
-        ["remix.reincarnation_step=6", "kl.schedule.start=2", "kl.schedule.every=2"],
+        ["method.remix.reincarnation_step=6", "kl.schedule.start=2", "kl.schedule.every=2"],
     ),
     # the group-level sources: extra generation calls, stores, reuse
-    "dapo": ("dapo", ["groups.dynamic_sampling.max_rounds=3"]),
+    "dapo": ("dapo", ["method.dynamic_sampling.max_rounds=3"]),
     "ar3po": ("ar3po", []),
-    "exgrpo": ("exgrpo", ["groups.exgrpo.start_accuracy=0.0"]),
+    "exgrpo": ("exgrpo", ["method.exgrpo.start_accuracy=0.0"]),
     # a pool small enough that prompts come back with filled per-prompt buffers
-    "repo": ("repo", ["groups.repo.prompt_pool=16", "groups.repo.min_buffer=4"]),
-    "group-replay": ("group-replay", ["groups.group_replay.capacity=8"]),
+    "repo": ("repo", ["method.repo.prompt_pool=16", "method.repo.min_buffer=4"]),
+    "group-replay": ("group-replay", ["method.group_replay.capacity=8"]),
 }
 
 # where a run ran, not what it computed: its folder, the cache folder its warm start sits in,

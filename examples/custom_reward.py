@@ -61,7 +61,8 @@ def main() -> None:
         "model.tiny.num_layers=1 model.tiny.hidden_size=32 model.tiny.num_heads=2 "
         "model.tiny.intermediate_size=64 model.warmstart.steps=5 model.warmstart.mistake_steps=0 "
         "rollout.prompts_per_step=2 rollout.num_generations=4 rollout.max_new_tokens=4 "
-        "eval.num_prompts=8 train.threads=1 remix.reincarnation_step=1 logging.progress=false"
+        "eval.num_prompts=8 train.threads=1 method.remix.reincarnation_step=1 "
+        "logging.progress=false"
     ).split()
     trainer = ReplayTrainer(
         model=cli.model,

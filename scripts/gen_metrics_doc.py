@@ -18,7 +18,7 @@ from pathlib import Path
 from docgen import write_or_check
 
 from replayrl.api.trl_compat import TRL_LOG_KEYS
-from replayrl.config.registries import BATCH_SOURCES, SourceCounter
+from replayrl.config.registries import METHODS, SourceCounter
 from replayrl.run import metric_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,17 +50,17 @@ def render() -> str:
         lines += [f"| `{m.key}` | {m.meaning} | {_trl(m.trl)} |" for m in entries]
     lines += [
         "",
-        "## Batch sources' counters (summary.json)",
+        "## Methods' counters (summary.json)",
         "",
-        "Each batch source (`groups.source`) declares the run counters it adds to; they are "
+        "Each method (`method.name`) declares the run counters it adds to; they are "
         "totals in `summary.json` at the end of the run, not per-step keys: a top-level key, "
         "or for rollouts that are in no buffer a term of the rollout ledger "
         "(`accounting.ledger`).",
         "",
-        "| groups.source | counter | in summary.json | meaning |",
+        "| method.name | counter | in summary.json | meaning |",
         "|---|---|---|---|",
     ]
-    for name, spec in sorted(BATCH_SOURCES.items()):
+    for name, spec in sorted(METHODS.items()):
         for counter in spec.metrics:
             where = ", ".join(f"`{key}`" for key in summary_paths(counter))
             lines.append(f"| `{name}` | `{counter.name}` | {where} | {counter.meaning} |")

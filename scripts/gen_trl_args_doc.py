@@ -33,7 +33,7 @@ TRANSLATED = {
     "steps_per_generation": "completions per step = per_device_train_batch_size x this",
     "generation_batch_size": "completions per step R: rollout.prompts_per_step = R / "
     "num_generations",
-    "num_iterations": "train.epochs (passes per batch); ReMix's remix.utd under a ReMix preset",
+    "num_iterations": "train.epochs (passes per batch); method.remix.utd under a ReMix preset",
     "loss_type": "algorithm.loss_agg: grpo -> seq_mean, dapo and bnpo -> token_mean, dr_grpo",
     "scale_rewards": "algorithm.scale_rewards: group/true -> divide by the group's std, none",
     "lr_scheduler_type": "train.lr_scheduler: linear, cosine, constant (constant_with_warmup)",

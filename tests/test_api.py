@@ -61,11 +61,11 @@ def test_config_takes_presets_trl_names_section_keys_and_overrides(tmp_path: Pat
         beta=0.01,
         scale_rewards="none",
         report_to=["wandb"],
-        remix__utd=3,
+        method__remix__utd=3,
         overrides=["eval.every=2"],
     )
     cfg = args.to_config()
-    assert cfg.remix.enabled and cfg.remix.utd == 3  # preset, then section__key
+    assert (cfg.method.name == "remix") and cfg.method.remix.utd == 3  # preset, then section__key
     assert (cfg.train.steps, cfg.train.lr, cfg.kl.beta) == (7, 3e-5, 0.01)
     assert (cfg.rollout.num_generations, cfg.rollout.prompts_per_step) == (4, 8)
     assert cfg.rollout.max_new_tokens == 9 and cfg.algorithm.scale_rewards is False
@@ -75,7 +75,7 @@ def test_config_takes_presets_trl_names_section_keys_and_overrides(tmp_path: Pat
     assert args.sets("eval.every") and args.sets("train.steps") and not args.sets("train.lr2")
     # a Config object and a mapping of dotted overrides
     again = ReplayConfig(cfg, overrides={"train.steps": 3}).to_config()
-    assert again.train.steps == 3 and again.remix.utd == 3
+    assert again.train.steps == 3 and again.method.remix.utd == 3
     # the CLI-style strings reproduce the keyword arguments
     assert load_config("remix-grpo", args.override_strings()) == cfg
 

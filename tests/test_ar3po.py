@@ -14,7 +14,7 @@ import torch
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.ar3po import (
+from replayrl.methods.ar3po import (
     Ar3poConfig,
     Ar3poSource,
     CorrectResponseStore,
@@ -260,7 +260,7 @@ def test_the_store_state_resumes_the_same_reuse() -> None:
 def test_preset_and_settings_it_cannot_honour() -> None:
     cfg = load_config("ar3po")
     grpo = load_config("grpo")
-    assert cfg.groups.source == "ar3po" and cfg.groups.ar3po.max_rounds == 4
+    assert cfg.method.name == "ar3po" and cfg.method.ar3po.max_rounds == 4
     assert (cfg.task, cfg.model.warmstart, cfg.train.steps) == (
         grpo.task,
         grpo.model.warmstart,
@@ -275,16 +275,16 @@ def test_preset_and_settings_it_cannot_honour() -> None:
         load_config("ar3po", ["runtime=async-local"])
     # reusing more than the store keeps per prompt would be capped silently
     with pytest.raises(ConfigError, match="reuse=2 is more than the 1 correct responses"):
-        load_config("ar3po", ["groups.ar3po.reuse=2"])
-    load_config("ar3po", ["groups.ar3po.reuse=2", "groups.ar3po.store_per_prompt=2"])
+        load_config("ar3po", ["method.ar3po.reuse=2"])
+    load_config("ar3po", ["method.ar3po.reuse=2", "method.ar3po.store_per_prompt=2"])
 
 
 def test_config_keys_reach_the_source() -> None:
     from replayrl.run.components import build_batch_source
 
-    over = ["groups.ar3po.max_rounds=2", "groups.ar3po.stop_correct=3", "groups.ar3po.reuse=0"]
-    over += ["groups.ar3po.store_per_prompt=5", "groups.ar3po.store_prompts=7"]
-    over += ["groups.ar3po.reuse_logprobs=behaviour", "rollout.num_generations=3"]
+    over = ["method.ar3po.max_rounds=2", "method.ar3po.stop_correct=3", "method.ar3po.reuse=0"]
+    over += ["method.ar3po.store_per_prompt=5", "method.ar3po.store_prompts=7"]
+    over += ["method.ar3po.reuse_logprobs=behaviour", "rollout.num_generations=3"]
     src = build_batch_source(load_config("ar3po", over), OnPolicyQueue())
     assert isinstance(src, Ar3poSource)
     assert (src.ar.max_rounds, src.ar.stop_correct, src.ar.reuse) == (2, 3, 0)
@@ -331,7 +331,7 @@ def test_ar3po_through_the_api_crash_and_resume_equals_the_uninterrupted_run(
     two = lambda self, n, rng: [self.make_row(int(a), 1) for a in rng.integers(0, 2, size=n)]  # noqa: E731
     monkeypatch.setattr(ArithmeticTask, "sample_train", two)  # prompts recur: reuse can happen
     over = [*TINY_RUN, "train.threads=1", "rollout.num_generations=2", "checkpoint.every=1"]
-    over += ["rewards=[{name: digits_format}]", "groups.ar3po.max_rounds=2"]
+    over += ["rewards=[{name: digits_format}]", "method.ar3po.max_rounds=2"]
     whole, resumed, whole_steps, crash_steps = crash_and_resume(
         tmp_path, monkeypatch, "ar3po", over
     )

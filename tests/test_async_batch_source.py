@@ -13,8 +13,8 @@ import torch
 from replayrl.config.schema import load_config
 from replayrl.data.buffer import make_buffer
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.buffer import RemixSource
 from replayrl.launch.entry import train
+from replayrl.methods.remix import RemixSource
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from tiny import TINY_RUN
 
@@ -36,12 +36,12 @@ def test_async_local_remix_mixes_the_window_then_reincarnates(tmp_path: Path) ->
             f"logging.run_dir={tmp_path}",
             "train.threads=1",
             "train.steps=4",
-            "remix.enabled=true",
+            "method.name=remix",
             "algorithm.loss_type=mix_ppg",
-            "remix.composition=additive",  # asynchronous: R fresh per delivery
-            "remix.off_policy_fraction=0.2",
-            "remix.num_policies=2",
-            "remix.reincarnation_step=2",
+            "method.remix.composition=additive",  # asynchronous: R fresh per delivery
+            "method.remix.off_policy_fraction=0.2",
+            "method.remix.num_policies=2",
+            "method.remix.reincarnation_step=2",
             "kl.beta=0.01",
             "kl.target=convex",
         ],
@@ -70,7 +70,7 @@ def test_async_local_replay_ratio_paces_the_learner(tmp_path: Path) -> None:
             f"logging.run_dir={tmp_path}",
             "train.threads=1",
             f"train.steps={steps}",
-            "buffer.kind=replay",
+            "method.name=replay",
             "buffer.capacity=64",
             f"train.batch_size={B}",
             f"workers.replay_ratio={y}",
@@ -91,17 +91,20 @@ def _rollout(version: int) -> Rollout:
 
 def test_remix_pending_deliveries_survive_a_checkpoint_and_count_in_the_ledger() -> None:
     cfg = load_config(
-        None, ["remix.enabled=true", "algorithm.loss_type=mix_ppg", "remix.composition=additive"]
+        None,
+        ["method.name=remix", "algorithm.loss_type=mix_ppg", "method.remix.composition=additive"],
     )
     window = make_buffer("replay", 16)
-    src = RemixSource(make_buffer("onpolicy", None), window, 8, cfg.remix)
+    src = RemixSource(make_buffer("onpolicy", None), window, 8, cfg.method.remix)
     src.push([_rollout(0) for _ in range(3)])
     assert src.available() == 3 and len(src.buffer) == 0  # mixing: held for the next batch
     assert sum(b.stats()["size"] for b in src.buffers()) == 3
-    again = RemixSource(make_buffer("onpolicy", None), make_buffer("replay", 16), 8, cfg.remix)
+    again = RemixSource(
+        make_buffer("onpolicy", None), make_buffer("replay", 16), 8, cfg.method.remix
+    )
     again.load_state_dict(src.state_dict())
     batch, passes = again.sample(version=1)
-    assert len(batch) == 3 and passes == cfg.remix.utd and again.available() == 0
+    assert len(batch) == 3 and passes == cfg.method.remix.utd and again.available() == 0
 
 
 def test_remix_pending_deliveries_past_the_staleness_bound_are_dropped_and_counted() -> None:
@@ -110,10 +113,11 @@ def test_remix_pending_deliveries_past_the_staleness_bound_are_dropped_and_count
     from replayrl.run.state import Counters, ledger
 
     cfg = load_config(
-        None, ["remix.enabled=true", "algorithm.loss_type=mix_ppg", "remix.composition=additive"]
+        None,
+        ["method.name=remix", "algorithm.loss_type=mix_ppg", "method.remix.composition=additive"],
     )
     queue = make_buffer("onpolicy", None, max_staleness=1)
-    src = RemixSource(queue, make_buffer("replay", 16), 8, cfg.remix)
+    src = RemixSource(queue, make_buffer("replay", 16), 8, cfg.method.remix)
     src.push([_rollout(0) for _ in range(3)] + [_rollout(4) for _ in range(2)])
     c = Counters(rollouts_generated=5)
     src.before_step(SimpleNamespace(version=5), c, lambda _: None)  # bound 1: version >= 4
@@ -121,6 +125,6 @@ def test_remix_pending_deliveries_past_the_staleness_bound_are_dropped_and_count
     assert [r.policy_version for r in batch] == [4, 4]
     led = ledger(c, src.buffers())
     assert led["dropped_stale"] == 3 and led["balanced"]
-    again = RemixSource(make_buffer("onpolicy", None, max_staleness=1), None, 8, cfg.remix)
+    again = RemixSource(make_buffer("onpolicy", None, max_staleness=1), None, 8, cfg.method.remix)
     again.load_state_dict(src.state_dict())
     assert again.pending_dropped_stale == 3

@@ -113,7 +113,7 @@ def test_the_async_loop_in_process_trains_paces_and_accounts(tmp_path):
     logs: list[str] = []
     s, pool, summary = _run(
         tmp_path,
-        "buffer.kind=replay",
+        "method.name=replay",
         "buffer.capacity=64",
         "train.batch_size=16",
         "workers.replay_ratio=2",

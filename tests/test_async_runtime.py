@@ -17,9 +17,9 @@ import torch
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import make_buffer
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.buffer import BufferSource
 from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
 from replayrl.launch.entry import train
+from replayrl.methods.buffer import BufferSource
 from replayrl.recipes.asynchronous import AsyncSession
 from replayrl.recipes.pool import Delivery
 from replayrl.records.ledger import ledger_stats, role_summary, rollout_ledger
@@ -31,7 +31,7 @@ CLI = [sys.executable, "-m", "replayrl.cli.main"]
 # replay at y = B/R = 2 with a staleness bound: the learner paces itself on deliveries
 ASYNC = [
     *TINY_RUN,
-    "buffer.kind=replay",
+    "method.name=replay",
     "buffer.capacity=32",
     "train.batch_size=16",
     "train.threads=1",
@@ -78,7 +78,7 @@ FSDP = ["runtime=ray", "workers.learners=2", "train.sharding=fsdp"]
             [
                 "runtime=ray",
                 "workers.learners=3",
-                "buffer.kind=replay",
+                "method.name=replay",
                 "buffer.capacity=32",
                 "train.batch_size=24",
             ],
@@ -88,10 +88,10 @@ FSDP = ["runtime=ray", "workers.learners=2", "train.sharding=fsdp"]
             [
                 "runtime=ray",
                 "workers.learners=2",
-                "remix.enabled=true",
+                "method.name=remix",
                 "algorithm.loss_type=mix_ppg",
             ],
-            "remix.enabled needs workers.learners=1",
+            "method.name=remix needs workers.learners=1",
         ),
         (["runtime=threads"], "runtime"),
         # sharded learners (train.sharding=fsdp): what they do not run, refused by name

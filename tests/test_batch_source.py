@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from replayrl.config.schema import RemixConfig
-from replayrl.data.sources.buffer import BufferSource, RemixSource
+from replayrl.methods.buffer import BufferSource
+from replayrl.methods.remix import RemixConfig, RemixSource
 from replayrl.run.state import Counters
 
 
@@ -44,8 +44,11 @@ class RecordingBuffer:
 
 
 class CountingLearner:
+    """The learner as a method sees it (`LearnerPort`), counting reincarnations."""
+
     def __init__(self) -> None:
         self.reincarnations = 0
+        self.version = 0
 
     def reincarnate(self) -> None:
         self.reincarnations += 1
@@ -59,7 +62,6 @@ def _remix(
     at: float | None = None,
 ) -> RemixSource:
     rm = RemixConfig(
-        enabled=True,
         off_policy_fraction=p,
         utd=2,
         utd_after=1,
@@ -205,8 +207,8 @@ def test_reincarnation_at_a_share_of_the_generated_budget() -> None:
 
 
 def test_reincarnation_at_needs_a_budget_and_fixed_needs_p() -> None:
-    rm = RemixConfig(enabled=True, reincarnation_step=None, reincarnation_at=0.5)
+    rm = RemixConfig(reincarnation_step=None, reincarnation_at=0.5)
     with pytest.raises(ValueError, match="budget"):
         RemixSource(RecordingBuffer(), RecordingBuffer(), 4, rm, prompts_per_step=2)
     with pytest.raises(ValueError, match="prompts_per_step"):
-        RemixSource(RecordingBuffer(), RecordingBuffer(), 4, RemixConfig(enabled=True))
+        RemixSource(RecordingBuffer(), RecordingBuffer(), 4, RemixConfig())

@@ -28,7 +28,7 @@ def _suite(tmp_path: Path) -> Path:
     suite = {
         "baseline": "grpo",
         "overrides": TINY,
-        "quick_overrides": ["train.steps=2", "eval.every=1", "remix.reincarnation_step=1"],
+        "quick_overrides": ["train.steps=2", "eval.every=1", "method.remix.reincarnation_step=1"],
         "variants": {
             "grpo": {"config": "grpo"},  # shipped presets by name
             "replay": {
@@ -313,7 +313,7 @@ def _stand_in_run(cfg, peer, run_dir: Path, log) -> dict:
     from replayrl.config.schema import config_to_yaml
 
     acc = {"add": 0.5, "sub": 0.3, "chain": 0.1}[cfg.task.settings.op]
-    acc += 0.1 if cfg.buffer.kind == "replay" else 0.0
+    acc += 0.1 if cfg.method_spec.buffer == "replay" else 0.0
     acc -= 0.1 if cfg.algorithm.advantage == "gae" else 0.0
     evals = [
         {"eval/accuracy": 0.0, "rollouts_generated": 0, "wall_seconds": 0.0},
@@ -443,7 +443,7 @@ def test_reasoning_suite_quick_end_to_end_on_one_task(
     assert (
         cfg.task.name == "reasoning"
         and cfg.task.settings.op == "add"
-        and cfg.buffer.kind == "replay"
+        and cfg.method_spec.buffer == "replay"
     )
     assert cfg.rewards[0].name == "final_answer"
     run = json.loads((folder / "add" / "replay-s0" / "summary.json").read_text())

@@ -11,8 +11,8 @@ import numpy as np
 from replayrl.config.schema import load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.base import make_rng
-from replayrl.data.sources.ar3po import Ar3poSource
-from replayrl.data.sources.exgrpo import ExgrpoSource
+from replayrl.methods.ar3po import Ar3poSource
+from replayrl.methods.exgrpo import ExgrpoSource
 from replayrl.run.components import build_batch_source
 
 
@@ -31,6 +31,9 @@ class RecordingProducer:
         self.calls.append((args, kwargs))
         return [], {}
 
+    def sample_prompts(self, n):  # as RolloutProducer: from its task, with its own stream
+        return self.task.sample_train(n, self.prompt_rng)
+
     def _sample_train(self, n, rng):
         self.samples.append((n, rng))
         return [{"prompt": f"q{i}"} for i in range(n)]
@@ -43,15 +46,15 @@ def test_build_ar3po_passes_config_and_every_produce_argument():
             "rollout.num_generations=3",
             "rollout.prompts_per_step=5",
             "train.epochs=2",
-            "groups.ar3po.store_per_prompt=2",
-            "groups.ar3po.store_prompts=7",
+            "method.ar3po.store_per_prompt=2",
+            "method.ar3po.store_prompts=7",
         ],
     )
     producer = RecordingProducer()
     src = build_batch_source(cfg, OnPolicyQueue(), producer)  # type: ignore[arg-type]
     assert isinstance(src, Ar3poSource)
     assert (src.per_round, src.prompts_per_call, src.epochs) == (3, 5, 2)
-    assert src.scale_rewards is True and src.ar is cfg.groups.ar3po
+    assert src.scale_rewards is True and src.ar is cfg.method.ar3po
     assert (src.store.per_prompt, src.store.max_prompts) == (2, 7)
     src.produce(11, 12, 13, ["again"], 4)
     assert producer.calls == [((11, 12, 13), {"rows": [{"prompt": "again"}], "num_generations": 4})]
@@ -67,8 +70,8 @@ def test_build_exgrpo_source_wires_producer_learner_and_config():
             "rollout.num_generations=6",
             "train.epochs=3",
             "train.seed=5",
-            "groups.exgrpo.store_per_question=4",
-            "groups.exgrpo.store_questions=9",
+            "method.exgrpo.store_per_question=4",
+            "method.exgrpo.store_questions=9",
         ],
     )
     producer = RecordingProducer()
@@ -79,7 +82,7 @@ def test_build_exgrpo_source_wires_producer_learner_and_config():
     assert src.rows() == producer.last_rows
     assert [r["prompt"] for r in src.sample_rows(2)] == ["q0", "q1"]
     assert producer.samples == [(2, producer.prompt_rng)]  # the producer's own prompt stream
-    assert src.epochs == 3 and src.scale_rewards is True and src.ex is cfg.groups.exgrpo
+    assert src.epochs == 3 and src.scale_rewards is True and src.ex is cfg.method.exgrpo
     st = src.store
     assert (st.group_size, st.per_question, st.max_questions) == (6, 4, 9)
     # its own generator, seeded train.seed + 4 (not the run's stream)
@@ -135,12 +138,12 @@ def test_remix_window_draws_from_the_runs_seed():
     import torch
 
     from replayrl.data.rollout import Rollout
-    from replayrl.data.sources.buffer import remix_window
+    from replayrl.methods.remix import remix_window
 
     def window(seed: int):
         cfg = load_config("remix-grpo", [f"train.seed={seed}"])
         w = remix_window(cfg)
-        assert w is not None and w.capacity == cfg.remix.num_policies * cfg.rollouts_per_step
+        assert w is not None and w.capacity == cfg.method.remix.num_policies * cfg.rollouts_per_step
         w.push(
             [
                 Rollout(

@@ -36,7 +36,7 @@ def test_defaults_validate_and_round_trip():
     assert cfg.rollouts_per_step == 16 * 8  # R = prompts_per_step * num_generations
     assert cfg.batch_size == cfg.rollouts_per_step  # B defaults to R
     assert [(r.name, r.weight) for r in cfg.rewards] == [("correctness", 1.0)]
-    assert cfg.buffer.kind == "onpolicy"
+    assert cfg.method.name == "onpolicy" and cfg.method_spec.buffer == "onpolicy"
     # the YAML written into run folders reads back to the same config
     assert build_config(yaml.safe_load(config_to_yaml(cfg))) == cfg
 
@@ -206,10 +206,10 @@ def test_invalid_yaml_file(tmp_path: Path):
 
 
 def test_replay_buffer_needs_capacity():
-    msg = _error(["buffer.kind=replay"])
+    msg = _error(["method.name=replay"])
     assert "buffer.capacity" in msg
     assert "replay" in msg
-    cfg = load_config(None, ["buffer.kind=replay", "buffer.capacity=256"])  # >= B = 128
+    cfg = load_config(None, ["method.name=replay", "buffer.capacity=256"])  # >= B = 128
     assert cfg.buffer.capacity == 256
 
 

@@ -26,9 +26,9 @@ from replayrl.algorithms import ADVANTAGES, group_advantages
 from replayrl.api.config import config_keys
 from replayrl.config.schema import Config, load_config
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.buffer import remix_window
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
+from replayrl.methods.remix import remix_window
 from replayrl.models.loading import build_tiny_model
 from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
 from replayrl.rollout.generation import Sample, SamplingParams
@@ -40,8 +40,8 @@ from replayrl.run.components import build_batch_source, build_buffer
 from replayrl.run.state import Counters
 
 R_OVERRIDES = ("rollout.prompts_per_step=2", "rollout.num_generations=4")  # R = 8
-REMIX = ("remix.enabled=true", "algorithm.loss_type=mix_ppg", "remix.reincarnation_step=2")
-REPLAY = ("buffer.kind=replay", "buffer.capacity=16")
+REMIX = ("method.name=remix", "algorithm.loss_type=mix_ppg", "method.remix.reincarnation_step=2")
+REPLAY = ("method.name=replay", "buffer.capacity=16")
 CONVEX = ("kl.beta=0.5", "kl.target=convex", "kl.schedule.start=0", "kl.schedule.every=1")
 GAE = ("algorithm.advantage=gae",)
 
@@ -61,18 +61,18 @@ def observe_data(cfg: Config, _: Any) -> Any:
     buf = build_buffer(cfg)
     buf.push([_rollout(i, i // 8) for i in range(24)])
     draws = [[r.group_id for r in buf.sample(6, current_version=3)] for _ in range(2)]
-    window = remix_window(cfg) if cfg.remix.enabled else None
+    window = remix_window(cfg) if (cfg.method.name == "remix") else None
     if window is not None:
         window.push([_rollout(i, i // R) for i in range(5 * R)])
     source = build_batch_source(cfg, build_buffer(cfg))
     counters = Counters()
-    learner = SimpleNamespace(reincarnate=lambda: None)
+    learner = SimpleNamespace(reincarnate=lambda: None, version=0)
     batches = []
     for step in range(4):
         counters.step = step
         source.before_step(learner, counters, lambda _: None)
         # ReMix's fixed composition generates fewer prompts while mixing
-        prompts = getattr(source, "prompts_this_step", lambda: None)()
+        prompts = source.prompts_this_step()
         fresh = R if prompts is None else prompts * cfg.rollout.num_generations
         batch, passes = source.next_batch([_rollout(i, step) for i in range(fresh)], step)
         counters.rollouts_generated += fresh
@@ -227,7 +227,7 @@ OBSERVERS = {
 # set together with the key, for a key that does nothing alone])
 OBSERVED: dict[str, tuple[Any, ...]] = {
     # the batch: buffers, ReMix's window and the batch source
-    "buffer.kind": ("data", "replay", ("buffer.capacity=16",)),
+    "method.name": ("data", "replay", ("buffer.capacity=16",)),
     "buffer.capacity": ("data", 8, REPLAY),
     # with delta = 0 positive bias is uniform by construction; delta alone is invalid
     "buffer.sampler": ("data", "positive_bias", REPLAY, ("buffer.delta=0.9",)),
@@ -236,25 +236,24 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
     "buffer.num_shards": ("data", 2, REPLAY),
     "buffer.max_staleness": ("data", 1, ()),
     # x = N/R and y = B/R: N = round(x R), B = round(y R) at R = 8
-    "buffer.staleness_horizon": ("data", 1, ("buffer.kind=replay", "buffer.staleness_horizon=2")),
+    "buffer.staleness_horizon": ("data", 1, ("method.name=replay", "buffer.staleness_horizon=2")),
     "buffer.replay_ratio": ("data", 0.5, REPLAY),
     "train.seed": ("data", 7, REPLAY),
     "train.batch_size": ("data", 4, ()),
     "train.epochs": ("data", 2, ()),
-    "remix.enabled": ("data", True, ("algorithm.loss_type=mix_ppg",)),
     # fixed composition: round((1 - p) P) fresh prompts, 3 at p = 0.4 and 2 at p = 0.6 (P = 5)
-    "remix.off_policy_fraction": ("data", 0.6, (*REMIX, "rollout.prompts_per_step=5")),
-    "remix.num_policies": ("data", 3, REMIX),
-    "remix.utd": ("data", 3, REMIX),
-    "remix.reincarnation_step": ("data", 3, REMIX),
-    "remix.utd_after": ("data", 2, REMIX),
+    "method.remix.off_policy_fraction": ("data", 0.6, (*REMIX, "rollout.prompts_per_step=5")),
+    "method.remix.num_policies": ("data", 3, REMIX),
+    "method.remix.utd": ("data", 3, REMIX),
+    "method.remix.reincarnation_step": ("data", 3, REMIX),
+    "method.remix.utd_after": ("data", 2, REMIX),
     # at 8 of a 32-rollout budget: reincarnation at step 1 (without it: never, T is null)
-    "remix.reincarnation_at": (
+    "method.remix.reincarnation_at": (
         "data",
         0.25,
-        (*REMIX, "remix.reincarnation_step=null", "train.rollout_budget=32"),
+        (*REMIX, "method.remix.reincarnation_step=null", "train.rollout_budget=32"),
     ),
-    "remix.composition": ("data", "additive", REMIX),
+    "method.remix.composition": ("data", "additive", REMIX),
     "rollout.prompts_per_step": ("producer", 3, ()),
     "rollout.num_generations": ("producer", 2, ()),
     "rollout.temperature": ("producer", 0.7, ()),
@@ -340,19 +339,18 @@ NOT_OBSERVED: dict[str, str] = {
     "observer's fixed mu = 4: tests/test_design.py::test_y_below_one_only_when_allowed",
     "train.failure_patience": "ends a run after K failing steps: default K = 3 end to end and "
     "score(patience=K) in tests/test_faults_reliability.py",
-    "groups.source": "which group batch source: tests/test_groups.py (CLI and API runs)",
     **{
-        f"groups.dynamic_sampling.{k}": "DAPO's source, built from the config and run: "
+        f"method.dynamic_sampling.{k}": "DAPO's source, built from the config and run: "
         "tests/test_groups.py (test_config_keys_reach_the_sources, max_rounds, carrying)"
         for k in ("carry_surplus", "max_rounds", "std_tol", "train_prompts")
     },
     **{
-        f"groups.group_replay.{k}": "TRL's group replay, built from the config and run: "
+        f"method.group_replay.{k}": "TRL's group replay, built from the config and run: "
         "tests/test_groups.py (test_config_keys_reach_the_sources, zero_std_tol)"
         for k in ("capacity", "include_current", "zero_std_tol")
     },
     **{
-        f"groups.ar3po.{k}": "AR3PO's source, built from the config and run: tests/test_ar3po.py "
+        f"method.ar3po.{k}": "AR3PO's source, built from the config and run: tests/test_ar3po.py "
         "(test_config_keys_reach_the_source and each key's own test)"
         for k in (
             "max_rounds",
@@ -364,29 +362,31 @@ NOT_OBSERVED: dict[str, str] = {
         )
     },
     **{
-        f"groups.exgrpo.{k}": "ExGRPO's source and loss, built from the config and run: "
+        f"method.exgrpo.{k}": "ExGRPO's source and loss, built from the config and run: "
         "tests/test_exgrpo.py (test_config_keys_reach_the_exgrpo_source, the sampler, selection, "
         "start and loss tests)"
         for k in ("ratio", "sigma", "selection", "start_accuracy", "shaping_beta")
     },
     **{
-        f"groups.exgrpo.{k}": "the experience store's caps, built from the config: "
+        f"method.exgrpo.{k}": "the experience store's caps, built from the config: "
         "tests/test_exgrpo.py (test_config_keys_reach_the_exgrpo_source, "
         "test_store_caps_drop_the_oldest_trajectories_and_questions)"
         for k in ("store_per_question", "store_questions")
     },
     **{
-        f"groups.repo.{k}": "RePO's source, built from the config and run: tests/test_repo.py "
+        f"method.repo.{k}": "RePO's source, built from the config and run: tests/test_repo.py "
         "(test_config_keys_reach_the_repo_source, the strategy, source and pool tests)"
         for k in ("strategy", "num_replays", "buffer_size", "min_buffer", "prompt_pool")
     },
-    "groups.repo.max_prompts": "the per-prompt buffers' cap, built from the config: "
+    "method.repo.max_prompts": "the per-prompt buffers' cap, built from the config: "
     "tests/test_repo.py (test_config_keys_reach_the_repo_source, "
     "test_store_keeps_the_newest_per_prompt_and_the_most_recent_prompts)",
     **{
         f"train.{k}": "the per-step learning rate in metrics.jsonl: tests/test_trl_lr.py"
-        for k in ("lr_scheduler", "warmup_ratio", "warmup_steps")
+        for k in ("lr_scheduler", "warmup_steps")
     },
+    "train.warmup_ratio": "the learner's warm-up, ceil(ratio x steps) steps: tests/"
+    "test_trl_lr.py::test_warmup_ratio_sets_the_learners_warm_up",
     "runtime": f"which loop runs: {ELSEWHERE} tests/test_async_runtime.py",
     "model.path": "which model folder loads: tests/test_smollm2.py, tests/test_api.py",
     "model.dtype": "the policy's load dtype: tests/test_precision.py",
@@ -437,7 +437,7 @@ NOT_OBSERVED: dict[str, str] = {
     "train.steps": f"run length: {ELSEWHERE} tests/test_run.py",
     "train.rollout_budget": f"run length in generated rollouts: {ELSEWHERE} tests/test_remix.py",
     "eval.every_rollouts": f"when evaluations happen: {ELSEWHERE} tests/test_remix.py",
-    "remix.replay_advantage": "a check only (each estimator allows one value: group "
+    "method.remix.replay_advantage": "a check only (each estimator allows one value: group "
     "advantages are stored, a critic's recomputed): tests/test_remix.py",
     "train.micro_batch_size": "memory only: reproduces the full batch step, "
     "tests/test_learner.py::test_micro_batches_reproduce_the_full_batch_step",
@@ -549,7 +549,7 @@ def learner_ctx(tiny_model, char_tokenizer):
 
 
 def _observe(name: str, overrides: list[str], ctx: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    extra = ["buffer.kind=replay", "buffer.capacity=auto", "train.batch_size=auto"]
+    extra = ["method.name=replay", "buffer.capacity=auto", "train.batch_size=auto"]
     # numbers, not the default `measured`: the scripted session has no learner to probe
     # (alpha = rho = measured end to end: tests/test_design.py::test_auto_run_measures_*)
     extra += ["design.alpha=0.25", "design.rho=0.5"]

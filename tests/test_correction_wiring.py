@@ -101,3 +101,33 @@ def test_tis_needs_the_learners_logprobs_and_advantages(tiny_model, char_tokeniz
                 ],
             ),
         )
+
+
+def test_sequence_truncate_weights_each_row_by_its_own_product(tiny_model, char_tokenizer):
+    """importance_sampling_mode=sequence_truncate: one weight per sequence, the product of
+    its own token ratios (capped), never one ratio over the padded batch. Rollout 0's sampler
+    log-probs are log 1.1 lower per token (weight 1.1^len0), rollout 1's log 1.2 higher
+    (weight 1.2^-len1), the others equal (weight 1); the cap (100) binds none."""
+    rollouts = _rollouts(tiny_model, char_tokenizer)
+    rollouts[0].behaviour_logprobs = rollouts[0].behaviour_logprobs - math.log(1.1)
+    rollouts[1].behaviour_logprobs = rollouts[1].behaviour_logprobs + math.log(1.2)
+    lens = [r.completion_ids.numel() for r in rollouts]
+    assert lens[0] > 1 and lens[1] > 1  # a product over several tokens
+    adv = [r.advantage for r in rollouts]
+    n = sum(lens)
+    m = _step(
+        tiny_model,
+        char_tokenizer,
+        copy.deepcopy(rollouts),
+        [
+            "precision.recompute_behaviour_logprobs=always",
+            "precision.truncated_is_cap=100",
+            "precision.importance_sampling_mode=sequence_truncate",
+        ],
+    )
+    weights = [1.1 ** lens[0], 1.2 ** -lens[1], 1.0, 1.0]
+    want = -sum(w * a * k for w, a, k in zip(weights, adv, lens, strict=True)) / n
+    assert m["policy_loss"] == pytest.approx(want, abs=1e-4)
+    mean = sum(w * k for w, k in zip(weights, lens, strict=True)) / n
+    assert m["tis/mean_weight"] == pytest.approx(mean, abs=1e-4)
+    assert m["tis/truncated_share"] == 0.0

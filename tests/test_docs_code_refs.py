@@ -56,10 +56,10 @@ def test_a_moved_file_and_a_renamed_symbol_are_caught() -> None:
     assert broken_refs("`data/batch_source.py: RemixSource.sample`") == [
         "data/batch_source.py: no such file"
     ]
-    assert broken_refs("`data/sources/buffer.py: RemixSource.sample_all`") == [
-        "data/sources/buffer.py: RemixSource.sample_all is not defined there"
+    assert broken_refs("`methods/remix.py: RemixSource.sample_all`") == [
+        "methods/remix.py: RemixSource.sample_all is not defined there"
     ]
-    assert broken_refs("`data/sources/buffer.py: RemixSource.sample, stale_count`") == []
+    assert broken_refs("`methods/remix.py: RemixSource.sample, stale_count`") == []
 
 
 def test_code_pointers_in_the_docs_resolve() -> None:

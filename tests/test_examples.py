@@ -72,7 +72,7 @@ def test_the_twins_train(script: str, tiny_model_dir: Path, tmp_path: Path) -> N
     if script.startswith("replayrl"):
         # TRL's behaviour: on-policy, linear decay, plain prompts untemplated, no evaluation
         cfg = yaml.safe_load((out / "config.yaml").read_text())
-        assert cfg["buffer"]["kind"] == "onpolicy" and cfg["rollout"]["num_generations"] == 4
+        assert cfg["method"]["name"] == "onpolicy" and cfg["rollout"]["num_generations"] == 4
         assert cfg["rollout"]["prompts_per_step"] == 2 and cfg["train"]["lr_scheduler"] == "linear"
         assert cfg["task"]["chat_template"] is False and cfg["task"]["eval_size"] == 0
         records = read_metrics(out / "metrics.jsonl")
@@ -91,7 +91,7 @@ def test_custom_reward_example(tmp_path: Path) -> None:
     assert mine["name"].startswith("<not replayable from the command line")
     assert "digit_credit" in mine["name"] and "(__main__)" in mine["name"]
     assert mine["weight"] == 1.0 and builtin == {"name": "digits_format", "weight": 0.2}
-    assert cfg["remix"]["enabled"]
+    assert cfg["method"]["name"] == "remix"
     steps = [r for r in read_metrics(out / "metrics.jsonl") if r["step"] > 0]
     assert len(steps) == 3
     for r in steps:

@@ -19,7 +19,7 @@ from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.groups import Group
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.exgrpo import (
+from replayrl.methods.exgrpo import (
     ExgrpoConfig,
     ExgrpoSource,
     ExperienceStore,
@@ -386,7 +386,7 @@ def test_source_state_round_trip_draws_the_same_questions() -> None:
     ("extra", "match"),
     [
         (["train.batch_size=64"], "sizes its own batch"),
-        (["groups.exgrpo.ratio=1.0"], "ratio"),
+        (["method.exgrpo.ratio=1.0"], "ratio"),
         (["buffer.capacity=64"], "smaller than the fresh rollouts"),
     ],
 )
@@ -405,9 +405,9 @@ def test_exgrpo_capacity_must_hold_the_fresh_and_the_replayed_questions_rollouts
 def test_config_keys_reach_the_exgrpo_source() -> None:
     from replayrl.run.components import build_batch_source
 
-    over = ["groups.exgrpo.ratio=0.25", "groups.exgrpo.selection=random", "groups.exgrpo.sigma=2"]
-    over += ["groups.exgrpo.start_accuracy=0.5", "groups.exgrpo.shaping_beta=0.3"]
-    over += ["groups.exgrpo.store_per_question=3", "groups.exgrpo.store_questions=5"]
+    over = ["method.exgrpo.ratio=0.25", "method.exgrpo.selection=random", "method.exgrpo.sigma=2"]
+    over += ["method.exgrpo.start_accuracy=0.5", "method.exgrpo.shaping_beta=0.3"]
+    over += ["method.exgrpo.store_per_question=3", "method.exgrpo.store_questions=5"]
     cfg = load_config("exgrpo", over)
     src = build_batch_source(cfg, OnPolicyQueue())
     assert (src.store.per_question, src.store.max_questions) == (3, 5)
@@ -430,7 +430,7 @@ def test_exgrpo_trains_through_the_cli_and_replays(tmp_path: Path, monkeypatch) 
 
     _mixed_correctness(monkeypatch)
     argv = [*TINY_RUN, "train.threads=1", "train.steps=3", f"logging.run_dir={tmp_path}"]
-    argv += ["logging.name=ex", "groups.exgrpo.start_accuracy=0"]
+    argv += ["logging.name=ex", "method.exgrpo.start_accuracy=0"]
     assert main(["train", "--config", "exgrpo", *argv]) == 0
     s = json.loads((tmp_path / "ex" / "summary.json").read_text())
     led = s["accounting"]["ledger"]
@@ -456,7 +456,7 @@ def test_exgrpo_crash_and_resume_equals_the_uninterrupted_run(
     from tiny import TINY_RUN, crash_and_resume
 
     _mixed_correctness(monkeypatch)
-    common = [*TINY_RUN, "train.threads=1", "groups.exgrpo.start_accuracy=0"]
+    common = [*TINY_RUN, "train.threads=1", "method.exgrpo.start_accuracy=0"]
     common += ["checkpoint.every=1"]
     whole, resumed, whole_steps, crash_steps = crash_and_resume(
         tmp_path, monkeypatch, "exgrpo", common
@@ -476,20 +476,20 @@ def test_exgrpo_crash_and_resume_equals_the_uninterrupted_run(
     "extra",
     [
         [],  # the grpo preset: no group source
-        ["buffer.kind=replay", "buffer.capacity=64"],  # a replay buffer's stale rollouts
-        ["groups.source=ar3po"],  # AR3PO's reused copies
+        ["method.name=replay", "buffer.capacity=64"],  # a replay buffer's stale rollouts
+        ["method.name=ar3po"],  # AR3PO's reused copies
     ],
 )
 def test_exgrpo_loss_without_its_source_is_refused(extra: list[str]) -> None:
     # the shaped, unclipped term would change every other stale rollout's objective silently
-    with pytest.raises(ConfigError, match="loss_type=exgrpo needs groups.source=exgrpo"):
+    with pytest.raises(ConfigError, match="loss_type=exgrpo needs method.name=exgrpo"):
         load_config("grpo", [*extra, "algorithm.loss_type=exgrpo"])
 
 
 def test_exgrpo_source_with_another_loss_warns(recwarn: pytest.WarningsRecorder) -> None:
-    with pytest.warns(UserWarning, match="without ExGRPO's policy shaping"):
+    with pytest.warns(UserWarning, match="is built for algorithm.loss_type=exgrpo"):
         cfg = load_config("exgrpo", ["algorithm.loss_type=grpo_clip"])
-    assert cfg.groups.source == "exgrpo"  # an ablation: allowed
+    assert cfg.method.name == "exgrpo"  # an ablation: allowed
     recwarn.clear()
     load_config("exgrpo")  # the preset pairs them: no warning
-    assert not [w for w in recwarn if "policy shaping" in str(w.message)]
+    assert not [w for w in recwarn if "is built for" in str(w.message)]

@@ -46,7 +46,7 @@ from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from tiny import TINY_RUN
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-BASE = [*TINY_RUN, "train.threads=1", "buffer.kind=replay", "buffer.capacity=16"]
+BASE = [*TINY_RUN, "train.threads=1", "method.name=replay", "buffer.capacity=16"]
 
 
 def args(run_root: Path, name: str, *extra: str) -> list[str]:
@@ -493,7 +493,7 @@ KEYS = [
     "train.threads",
     "buffer.capacity",
     "buffer.delta",
-    "buffer.kind",
+    "method.name",
     "rollout.temperature",
     "rollout.reward_timeout_s",
     "rollout.num_generations",

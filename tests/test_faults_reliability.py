@@ -63,7 +63,7 @@ from test_faults import cli, one_error_line
 from tiny import TINY_RUN
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-BASE = [*TINY_RUN, "train.threads=1", "buffer.kind=replay", "buffer.capacity=16"]
+BASE = [*TINY_RUN, "train.threads=1", "method.name=replay", "buffer.capacity=16"]
 # a reward with variance (parity of the text; the tiny warm start is never right) that also
 # sleeps, so that a signal lands mid-run on any machine
 SLOW_REWARD = (

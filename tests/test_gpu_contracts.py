@@ -405,12 +405,12 @@ def test_trl_use_cpu_and_vllm_arguments_are_mapped_or_refused():
     from replayrl.api.trl_args import translate
     from replayrl.config.schema import ConfigError
 
-    t = translate({"use_cpu": True, "vllm_max_model_length": 512}, {}, remix=False)
+    t = translate({"use_cpu": True, "vllm_max_model_length": 512}, {})
     assert t.dotted["train.device"] == "cpu" and t.dotted["vllm.max_model_len"] == 512
-    assert "train.device" not in translate({"use_cpu": False}, {}, remix=False).dotted
-    off = translate({"vllm_importance_sampling_correction": False}, {}, remix=False)
+    assert "train.device" not in translate({"use_cpu": False}, {}).dotted
+    off = translate({"vllm_importance_sampling_correction": False}, {})
     assert off.dotted["vllm.truncated_is_cap"] is None
-    cap = translate({"vllm_importance_sampling_clip_max": 3.0}, {}, remix=False)
+    cap = translate({"vllm_importance_sampling_clip_max": 3.0}, {})
     assert cap.dotted["vllm.truncated_is_cap"] == 3.0
     for bad, hint in (
         ({"vllm_mode": "server"}, "runtime='ray'"),
@@ -418,7 +418,7 @@ def test_trl_use_cpu_and_vllm_arguments_are_mapped_or_refused():
         ({"vllm_importance_sampling_clip_min": 0.5}, "from above only"),
     ):
         with pytest.raises(ConfigError, match=hint):
-            translate(bad, {}, remix=False)
+            translate(bad, {})
 
 
 def test_api_model_keeps_its_device_unless_one_is_asked(tmp_path, monkeypatch):

@@ -304,21 +304,21 @@ def test_ported_trl_config_gets_trls_is_default_with_a_note_and_server_keys_are_
 
     t = translate(
         {"vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_cap": 3.0},
-        {}, remix=False,
+        {},
     )  # fmt: skip
     assert t.dotted["precision.importance_sampling_mode"] == "sequence_mask"
     assert t.dotted["vllm.truncated_is_cap"] == 3.0
     assert any("sequence_mask" in n and "token_truncate at 2.0" in n for n in t.notes)
-    bare = translate({"vllm_importance_sampling_mode": "token_mask"}, {}, remix=False)
+    bare = translate({"vllm_importance_sampling_mode": "token_mask"}, {})
     assert bare.dotted["vllm.truncated_is_cap"] == 3.0  # TRL's default cap
-    assert "precision.importance_sampling_mode" not in translate({}, {}, remix=False).dotted
+    assert "precision.importance_sampling_mode" not in translate({}, {}).dotted
     for bad in (
         {"vllm_model_impl": "transformers"},
         {"vllm_server_base_url": "http://x:8000"},
         {"vllm_server_port": 9000},
     ):
         with pytest.raises(ConfigError, match="not supported"):
-            translate(bad, {}, remix=False)
+            translate(bad, {})
 
 
 def test_learner_weighs_tokens_in_the_configured_is_mode(tmp_path):

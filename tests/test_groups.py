@@ -15,10 +15,10 @@ import torch
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
-from replayrl.data.groups import Group, QuestionHistory, reward_std, split_groups
+from replayrl.data.groups import Group, reward_std, split_groups
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.buffer import BufferSource
-from replayrl.data.sources.group_sources import (
+from replayrl.methods.buffer import BufferSource
+from replayrl.methods.group_sources import (
     DynamicSamplingConfig,
     DynamicSamplingSource,
     GroupReplayConfig,
@@ -69,16 +69,6 @@ def test_split_groups_keeps_order_and_rejects_mixed_ids() -> None:
         Group([ro(1, 0.0), ro(2, 0.0)])
     with pytest.raises(ValueError, match="at least one"):
         Group([])
-
-
-def test_question_history_keeps_the_newest_accuracies() -> None:
-    h = QuestionHistory(keep=2)
-    for rewards in ([1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]):
-        h.update([Group([ro(0, r, prompt="same") for r in rewards])])
-    assert h.record["same"] == [0.5, 1.0] and h.latest("same") == 1.0 and h.latest("x") is None
-    again = QuestionHistory()
-    again.load_state_dict(h.state_dict())
-    assert again.record == h.record and again.keep == 2
 
 
 # -- TRL's scored group store ----------------------------------------------------------------
@@ -309,7 +299,7 @@ def test_group_replay_stores_the_batch_first_as_trl_did() -> None:
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
-        (["buffer.kind=replay", "buffer.capacity=64"], "buffer.kind=onpolicy"),
+        (["algorithm.advantage=rloo"], "needs algorithm.advantage=grpo"),
         (["train.batch_size=64"], "leave train.batch_size unset"),
         (["runtime=async-local"], "runtime=sync"),
     ],
@@ -323,15 +313,15 @@ def test_group_sources_reject_settings_they_cannot_honour(extra: list[str], matc
 
 def test_presets_carry_dapo_and_trl_defaults() -> None:
     d = load_config("dapo")
-    assert d.groups.source == "dynamic_sampling" and d.algorithm.epsilon_high == 0.28
+    assert d.method.name == "dynamic_sampling" and d.algorithm.epsilon_high == 0.28
     assert d.algorithm.epsilon == 0.2 and d.algorithm.loss_agg == "token_mean"
     assert d.kl.beta == 0.0
     g = load_config("group-replay")
-    assert g.groups.source == "group_replay" and g.groups.group_replay.capacity == 64
+    assert g.method.name == "group_replay" and g.method.group_replay.capacity == 64
 
 
-def test_default_config_has_no_group_source(tmp_path: Path) -> None:
-    assert load_config(None).groups.source == "none"
+def test_default_config_is_on_policy(tmp_path: Path) -> None:
+    assert load_config(None).method.name == "onpolicy"
 
 
 # -- end to end: the CLI and the Python API ---------------------------------------------------
@@ -350,7 +340,7 @@ def test_dapo_trains_through_the_cli_and_counts_extra_calls(tmp_path: Path) -> N
     # digits_format: the tiny model's groups differ in it (correctness is all 0 at the start)
     argv = [*TINY_RUN, "train.threads=1", "train.steps=3", f"logging.run_dir={tmp_path}"]
     extra = [
-        "groups.dynamic_sampling.max_rounds=3",
+        "method.dynamic_sampling.max_rounds=3",
         "logging.name=dapo",
         "rewards=[{name: digits_format}]",
     ]
@@ -402,7 +392,7 @@ def test_dapo_through_the_api_and_group_replay_through_the_cli(tmp_path: Path) -
 
     common = [*TINY_RUN, "train.threads=1", "train.steps=2", "rewards=[{name: digits_format}]"]
     args = ReplayConfig("dapo", output_dir=str(tmp_path / "dapo"), overrides=common)
-    assert args.to_config().groups.source == "dynamic_sampling"
+    assert args.to_config().method.name == "dynamic_sampling"
     s = ReplayTrainer(args=args, log=lambda _: None).train()
     assert s["steps"] == 2 and s["accounting"]["ledger"]["balanced"]
     assert s["rollouts_generated"] == 8 * (2 + s["generation_rounds_extra"])
@@ -418,13 +408,13 @@ def test_config_keys_reach_the_sources() -> None:
 
     cfg = load_config(
         "dapo",
-        ["groups.dynamic_sampling.train_prompts=3", "groups.dynamic_sampling.max_rounds=5"],
+        ["method.dynamic_sampling.train_prompts=3", "method.dynamic_sampling.max_rounds=5"],
     )
     ds = build_batch_source(cfg, OnPolicyQueue())
     assert isinstance(ds, DynamicSamplingSource)
     assert (ds.train_prompts, ds.prompts_per_call, ds.ds.max_rounds) == (3, 16, 5)
     assert ds.produce is None  # no producer given: trains on the first call's groups
-    over = ["groups.group_replay.capacity=5", "groups.group_replay.include_current=false"]
+    over = ["method.group_replay.capacity=5", "method.group_replay.include_current=false"]
     gr = build_batch_source(load_config("group-replay", over), OnPolicyQueue())
     assert isinstance(gr, GroupReplaySource)
     assert gr.store.capacity == 5 and not gr.gr.include_current
@@ -482,7 +472,7 @@ def test_extra_generation_calls_add_their_generation_time_not_reward_time() -> N
 @pytest.mark.parametrize(
     ("preset", "extra"),
     [
-        ("dapo", ["groups.dynamic_sampling.carry_surplus=true", "rollout.prompts_per_step=4"]),
+        ("dapo", ["method.dynamic_sampling.carry_surplus=true", "rollout.prompts_per_step=4"]),
         ("group-replay", ["rollout.num_generations=2", "rollout.prompts_per_step=6"]),
     ],
 )
@@ -495,7 +485,7 @@ def test_crash_and_resume_equals_the_uninterrupted_run(
     from tiny import TINY_RUN, crash_and_resume
 
     over = [*TINY_RUN, "train.threads=1", "checkpoint.every=1", *extra]
-    over += ["groups.dynamic_sampling.train_prompts=1"]  # dapo: surplus groups to carry
+    over += ["method.dynamic_sampling.train_prompts=1"]  # dapo: surplus groups to carry
     over += ["rewards=[{name: digits_format}]"]
     held: list[dict] = []
 
@@ -515,7 +505,7 @@ def test_crash_and_resume_equals_the_uninterrupted_run(
 
 # -- review fixes: limits a group source needs, and what resume may not change ------------------
 def test_dynamic_sampling_batch_larger_than_the_queue_is_refused() -> None:
-    over = ["buffer.capacity=16", "groups.dynamic_sampling.train_prompts=4"]
+    over = ["buffer.capacity=16", "method.dynamic_sampling.train_prompts=4"]
     over.append("rollout.prompts_per_step=4")
     with pytest.raises(ConfigError, match="smaller than the 32 rollouts"):
         load_config("dapo", [*over, "rollout.num_generations=8"])
@@ -525,9 +515,9 @@ def test_dynamic_sampling_batch_larger_than_the_queue_is_refused() -> None:
 @pytest.mark.parametrize(
     ("preset", "override"),
     [
-        ("group-replay", "groups.group_replay.capacity=5"),
-        ("group-replay", "groups.source=none"),
-        ("dapo", "groups.dynamic_sampling.carry_surplus=true"),
+        ("group-replay", "method.group_replay.capacity=5"),
+        ("group-replay", "method.name=none"),
+        ("dapo", "method.dynamic_sampling.carry_surplus=true"),
     ],
 )
 def test_group_state_keys_are_fixed_on_resume(preset: str, override: str) -> None:
@@ -539,19 +529,19 @@ def test_group_state_keys_are_fixed_on_resume(preset: str, override: str) -> Non
         check_resume_config(saved, load_config(preset, [override]))
 
 
-def test_a_record_without_the_group_keys_resumes_with_their_defaults() -> None:
+def test_a_record_without_the_method_keys_resumes_with_their_defaults() -> None:
     from replayrl.records.folder import check_resume_config
 
     saved = load_config("grpo")
     saved_dump = saved.model_dump(mode="json")
-    del saved_dump["groups"]  # a checkpoint written before the group sources existed
+    del saved_dump["method"]  # a checkpoint written before the method section existed
 
     class Old:
         def model_dump(self, mode: str = "json") -> dict:
             return saved_dump
 
     check_resume_config(Old(), load_config("grpo"))  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="groups.source"):
+    with pytest.raises(ConfigError, match="method.name"):
         check_resume_config(Old(), load_config("group-replay"))  # type: ignore[arg-type]
 
 
@@ -579,7 +569,7 @@ def test_group_replay_composes_with_mix_ppg_replayed_groups_train_off_policy(
         "train.steps=4",
         "rewards=[{name: digits_format}]",
         "algorithm.loss_type=mix_ppg",
-        "groups.group_replay.include_current=false",  # replacements only from earlier steps
+        "method.group_replay.include_current=false",  # replacements only from earlier steps
         f"logging.run_dir={tmp_path}",
         "logging.name=gr-mix",
     ]

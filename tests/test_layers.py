@@ -5,10 +5,11 @@
         -> distributed                   runtimes whose generators run elsewhere (processes, Ray)
           -> recipes                     the loops (sync, async learner, the `auto` warm-up)
             -> run, records              one run's session and state; its folder and ledger
-              -> rollout, data, learner  produce rollouts, keep them, learn from them
-                -> algorithms, design, models, config   pure math, model loading, schema
-                  -> storage, errors, registry   files that outlive a process; shared
-                                                 exceptions; the plug-in registry class
+              -> methods                 reuse methods: each step's batch, over the parts below
+                -> rollout, data, learner  produce rollouts, keep them, learn from them
+                  -> algorithms, design, models, config   pure math, model loading, schema
+                    -> storage, errors, registry   files that outlive a process; shared
+                                                   exceptions; the plug-in registry class
 
 A module may import its own layer or any layer below, never one above. No cycles, between
 modules or between packages (two packages of one layer may not import each other), no private
@@ -32,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("distributed",),
     ("recipes",),
     ("run", "records"),
+    ("methods",),
     ("rollout", "data", "learner"),
     ("algorithms", "design", "models", "config"),
     ("storage", "errors", "registry"),

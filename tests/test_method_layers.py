@@ -72,7 +72,7 @@ def test_user_values_win_over_trl_defaults_and_method() -> None:
     args = ReplayConfig("replay", learning_rate=3e-6, max_completion_length=64)
     cfg = args.to_config({"model.path": "/models/any"})
     assert (cfg.train.lr, cfg.rollout.max_new_tokens) == (3e-6, 64)
-    assert cfg.buffer.kind == "replay" and cfg.rollout.prompts_per_step == 8  # the method
+    assert cfg.method_spec.buffer == "replay" and cfg.rollout.prompts_per_step == 8  # the method
 
 
 def test_cli_method_preset_with_model_path_keeps_trl_defaults(capsys) -> None:
@@ -80,7 +80,7 @@ def test_cli_method_preset_with_model_path_keeps_trl_defaults(capsys) -> None:
     assert cfg.rollout.max_new_tokens == 512
     assert cfg.train.lr == 1e-6
     assert cfg.train.mini_batch_size == 8
-    assert cfg.buffer.kind == "replay"
+    assert cfg.method_spec.buffer == "replay"
     assert main(["config", "show", "--config", "replay", "model.path=/models/any"]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)
     assert shown["rollout"]["max_new_tokens"] == 512 and shown["train"]["lr"] == 1e-6
@@ -109,10 +109,10 @@ def test_whole_experiment_presets_get_no_layer() -> None:
 
 def test_user_file_gets_no_layer(tmp_path) -> None:
     path = tmp_path / "mine.yaml"
-    path.write_text("buffer: {kind: onpolicy}\n")
+    path.write_text("method: {name: onpolicy}\n")
     cfg = load_config(str(path))
     assert cfg.rollout.max_new_tokens == 8  # the schema's default, not the demo's 6
-    assert resolve(str(path))[1]["buffer.kind"] == "file"
+    assert resolve(str(path))[1]["method.name"] == "file"
 
 
 def test_unknown_layer_name_is_refused() -> None:
@@ -130,7 +130,7 @@ def _sources(capsys, *argv: str) -> dict[str, str]:
 def test_config_show_sources(capsys) -> None:
     rows = _sources(capsys, "--config", "replay", "train.steps=3")
     assert rows["train.steps"] == "command line"
-    assert rows["buffer.kind"] == "method"
+    assert rows["method.name"] == "method"
     assert rows["rollout.max_new_tokens"] == "experiment"
     assert rows["train.seed"] == "default"
     rows = _sources(capsys, "-c", "replay", "model.path=/m")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from replayrl.api.trl_compat import TRL_LOG_KEYS
-from replayrl.config.registries import BATCH_SOURCES
+from replayrl.config.registries import METHODS
 from replayrl.launch.entry import train
 from replayrl.run import metric_keys
 from replayrl.run.metrics import read_metrics
@@ -76,7 +76,7 @@ def test_trl_names_agree_with_the_trainer_and_exist_in_trl() -> None:
 
 def test_every_batch_source_counter_has_a_meaning_on_the_page() -> None:
     text = _gen().render()
-    for name, spec in BATCH_SOURCES.items():
+    for name, spec in METHODS.items():
         for counter in spec.metrics:
             assert counter.meaning, f"{name}: {counter.name} has no meaning"
             assert f"| `{name}` | `{counter.name}` | " in text
@@ -92,12 +92,12 @@ def test_the_page_names_where_summary_json_reports_each_counter() -> None:
 
     text = _gen().render()
     c = Counters()
-    counters = {m.name: m for _, spec in BATCH_SOURCES.items() for m in spec.metrics}
+    counters = {m.name: m for _, spec in METHODS.items() for m in spec.metrics}
     for i, name in enumerate(sorted(counters), start=1):
         c.add(name, i)
     run = dict(policy_version=0, num_eval_prompts=0, run_dir="x", num_parameters=1)
     summary = summarize(load_config("grpo"), c, [], model_path="m", **run)
-    for source, spec in BATCH_SOURCES.items():
+    for source, spec in METHODS.items():
         for m in spec.metrics:
             paths = [] if m.reported_as is None else [m.reported_as]
             paths += [] if m.ledger is None else [f"accounting.ledger.{m.ledger[0]}"]

@@ -87,7 +87,9 @@ def test_a_plugin_runtime_is_checked_by_what_it_supports(twin_runtimes) -> None:
     load_config(None, ["runtime=recorded_sync", "train.rollout_budget=64"])
     with pytest.raises(ConfigError, match=r"train.rollout_budget needs runtime=recorded_sync or"):
         load_config(None, ["runtime=detached", "train.rollout_budget=64"])
-    with pytest.raises(ConfigError, match=r"groups.source=ar3po needs runtime=sync"):
+    with pytest.raises(
+        ConfigError, match=r"method.name=ar3po needs runtime=recorded_sync or runtime=sync"
+    ):
         load_config("ar3po", ["runtime=detached"])
     with pytest.raises(ConfigError, match=r"workers.learners > 1 needs runtime=ray"):
         load_config(None, ["runtime=detached", "workers.learners=2"])
@@ -128,7 +130,7 @@ def half_reserve():
 
 
 REPLAY = [
-    "buffer.kind=replay",
+    "method.name=replay",
     "buffer.capacity=16",
     "buffer.sampler=half_reserve",
     "train.batch_size=8",
@@ -141,7 +143,7 @@ def test_a_plugin_sampler_sizes_the_buffer(half_reserve) -> None:
 
     with pytest.raises(ConfigError, match=r"unknown sampler 'half_reserv'.*did you mean"):
         load_config(
-            None, ["buffer.kind=replay", "buffer.capacity=16", "buffer.sampler=half_reserv"]
+            None, ["method.name=replay", "buffer.capacity=16", "buffer.sampler=half_reserv"]
         )
     cfg = load_config(None, REPLAY)
     buffer = make_buffer("replay", 16, **buffer_kwargs(cfg))

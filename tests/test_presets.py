@@ -35,8 +35,9 @@ def test_preset_validates(path: Path) -> None:
 @pytest.mark.parametrize("name", ["remix-grpo", "remix-ppo"])
 def test_remix_presets_carry_paper_defaults(name: str) -> None:
     cfg = load_config(name)
-    r = cfg.remix
-    assert (r.enabled, r.off_policy_fraction, r.num_policies, r.utd) == (True, 0.4, 2, 2)
+    r = cfg.method.remix
+    assert cfg.method.name == "remix"
+    assert (r.off_policy_fraction, r.num_policies, r.utd) == (0.4, 2, 2)
     assert r.reincarnation_step == 50
     assert (cfg.kl.beta, cfg.kl.estimator, cfg.kl.target) == (0.001, "k3", "convex")
     assert cfg.algorithm.entropy_coef == 0.001 and cfg.algorithm.epsilon == 0.2
@@ -48,7 +49,7 @@ def test_presets_and_suites_resolve_by_name_from_any_folder(tmp_path: Path) -> N
     old = Path.cwd()
     os.chdir(tmp_path)  # no configs/ folder here: the names come from the package
     try:
-        assert load_config("remix-grpo").remix.enabled
+        assert load_config("remix-grpo").method.name == "remix"
         assert load_config("remix-grpo.yaml") == load_config("remix-grpo")
         assert resolve_suite("default").is_file()
         with pytest.raises(ConfigError, match="shipped: .*remix-grpo"):
@@ -145,7 +146,7 @@ def test_absolute_n_and_b_still_win_and_warn_when_far_from_the_ratio() -> None:
 
 def test_rounding_at_a_small_r_warns() -> None:
     # x = 0.2 at R = 2: N = round(0.4) = 0 -> at least 1, i.e. x = 0.5 (2.5x the intent)
-    base = ["buffer.kind=replay", "rollout.prompts_per_step=1", "rollout.num_generations=2"]
+    base = ["method.name=replay", "rollout.prompts_per_step=1", "rollout.num_generations=2"]
     with pytest.warns(UserWarning, match="N/R"):
         cfg = load_config(
             None, [*base, "buffer.staleness_horizon=0.2", "buffer.with_replacement=true"]
@@ -154,7 +155,7 @@ def test_rounding_at_a_small_r_warns() -> None:
 
 
 def test_ratios_need_replay_and_leave_auto_to_the_design() -> None:
-    with pytest.raises(ConfigError, match="buffer.replay_ratio needs buffer.kind=replay"):
+    with pytest.raises(ConfigError, match="buffer.replay_ratio needs method.name=replay"):
         load_config(None, ["buffer.replay_ratio=2"])
     with pytest.raises(ConfigError, match="greater than 0"):
         load_config("replay", ["buffer.staleness_horizon=0"])

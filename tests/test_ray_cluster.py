@@ -31,7 +31,7 @@ pytestmark = pytest.mark.ray
 CLUSTER = [
     *TINY_RUN,
     "runtime=ray",
-    "buffer.kind=replay",
+    "method.name=replay",
     "buffer.capacity=32",
     "train.batch_size=8",
     "train.threads=1",

@@ -12,16 +12,17 @@ import pytest
 from pydantic import Field
 
 from replayrl.config.registries import (
-    BATCH_SOURCES,
+    METHODS,
     TASKS,
-    BatchSourceSpec,
+    MethodSpec,
     SourceCounter,
     TaskSpec,
 )
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.config.section import Section
 from replayrl.data.buffer import OnPolicyQueue
-from replayrl.data.sources.buffer import BufferSource, RemixSource
+from replayrl.methods.buffer import BufferSource
+from replayrl.methods.remix import RemixSource
 from replayrl.run.components import build_batch_source
 from replayrl.run.state import Counters
 
@@ -43,23 +44,33 @@ def _name_dispatch(source: str, names: set[str]) -> list[str]:
 
 
 def test_the_name_dispatch_check_sees_a_dispatch() -> None:
-    src = 'if cfg.groups.source == "ar3po":\n    pass\nif t.name in ("dataset", "x"):\n    pass'
+    src = 'if cfg.method.name == "ar3po":\n    pass\nif t.name in ("dataset", "x"):\n    pass'
     assert _name_dispatch(src, {"ar3po", "dataset"}) == ["ar3po", "dataset"]
     assert _name_dispatch('if a == "other":\n    pass', {"ar3po"}) == []
 
 
-# a module may compare against the names it registers itself (its own plug-in's name)
-OWN_NAMES = {"data/sources/exgrpo.py": {"exgrpo"}}
+# a module may compare against the names it registers itself (its own plug-in's name); the
+# reading of older configs' method keys compares against the names those keys selected
+OWN_NAMES = {
+    "methods/exgrpo.py": {"exgrpo"},
+    "config/method_sections.py": {"onpolicy", "replay", "remix"},
+}
 
 
 def test_no_module_dispatches_on_a_plugin_name() -> None:
-    """No `== "<name>"` on a backend, runtime, sampler, task or method outside its own module:
-    what the code asks of a plug-in is a field of its registry entry."""
+    """No `== "<name>"` on a backend, runtime, sampler, task, method, policy loss or advantage
+    estimator outside its own module: what the code asks of a plug-in is a field of its
+    registry entry."""
+    from replayrl.algorithms import ADVANTAGES, POLICY_LOSSES
     from replayrl.config.registries import BACKENDS, RUNTIMES, SAMPLERS
 
-    names = set(BATCH_SOURCES) | set(TASKS) | set(BACKENDS) | set(RUNTIMES) | set(SAMPLERS)
+    names = set(METHODS) | set(TASKS) | set(BACKENDS) | set(RUNTIMES) | set(SAMPLERS)
+    names |= set(POLICY_LOSSES) | set(ADVANTAGES)
     names -= {"none"}  # also a plain word ("none" as a setting's value)
+    # also the kinds of buffer (`make_buffer`, `MethodSpec.buffer`): compared as such
+    names -= {"onpolicy", "replay"}
     assert {"hf", "vllm", "sync", "ray", "uniform", "positive_bias", "dataset"} <= names
+    assert {"remix", "ar3po", "grpo_clip", "mix_ppg", "gae", "rloo"} <= names
     offenders = {
         rel: hits
         for path in PKG.rglob("*.py")
@@ -76,15 +87,17 @@ def test_no_module_dispatches_on_a_plugin_name() -> None:
 
 
 def test_the_schema_lists_and_validates_what_the_sources_register() -> None:
-    assert {"none", "dynamic_sampling", "group_replay", "ar3po", "exgrpo"} <= set(BATCH_SOURCES)
-    cfg = load_config("ar3po", ["groups.ar3po.reuse=0"])
-    assert cfg.groups.ar3po.reuse == 0 and cfg.groups.section("ar3po") is cfg.groups.ar3po
-    with pytest.raises(ConfigError, match=r"groups\.ar3po\.max_rounds: Input should be"):
-        load_config("ar3po", ["groups.ar3po.max_rounds=0"])
-    with pytest.raises(ConfigError, match=r"unknown batch source 'arpo' \(known: .*ar3po"):
-        load_config(None, ["groups.source=arpo"])
-    with pytest.raises(ConfigError, match=r"groups\.nope: no batch source of that name"):
-        load_config(None, ["groups.nope.x=1"])
+    assert {"onpolicy", "replay", "remix", "dynamic_sampling", "group_replay", "ar3po"} <= set(
+        METHODS
+    )
+    cfg = load_config("ar3po", ["method.ar3po.reuse=0"])
+    assert cfg.method.ar3po.reuse == 0 and cfg.method.section("ar3po") is cfg.method.ar3po
+    with pytest.raises(ConfigError, match=r"method\.ar3po\.max_rounds: Input should be"):
+        load_config("ar3po", ["method.ar3po.max_rounds=0"])
+    with pytest.raises(ConfigError, match=r"unknown method 'arpo' \(known: .*ar3po"):
+        load_config(None, ["method.name=arpo"])
+    with pytest.raises(ConfigError, match=r"method\.nope: no method of that name"):
+        load_config(None, ["method.nope.x=1"])
     with pytest.raises(ConfigError, match=r"unknown task 'datset' \(known: arithmetic, dataset"):
         load_config(None, ["task.name=datset"])
 
@@ -94,8 +107,8 @@ def test_each_source_declares_metrics_the_run_counts() -> None:
     name several sources add to means one thing, and no two names share a summary key."""
     fields = {f.name for f in dataclasses.fields(Counters)}
     by_name: dict[str, SourceCounter] = {}
-    for name in BATCH_SOURCES:
-        spec = BATCH_SOURCES.get(name)
+    for name in METHODS:
+        spec = METHODS.get(name)
         assert spec.summary, name
         own = set(spec.config.model_fields) if spec.config else set()
         assert {k for k in spec.frozen_on_resume if "." not in k} <= own, name
@@ -106,7 +119,7 @@ def test_each_source_declares_metrics_the_run_counts() -> None:
     terms = [m.ledger[0] for m in by_name.values() if m.ledger is not None]
     assert len(keys) == len(set(keys)) and len(terms) == len(set(terms))
     with pytest.raises(TypeError, match="SourceCounter entries"):
-        BatchSourceSpec(lambda ctx: None, metrics=("rollouts_echoed",))  # type: ignore[arg-type]
+        MethodSpec(lambda ctx: None, metrics=("rollouts_echoed",))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs a ledger term"):
         SourceCounter("rollouts_echoed", "nowhere", summary_key=None)
 
@@ -116,29 +129,27 @@ def test_resume_keys_come_from_the_registry_entry() -> None:
 
     saved = load_config("repo")
     # RePO's prompt pool is drawn once and its pass order is checkpointed
-    with pytest.raises(ConfigError, match=r"groups\.repo\.prompt_pool \(the checkpoint has 256"):
-        check_resume_config(saved, load_config("repo", ["groups.repo.prompt_pool=128"]))
-    with pytest.raises(ConfigError, match=r"groups\.exgrpo\.store_per_question"):
+    with pytest.raises(ConfigError, match=r"method\.repo\.prompt_pool \(the checkpoint has 256"):
+        check_resume_config(saved, load_config("repo", ["method.repo.prompt_pool=128"]))
+    with pytest.raises(ConfigError, match=r"method\.exgrpo\.store_per_question"):
         check_resume_config(
-            load_config("exgrpo"), load_config("exgrpo", ["groups.exgrpo.store_per_question=8"])
+            load_config("exgrpo"), load_config("exgrpo", ["method.exgrpo.store_per_question=8"])
         )
-    check_resume_config(saved, load_config("repo", ["groups.repo.strategy=recency"]))
-    BATCH_SOURCES.add(
+    check_resume_config(saved, load_config("repo", ["method.repo.strategy=recency"]))
+    METHODS.add(
         "echo",
-        BatchSourceSpec(
-            lambda ctx: None, _EchoConfig, summary="test", frozen_on_resume=("passes",)
-        ),
+        MethodSpec(lambda ctx: None, _EchoConfig, summary="test", frozen_on_resume=("passes",)),
     )
     try:
-        echo = load_config("grpo", ["groups.source=echo"])
-        with pytest.raises(ConfigError, match=r"groups\.echo\.passes"):
+        echo = load_config("grpo", ["method.name=echo"])
+        with pytest.raises(ConfigError, match=r"method\.echo\.passes"):
             check_resume_config(
-                echo, load_config("grpo", ["groups.source=echo", "groups.echo.passes=1"])
+                echo, load_config("grpo", ["method.name=echo", "method.echo.passes=1"])
             )
         # another source's frozen key is not this run's concern
-        check_resume_config(saved, load_config("repo", ["groups.echo.passes=1"]))
+        check_resume_config(saved, load_config("repo", ["method.echo.passes=1"]))
     finally:
-        BATCH_SOURCES.remove("echo")
+        METHODS.remove("echo")
 
 
 def test_a_task_names_its_own_resume_keys() -> None:
@@ -174,7 +185,7 @@ def test_a_plugin_sources_counters_reach_the_ledger_and_the_summary() -> None:
     from replayrl.run.state import ledger, summarize
 
     echoed = SourceCounter("rollouts_echoed", "echoed", ledger=("echoed", "echoed away"))
-    spec = BatchSourceSpec(lambda ctx: None, metrics=(echoed,), summary="test")
+    spec = MethodSpec(lambda ctx: None, metrics=(echoed,), summary="test")
     c = Counters(rollouts_generated=5)
     c.add("rollouts_echoed", 5)
     c.add("rollouts_reused", 2)
@@ -186,7 +197,7 @@ def test_a_plugin_sources_counters_reach_the_ledger_and_the_summary() -> None:
     run = dict(policy_version=0, num_eval_prompts=0, run_dir="x", num_parameters=1)
     s = summarize(load_config("grpo"), c, [], model_path="m", **run)
     assert s["rollouts_echoed"] == 5  # not registered: still reported, by its name
-    BATCH_SOURCES.add("echo", spec)
+    METHODS.add("echo", spec)
     try:
         led = ledger(c, [])
         assert led["echoed"] == 5 and led["balanced"] and led["filtered_no_signal"] == 0
@@ -196,13 +207,13 @@ def test_a_plugin_sources_counters_reach_the_ledger_and_the_summary() -> None:
         assert s["rollouts_echoed"] == 5 and s["accounting"]["ledger"]["echoed"] == 5
         assert s["rollouts_reused"] == 2 and s["generation_rounds_extra"] == 0
         steps = SourceCounter("steps", "a name summary.json has for its own")
-        BATCH_SOURCES.add("clash", BatchSourceSpec(lambda ctx: None, metrics=(steps,)))
+        METHODS.add("clash", MethodSpec(lambda ctx: None, metrics=(steps,)))
         with pytest.raises(ValueError, match=r"summary.json's own keys: \['steps'\]"):
             summarize(load_config("grpo"), c, [], model_path="m", **run)
     finally:
-        BATCH_SOURCES.remove("echo")
-        if "clash" in BATCH_SOURCES:
-            BATCH_SOURCES.remove("clash")
+        METHODS.remove("echo")
+        if "clash" in METHODS:
+            METHODS.remove("clash")
 
 
 # Counters as a checkpoint of the code before the sources owned their counters saved them
@@ -284,9 +295,9 @@ def test_presets_lists_each_source_with_its_summary_and_counters(
 
     assert main(["presets"]) == 0
     out = capsys.readouterr().out.splitlines()
-    out = out[[i for i, x in enumerate(out) if x.startswith("batch sources")][0] :]
-    for name in BATCH_SOURCES:
-        spec = BATCH_SOURCES.get(name)
+    out = out[[i for i, x in enumerate(out) if x.startswith("methods (method.name")][0] :]
+    for name in METHODS:
+        spec = METHODS.get(name)
         line = [x for x in out if x.startswith(f"{name} ")]
         assert len(line) == 1 and spec.summary in line[0], name
         assert all(m.name in line[0] for m in spec.metrics), name
@@ -294,15 +305,15 @@ def test_presets_lists_each_source_with_its_summary_and_counters(
 
 def test_the_method_checks_run_from_the_registry() -> None:
     # each check lives with its source and still refuses what it refused in the schema
-    with pytest.raises(ConfigError, match="groups.source=ar3po needs runtime=sync"):
+    with pytest.raises(ConfigError, match="method.name=ar3po needs runtime=sync"):
         load_config("ar3po", ["runtime=async-local"])
-    with pytest.raises(ConfigError, match=r"groups.ar3po.reuse=2 is more than the 1 correct"):
-        load_config("ar3po", ["groups.ar3po.reuse=2"])
+    with pytest.raises(ConfigError, match=r"method.ar3po.reuse=2 is more than the 1 correct"):
+        load_config("ar3po", ["method.ar3po.reuse=2"])
     with pytest.raises(ConfigError, match="group replay trains on the step's"):
         load_config("group-replay", ["train.batch_size=7"])
-    with pytest.raises(ConfigError, match="algorithm.loss_type=exgrpo needs groups.source=exgrpo"):
+    with pytest.raises(ConfigError, match="algorithm.loss_type=exgrpo needs method.name=exgrpo"):
         load_config(None, ["algorithm.loss_type=exgrpo"])
-    with pytest.warns(UserWarning, match="without ExGRPO's policy shaping"):
+    with pytest.warns(UserWarning, match="is built for algorithm.loss_type=exgrpo"):
         load_config("exgrpo", ["algorithm.loss_type=grpo_clip"])
 
 
@@ -316,27 +327,27 @@ def test_a_plugin_source_is_one_registration_away() -> None:
     seen: list[str] = []
 
     def check(cfg) -> None:
-        seen.append(cfg.groups.source)
+        seen.append(cfg.method.name)
 
     def build(ctx) -> BufferSource:
         return BufferSource(ctx.buffer, ctx.cfg.batch_size, ctx.section("echo").passes)
 
-    BATCH_SOURCES.add("echo", BatchSourceSpec(build, _EchoConfig, check, summary="test"))
+    METHODS.add("echo", MethodSpec(build, _EchoConfig, check, summary="test"))
     try:
-        cfg = load_config("grpo", ["groups.source=echo", "groups.echo.passes=5"])
-        assert seen == ["echo"] and cfg.groups.echo.passes == 5
+        cfg = load_config("grpo", ["method.name=echo", "method.echo.passes=5"])
+        assert seen == ["echo"] and cfg.method.echo.passes == 5
         source = build_batch_source(cfg, OnPolicyQueue())
         assert isinstance(source, BufferSource) and source.epochs == 5
-        with pytest.raises(ConfigError, match=r"groups\.echo\.passes"):
-            load_config("grpo", ["groups.source=echo", "groups.echo.passes=0"])
-        assert cfg.model_dump()["groups"]["echo"] == {"passes": 5}  # recorded in config.yaml
+        with pytest.raises(ConfigError, match=r"method\.echo\.passes"):
+            load_config("grpo", ["method.name=echo", "method.echo.passes=0"])
+        assert cfg.model_dump()["method"]["echo"] == {"passes": 5}  # recorded in config.yaml
     finally:
-        BATCH_SOURCES.remove("echo")
-    with pytest.raises(ConfigError, match="unknown batch source 'echo'"):
-        load_config("grpo", ["groups.source=echo"])
+        METHODS.remove("echo")
+    with pytest.raises(ConfigError, match="unknown method 'echo'"):
+        load_config("grpo", ["method.name=echo"])
 
 
-def test_remix_is_the_buffer_source_with_its_window() -> None:
+def test_remix_is_a_buffer_source_with_its_window() -> None:
     assert type(build_batch_source(load_config("grpo"), OnPolicyQueue())) is BufferSource
     remix = build_batch_source(load_config("remix-grpo"), OnPolicyQueue())
     assert isinstance(remix, RemixSource) and remix.window is not None
@@ -377,9 +388,9 @@ def test_remix_window_is_sized_bounded_and_seeded_from_the_config() -> None:
     """The window holds N_pol policies' rollouts, drops older ones by version (not only by
     capacity) and draws from train.seed + 2 (its own stream)."""
     from replayrl.data.buffer import make_buffer
-    from replayrl.data.sources.buffer import remix_window
+    from replayrl.methods.remix import remix_window
 
-    cfg = load_config("remix-grpo", ["train.seed=7", "remix.num_policies=3"])
+    cfg = load_config("remix-grpo", ["train.seed=7", "method.remix.num_policies=3"])
     window = remix_window(cfg)
     assert window.capacity == 3 * cfg.rollouts_per_step
     reference = make_buffer("replay", window.capacity, max_staleness=3, seed=9)
@@ -403,19 +414,21 @@ def test_a_buffer_source_samples_the_size_it_is_asked_for() -> None:
 
 # settings under which each built-in source counts something within two tiny steps
 COUNTING: dict[str, tuple[str, list[str]]] = {
-    "none": ("remix-grpo", ["remix.reincarnation_step=1"]),  # the window dropped at step 1
-    "dynamic_sampling": ("dapo", ["groups.dynamic_sampling.max_rounds=2"]),
+    "onpolicy": ("grpo", []),
+    "replay": ("replay", []),
+    "remix": ("remix-grpo", ["method.remix.reincarnation_step=1"]),  # the window dropped at step 1
+    "dynamic_sampling": ("dapo", ["method.dynamic_sampling.max_rounds=2"]),
     "group_replay": (  # some groups vary (stored), some do not (replaced)
         "group-replay",
         ["rollout.num_generations=2", "train.steps=3", "rewards=[{name: digits_format}]"],
     ),
     "ar3po": ("ar3po", []),
-    "exgrpo": ("exgrpo", ["groups.exgrpo.start_accuracy=0.0"]),
-    "repo": ("repo", ["groups.repo.prompt_pool=2", "groups.repo.min_buffer=2"]),
+    "exgrpo": ("exgrpo", ["method.exgrpo.start_accuracy=0.0"]),
+    "repo": ("repo", ["method.repo.prompt_pool=2", "method.repo.min_buffer=2"]),
 }
 
 
-@pytest.mark.parametrize("name", list(BATCH_SOURCES))
+@pytest.mark.parametrize("name", list(METHODS))
 def test_a_run_reports_every_counter_its_source_declares(name: str, tmp_path: Path) -> None:
     """summary.json (as written) holds each declared counter under its key, or its ledger
     term, with the count the run's checkpoint holds; the source counted something."""
@@ -427,15 +440,15 @@ def test_a_run_reports_every_counter_its_source_declares(name: str, tmp_path: Pa
     from tiny import tiny_config
 
     warnings.simplefilter("ignore", UserWarning)
-    preset, extra = COUNTING.get(name, ("grpo", [f"groups.source={name}"]))
+    preset, extra = COUNTING.get(name, ("grpo", [f"method.name={name}"]))
     cfg = tiny_config(tmp_path, "train.steps=2", "logging.name=run", *extra, config=preset)
-    assert cfg.groups.source == name
+    assert cfg.method.name == name
     train(cfg, log=lambda _: None)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     ckpt = latest_checkpoint(tmp_path / "run")
     assert ckpt is not None
     counts = load_state(ckpt)["counters"]["source_counts"]
-    declared = BATCH_SOURCES.get(name).metrics
+    declared = METHODS.get(name).metrics
     for m in declared:
         if m.reported_as is not None:
             assert summary[m.reported_as] == counts.get(m.name, 0), m.name
@@ -457,10 +470,10 @@ def test_a_run_whose_source_counts_an_undeclared_name_fails_naming_it(tmp_path: 
 
     echoed = SourceCounter("rollouts_echoed", "echoed")
     build = lambda ctx: Sloppy(ctx.buffer, ctx.cfg.batch_size, 1)  # noqa: E731
-    BATCH_SOURCES.add("sloppy", BatchSourceSpec(build, metrics=(echoed,), summary="test"))
+    METHODS.add("sloppy", MethodSpec(build, metrics=(echoed,), summary="test"))
     try:
-        cfg = tiny_config(tmp_path, "train.steps=2", "groups.source=sloppy")
+        cfg = tiny_config(tmp_path, "train.steps=2", "method.name=sloppy")
         with pytest.raises(ValueError, match="counts 'rollouts_echoes', which its"):
             train(cfg, log=lambda _: None)
     finally:
-        BATCH_SOURCES.remove("sloppy")
+        METHODS.remove("sloppy")

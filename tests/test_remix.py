@@ -146,10 +146,10 @@ def test_remix_run_mixes_then_reincarnates(tmp_path: Path) -> None:
         "logging.name=remix",
         "train.steps=4",
         "algorithm.loss_type=mix_ppg",
-        "remix.enabled=true",
-        "remix.reincarnation_step=2",
-        "remix.off_policy_fraction=0.5",
-        "remix.composition=additive",
+        "method.name=remix",
+        "method.remix.reincarnation_step=2",
+        "method.remix.off_policy_fraction=0.5",
+        "method.remix.composition=additive",
         "kl.beta=0.001",
         "kl.target=convex",
         "algorithm.entropy_coef=0.001",
@@ -198,12 +198,12 @@ def test_fixed_composition_run_budget_and_reincarnation_share(tmp_path: Path) ->
         "train.rollout_budget=40",
         "eval.every_rollouts=16",
         "algorithm.loss_type=mix_ppg",
-        "remix.enabled=true",
-        "remix.reincarnation_step=null",
-        "remix.reincarnation_at=0.2",
-        "remix.off_policy_fraction=0.5",
+        "method.name=remix",
+        "method.remix.reincarnation_step=null",
+        "method.remix.reincarnation_at=0.2",
+        "method.remix.off_policy_fraction=0.5",
     )
-    assert cfg.remix.composition == "fixed"  # the default
+    assert cfg.method.remix.composition == "fixed"  # the default
     summary = train(cfg, log=lambda _: None)
     rows = read_metrics(tmp_path / "fixed/metrics.jsonl")
     steps = {m["step"]: m for m in rows if m["step"] and "rollouts_generated" in m}
@@ -221,21 +221,23 @@ def test_replay_advantage_is_checked_against_the_estimator() -> None:
     """Checked when the config is read (the buffer source's registry check)."""
     from replayrl.config.schema import ConfigError
 
-    base = ["remix.enabled=true", "algorithm.loss_type=mix_ppg"]
-    load_config(None, [*base, "remix.replay_advantage=stored"])
+    base = ["method.name=remix", "algorithm.loss_type=mix_ppg"]
+    load_config(None, [*base, "method.remix.replay_advantage=stored"])
     with pytest.raises(ConfigError, match="cannot be recomputed"):
-        load_config(None, [*base, "remix.replay_advantage=recomputed"])
+        load_config(None, [*base, "method.remix.replay_advantage=recomputed"])
     gae = [*base, "algorithm.advantage=gae"]
-    load_config(None, [*gae, "remix.replay_advantage=recomputed"])
+    load_config(None, [*gae, "method.remix.replay_advantage=recomputed"])
     with pytest.raises(ConfigError, match="recomputed at every step"):
-        load_config(None, [*gae, "remix.replay_advantage=stored"])
+        load_config(None, [*gae, "method.remix.replay_advantage=stored"])
 
 
 def test_reincarnation_step_and_share_are_exclusive() -> None:
     with pytest.raises(Exception, match="give one"):
-        load_config("remix-grpo", ["remix.reincarnation_at=0.3"])  # the preset sets T = 50
-    cfg = load_config("remix-grpo", ["remix.reincarnation_step=null", "remix.reincarnation_at=0.3"])
-    assert cfg.remix.reincarnation_at == 0.3
+        load_config("remix-grpo", ["method.remix.reincarnation_at=0.3"])  # the preset sets T = 50
+    cfg = load_config(
+        "remix-grpo", ["method.remix.reincarnation_step=null", "method.remix.reincarnation_at=0.3"]
+    )
+    assert cfg.method.remix.reincarnation_at == 0.3
 
 
 def test_normalised_ess_by_hand() -> None:

@@ -14,7 +14,7 @@ from replayrl.run.metrics import read_metrics
 from replayrl.storage.checkpoint import load_state
 from tiny import tiny_config
 
-REPLAY = ["buffer.kind=replay", "buffer.capacity=16", "train.batch_size=12"]
+REPLAY = ["method.name=replay", "buffer.capacity=16", "train.batch_size=12"]
 
 
 def _cfg(tmp_path: Path, name: str, *extra: str):
@@ -74,7 +74,7 @@ def test_auto_design_resolves_capacity_and_batch(tmp_path: Path) -> None:
     cfg = _cfg(
         tmp_path,
         "auto",
-        "buffer.kind=replay",
+        "method.name=replay",
         "buffer.capacity=auto",
         "train.batch_size=auto",
         "train.steps=2",
@@ -90,7 +90,7 @@ def test_auto_design_resolves_capacity_and_batch(tmp_path: Path) -> None:
 
 
 def test_auto_capacity_needs_replay() -> None:
-    with pytest.raises(ValueError, match="buffer.capacity=auto needs buffer.kind=replay"):
+    with pytest.raises(ValueError, match="buffer.capacity=auto needs method.name=replay"):
         load_config(None, ["buffer.capacity=auto"])
 
 

@@ -1,4 +1,4 @@
-"""RePO (arXiv 2506.09340; data/sources/repo.py): the replay strategies, the separate
+"""RePO (arXiv 2506.09340; methods/repo.py): the replay strategies, the separate
 off-policy advantages, the per-prompt buffers, the prompt pool, the batch source's
 composition, accounting and checkpoint, and runs through the CLI and the Python API.
 Values are hand-computed."""
@@ -16,7 +16,7 @@ import torch
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.repo import (
+from replayrl.methods.repo import (
     PromptPool,
     PromptReplayStore,
     RepoConfig,
@@ -252,10 +252,10 @@ def test_source_state_round_trip_replays_the_same() -> None:
     ("extra", "match"),
     [
         (["train.batch_size=16"], "sizes its own batch"),
-        (["groups.repo.min_buffer=32"], "no prompt's buffer could ever replay"),
+        (["method.repo.min_buffer=32"], "no prompt's buffer could ever replay"),
         (["buffer.capacity=32"], "smaller than a step's fresh rollouts"),
         (["runtime=async-local"], "needs runtime=sync"),
-        (["groups.repo.strategy=best"], "strategy"),
+        (["method.repo.strategy=best"], "strategy"),
     ],
 )
 def test_repo_refuses_settings_it_cannot_honour(extra: list[str], match: str) -> None:
@@ -266,9 +266,9 @@ def test_repo_refuses_settings_it_cannot_honour(extra: list[str], match: str) ->
 def test_config_keys_reach_the_repo_source() -> None:
     from replayrl.run.components import build_batch_source
 
-    over = ["groups.repo.strategy=variance", "groups.repo.num_replays=3"]
-    over += ["groups.repo.buffer_size=5", "groups.repo.min_buffer=4", "groups.repo.max_prompts=7"]
-    over += ["groups.repo.prompt_pool=12"]
+    over = ["method.repo.strategy=variance", "method.repo.num_replays=3"]
+    over += ["method.repo.buffer_size=5", "method.repo.min_buffer=4", "method.repo.max_prompts=7"]
+    over += ["method.repo.prompt_pool=12"]
     cfg = load_config("repo", over)
     src = build_batch_source(cfg, OnPolicyQueue())
     assert isinstance(src, RepoSource) and src.pool is None  # no producer: no pool
@@ -278,8 +278,8 @@ def test_config_keys_reach_the_repo_source() -> None:
 
 # -- end to end ----------------------------------------------------------------------------------
 
-SMALL = ["groups.repo.prompt_pool=2", "groups.repo.buffer_size=8", "groups.repo.min_buffer=4"]
-SMALL += ["groups.repo.num_replays=3", "groups.repo.strategy=reward"]
+SMALL = ["method.repo.prompt_pool=2", "method.repo.buffer_size=8", "method.repo.min_buffer=4"]
+SMALL += ["method.repo.num_replays=3", "method.repo.strategy=reward"]
 
 
 def _mixed_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -314,7 +314,7 @@ def test_repo_crash_and_resume_equals_the_uninterrupted_run(
 
     _mixed_rewards(monkeypatch)
     common = [*TINY_RUN, "train.threads=1", "checkpoint.every=1", *SMALL]
-    common += ["groups.repo.strategy=random", "groups.repo.prompt_pool=3"]
+    common += ["method.repo.strategy=random", "method.repo.prompt_pool=3"]
     whole, resumed, whole_steps, crash_steps = crash_and_resume(
         tmp_path, monkeypatch, "repo", common
     )

@@ -1,4 +1,4 @@
-"""Every key of every registered batch source's `groups.<name>` section, changed on resume:
+"""Every key of every registered method's `method.<name>` section, changed on resume:
 refused with an error naming the key (its registry entry's `frozen_on_resume`), or the run
 resumes and trains a step. Nothing in between (a crash at the first step, silent loss)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from replayrl.config.registries import BATCH_SOURCES
+from replayrl.config.registries import METHODS
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.launch.entry import resume, train
 from tiny import TINY_RUN
@@ -21,14 +21,15 @@ from tiny import TINY_RUN
 # changed key meets a non-empty store (a plugin source runs with its defaults)
 FILLS: dict[str, list[str]] = {
     "repo": [
-        "groups.repo.prompt_pool=8",  # mid-pass at the checkpoint (2 steps x 2 prompts)
-        "groups.repo.buffer_size=4",
-        "groups.repo.min_buffer=4",
-        "groups.repo.num_replays=2",
+        "method.repo.prompt_pool=8",  # mid-pass at the checkpoint (2 steps x 2 prompts)
+        "method.repo.buffer_size=4",
+        "method.repo.min_buffer=4",
+        "method.repo.num_replays=2",
     ],
-    "exgrpo": ["groups.exgrpo.start_accuracy=0.0"],
-    "dynamic_sampling": ["groups.dynamic_sampling.carry_surplus=true"],
-    "group_replay": ["groups.group_replay.capacity=4"],
+    "exgrpo": ["method.exgrpo.start_accuracy=0.0"],
+    "dynamic_sampling": ["method.dynamic_sampling.carry_surplus=true"],
+    "group_replay": ["method.group_replay.capacity=4"],
+    "remix": ["algorithm.loss_type=mix_ppg", "method.remix.reincarnation_step=null"],
 }
 
 
@@ -45,42 +46,49 @@ def _candidates(annotation: Any, value: Any) -> list[Any]:
         return [value / 2, value + 0.1] if value else [0.5]
     if value is None and int in choices:
         return [2]
+    if value is None and float in choices:
+        return [0.5]
+    literals = [
+        v for c in choices if typing.get_origin(c) is typing.Literal for v in typing.get_args(c)
+    ]
+    if value is None and literals:
+        return literals
     return []
 
 
 def _changes(name: str, base: list[str]) -> list[tuple[str, str]]:
     """(key, override) for each key of the source's section, the first value it accepts."""
-    section = BATCH_SOURCES.get(name).config
+    section = METHODS.get(name).config
     assert section is not None
-    current = load_config("grpo", base).groups.section(name)
+    current = load_config("grpo", base).method.section(name)
     out = []
     for key, info in section.model_fields.items():
         for value in _candidates(info.annotation, getattr(current, key)):
             text = "null" if value is None else str(value).lower()
-            override = f"groups.{name}.{key}={text}"
+            override = f"method.{name}.{key}={text}"
             try:
                 load_config("grpo", [*base, override])
             except ConfigError:
                 continue  # a value the source's own check refuses: try the next
-            out.append((f"groups.{name}.{key}", override))
+            out.append((f"method.{name}.{key}", override))
             break
         else:
-            pytest.fail(f"no other valid value found for groups.{name}.{key}")
+            pytest.fail(f"no other valid value found for method.{name}.{key}")
     return out
 
 
-@pytest.mark.parametrize("name", [n for n in BATCH_SOURCES if BATCH_SOURCES.get(n).config])
+@pytest.mark.parametrize("name", [n for n in METHODS if METHODS.get(n).config])
 def test_each_key_of_a_source_is_refused_or_resumes_and_trains(name: str, tmp_path: Path) -> None:
     warnings.simplefilter("ignore", UserWarning)  # e.g. ExGRPO under grpo_clip
-    base = [*TINY_RUN, f"groups.source={name}", *FILLS.get(name, [])]
+    base = [*TINY_RUN, f"method.name={name}", *FILLS.get(name, [])]
     run = tmp_path / "run"
     cfg = load_config(
         "grpo", [*base, "train.steps=2", f"logging.run_dir={tmp_path}", "logging.name=run"]
     )
     assert train(cfg, log=lambda _: None)["steps"] == 2
     changes = _changes(name, base)
-    assert len(changes) == len(BATCH_SOURCES.get(name).config.model_fields)  # type: ignore[union-attr]
-    frozen = {f"groups.{name}.{k}" for k in BATCH_SOURCES.get(name).frozen_on_resume}
+    assert len(changes) == len(METHODS.get(name).config.model_fields)  # type: ignore[union-attr]
+    frozen = {f"method.{name}.{k}" for k in METHODS.get(name).frozen_on_resume}
     outcome = {}
     for i, (key, override) in enumerate(changes):
         copy = tmp_path / f"resume{i}"

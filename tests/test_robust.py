@@ -127,7 +127,7 @@ def test_every_suite_variant_gets_the_baselines_groups_and_budget(tmp_path: Path
         "overrides": [
             "rollout.prompts_per_step=8",
             "rollout.num_generations=8",
-            "remix.composition=fixed",
+            "method.remix.composition=fixed",
         ],
     }
     suite["variants"]["short"]["own_budget"] = "a reason"

@@ -219,3 +219,21 @@ def test_a_system_that_can_never_serve_a_batch_is_an_error_not_a_hang():
     )
     with pytest.raises(ValueError, match="took no step"):
         simulate(spec)
+
+
+def test_cli_epochs_lengthen_each_learner_step_by_hand(capsys):
+    """`replayrl simulate --epochs 2`, W=1, T=1, on-policy, R=B=4, g=1 s, l=0.25 s per
+    rollout and pass, no spread: a step trains 4 x 2 x 0.25 = 2 s, the hand-computed
+    timeline of l=0.5 s at one pass. t=0-4 batch 0 (v0), trained 4-6 (age 0); batch 1 runs
+    4-8 on v0, trained 8-10 at v1 (age 1); batch 2 runs 8-12 on v1, trained 12-14 at v2 (age
+    1). Three steps end at t=14, the learner busy 6 s of them. Without the passes a step
+    would take 1 s and the run end at t=13."""
+    args = ["simulate", "--generators", "1", "--learners", "1", "--rollouts-per-batch", "4"]
+    args += ["--batch", "4", "--gen-seconds", "1", "--learn-seconds", "0.25", "--epochs", "2"]
+    assert main([*args, "--gen-spread", "0", "--learn-spread", "0", "--steps", "3", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["spec"]["epochs"] == 2
+    assert d["seconds_per_step"] == pytest.approx(14 / 3)
+    assert d["learner_idle_share"] == pytest.approx(1 - 6 / 14)
+    assert d["trained_per_second"] == pytest.approx(12 / 14)
+    assert d["age_mean"] == pytest.approx(8 / 12)  # ages 0 x 4, then 1 x 8

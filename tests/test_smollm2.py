@@ -171,7 +171,7 @@ def test_the_real_model_quick_start_runs_as_written(
     assert summary["steps"] >= 1
     cfg = trainer.config
     assert (cfg.rollout.max_new_tokens, cfg.train.lr) == (16, 1e-4)  # as the page sets them
-    assert cfg.buffer.kind == "replay" and cfg.model.lora.enabled
+    assert cfg.method_spec.buffer == "replay" and cfg.model.lora.enabled
     assert cfg.train.lr_scheduler == "linear"  # TRL's default, not the demo's constant
     final = tmp_path / "runs" / "quickstart" / "final"
     assert (final / "config.json").is_file() and not (final / "adapter_config.json").exists()

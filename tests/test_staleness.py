@@ -219,7 +219,7 @@ def test_sample_gradients_serve_every_registered_loss_and_mark_stale_rollouts(
     )
     fresh = Rollout(s.prompt_ids, s.completion_ids, s.logprobs, 1.0, 1.0, True, 0, 1, 0)
     stale = dataclasses.replace(fresh, policy_version=0)  # same tokens, one version older
-    cfg = load_config("exgrpo", ["groups.exgrpo.shaping_beta=0.25"])
+    cfg = load_config("exgrpo", ["method.exgrpo.shaping_beta=0.25"])
     learner = Learner(copy.deepcopy(tiny_model), char_tokenizer.pad_token_id, cfg)
     learner.version = 1
     for name in POLICY_LOSSES:

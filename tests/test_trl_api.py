@@ -93,7 +93,7 @@ def test_trl_step_counts_use_the_batch_a_replay_preset_trains_on() -> None:
 
 def test_num_iterations_is_remix_utd_under_remix() -> None:
     remix = ReplayConfig("remix-grpo", num_iterations=3).to_config()
-    assert remix.remix.utd == 3 and remix.train.epochs == 1
+    assert remix.method.remix.utd == 3 and remix.train.epochs == 1
     grpo = ReplayConfig("grpo", num_iterations=3).to_config()
     assert grpo.train.epochs == 3
     assert ReplayConfig("remix-grpo", num_iterations=3).num_iterations == 3
@@ -275,7 +275,7 @@ def test_help_and_config_docs_list_the_papers_knobs(capsys) -> None:
             "buffer__capacity",
             "replay_ratio",
             "staleness_horizon",
-            "remix__utd",
+            "method__remix__utd",
             "kl__target",
             "2604.08706",
             "2507.06892",
@@ -289,9 +289,9 @@ def test_help_and_config_docs_list_the_papers_knobs(capsys) -> None:
     assert by_key["buffer.capacity"].startswith("buffer.capacity = 256  # ")
     assert "replay ratio y = B / R" in by_key["train.batch_size"]
     assert "dropout" in by_key["model.lora.dropout"]  # not the comment of the line above
-    assert main(["config", "explain", "remix.utd"]) == 0
+    assert main(["config", "explain", "method.remix.utd"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("remix.utd: m: gradient passes") and "default 2" in out
+    assert out.startswith("method.remix.utd: m: gradient passes") and "default 2" in out
     assert main(["config", "explain", "buffer.capacty"]) == 2
     assert "did you mean buffer.capacity" in capsys.readouterr().err
 

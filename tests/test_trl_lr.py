@@ -3,12 +3,15 @@ with warm-up reproduced step by step and observed in metrics.jsonl."""
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
 import pytest
 
+from replayrl.config.schema import load_config
 from replayrl.launch import entry
+from replayrl.learner.learner import Learner
 from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
 from replayrl.run.metrics import read_metrics
 from tiny import tiny_config
@@ -52,3 +55,31 @@ def test_presets_keep_a_constant_rate(tmp_path: Path) -> None:
     entry.train(cfg, log=lambda _: None)
     steps = [r for r in read_metrics(tmp_path / "c" / "metrics.jsonl") if r["step"] > 0]
     assert [r["train/lr"] for r in steps] == [cfg.train.lr] * 2
+
+
+@pytest.mark.parametrize(
+    ("ratio", "want"), [(0.5, [0.0, 0.5, 1.0, 0.5]), (0.0, [1.0, 0.75, 0.5, 0.25])]
+)
+def test_warmup_ratio_sets_the_learners_warm_up(
+    ratio: float, want: list[float], tiny_model, char_tokenizer
+) -> None:
+    """train.warmup_ratio (warmup_steps unset) reaches the learner's schedule: 4 steps at
+    ratio 0.5 warm up for ceil(0.5 x 4) = 2 (0, 1/2 of lr), then decay linearly, (4 - i) / 2;
+    at ratio 0 the decay starts at once, (4 - i) / 4."""
+    cfg = load_config(
+        None,
+        [
+            "train.steps=4",
+            "train.lr=1e-3",
+            "train.lr_scheduler=linear",
+            f"train.warmup_ratio={ratio}",
+            "rollout.prompts_per_step=2",
+            "rollout.num_generations=2",
+        ],
+    )
+    learner = Learner(copy.deepcopy(tiny_model), char_tokenizer.pad_token_id, cfg)
+    lrs = []
+    for step in range(1, 5):
+        learner.lr_schedule.set_step(step)
+        lrs.append(learner.optimizer.param_groups[0]["lr"])
+    assert lrs == pytest.approx([1e-3 * w for w in want])

@@ -58,7 +58,7 @@ def test_settings_mirror_the_grpo_preset() -> None:
 
 def test_rejects_what_trl_grpo_cannot_run() -> None:
     replay = load_config("replay")
-    with pytest.raises(ValueError, match="buffer.kind=replay"):
+    with pytest.raises(ValueError, match="method.name=replay"):
         trl_grpo_settings(replay)
     with pytest.raises(ValueError, match="train.epochs=2"):
         trl_grpo_settings(load_config(None, ["train.epochs=2"]))

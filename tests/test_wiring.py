@@ -242,14 +242,15 @@ def _step(s: Session) -> None:
 
 
 REMIX = [
-    "remix.enabled=true",
+    "method.name=remix",
     "algorithm.loss_type=mix_ppg",
-    "remix.off_policy_fraction=0.5",
-    "remix.num_policies=2",
-    "remix.utd=2",
-    "remix.utd_after=1",
-    "remix.reincarnation_step=2",
-    "remix.composition=additive",  # R fresh + p / (1 - p) R stale (the counts asserted below)
+    "method.remix.off_policy_fraction=0.5",
+    "method.remix.num_policies=2",
+    "method.remix.utd=2",
+    "method.remix.utd_after=1",
+    "method.remix.reincarnation_step=2",
+    # R fresh + p / (1 - p) R stale (the counts asserted below)
+    "method.remix.composition=additive",
     "kl.beta=0.01",
     "kl.target=convex",
     # the policy must move for pi_T to differ from the initial policy: an entropy bonus
@@ -300,7 +301,7 @@ def test_epochs_and_mini_batches_give_that_many_updates(tmp_path: Path) -> None:
 def test_positive_bias_sampler_reaches_the_loop(tmp_path: Path) -> None:
     s = _session(
         tmp_path,
-        "buffer.kind=replay",
+        "method.name=replay",
         "buffer.capacity=16",
         "buffer.sampler=positive_bias",
         "buffer.delta=0.5",
@@ -330,7 +331,7 @@ def test_kl_lambda_counts_steps_from_one(tmp_path: Path) -> None:
 
 
 def test_auto_design_returns_a_new_config() -> None:
-    cfg = load_config(None, ["buffer.kind=replay", "buffer.capacity=auto", "train.batch_size=auto"])
+    cfg = load_config(None, ["method.name=replay", "buffer.capacity=auto", "train.batch_size=auto"])
     new = resolve_design(cfg, 32, 64)
     assert cfg.buffer.capacity == "auto" and cfg.train.batch_size == "auto"  # unchanged
     assert new.buffer.capacity == 32 and new.batch_size == 64

@@ -21,8 +21,8 @@ from replayrl.api.config import ReplayConfig
 from replayrl.api.trl_args import DIRECT, SPECIAL
 from replayrl.config.schema import Config, load_config
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.buffer import remix_window
 from replayrl.design.theory import closed_form_power_law
+from replayrl.methods.remix import remix_window
 from replayrl.rollout.generation import HFGenerator, SamplingParams
 from replayrl.rollout.generation.sampling import top_p_keep
 
@@ -46,7 +46,7 @@ def test_auto_design_puts_x_star_r_in_the_buffer_and_y_star_r_in_the_batch(
         [
             "rollout.prompts_per_step=2",
             "rollout.num_generations=4",
-            "buffer.kind=replay",
+            "method.name=replay",
             "buffer.capacity=auto",
             "train.batch_size=auto",
             "design.alpha=0.25",  # numbers: the scripted session has no learner to probe
@@ -88,12 +88,12 @@ def test_remix_window_holds_the_last_n_pol_policies_rollouts(n_pol: int) -> None
         [
             "rollout.prompts_per_step=2",
             "rollout.num_generations=4",
-            "remix.enabled=true",
+            "method.name=remix",
             "algorithm.loss_type=mix_ppg",
-            f"remix.num_policies={n_pol}",
+            f"method.remix.num_policies={n_pol}",
         ],
     )
-    window = remix_window(cfg) if cfg.remix.enabled else None
+    window = remix_window(cfg) if (cfg.method.name == "remix") else None
     assert window is not None
     for step in range(5):  # 5 policies' rollouts pushed: only the last N_pol stay
         window.push([_rollout(i, step) for i in range(R)])
@@ -231,7 +231,7 @@ def test_sampling_with_top_p_stays_inside_the_nucleus(tiny_model, char_tokenizer
         ({"disable_tqdm": False}, "logging.progress", True),
         ({"generation_batch_size": 16, "num_generations": 8}, "rollout.prompts_per_step", 2),
         ({"output_dir": "a/b/run"}, "logging.run_dir", "a/b"),
-        ({"buffer__kind": "replay", "buffer__capacity": 256}, "buffer.capacity", 256),
+        ({"method__name": "replay", "buffer__capacity": 256}, "buffer.capacity", 256),
     ],
 )
 def test_trl_special_values(kwargs: dict[str, Any], key: str, expected: Any) -> None:

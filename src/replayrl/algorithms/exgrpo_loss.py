@@ -8,7 +8,7 @@ w_i = pi_theta / pi_theta_old on fresh tokens, clipped as GRPO; on a replayed tr
 w* = pi_theta / pi_theta_past (its behaviour log-probs, recorded when it was generated), shaped
 by f(w) = w / (w + beta) (policy shaping, beta = 0.1; the code's `off_policy_reshape=p_div_p_0.1`
 with the importance correction `exp_is_correct=True`) and not clipped. The share rho is set by
-the batch's composition (data/sources/exgrpo.py), so the loss sees one batch and aggregates
+the batch's composition (methods/exgrpo.py), so the loss sees one batch and aggregates
 as every other loss (`algorithm.loss_agg`); which tokens are replayed is the learner's `stale`
 field.
 """
@@ -34,9 +34,9 @@ def policy_shaping(w: torch.Tensor, beta: float) -> torch.Tensor:
     knobs={
         "epsilon": "algorithm.epsilon",
         "epsilon_high": "algorithm.epsilon_high",
-        "shaping_beta": "groups.exgrpo.shaping_beta",
+        "shaping_beta": "method.exgrpo.shaping_beta",
     },
-    requires={"groups.source": "exgrpo"},
+    requires={"method.name": "exgrpo"},
     why="it shapes every stale rollout's ratio (f(w) A, not clipped), which is ExGRPO's "
     "objective for its replayed trajectories only; use another loss here (e.g. grpo_clip)",
 )

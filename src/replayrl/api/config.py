@@ -15,12 +15,15 @@ from pydantic import BaseModel
 from replayrl.api import trl_args
 from replayrl.api.trl_args import Translation
 from replayrl.config.layering import layered
+from replayrl.config.method_sections import legacy_keys, method_of
 from replayrl.config.overrides import set_dotted
+from replayrl.config.registries import METHODS
 from replayrl.config.schema import (
     Config,
     ConfigError,
     apply_overrides,
     build_config,
+    config_value,
     section_fields,
 )
 
@@ -62,7 +65,7 @@ def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
         "per_device_train_batch_size": per_update,
         "gradient_accumulation_steps": 1,
         "steps_per_generation": max(1, cfg.rollouts_per_step // per_update),
-        "num_iterations": cfg.remix.utd if cfg.remix.enabled else t.epochs,
+        "num_iterations": config_value(cfg, cfg.method_spec.passes_key),
         "max_completion_length": r.max_new_tokens,
         "temperature": r.temperature,
         "top_p": r.top_p,
@@ -107,7 +110,7 @@ class ReplayConfig:
             syntax: `["buffer.capacity=512", "train.lr=1e-4"]`) or a mapping
             `{"buffer.capacity": 512}`.
         **kwargs: TRL `GRPOConfig` argument names, or replayrl keys with `__` for the dot
-            (`buffer__kind="replay"`, `remix__utd=2`).
+            (`method__name="replay"`, `method__remix__utd=2`).
 
     TRL's arguments (docs/python-api.md, "From TRL"): `output_dir` (the run folder),
     `max_steps` (-1: `num_train_epochs` over the dataset), `learning_rate`,
@@ -133,7 +136,7 @@ class ReplayConfig:
 
     The papers' knobs (set as section__key, or in `overrides`):
 
-    - `buffer__kind="replay"`: experience replay (arXiv 2604.08706): keep a FIFO buffer and
+    - `method__name="replay"`: experience replay (arXiv 2604.08706): keep a FIFO buffer and
       train each step on rollouts sampled from it;
     - `buffer__capacity` N: rollouts kept; the staleness horizon is x = N / R (R rollouts
       generated per step), `"auto"` picks x* from the measured cost ratio;
@@ -144,10 +147,10 @@ class ReplayConfig:
     - `buffer__sampler="positive_bias"` with `buffer__delta`: oversample rewarded rollouts;
     - `buffer__max_staleness`: drop rollouts older than this many policy versions;
     - `algorithm__loss_type="asymre"` (with `algorithm__asymre_delta_v`): AsymRE's loss;
-    - `remix__enabled=True` (ReMix, arXiv 2507.06892; preset "remix-grpo"): Mix-PPG over
-      fresh rollouts and those of the last `remix__num_policies` policies, with
-      `remix__off_policy_fraction` p, update-to-data ratio `remix__utd` m (= num_iterations),
-      policy reincarnation at `remix__reincarnation_step` T;
+    - `method__name="remix"` (ReMix, arXiv 2507.06892; preset "remix-grpo"): Mix-PPG over
+      fresh rollouts and those of the last `method__remix__num_policies` policies, with
+      `method__remix__off_policy_fraction` p, update-to-data ratio `method__remix__utd` m
+      (= num_iterations), policy reincarnation at `method__remix__reincarnation_step` T;
     - `kl__target="convex"` with `kl__beta`: ReMix's KL-Convex constraint;
     - `algorithm__entropy_coef`: entropy bonus (ReMix's c).
 
@@ -158,7 +161,7 @@ class ReplayConfig:
     the resolved values (`trainer.args.learning_rate`, `.per_device_train_batch_size`, ...).
 
     Example: `ReplayConfig("remix-grpo", output_dir="runs/mine", max_steps=200,
-    learning_rate=1e-6, overrides=["remix.off_policy_fraction=0.5"])`.
+    learning_rate=1e-6, overrides=["method.remix.off_policy_fraction=0.5"])`.
     """
 
     def __init__(
@@ -185,7 +188,7 @@ class ReplayConfig:
         self.kwargs = dict(kwargs)
         # paper 1's terms by name (arXiv 2604.08706): y = B / R and x = N / R
         self.paper_terms = {k: kwargs.pop(k) for k in PAPER_TERMS if k in kwargs}
-        keys = config_keys()
+        keys = config_keys() + legacy_keys()  # older configs' method keys are still read
         trl_args.check_names(kwargs, keys)
         given = self.overrides.keys() if isinstance(self.overrides, Mapping) else self.overrides
         trl_args.check_override_keys([str(o).split("=", 1)[0].strip() for o in given], keys)
@@ -204,12 +207,21 @@ class ReplayConfig:
         base = self._base()
         if self.trl_mode:
             values = {**trl_args.TRL_DEFAULTS, **values}
-        remix = dict(base.get("remix") or {}).get("enabled", False)
-        remix = self._sections.get("remix.enabled", remix)
+        given = json.loads(json.dumps(base))  # the preset and section__key arguments
+        for key, value in self._sections.items():
+            _set_dotted(given, key, value)
+        try:
+            method = method_of(given)
+        except ValueError as exc:  # old keys that name no method (buffer.kind=lifo)
+            raise ConfigError(str(exc)) from None
+        spec = METHODS.get(method) if method in METHODS else None
         group = dict(base.get("rollout") or {}).get("num_generations")
         group = self._sections.get("rollout.num_generations", group)
+        replay = spec is not None and spec.buffer == "replay"
         return trl_args.translate(
-            values, {"num_generations": group, "batch_of": self._replay_batch(base)}, bool(remix)
+            values,
+            {"num_generations": group, "batch_of": self._replay_batch(base) if replay else None},
+            spec.passes_key if spec is not None else "train.epochs",
         )
 
     def _replay_batch(self, base: dict[str, Any]) -> Callable[[int], int] | None:
@@ -217,8 +229,6 @@ class ReplayConfig:
         counts (max_steps, save_steps, eval_steps count optimizer updates) use the batch the
         learner really trains on; None: B = R."""
         buffer, train = dict(base.get("buffer") or {}), dict(base.get("train") or {})
-        if self._sections.get("buffer.kind", buffer.get("kind")) != "replay":
-            return None
         y = self.paper_terms.get("replay_ratio")
         if y is None:
             fixed = self._sections.get("train.batch_size", train.get("batch_size"))
@@ -286,10 +296,10 @@ class ReplayConfig:
         cfg = build_config(data)
         if not self.paper_terms:
             return cfg
-        if cfg.buffer.kind != "replay":
+        if cfg.method_spec.buffer != "replay":
             raise ConfigError(
                 f"{', '.join(self.paper_terms)} need a replay buffer: use the 'replay' preset "
-                "or buffer__kind='replay'"
+                "or method__name='replay'"
             )
         for name, value in self.paper_terms.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:

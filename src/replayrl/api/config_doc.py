@@ -27,7 +27,7 @@ def _comments() -> dict[tuple[str, str], str]:
     sections."""
     modules = {schema} | {
         inspect.getmodule(sub)
-        for owner in (schema.GroupsConfig, schema.TaskConfig)
+        for owner in (schema.MethodConfig, schema.TaskConfig)
         for sub in section_fields(owner).values()
         if isinstance(sub, type) and issubclass(sub, BaseModel)
     }

@@ -31,7 +31,14 @@ from replayrl.algorithms import ADVANTAGES
 from replayrl.api import trl_compat
 from replayrl.api.config import ReplayConfig
 from replayrl.config.registries import BACKENDS, RUNTIMES, runtimes_with
-from replayrl.config.schema import Config, ConfigError, TaskConfig, build_config, load_config
+from replayrl.config.schema import (
+    Config,
+    ConfigError,
+    TaskConfig,
+    build_config,
+    config_value,
+    load_config,
+)
 from replayrl.run.callbacks import ReplayCallback, RunHooks, as_callbacks
 
 Log = Callable[[str], None]
@@ -114,14 +121,15 @@ class ReplayTrainer:
     The papers' knobs (`help(ReplayConfig)` has the list; `replayrl config show --doc` every
     key), passed as `ReplayConfig(..., section__key=value)`:
 
-    - `buffer__kind="replay"`, `buffer__capacity` N, `train__batch_size` B: experience replay
+    - `method__name="replay"`, `buffer__capacity` N, `train__batch_size` B: experience replay
       (arXiv 2604.08706); `staleness_horizon` x = N / R and `replay_ratio` y = B / R by name;
     - `buffer__sampler="positive_bias"`, `buffer__delta`: oversample rewarded rollouts;
     - `buffer__max_staleness`: drop rollouts older than this many policy versions;
     - `algorithm__loss_type="asymre"`: AsymRE;
-    - `remix__enabled` (ReMix, arXiv 2507.06892), `remix__off_policy_fraction` p,
-      `remix__num_policies` N_pol, `remix__utd` m (TRL's num_iterations), `remix__
-      reincarnation_step` T; `kl__target="convex"`: KL-Convex; `algorithm__entropy_coef`.
+    - `method__name="remix"` (ReMix, arXiv 2507.06892), `method__remix__off_policy_fraction`
+      p, `method__remix__num_policies` N_pol, `method__remix__utd` m (TRL's num_iterations),
+      `method__remix__reincarnation_step` T; `kl__target="convex"`: KL-Convex;
+      `algorithm__entropy_coef`.
 
     In-memory datasets, model objects, reward callables and callbacks need `runtime: sync`
     (asynchronous workers build their own copies from files and names).
@@ -421,10 +429,11 @@ class ReplayTrainer:
                 f"learning rate: constant {cfg.train.lr:g} (preset {self.args.preset}; TRL "
                 "decays it linearly to 0: lr_scheduler_type='linear' does the same)"
             )
-        if cfg.remix.enabled and "num_iterations" not in self.args.trl_values:
+        key = cfg.method_spec.passes_key
+        if key != "train.epochs" and "num_iterations" not in self.args.trl_values:
             self.notes.append(
-                f"ReMix: each batch is trained on remix.utd={cfg.remix.utd} times before "
-                "reincarnation (num_iterations sets it)"
+                f"method.name={cfg.method.name}: each batch is trained on "
+                f"{key}={config_value(cfg, key)} times (num_iterations sets it)"
             )
 
     def _check_injection(self) -> None:

@@ -334,7 +334,7 @@ def check_names(names: Iterable[str], replayrl_keys: Iterable[str]) -> None:
         hints = "; ".join(f"{n}{suggest(n, [*KNOWN, *keys])}" for n in unknown)
         raise ConfigError(
             f"ReplayConfig: unknown argument(s) {hints}. TRL's GRPOConfig names are read "
-            "(docs/python-api.md, 'From TRL'), replayrl keys as section__key (buffer__kind), "
+            "(docs/python-api.md, 'From TRL'), replayrl keys as section__key (method__name), "
             "or overrides=[...]"
         )
 
@@ -549,9 +549,12 @@ def _vllm_correction(values: Mapping[str, Any], t: Translation) -> None:
         )
 
 
-def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -> Translation:
+def translate(
+    values: Mapping[str, Any], base: Mapping[str, Any], passes_key: str = "train.epochs"
+) -> Translation:
     """TRL-named `values` -> replayrl overrides. `base`: the config data they apply to (for
-    num_generations when not given); `remix`: ReMix is on (num_iterations -> remix.utd)."""
+    num_generations when not given); `passes_key`: the method's key of passes per batch
+    (num_iterations sets it: `method.remix.utd` for ReMix)."""
     _refuse(values)
     t = Translation()
     group = int(values.get("num_generations") or base.get("num_generations") or 8)
@@ -560,9 +563,11 @@ def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -
         n = int(values["num_iterations"])
         if n < 1:
             raise ConfigError(f"num_iterations={n} must be >= 1")
-        # ReMix counts passes per batch as its update-to-data ratio m (arXiv 2507.06892)
-        t.dotted["remix.utd" if remix else "train.epochs"] = n
-        t.updates_per_step *= 1 if remix else n
+        # a method may count passes per batch its own way (ReMix's update-to-data ratio m,
+        # arXiv 2507.06892, which does not multiply TRL's update count)
+        own = passes_key != "train.epochs"
+        t.dotted[passes_key] = n
+        t.updates_per_step *= 1 if own else n
         t.view["num_iterations"] = n
     for name in ("output_dir", "scale_rewards", "report_to", "disable_tqdm", "reward_weights"):
         if name in values:

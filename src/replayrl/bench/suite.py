@@ -201,8 +201,10 @@ def variant_config(
     k = eval_every_rollouts(suite, quick)
     if k is None:
         return cfg
-    if cfg.remix.enabled and cfg.remix.composition == "fixed":
-        # mixing steps generate (1 - p) R, later ones R: the grid is counted in rollouts
+    steps = cfg.method_spec.budget_is_steps
+    if steps is not None and not steps(cfg):
+        # e.g. ReMix's fixed composition: mixing steps generate (1 - p) R, later ones R: the
+        # grid is counted in rollouts
         return load_config(v["config"], [*overrides, f"eval.every_rollouts={k}"])
     r = cfg.rollouts_per_step
     if k % r:
@@ -332,15 +334,14 @@ def planned_runs(
     return plan
 
 
-OWN_BUDGET_SOURCES = ("dynamic_sampling", "ar3po", "exgrpo")  # generate a varying number
-
-
 def planned_budget(cfg: Any) -> int | None:
     """Generated rollouts a run will spend: train.rollout_budget, else train.steps x R; None
-    when steps x R does not say (ReMix's fixed composition generates (1 - p) R while mixing)."""
+    when steps x R does not say (the method's `budget_is_steps`: ReMix's fixed composition
+    generates (1 - p) R while mixing)."""
     if cfg.train.rollout_budget is not None:
         return int(cfg.train.rollout_budget)
-    if cfg.remix.enabled and cfg.remix.composition == "fixed":
+    steps = cfg.method_spec.budget_is_steps
+    if steps is not None and not steps(cfg):
         return None
     return int(cfg.train.steps * cfg.rollouts_per_step)
 
@@ -363,9 +364,9 @@ def fairness_problems(suite: dict[str, Any], plan: list[tuple[str, Any, Any, Pat
             continue
         seen.add((name, task))
         where = f"{task + '/' if task else ''}{name}"
-        if cfg.groups.source in OWN_BUDGET_SOURCES:
+        if cfg.method_spec.varying_generation:
             problems.append(
-                f"{where}: groups.source={cfg.groups.source} generates a varying number per "
+                f"{where}: method.name={cfg.method.name} generates a varying number per "
                 "step: say why its budget is its own (`own_budget: <reason>`)"
             )
             continue

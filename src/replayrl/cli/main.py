@@ -204,12 +204,12 @@ def _cmd_presets(args: argparse.Namespace) -> int:
         print(f"{title}:")
         for name, desc in rows:
             print(f"{name:<{width}}  {desc}")
-    from replayrl.config.registries import BATCH_SOURCES
+    from replayrl.config.registries import METHODS
 
-    print("batch sources (groups.source=NAME) [the run counters each adds to]:")
-    width = max(len(n) for n in BATCH_SOURCES)
-    for name in BATCH_SOURCES:
-        spec = BATCH_SOURCES.get(name)
+    print("methods (method.name=NAME) [the run counters each adds to]:")
+    width = max(len(n) for n in METHODS)
+    for name in METHODS:
+        spec = METHODS.get(name)
         counts = f" [{', '.join(m.name for m in spec.metrics)}]" if spec.metrics else ""
         print(f"{name:<{width}}  {spec.summary}{counts}")
     return 0

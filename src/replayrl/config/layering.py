@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from replayrl.config.catalog import PRESETS, UnknownNameError, resolve_preset
+from replayrl.config.method_sections import place_method_keys
 from replayrl.config.overrides import ConfigError, apply_overrides, load_yaml
 
 EXPERIMENTS = "experiments"
@@ -155,6 +156,14 @@ def merge(
         sources[dotted] = source
 
 
+def _method_layout(layer: Layer) -> dict[str, Any]:
+    """A layer's data with its method in `method` (config/method_sections.py)."""
+    try:
+        return dict(place_method_keys(layer.data))
+    except ValueError as exc:
+        raise ConfigError(f"{layer.name}: {exc}") from None
+
+
 def auto_layer(layers: Iterable[Layer], model_path: Any) -> Layer | None:
     """The experiment put under method presets that name none: `demo` for the built-in tiny
     model, TRL's defaults for a real one; None when a layer already is an experiment or no
@@ -177,14 +186,16 @@ def layered(
     if model_path is None:
         top: dict[str, Any] = {}
         for layer in layers:
-            merge(top, layer.data, layer.source, {})
+            merge(top, _method_layout(layer), layer.source, {})
         model = apply_overrides(top, list(overrides)).get("model")
         model_path = model.get("path") if isinstance(model, dict) else None
     extra = auto_layer(layers, model_path)
     data: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for layer in ([extra] if extra is not None else []) + layers:
-        merge(data, layer.data, layer.source, sources)
+        # each layer's method in `method` (an older file's remix / groups / buffer.kind
+        # moved there, with the method's own loss where the layer names none)
+        merge(data, _method_layout(layer), layer.source, sources)
     return data, sources
 
 

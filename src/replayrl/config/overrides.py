@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from replayrl.config.catalog import UnknownNameError, resolve_preset
+from replayrl.config.method_sections import has_old_keys, place_method_keys
 
 
 class ConfigError(ValueError):
@@ -31,10 +32,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set each dotted key in a nested dict (creating sections as needed)."""
+    """Set each dotted key in a nested dict (creating sections as needed). A key of the
+    layout before `method` (`remix.utd=3`, `groups.source=ar3po`, `buffer.kind=replay`) is
+    moved into `method` at once, so that it wins over what the layers below set there."""
     for text in overrides:
         path, value = parse_override(text)
         set_dotted(data, path, value, text)
+        if has_old_keys(data):
+            try:
+                moved = place_method_keys(data, fill_loss=False)
+            except ValueError as exc:
+                raise ConfigError(f"override {text!r}: {exc}") from None
+            data.clear()
+            data.update(moved)
     return data
 
 

@@ -1,24 +1,24 @@
 """The registries that the config's method and task names are checked against.
 
-`BATCH_SOURCES` (groups.source: where each step's training batch comes from: a buffer,
-DAPO's dynamic sampling, AR3PO, ExGRPO, RePO, ...) and `TASKS` (task.name) live here, at the
-config's layer, so the schema can list and validate what they hold. Their entries are added
-by the layers that implement them (`replayrl.data.sources`, `replayrl.rollout.tasks`): the
-arrow of registration points down. The registry imports those provider packages by name the
-first time it is asked (`replayrl.registry`, which also loads installed plugins' entry points),
-so a config is never checked against a half-filled registry.
+`METHODS` (method.name: the reuse method that decides each step's training batch: on-policy,
+replay, ReMix, DAPO's dynamic sampling, AR3PO, ExGRPO, RePO, ...) and `TASKS` (task.name)
+live here, at the config's layer, so the schema can list and validate what they hold. Their
+entries are added by the layers that implement them (`replayrl.methods`,
+`replayrl.rollout.tasks`): the arrow of registration points down. The registry imports those
+provider packages by name the first time it is asked (`replayrl.registry`, which also loads
+installed plugins' entry points), so a config is never checked against a half-filled registry.
 
 A task declares its settings the same way, under `task.<name>`.
 
-A new reuse method is one file that defines its config section (a `Section`), its check over
-the whole config, its builder and its metrics, and one `BATCH_SOURCES.add(...)` line.
+A new reuse method is one module that defines its config section (a `Section`), its check
+over the whole config, its builder and its counters, and one `METHODS.add(...)` line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from replayrl.config.section import Section
 from replayrl.registry import Registry
@@ -26,16 +26,16 @@ from replayrl.registry import Registry
 
 @dataclass(frozen=True)
 class SourceCounter:
-    """A run counter a batch source adds to (`Counters.add(name, n)`; saved in checkpoints).
+    """A run counter a method adds to (`Counters.add(name, n)`; saved in checkpoints).
 
-    name: what the source adds to, and the run reads (`Counters.count(name)`).
+    name: what the method adds to, and the run reads (`Counters.count(name)`).
     meaning: one line for docs/metrics.md.
     summary_key: its key at summary.json's top level ("": its name; None: reported only as
-        its ledger term). Every summary has the counters of every registered source (0 where
-        the run's source has none), so runs of different methods compare key by key.
+        its ledger term). Every summary has the counters of every registered method (0 where
+        the run's method has none), so runs of different methods compare key by key.
     ledger: (term, phrase) when it counts rollouts that are in no buffer: its term in the
         rollout ledger and its phrase in the end-of-run report, so the ledger balances.
-    retired: with `ledger`, the rollouts it counts were pushed to a buffer the source then
+    retired: with `ledger`, the rollouts it counts were pushed to a buffer the method then
         dropped (`Counters.retire`); otherwise they were generated and never pushed.
     """
 
@@ -58,20 +58,37 @@ class SourceCounter:
 
 
 @dataclass(frozen=True)
-class BatchSourceSpec:
-    """A reuse method as the run sees it.
+class MethodSpec:
+    """A reuse method as the run sees it: everything the run, the schema, the resume check,
+    the ledger and the benchmarks need to know of it, so that nothing central names it.
 
-    build: `(SourceContext) -> BatchSource` (`replayrl.data.sources.base`).
-    config: its section, under `groups.<name>` (None: it has no settings of its own).
+    build: `(SourceContext) -> BatchSource` (`replayrl.methods.base`).
+    config: its section, under `method.<name>` (None: it has no settings of its own).
     check: `(Config) -> None`, raising ValueError for settings it cannot run with (the
-        runtime, the buffer, the batch size...); called when the config selects it.
+        runtime, the batch size...); called when the config selects it.
     metrics: the run counters it adds to (`SourceCounter`s: the one place that lists them;
         the run refuses a count of any other name), reported in summary.json and listed by
         `replayrl presets`.
     summary: one line for `replayrl presets`, the docs and error messages.
     frozen_on_resume: the keys its checkpointed state depends on (a store's bounds, a prompt
-        pool's size), which a resume may not change: names in its `groups.<name>` section, or
-        full dotted keys. Any other key of its section must resume and train.
+        pool's size), which a resume may not change: names in its `method.<name>` section,
+        or full dotted keys. Any other key of its section must resume and train.
+    buffer: the kind of buffer its rollouts go through (`make_buffer`): "onpolicy" (the
+        freshest, removed once trained on) or "replay" (a FIFO sampled without removal,
+        `buffer.capacity` rollouts).
+    loss: the policy loss it is built for (`algorithm.loss_type`): used when the config
+        gives none; another one is refused when `loss_strict`, else trained with a warning.
+    advantage: the advantage estimator it needs (`algorithm.advantage`; None: any).
+    lockstep: it decides a step's batch from that step's fresh groups, so it needs a runtime
+        whose generation and training alternate (`RuntimeSpec.lockstep`).
+    single_learner: it keeps one state beside the learner (a window of recent policies'
+        rollouts) and so runs one learner (workers.learners=1).
+    varying_generation: it generates more than R rollouts in some steps (extra rounds,
+        replayed questions' fresh completions): a benchmark must say why its rollout budget
+        is its own.
+    budget_is_steps: `(Config) -> bool`, whether train.steps x R is the run's generated
+        budget (None: always); False e.g. when mixing steps generate fewer than R.
+    passes_key: the dotted key of its passes over each batch (TRL's `num_iterations`).
     """
 
     build: Callable[[Any], Any]
@@ -80,12 +97,21 @@ class BatchSourceSpec:
     metrics: tuple[SourceCounter, ...] = ()
     summary: str = ""
     frozen_on_resume: tuple[str, ...] = ()
+    buffer: Literal["onpolicy", "replay"] = "onpolicy"
+    loss: str | None = None
+    loss_strict: bool = False
+    advantage: str | None = None
+    lockstep: bool = False
+    single_learner: bool = False
+    varying_generation: bool = False
+    budget_is_steps: Callable[[Any], bool] | None = None
+    passes_key: str = "train.epochs"
 
     def __post_init__(self) -> None:
         bad = [m for m in self.metrics if not isinstance(m, SourceCounter)]
         if bad:
             raise TypeError(
-                f"BatchSourceSpec.metrics takes SourceCounter entries (a name and its "
+                f"MethodSpec.metrics takes SourceCounter entries (a name and its "
                 f"meaning), not {bad[0]!r}"
             )
 
@@ -163,7 +189,7 @@ class RuntimeSpec:
         and returns the call that runs its loop.
     lockstep: generation and training alternate in one process (the synchronous loop): what
         needs a step's fresh rollouts before its update (a rollout budget, `auto` design, the
-        fixed ReMix composition, group-level batch sources) needs it; otherwise generators
+        fixed ReMix composition, group-level methods) needs it; otherwise generators
         run beside learners (`workers.*`) and their clocks are measured.
     hooks: it takes objects from the Python API (a model, a dataset, reward callables,
         callbacks); otherwise its workers build their own from files and names.
@@ -189,9 +215,7 @@ class SamplerSpec:
     summary: str = ""
 
 
-BATCH_SOURCES: Registry[BatchSourceSpec] = Registry(
-    "batch source", "groups.source", ("replayrl.data.sources",)
-)
+METHODS: Registry[MethodSpec] = Registry("method", "method.name", ("replayrl.methods",))
 TASKS: Registry[TaskSpec] = Registry("task", "task.name", ("replayrl.rollout.tasks",))
 BACKENDS: Registry[BackendSpec] = Registry(
     "generation backend", "rollout.backend", ("replayrl.rollout.generation.backends",)

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from replayrl.config.layering import resolve
+from replayrl.config.method_sections import DEFAULT_METHOD, place_method_keys
 from replayrl.config.overrides import (  # the others: re-exported, imported from here
     ConfigError,
     apply_overrides,  # noqa: F401
@@ -31,7 +32,7 @@ from replayrl.config.overrides import (  # the others: re-exported, imported fro
 )
 from replayrl.config.registries import (
     BACKENDS,
-    BATCH_SOURCES,
+    METHODS,
     REWARDS,
     RUNTIMES,
     SAMPLERS,
@@ -44,7 +45,7 @@ from replayrl.config.task_sections import place_task_keys
 
 
 def config_value(cfg: BaseModel, key: str) -> Any:
-    """The value of dotted key `key` (`groups.exgrpo.shaping_beta`) in `cfg`."""
+    """The value of dotted key `key` (`method.exgrpo.shaping_beta`) in `cfg`."""
     node: Any = cfg
     for part in key.split("."):
         node = getattr(node, part)
@@ -338,16 +339,15 @@ class VLLMConfig(_Section):
 
 
 class BufferConfig(_Section):
-    kind: Literal["onpolicy", "replay"] = Field(
-        "onpolicy",
-        description="onpolicy: train on each step's fresh rollouts once (GRPO); replay: a FIFO "
-        "buffer of the last N rollouts sampled each step (experience replay, arXiv 2604.08706)",
-    )
+    """The buffer the method's rollouts go through; its kind (onpolicy: the freshest,
+    removed once trained on; replay: a FIFO of N sampled each step, arXiv 2604.08706) is
+    the method's (`MethodSpec.buffer`)."""
+
     capacity: PositiveInt | Literal["auto"] | None = Field(
         None,
         description="N, rollouts kept; staleness horizon x = N / R (R generated per step). "
-        "None: unbounded (onpolicy only); auto (experimental): x* from `replayrl design` on a "
-        "measured warm-up",
+        "None: unbounded (on-policy methods only); auto (experimental): x* from `replayrl "
+        "design` on a measured warm-up",
     )
     sampler: str = Field(
         "uniform",
@@ -384,20 +384,6 @@ class BufferConfig(_Section):
     @classmethod
     def _registered_sampler(cls, v: str) -> str:
         return SAMPLERS.check(v)
-
-    @model_validator(mode="after")
-    def _replay_needs_capacity(self) -> BufferConfig:
-        if self.kind == "replay" and self.capacity is None and self.staleness_horizon is None:
-            raise ValueError(
-                "buffer.capacity (or buffer.staleness_horizon) must be set for buffer.kind=replay"
-            )
-        if self.kind == "onpolicy":
-            if self.capacity == "auto":
-                raise ValueError("buffer.capacity=auto needs buffer.kind=replay")
-            for key in ("staleness_horizon", "replay_ratio"):
-                if getattr(self, key) is not None:
-                    raise ValueError(f"buffer.{key} needs buffer.kind=replay")
-        return self
 
 
 RATIO_TOLERANCE = 2.0  # resolved x or y more than this factor from the set ratio: warn
@@ -537,92 +523,62 @@ class KLConfig(_Section):
     schedule: KLScheduleConfig = KLScheduleConfig()
 
 
-class RemixConfig(_Section):
-    """ReMix (paper 2): Mix-PPG over fresh + recent-policy rollouts, then reincarnation."""
-
-    enabled: bool = Field(
-        False,
-        description="ReMix (arXiv 2507.06892): Mix-PPG over fresh and recent policies' "
-        "rollouts, a higher update-to-data ratio, then policy reincarnation",
-    )
-    off_policy_fraction: float = Field(0.4, ge=0, lt=1)  # p: share of the batch replayed
-    num_policies: int = Field(2, ge=1)  # N_pol: replay rollouts of the last N_pol policies
-    utd: int = Field(2, ge=1)  # m: gradient passes over each batch before reincarnation
-    reincarnation_step: int | None = Field(50, ge=0)  # T; None = never
-    reincarnation_at: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="policy reincarnation once this fraction of the run's generated-rollout "
-        "budget (train.rollout_budget, else train.steps x R) is spent; instead of "
-        "reincarnation_step (set that to null)",
-    )
-    utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
-    composition: Literal["fixed", "additive"] = Field(
-        "fixed",
-        description="fixed: the paper's batch of B = R rollouts, (1 - p) B fresh (fewer "
-        "prompts generated per mixing step) + p B from the window; additive: all R fresh "
-        "plus p / (1 - p) R from the window (the presets before this key)",
-    )
-    replay_advantage: Literal["stored", "recomputed"] | None = Field(
-        None,
-        description="advantage of a replayed rollout: stored (its behaviour group's, group "
-        "estimators) or recomputed (the current critic's GAE, critic estimators); None = "
-        "the estimator's only possible one. A group estimator cannot recompute: pi_k never "
-        "sampled a group for a replayed prompt",
-    )
-
-
-class GroupsConfig(_Section):
-    """Where each step's training batch comes from (`groups.source`, a `BATCH_SOURCES` name)
-    and every registered source's own section (`groups.ar3po`, `groups.exgrpo`, ...), each
-    validated by the model its source declares (`replayrl.data.sources`)."""
+class MethodConfig(_Section):
+    """The reuse method (`method.name`, a `METHODS` name) and every registered method's own
+    section (`method.remix`, `method.exgrpo`, ...), each validated by the model its method
+    declares (`replayrl.methods`). Older configs' `remix`, `groups` and `buffer.kind` keys
+    are moved here on reading (config/method_sections.py)."""
 
     model_config = ConfigDict(extra="allow")
 
-    source: str = Field(
-        "none",
-        description="the batch source: none (the buffer's batches; ReMix's mix when "
-        "remix.enabled), dynamic_sampling (DAPO), group_replay, ar3po, exgrpo, repo, or one "
-        "a plugin registers",
+    name: str = Field(
+        DEFAULT_METHOD,
+        description="the reuse method: onpolicy (GRPO/PPO), replay (arXiv 2604.08706), remix "
+        "(arXiv 2507.06892), dynamic_sampling (DAPO), group_replay, ar3po, exgrpo, repo, or "
+        "one a plugin registers; its settings are under method.<name>",
     )
 
     @model_validator(mode="before")
     @classmethod
     def _registered_sections(cls, data: Any) -> Any:
-        """Check the source's name, and validate each registered source's section (its
-        defaults where not given); a section no source owns is an unknown key."""
+        """Check the method's name, and validate each registered method's section (its
+        defaults where not given); a section no method owns is an unknown key."""
         if isinstance(data, BaseModel):
             data = data.model_dump()
         data = dict(data or {})
-        BATCH_SOURCES.check(str(data.get("source", "none")))
+        METHODS.check(str(data.get("name", DEFAULT_METHOD)))
         for key in data:
-            if key != "source" and key not in BATCH_SOURCES:
+            if key != "name" and key not in METHODS:
                 raise ValueError(
-                    f"groups.{key}: no batch source of that name has settings "
-                    f"(registered: {', '.join(BATCH_SOURCES)})"
+                    f"method.{key}: no method of that name has settings "
+                    f"(registered: {', '.join(METHODS)})"
                 )
-        for name in BATCH_SOURCES:
-            section = BATCH_SOURCES.get(name).config
+        for name in METHODS:
+            section = METHODS.get(name).config
             if section is None:
                 continue
             given = data.get(name, {})
             try:
                 data[name] = given if isinstance(given, section) else section.model_validate(given)
             except ValidationError as exc:
-                raise ValueError(nested_errors(f"groups.{name}", exc)) from None
+                raise ValueError(nested_errors(f"method.{name}", exc)) from None
         return data
 
     def section(self, name: str) -> Any:
-        """The validated section of batch source `name` (None if it declares none)."""
+        """The validated section of method `name` (None if it declares none)."""
         return (self.model_extra or {}).get(name)
+
+    @property
+    def settings(self) -> Any:
+        """The selected method's own section (None if it declares none)."""
+        return self.section(self.name)
 
 
 def section_fields(model: type[BaseModel]) -> dict[str, Any]:
     """A section's sub-fields by name -> annotation (a model for nested sections), with the
-    registered batch sources' own sections under `groups` and the tasks' under `task`."""
+    registered methods' own sections under `method` and the tasks' under `task`."""
     fields: dict[str, Any] = {n: f.annotation for n, f in model.model_fields.items()}
-    registry: Any = {GroupsConfig: BATCH_SOURCES, TaskConfig: TASKS}.get(model)
+    registry: Any = {MethodConfig: METHODS, TaskConfig: TASKS}.get(model)
     for name in registry or ():
         section = registry.get(name).config
         if section is not None:
@@ -823,9 +779,8 @@ class Config(_Section):
     design: DesignConfig = DesignConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     kl: KLConfig = KLConfig()
-    remix: RemixConfig = RemixConfig()
     # built per config: its registered sections load with the first config, not on import
-    groups: GroupsConfig = Field(default_factory=GroupsConfig)
+    method: MethodConfig = Field(default_factory=MethodConfig)
     critic: CriticConfig = CriticConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
@@ -858,8 +813,20 @@ class Config(_Section):
     def _registered_runtime(cls, v: str) -> str:
         return RUNTIMES.check(v)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _method_section(cls, data: Any) -> Any:
+        """The method's keys in `method` (older configs' remix, groups, buffer.kind moved)."""
+        return place_method_keys(data)
+
+    @property
+    def method_spec(self) -> Any:
+        """The selected method's registry entry (`MethodSpec`)."""
+        return METHODS.get(self.method.name)
+
     @model_validator(mode="after")
     def _check_batches(self) -> Config:
+        self._check_buffer()  # what the method's kind of buffer can hold, first
         if (self.buffer.capacity == "auto") != (self.train.batch_size == "auto"):
             # the design picks N and B jointly; with one fixed it would report a design
             # (even "stay on-policy") other than the run
@@ -869,23 +836,12 @@ class Config(_Section):
             )
         resolve_ratios(self)  # N, B from x, y first: every check below sees integers
         mini = self.train.mini_batch_size
-        if self.train.batch_size == "auto":
-            if self.buffer.kind != "replay":
-                raise ValueError("train.batch_size=auto needs buffer.kind=replay")
-        elif mini is not None and mini > self.batch_size:
+        if self.train.batch_size != "auto" and mini is not None and mini > self.batch_size:
             raise ValueError(
                 f"train.mini_batch_size={mini} is larger than the batch size B={self.batch_size}: "
                 "lower train.mini_batch_size (with a model.path it defaults to TRL's 8 "
                 "completions per update) or generate more per step"
             )
-        if self.remix.enabled:
-            if self.buffer.kind != "onpolicy":
-                raise ValueError(
-                    "remix.enabled keeps its own policy window: use buffer.kind=onpolicy"
-                )
-            if self.algorithm.loss_type != "mix_ppg":
-                raise ValueError("remix.enabled needs algorithm.loss_type=mix_ppg")
-            self._check_remix()
         if self.train.sharding == "fsdp":
             self._check_sharding()
         lockstep = RUNTIMES.get(self.runtime).lockstep
@@ -896,13 +852,59 @@ class Config(_Section):
         if not self.rewards:
             raise ValueError("rewards: at least one reward function is needed")
         self._check_loss_requirements()
-        source = BATCH_SOURCES.get(self.groups.source)
-        if source.check is not None:
-            source.check(self)  # the method's own rules, next to its code
-        self._check_signal()  # after the group checks: theirs name the cause more precisely
+        self._check_method()
+        self._check_signal()  # after the method's checks: theirs name the cause more precisely
         if not lockstep:
             self._check_async()
         return self
+
+    def _check_buffer(self) -> None:
+        """The buffer settings its kind (the method's) can hold."""
+        if self.method_spec.buffer == "replay":
+            b = self.buffer
+            if b.capacity is None and b.staleness_horizon is None:
+                raise ValueError(
+                    f"buffer.capacity (or buffer.staleness_horizon) must be set for "
+                    f"method.name={self.method.name} (a replay buffer)"
+                )
+            return
+        why = f"method.name=replay (a replay buffer; got {self.method.name})"
+        if self.buffer.capacity == "auto":
+            raise ValueError(f"buffer.capacity=auto needs {why}")
+        if self.train.batch_size == "auto":
+            raise ValueError(f"train.batch_size=auto needs {why}")
+        for key in ("staleness_horizon", "replay_ratio"):
+            if getattr(self.buffer, key) is not None:
+                raise ValueError(f"buffer.{key} needs {why}")
+
+    def _check_method(self) -> None:
+        """What the method's registry entry says it needs, then its own check."""
+        name, spec = self.method.name, self.method_spec
+        if spec.lockstep and not RUNTIMES.get(self.runtime).lockstep:
+            raise ValueError(
+                f"method.name={name} needs {runtimes_with('lockstep')} (got {self.runtime}): "
+                "it decides each step's batch from that step's fresh groups"
+            )
+        if spec.single_learner and self.workers.learners > 1:
+            # one state beside the learner (ReMix's window), kept by one learner
+            raise ValueError(
+                f"method.name={name} needs workers.learners=1 (got {self.workers.learners})"
+            )
+        a = self.algorithm
+        if spec.advantage is not None and a.advantage != spec.advantage:
+            raise ValueError(
+                f"method.name={name} needs algorithm.advantage={spec.advantage} (got {a.advantage})"
+            )
+        if spec.loss is not None and a.loss_type != spec.loss:
+            why = f"method.name={name} is built for algorithm.loss_type={spec.loss}"
+            if spec.loss_strict:
+                raise ValueError(f"{why} (got {a.loss_type})")
+            warnings.warn(
+                f"{why}: {a.loss_type} trains its batches without the method's own objective",
+                stacklevel=2,
+            )
+        if spec.check is not None:
+            spec.check(self)  # the method's own rules, next to its code
 
     def _check_sharding(self) -> None:
         """train.sharding=fsdp: what the sharded learners (distributed/fsdp.py) run."""
@@ -941,17 +943,6 @@ class Config(_Section):
                     f"(got {value}): {spec.why}"
                 )
 
-    def _check_remix(self) -> None:
-        """ReMix's reincarnation point: one of step and budget share (the fixed composition's
-        runtime is checked in _check_async; remix.replay_advantage against the registered
-        estimator when the run is built: run/components.py)."""
-        rm = self.remix
-        if rm.reincarnation_at is not None and rm.reincarnation_step is not None:
-            raise ValueError(
-                f"remix.reincarnation_at={rm.reincarnation_at} and remix.reincarnation_step="
-                f"{rm.reincarnation_step}: give one (set remix.reincarnation_step=null)"
-            )
-
     @property
     def generated_budget(self) -> int:
         """The run's generated-rollout budget: train.rollout_budget, else train.steps x R."""
@@ -959,7 +950,10 @@ class Config(_Section):
 
     def _check_signal(self) -> None:
         """Settings that would train nothing, or less than the log says, are refused."""
-        if self.algorithm.advantage in ("grpo", "rloo") and self.rollout.num_generations < 2:
+        from replayrl.algorithms import ADVANTAGES  # lazy: torch
+
+        grouped = ADVANTAGES.get(self.algorithm.advantage).at_generation  # over a prompt's group
+        if grouped and self.rollout.num_generations < 2:
             raise ValueError(
                 f"rollout.num_generations=1 with algorithm.advantage={self.algorithm.advantage}: "
                 "a group of one "
@@ -977,15 +971,6 @@ class Config(_Section):
 
     def _check_async(self) -> None:
         rt, w = self.runtime, self.workers
-        if self.remix.enabled and w.learners > 1:
-            # one window of recent policies' rollouts, kept by the rank-0 learner
-            raise ValueError(f"remix.enabled needs workers.learners=1 (got {w.learners})")
-        if self.remix.enabled and self.remix.composition == "fixed":
-            raise ValueError(
-                f"remix.composition=fixed needs {runtimes_with('lockstep')} (got {rt}): "
-                "asynchronous generators do not size their batches by phase; set "
-                "remix.composition=additive"
-            )
         if self.needs_design:
             raise ValueError(
                 f"buffer.capacity/train.batch_size=auto needs {runtimes_with('lockstep')} "

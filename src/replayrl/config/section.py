@@ -1,7 +1,7 @@
 """The base of every config section: strict keys, no NaN, no boolean where a number goes.
 
 A reuse method or task declares its own section by subclassing `Section` next to its code
-(`data/sources/ar3po.py`'s `Ar3poConfig`); the schema validates it under the method's name.
+(`methods/ar3po.py`'s `Ar3poConfig`); the schema validates it under the method's name.
 """
 
 from __future__ import annotations

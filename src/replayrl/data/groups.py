@@ -1,5 +1,5 @@
 """Groups as first-class items: a prompt with its G completions, rewards, behaviour log-probs,
-the version that generated them and the question's correctness history.
+the version that generated them.
 
 GRPO's signal lives in groups, not single rollouts: a group whose rewards are all equal has
 zero advantage everywhere and gives no gradient (0.44-0.62 of chain's groups late in
@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from replayrl.data.rollout import Rollout
 
@@ -98,30 +97,3 @@ def split_groups(rollouts: Iterable[Rollout]) -> list[Group]:
 
 def flatten(groups: Iterable[Group]) -> list[Rollout]:
     return [r for g in groups for r in g.rollouts]
-
-
-@dataclass
-class QuestionHistory:
-    """Per question (its prompt text): the accuracy of each group generated for it, newest
-    last, at most `keep` entries. What AR3PO's and ExGRPO's per-question rules read (arXiv
-    2509.25808, 2510.02245); kept small and plain so it checkpoints as JSON."""
-
-    keep: int = 8
-    record: dict[str, list[float]] = field(default_factory=dict)
-
-    def update(self, groups: Iterable[Group]) -> None:
-        for g in groups:
-            h = self.record.setdefault(g.prompt_text, [])
-            h.append(g.accuracy)
-            del h[: max(0, len(h) - self.keep)]
-
-    def latest(self, prompt_text: str) -> float | None:
-        h = self.record.get(prompt_text)
-        return h[-1] if h else None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"keep": self.keep, "record": {k: list(v) for k, v in self.record.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.keep = int(state["keep"])
-        self.record = {str(k): [float(x) for x in v] for k, v in state["record"].items()}

@@ -442,6 +442,7 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
         """Buffer actors (one shard per learner) instead of an in-process buffer."""
         cfg = staleness_bounded(cfg)
         b, T = cfg.buffer, cfg.workers.learners
+        kind = cfg.method_spec.buffer  # the method's kind of buffer
         cls = _ray().remote(num_cpus=cfg.ray.buffer_num_cpus, resources=cfg.ray.buffer_resources)(
             BufferActor
         )
@@ -449,7 +450,7 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
         shards = [
             RemoteBuffer(
                 cls.remote(
-                    b.kind,
+                    kind,
                     None if b.capacity is None else b.capacity // T,
                     {
                         **kwargs,
@@ -457,7 +458,7 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
                         "seed": kwargs["seed"] + 1000 * r,
                     },
                 ),
-                b.kind,
+                kind,
                 "the buffer actor" if T == 1 else f"buffer shard {r}",
             )
             for r in range(T)

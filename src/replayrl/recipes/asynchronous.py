@@ -1,7 +1,7 @@
 """The asynchronous loop (async-local and ray): the learner side.
 
 Generators produce continuously with the last weights they were given; the learner pushes
-their deliveries into the run's batch source (`replayrl.data.sources.buffer`, the synchronous
+their deliveries into the run's batch source (`replayrl.methods.buffer`, the synchronous
 loop's: a buffer, or ReMix's fresh + window mix with reincarnation) and takes a step whenever
 the source can serve a batch. The loss, evaluation, metrics, checkpoints and summary are the
 synchronous session's.
@@ -164,7 +164,7 @@ class AsyncSession(Session):
         """Can the learner take a step now without breaking a bound?"""
         if not self._has_usable_data(B):
             return False
-        if self.cfg.buffer.kind == "replay" and self.ratio is not None:
+        if self.cfg.method_spec.buffer == "replay" and self.ratio is not None:
             return self.counters.rollouts_sampled + B <= self.ratio * self._pushed()
         return True
 
@@ -176,7 +176,7 @@ class AsyncSession(Session):
         waits for fresh rollouts (a deadlock seen when a restarted generator fell behind).
         """
         cfg, c = self.cfg, self.counters
-        if cfg.buffer.kind == "onpolicy":
+        if cfg.method_spec.buffer == "onpolicy":
             assert self.source is not None
             return self.source.available() >= B
         if self.ratio is None or not self._has_usable_data(B):

@@ -15,10 +15,10 @@ import numpy as np
 from replayrl.config.schema import Config
 from replayrl.data.buffer import batch_stats
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.base import GROUP_STRIDE
-from replayrl.data.sources.buffer import BatchSource
 from replayrl.learner.critic import policy_frozen
 from replayrl.learner.learner import Learner
+from replayrl.methods.base import GROUP_STRIDE
+from replayrl.methods.buffer import BatchSource
 from replayrl.models.loading import unwrap_model
 from replayrl.rollout.producer import RolloutProducer
 from replayrl.run.completions import CompletionsLog
@@ -36,9 +36,8 @@ def produce_fresh(
     group advantages (the producer); `counters` account for them. `source`: the run's batch
     source (None during the `auto` warm-up, which has none yet)."""
     c = counters
-    # a source may ask for fewer new prompts this step (ReMix's fixed composition while mixing)
-    prompts_this_step = getattr(source, "prompts_this_step", None)
-    n = prompts_this_step() if prompts_this_step is not None else None
+    # a method may ask for fewer new prompts this step (ReMix's fixed composition while mixing)
+    n = source.prompts_this_step() if source is not None else None
     p = producer.produce(version, c.step, c.step * GROUP_STRIDE, num_prompts=n)
     c.account(p)
     return p.rollouts, {

@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-from replayrl.config.registries import BATCH_SOURCES, TASKS
+from replayrl.config.method_sections import place_method_keys
+from replayrl.config.registries import METHODS, TASKS
 from replayrl.config.schema import Config, ConfigError, TaskConfig, config_to_yaml, load_config
 from replayrl.errors import RunFailed
 from replayrl.records.trust import Verdict, reward_refs, sign_or_warn, verify_run_folder
@@ -41,37 +42,35 @@ from replayrl.storage.io import atomic_write_text
 Log = Callable[[str], None]
 
 # config keys a checkpoint's contents depend on: the policy weights, the buffer's layout,
-# the critic, ReMix's window and the learners' shards. Changing them on resume is refused.
+# the method (its own state's keys: its registry entry) and the learners' shards. Changing them
+# on resume is refused.
 FROZEN_ON_RESUME = (
     "model.path",
     "model.dtype",
     "model.lora",
     "model.tiny",
     "model.warmstart",
-    "buffer.kind",
     "buffer.capacity",
     "buffer.sampler",
     "buffer.num_shards",
     "algorithm.advantage",
-    "remix.enabled",
-    "remix.num_policies",
     "runtime",
     "workers.learners",
-    "groups.source",  # the source's own state (stores, carried groups) is in the checkpoint
+    "method.name",  # the method's own state (stores, windows, carried groups) is checkpointed
 )
 
 
 def frozen_on_resume(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The keys a resume may not change: the run-wide ones above, then those the batch source
-    and the task declare in their registry entries (`frozen_on_resume`), for the source and
-    task of either side (a record without them: the defaults)."""
+    """The keys a resume may not change: the run-wide ones above, then those the method and
+    the task declare in their registry entries (`frozen_on_resume`), for the method and task
+    of either side (a record without them: the defaults)."""
     keys = list(FROZEN_ON_RESUME)
     default = Config().model_dump(mode="json")
     for side in (saved, new):
-        source = _get(side, "groups.source") or _get(default, "groups.source")
-        if source in BATCH_SOURCES:
-            own = BATCH_SOURCES.get(source).frozen_on_resume
-            keys += [k if "." in k else f"groups.{source}.{k}" for k in own]
+        method = _get(side, "method.name") or _get(default, "method.name")
+        if method in METHODS:
+            own = METHODS.get(method).frozen_on_resume
+            keys += [k if "." in k else f"method.{method}.{k}" for k in own]
         task = _get(side, "task.name") or _get(default, "task.name")
         if task in TASKS:
             own = TASKS.get(task).frozen_on_resume
@@ -220,9 +219,16 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
 
 
 def in_current_layout(record: dict[str, Any]) -> dict[str, Any]:
-    """A recorded config with its task section in today's layout (a flat `task.digits` of an
-    older release under `task.arithmetic`), so a resume compares like with like; as it is
-    when its task section does not validate."""
+    """A recorded config with its method and task sections in today's layout (`remix.*`,
+    `groups.*` and `buffer.kind` of an older release under `method`, a flat `task.digits`
+    under `task.arithmetic`), so a resume compares like with like; as it is when a section
+    does not validate."""
+    try:
+        with warnings.catch_warnings():  # the record is old, not the user's new config
+            warnings.simplefilter("ignore", FutureWarning)
+            record = place_method_keys(record)
+    except ValueError:
+        return record
     task = record.get("task")
     if not isinstance(task, dict):
         return record
@@ -257,7 +263,7 @@ def check_resume_config(
     if run_dir is not None:
         ckpt, _ = find_checkpoints(run_dir)
         record = manifest_config(ckpt) if ckpt is not None else None
-    a = in_current_layout(record) if record is not None else saved.model_dump(mode="json")
+    a = in_current_layout(record if record is not None else saved.model_dump(mode="json"))
     b = new.model_dump(mode="json")
     bad = [
         f"{k} (the checkpoint has {_get(a, k)!r}, now {_get(b, k)!r})"

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayrl.config.registries import BATCH_SOURCES, SourceCounter
+from replayrl.config.registries import METHODS, SourceCounter
 from replayrl.design.theory import cost_ratio, gamma
 
 BUFFER_KEYS = ("size", "evicted", "consumed", "dropped_stale", "pushed")
@@ -27,8 +27,8 @@ def source_terms() -> list[SourceCounter]:
     """The counters with a ledger term (`SourceCounter.ledger`) of every registered batch
     source, each term once: every ledger has the same terms, whichever source the run used."""
     seen: dict[str, SourceCounter] = {}
-    for name in BATCH_SOURCES:
-        for m in BATCH_SOURCES.get(name).metrics:
+    for name in METHODS:
+        for m in METHODS.get(name).metrics:
             if m.ledger is not None:
                 seen.setdefault(m.ledger[0], m)
     return list(seen.values())

@@ -10,7 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from replayrl.rollout.rewards import score
 Row = dict[str, Any]  # a task row: prompt and answer columns
 
 Log = Callable[[str], None]
+T = TypeVar("T")
 
 MAX_EMPTY_STEPS = 5  # consecutive steps whose prompts are all too long before the run stops
 
@@ -68,6 +69,17 @@ class RolloutProducer:
     # some of them again passes those rows back: AR3PO's rounds)
     rows_by_text: dict[str, Any] = field(default_factory=dict, init=False)
     last_rows: dict[int, Row] = field(default_factory=dict, init=False)  # of the last call
+
+    def sample_prompts(self, n: int) -> list[Row]:
+        """`n` new task rows from the run's prompt stream (a method topping up a batch)."""
+        return list(self.task.sample_train(n, self.prompt_rng))
+
+    def serve_prompts_through(self, wrap: Callable[[Any], T]) -> T:
+        """Sample new prompts from `wrap(task)` from now on (a method's prompt pool, which
+        serves `sample_train` and hands the rest to the task); returns it."""
+        served = wrap(self.task)
+        self.task = served
+        return served
 
     def fits(self, prompt: str) -> bool:
         if not self.max_positions:

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from replayrl.algorithms import ADVANTAGES
-from replayrl.config.registries import BACKENDS, BATCH_SOURCES
+from replayrl.config.registries import BACKENDS, METHODS
 from replayrl.config.schema import Config
 from replayrl.data.buffer import Buffer, make_buffer
-from replayrl.data.sources.base import SourceContext
-from replayrl.data.sources.buffer import BatchSource
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
+from replayrl.methods.base import SourceContext
+from replayrl.methods.buffer import BatchSource
 from replayrl.models.device import model_device, resolve_device
 from replayrl.models.loading import unwrap_model
 from replayrl.rollout.context_bound import longest_prompt_tokens
@@ -59,7 +59,8 @@ def buffer_kwargs(cfg: Config) -> dict[str, Any]:
 
 
 def build_buffer(cfg: Config) -> Buffer:
-    return make_buffer(cfg.buffer.kind, cfg.buffer.capacity, **buffer_kwargs(cfg))  # type: ignore[arg-type]
+    kind = METHODS.get(cfg.method.name).buffer  # the method's kind of buffer
+    return make_buffer(kind, cfg.buffer.capacity, **buffer_kwargs(cfg))  # type: ignore[arg-type]
 
 
 def build_batch_source(
@@ -68,10 +69,10 @@ def build_batch_source(
     producer: RolloutProducer | None = None,
     learner: Learner | None = None,
 ) -> BatchSource:
-    """The batch source `groups.source` names (its `BATCH_SOURCES` entry's builder).
+    """The batch source of the method `method.name` names (its `METHODS` entry's builder).
     `producer` / `learner`: the run's own, for sources that generate more within a step or
     score stored responses (without them a source does what it can: unit tests)."""
-    spec = BATCH_SOURCES.get(cfg.groups.source)
+    spec = METHODS.get(cfg.method.name)
     return spec.build(SourceContext(cfg, buffer, producer, learner))  # type: ignore[no-any-return]
 
 

@@ -23,8 +23,8 @@ from replayrl.config.registries import BACKENDS, RUNTIMES
 from replayrl.config.schema import Config, config_to_yaml
 from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.buffer import BatchSource
 from replayrl.errors import RunFailed, RunStopped
+from replayrl.methods.buffer import BatchSource
 from replayrl.models.device import is_out_of_memory, oom_phase, out_of_memory_message
 from replayrl.records.ledger import WALL_SECONDS_COVERS, format_accounting
 from replayrl.records.provenance import run_provenance
@@ -229,7 +229,7 @@ class Session:
         cfg, c = self.cfg, self.counters
         self._generated_at_last_step = c.rollouts_generated  # eval.every_rollouts' grid
         R, B = cfg.rollouts_per_step, cfg.batch_size
-        if cfg.buffer.kind == "replay" and cfg.buffer.capacity:
+        if cfg.method_spec.buffer == "replay" and cfg.buffer.capacity:
             self.log(
                 f"replay: staleness horizon x = N/R = {cfg.buffer.capacity / R:.3g}, "  # type: ignore[operator]
                 f"replay ratio y = B/R = {B / R:.3g}"

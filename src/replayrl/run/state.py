@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from replayrl.config.registries import BATCH_SOURCES, RUNTIMES
+from replayrl.config.registries import METHODS, RUNTIMES
 from replayrl.config.schema import Config
 from replayrl.design.theory import estimate_mu
 from replayrl.records.ledger import (
@@ -26,7 +26,7 @@ class Counters:
     The fields are the run-wide counts, kept by the loop whatever the batch source; what a
     batch source counts on its own (rollouts it filters or reuses, its extra generation
     rounds...) is in `source_counts`, by the names its registry entry declares
-    (`BatchSourceSpec.metrics`), through `add` and `count`. `declared`: those names for this
+    (`MethodSpec.metrics`), through `add` and `count`. `declared`: those names for this
     run's source (None: any name, as in a unit test's counters); not saved."""
 
     step: int = 0
@@ -70,7 +70,7 @@ class Counters:
             raise ValueError(f"{name!r} is a run-wide counter (a Counters field), not a source's")
         if self.declared is not None and name not in self.declared:
             raise ValueError(
-                f"the batch source counts {name!r}, which its BatchSourceSpec.metrics does not "
+                f"the method counts {name!r}, which its MethodSpec.metrics does not "
                 f"declare (declared: {', '.join(sorted(self.declared)) or 'none'})"
             )
         self.source_counts[name] = self.source_counts.get(name, 0) + n
@@ -146,7 +146,7 @@ _FIELDS = frozenset(f.name for f in fields(Counters)) - {"declared"}
 
 def declared_counters(cfg: Config) -> frozenset[str]:
     """The counters the run's batch source may add to: those its registry entry declares."""
-    return frozenset(m.name for m in BATCH_SOURCES.get(cfg.groups.source).metrics)
+    return frozenset(m.name for m in METHODS.get(cfg.method.name).metrics)
 
 
 def source_summary(c: Counters) -> dict[str, int]:
@@ -155,8 +155,8 @@ def source_summary(c: Counters) -> dict[str, int]:
     checkpoint's, of a plugin no longer installed) by its name, so none is lost."""
     out: dict[str, int] = {}
     known: set[str] = set()
-    for name in BATCH_SOURCES:
-        for m in BATCH_SOURCES.get(name).metrics:
+    for name in METHODS:
+        for m in METHODS.get(name).metrics:
             known.add(m.name)
             if m.reported_as is not None:
                 out.setdefault(m.reported_as, c.count(m.name))
@@ -218,7 +218,7 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
         "reward_seconds": c.reward_seconds,
         "rollouts_dropped_reward_timeout": c.rollouts_dropped_reward_timeout,
     }
-    counts = source_summary(c)  # the batch sources' (`BatchSourceSpec.metrics`)
+    counts = source_summary(c)  # the methods' (`MethodSpec.metrics`)
     tail = {
         "mu_median": estimate_mu(c.mu_per_step),
         "design": c.design,

@@ -54,7 +54,8 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from replayrl.config.schema import Config, config_to_yaml, load_config
+from replayrl.config.method_sections import DEFAULT_METHOD
+from replayrl.config.schema import Config, config_to_yaml, config_value, load_config
 from replayrl.design.theory import cost_ratio, estimate_mu
 from replayrl.records.folder import new_run_folder
 from replayrl.records.provenance import run_provenance
@@ -73,6 +74,12 @@ Log = Callable[[str], None]
 
 INSTALL_HINT = "pip install 'replayrl[bench]'"
 REWARD_NAME = "replayrl_reward"  # the single combined reward function TRL sees
+# the configuration TRL's GRPOTrainer is the counterpart of: key -> (value, why)
+MIRRORED = {
+    "method.name": (DEFAULT_METHOD, "TRL GRPO is on-policy, each rollout trained on once"),
+    "algorithm.loss_type": ("grpo_clip", "only grpo_clip"),
+    "algorithm.advantage": ("grpo", "TRL GRPO's is the group-relative one"),
+}
 
 # TRL log keys -> our metric names (anything else is kept as `trl/<key>`)
 _TRL_TO_OURS = {
@@ -103,16 +110,9 @@ def _check_supported(cfg: Config) -> None:
     """The peer mirrors on-policy GRPO only; anything structurally different is an error."""
     R = cfg.rollouts_per_step
     problems = []
-    if cfg.remix.enabled:
-        problems.append("remix.enabled=true (ReMix has no TRL counterpart)")
-    if cfg.buffer.kind != "onpolicy":
-        problems.append(f"buffer.kind={cfg.buffer.kind} (TRL GRPO is on-policy)")
-    if cfg.algorithm.loss_type != "grpo_clip":
-        problems.append(f"algorithm.loss_type={cfg.algorithm.loss_type} (only grpo_clip)")
-    if cfg.algorithm.advantage != "grpo":
-        problems.append(
-            f"algorithm.advantage={cfg.algorithm.advantage} (TRL GRPO's is the group-relative one)"
-        )
+    for key, (value, why) in MIRRORED.items():
+        if config_value(cfg, key) != value:
+            problems.append(f"{key}={config_value(cfg, key)} ({why})")
     if cfg.train.epochs != 1:
         problems.append(f"train.epochs={cfg.train.epochs} (each rollout is used once)")
     if cfg.train.batch_size not in (None, R):

@@ -10,7 +10,7 @@
 """
 
 from replayrl.data.buffer.base import Buffer, rollout_from_dict, rollout_to_dict
-from replayrl.data.buffer.factory import BUFFER_KINDS, make_buffer
+from replayrl.data.buffer.factory import make_buffer
 from replayrl.data.buffer.metrics import batch_stats
 from replayrl.data.buffer.onpolicy import OnPolicyQueue
 from replayrl.data.buffer.replay import ReplayBuffer
@@ -25,7 +25,6 @@ from replayrl.data.buffer.samplers import (
 from replayrl.data.buffer.sharded import ShardedBuffer
 
 __all__ = [
-    "BUFFER_KINDS",
     "Buffer",
     "OnPolicyQueue",
     "PositiveBias",

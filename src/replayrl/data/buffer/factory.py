@@ -13,9 +13,10 @@ from replayrl.data.buffer.replay import ReplayBuffer
 from replayrl.data.buffer.samplers import DEFAULT_SAMPLER, sampler_spec
 from replayrl.data.buffer.sharded import ShardedBuffer
 
-__all__ = ["BUFFER_KINDS", "make_buffer"]
+__all__ = ["make_buffer"]
 
-BUFFER_KINDS = ("replay", "onpolicy")
+# the factory's own vocabulary; which kind a run uses is its method's (`MethodSpec.buffer`)
+_KINDS = ("replay", "onpolicy")
 
 
 def make_buffer(
@@ -41,8 +42,8 @@ def make_buffer(
     the plain buffer. Shard ``i`` gets the seed ``SeedSequence(seed).spawn(T + 1)[i + 1]`` and
     the router the first child. Every bad argument raises ``ValueError`` naming it.
     """
-    if kind not in BUFFER_KINDS:
-        raise ValueError(f"kind={kind!r}: unknown buffer kind; expected one of {BUFFER_KINDS}")
+    if kind not in _KINDS:
+        raise ValueError(f"kind={kind!r}: unknown buffer kind; expected one of {_KINDS}")
     if capacity is None:
         if kind == "replay":
             raise ValueError("capacity=None: a replay buffer needs an int capacity >= 1")

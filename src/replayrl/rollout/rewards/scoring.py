@@ -8,10 +8,10 @@ Timeouts. Python cannot kill a function running in a thread, so a per-call timeo
 is honest about what it does: each call runs in a fresh daemon thread; if it has not
 returned within `timeout_s`, the call is abandoned (its result, if it ever comes, is
 ignored), every rollout of that call is dropped with reason "timeout", and the thread is
-left running in the background (counted by `abandoned_threads()`; it ends with the
-process). A call that timed out is never retried item by item, and the item-by-item
-isolation of a call that raised shares one `timeout_s` budget, so a slow function that
-raises costs at most about 2 x timeout_s per step, not one timeout per item.
+left running in the background (it ends with the process). A call that timed out is never
+retried item by item, and the item-by-item isolation of a call that raised shares one
+`timeout_s` budget, so a slow function that raises costs at most about 2 x timeout_s per
+step, not one timeout per item.
 
 No silent non-training. Values, and each rollout's weighted sum, must be finite in float32
 (the learner's dtype: 1e39 is finite in float64 but inf there). A function that fails on every
@@ -54,7 +54,6 @@ DEFAULT_TIMEOUT_S = 60.0
 Isolation = Literal["process", "thread"]
 # reasons whose call is never retried item by item: each retry could cost as much again
 _NOT_RETRIED = ("timeout", "worker_died")
-_abandoned: list[threading.Thread] = []
 
 
 @dataclass
@@ -112,12 +111,6 @@ class ScoreResult:
         return out
 
 
-def abandoned_threads() -> int:
-    """Reward calls abandoned after a timeout whose threads are still running."""
-    _abandoned[:] = [t for t in _abandoned if t.is_alive()]
-    return len(_abandoned)
-
-
 def _columns(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
     keys = [k for k in rows[0] if k != "prompt"] if rows else []
     return {k: [r.get(k) for r in rows] for k in keys}
@@ -141,7 +134,6 @@ def _run(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None, 
     t.start()
     t.join(timeout)
     if t.is_alive():
-        _abandoned.append(t)
         raise RewardCallError(
             "timeout",
             f"did not return within {timeout:g} s (call abandoned; its thread keeps running "

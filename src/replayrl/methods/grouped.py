@@ -1,4 +1,4 @@
-"""The base class of the group-level sources (data/sources/group_sources.py, ar3po.py,
+"""The base class of the group-level sources (methods/group_sources.py, ar3po.py,
 exgrpo.py, repo.py): what each of them needs from the run, done once."""
 
 from __future__ import annotations
@@ -9,15 +9,10 @@ from typing import Any, Protocol
 
 from replayrl.data.buffer import Buffer
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.buffer import BufferSource, Log
+from replayrl.methods.base import LearnerPort, Production
+from replayrl.methods.buffer import BufferSource, Log
 
-
-class Production(Protocol):
-    """What a generation call returns (`replayrl.rollout.producer.Production`)."""
-
-    rollouts: list[Rollout]
-    seconds: float
-    reward_seconds: float
+__all__ = ["GroupCounters", "GroupSource", "Production", "RngState", "Stateful"]
 
 
 class GroupCounters(Protocol):
@@ -47,10 +42,10 @@ class GroupSource(BufferSource):
     def __init__(self, buffer: Buffer, epochs: int) -> None:
         super().__init__(buffer, 0, epochs)
         self.counters: GroupCounters | None = None
-        self.learner: Any = None
+        self.learner: LearnerPort | None = None
         self.log: Log = print
 
-    def before_step(self, learner: Any, counters: Any, log: Log) -> None:
+    def before_step(self, learner: LearnerPort, counters: Any, log: Log) -> None:
         self.learner, self.counters, self.log = learner, counters, log
 
     @property

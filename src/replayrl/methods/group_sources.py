@@ -1,6 +1,6 @@
 """Batch sources that decide per group: DAPO's dynamic sampling and TRL's group replay.
 
-Both plug into the loop as any `BatchSource` (data/sources/buffer.py): the loop generates one
+Both plug into the loop as any `BatchSource` (methods/buffer.py): the loop generates one
 call's fresh rollouts and asks for (batch, passes). What differs is what they do with groups
 that carry no signal (all rewards equal: zero advantage, no gradient, full generation cost):
 
@@ -32,8 +32,8 @@ from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.base import GROUP_STRIDE, SourceContext, require_fresh_groups
-from replayrl.data.sources.grouped import GroupCounters, GroupSource, Production
+from replayrl.methods.base import GROUP_STRIDE, SourceContext
+from replayrl.methods.grouped import GroupCounters, GroupSource, Production
 
 
 class DynamicSamplingConfig(Section):
@@ -264,17 +264,16 @@ class GroupReplaySource(GroupSource):
         return {"group_store": self.store}
 
 
-# -- registry entries (data/sources/__init__.py) ---------------------------------------------
+# -- registry entries (methods/__init__.py) ---------------------------------------------
 
 
 def check_dynamic_sampling(cfg: Config) -> None:
-    require_fresh_groups(cfg, "dynamic_sampling")
-    ds, r = cfg.groups.section("dynamic_sampling"), cfg.rollout
+    ds, r = cfg.method.section("dynamic_sampling"), cfg.rollout
     n = ds.train_prompts or r.prompts_per_step
     if cfg.train.batch_size is not None and cfg.train.batch_size != n * r.num_generations:
         raise ValueError(
             f"train.batch_size={cfg.train.batch_size}: dynamic sampling trains on "
-            f"groups.dynamic_sampling.train_prompts x rollout.num_generations = "
+            f"method.dynamic_sampling.train_prompts x rollout.num_generations = "
             f"{n * r.num_generations} rollouts (leave train.batch_size unset)"
         )
     cap = cfg.buffer.capacity
@@ -285,7 +284,7 @@ def check_dynamic_sampling(cfg: Config) -> None:
             "the queue would evict part of the batch"
         )
     if ds.max_rounds * r.prompts_per_step >= 1_000_000:
-        raise ValueError("groups.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
+        raise ValueError("method.dynamic_sampling.max_rounds x prompts_per_step >= 1e6")
 
 
 def build_dynamic_sampling(ctx: SourceContext) -> DynamicSamplingSource:
@@ -303,7 +302,6 @@ def build_dynamic_sampling(ctx: SourceContext) -> DynamicSamplingSource:
 
 
 def check_group_replay(cfg: Config) -> None:
-    require_fresh_groups(cfg, "group_replay")
     if cfg.train.batch_size not in (None, cfg.rollouts_per_step):
         raise ValueError(
             f"train.batch_size={cfg.train.batch_size}: group replay trains on the step's "

@@ -41,7 +41,6 @@ Our choices (not specified in the paper, or changed; said again in docs/methods/
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -56,8 +55,8 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts, make_rng
 from replayrl.data.groups import split_groups
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.base import GROUP_STRIDE, SourceContext, require_fresh_groups
-from replayrl.data.sources.grouped import GroupSource, RngState
+from replayrl.methods.base import GROUP_STRIDE, SourceContext
+from replayrl.methods.grouped import GroupSource, RngState
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
@@ -66,7 +65,7 @@ Strategy = Literal["all", "random", "recency", "reward", "variance"]
 
 
 class RepoConfig(Section):
-    """RePO (arXiv 2506.09340; data/sources/repo.py): per-prompt replay buffers, off-policy
+    """RePO (arXiv 2506.09340; methods/repo.py): per-prompt replay buffers, off-policy
     responses retrieved for the step's prompts by a replay strategy, trained beside the fresh
     ones with their own advantages."""
 
@@ -279,7 +278,7 @@ class PromptPool:
         order = [int(i) for i in state["order"]]
         if any(not 0 <= i < len(self.rows) for i in order):
             raise ValueError(
-                f"groups.repo.prompt_pool={len(self.rows)}: the checkpoint's pool pass visits "
+                f"method.repo.prompt_pool={len(self.rows)}: the checkpoint's pool pass visits "
                 f"prompt {max(order)}; resume with the run's own prompt_pool"
             )
         self.order, self.passes = order, int(state["passes"])
@@ -342,22 +341,22 @@ class RepoSource(GroupSource):
         }
 
 
-# -- registry entry (data/sources/__init__.py) -----------------------------------------------
+# -- registry entry (methods/__init__.py) -----------------------------------------------
 
 
 def check_repo(cfg: Config) -> None:
     """RePO's rules: fresh groups of the synchronous loop, a batch it sizes itself, buffers
-    that can reach `min_buffer`; a loss without importance ratios warns."""
-    require_fresh_groups(cfg, "repo")
-    rp = cfg.groups.section("repo")
+    that can reach `min_buffer` (a loss other than its registry entry's warns: RePO's
+    off-policy term is GRPO's clipped ratio against the stored behaviour policy)."""
+    rp = cfg.method.section("repo")
     if cfg.train.batch_size is not None:
         raise ValueError(
-            "groups.source=repo sizes its own batch (the fresh rollouts plus the replayed "
+            "method.name=repo sizes its own batch (the fresh rollouts plus the replayed "
             "ones): leave train.batch_size unset"
         )
     if rp.min_buffer > rp.buffer_size:
         raise ValueError(
-            f"groups.repo.min_buffer={rp.min_buffer} > groups.repo.buffer_size="
+            f"method.repo.min_buffer={rp.min_buffer} > method.repo.buffer_size="
             f"{rp.buffer_size}: no prompt's buffer could ever replay"
         )
     cap = cfg.buffer.capacity
@@ -365,13 +364,6 @@ def check_repo(cfg: Config) -> None:
         raise ValueError(
             f"buffer.capacity={cap} is smaller than a step's fresh rollouts "
             f"({cfg.rollouts_per_step}): the queue would evict part of the batch"
-        )
-    if cfg.algorithm.loss_type != "grpo_clip":
-        warnings.warn(
-            f"groups.source=repo with algorithm.loss_type={cfg.algorithm.loss_type}: RePO's "
-            "off-policy term is GRPO's clipped ratio against the stored behaviour policy "
-            "(grpo_clip)",
-            stacklevel=2,
         )
 
 
@@ -381,8 +373,8 @@ def build_repo(ctx: SourceContext) -> RepoSource:
     cfg, rp, producer = ctx.cfg, ctx.section("repo"), ctx.producer
     pool = None
     if rp.prompt_pool is not None and producer is not None:
-        pool = PromptPool(producer.task, rp.prompt_pool, cfg.train.seed + 5)
-        producer.task = pool
+        size, seed = rp.prompt_pool, cfg.train.seed + 5
+        pool = producer.serve_prompts_through(lambda task: PromptPool(task, size, seed))
     return RepoSource(
         ctx.buffer,
         PromptReplayStore(rp.buffer_size, rp.max_prompts),

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -39,8 +38,8 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts, make_rng
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.base import GROUP_STRIDE, SourceContext, require_fresh_groups
-from replayrl.data.sources.grouped import GroupSource, RngState
+from replayrl.methods.base import GROUP_STRIDE, SourceContext
+from replayrl.methods.grouped import GroupSource, RngState
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
@@ -230,7 +229,7 @@ class ExperienceStore:
     set. Holds references to rollouts already trained once: reuse, never in the ledger.
 
     Bounded (the paper and its code keep every success; not specified: our choice,
-    `groups.exgrpo.store_per_question` / `store_questions`): a question keeps its newest
+    `method.exgrpo.store_per_question` / `store_questions`): a question keeps its newest
     `per_question` distinct successes (oldest dropped first) and the store its `max_questions`
     most recently stored questions (the least recently stored dropped first, with its row
     and rate). The defaults do not bind in an 80-step run of the presets."""
@@ -458,20 +457,18 @@ class ExgrpoSource(GroupSource):
         self.mixing = bool(state.get("exgrpo_mixing", self.mixing))
 
 
-# -- registry entry (data/sources/__init__.py) -----------------------------------------------
+# -- registry entry (methods/__init__.py) -----------------------------------------------
 
 
 def check_exgrpo(cfg: Config) -> None:
-    """ExGRPO's rules; with a loss other than `exgrpo` its replayed trajectories train under
-    that loss (e.g. clipped, the paper's ablation without policy shaping): allowed, with a
-    warning, since it is not ExGRPO's objective."""
-    require_fresh_groups(cfg, "exgrpo")
+    """ExGRPO's rules (its loss is its registry entry's: with another one, e.g. clipped, the
+    paper's ablation without policy shaping, the schema warns)."""
     if cfg.train.batch_size is not None:
         raise ValueError(
-            "groups.source=exgrpo sizes its own batch (rollout.prompts_per_step / "
-            "(1 - groups.exgrpo.ratio) groups): leave train.batch_size unset"
+            "method.name=exgrpo sizes its own batch (rollout.prompts_per_step / "
+            "(1 - method.exgrpo.ratio) groups): leave train.batch_size unset"
         )
-    cap, ex = cfg.buffer.capacity, cfg.groups.section("exgrpo")
+    cap, ex = cfg.buffer.capacity, cfg.method.section("exgrpo")
     n = (
         cfg.rollouts_per_step
         + round(cfg.rollout.prompts_per_step * ex.ratio / (1 - ex.ratio))
@@ -481,13 +478,6 @@ def check_exgrpo(cfg: Config) -> None:
         raise ValueError(
             f"buffer.capacity={cap} is smaller than the fresh rollouts an ExGRPO step can "
             f"train (up to {n}): the queue would evict part of the batch"
-        )
-    loss = cfg.algorithm.loss_type
-    if loss != "exgrpo":
-        warnings.warn(
-            f"groups.source=exgrpo with algorithm.loss_type={loss}: replayed trajectories "
-            f"are trained under {loss}, without ExGRPO's policy shaping (loss exgrpo)",
-            stacklevel=2,
         )
 
 
@@ -501,9 +491,7 @@ def build_exgrpo(ctx: SourceContext) -> ExgrpoSource:
         store,
         producer.produce if producer is not None else None,
         (lambda: producer.last_rows) if producer is not None else dict,
-        (lambda n: producer.task.sample_train(n, producer.prompt_rng))
-        if producer is not None
-        else (lambda n: []),
+        producer.sample_prompts if producer is not None else (lambda n: []),
         learner.mean_entropies if learner is not None else None,
         cfg.train.epochs,
         ex,

@@ -1,86 +1,60 @@
-"""Where each step's training batch comes from: a buffer, or ReMix's fresh + window mix.
+"""ReMix (arXiv 2507.06892): Mix-PPG over the fresh rollouts and a share p from the last
+N_pol policies' (the window), m passes per batch, then policy reincarnation and plain
+on-policy training.
 
-The loop pushes fresh rollouts and asks for (batch, passes); whether the batch is B samples
-of a replay buffer, the freshest R of an on-policy queue, or Mix-PPG's fresh rollouts plus a
-share p from the last N_pol policies is this component's business. The synchronous loop
-calls `next_batch` (push this step's rollouts, then sample); the asynchronous one `push`es
-each delivery as it arrives and `sample`s when `available()` says a batch is there.
+Its settings are `method.remix`; its loss is `mix_ppg` (algorithms/losses.py), its counter
+`rollouts_discarded` (the window dropped at reincarnation). It runs on the on-policy queue
+of the loop (the fresh rollouts after reincarnation) beside a window of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import Field
+
+from replayrl.config.registries import RUNTIMES, runtimes_with
+from replayrl.config.section import Section
 from replayrl.data.buffer import Buffer, make_buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.rollout import Rollout
+from replayrl.methods.base import LearnerPort, SourceContext
+from replayrl.methods.buffer import BufferSource, Counters, Log
 
 if TYPE_CHECKING:
-    from replayrl.config.schema import Config, RemixConfig
-    from replayrl.data.sources.base import SourceContext
-
-Log = Callable[[str], None]
+    from replayrl.config.schema import Config
 
 
-class Counters(Protocol):
-    """What a batch source reads and records in the run's counters (`replayrl.run.state`)."""
+class RemixConfig(Section):
+    """ReMix's settings (`method.remix`): Mix-PPG over fresh and recent policies' rollouts, a
+    higher update-to-data ratio, then policy reincarnation (arXiv 2507.06892)."""
 
-    step: int
-    reincarnation_step: int | None
-    rollouts_generated: int
-
-    def retire(self, buffer: Any) -> int: ...
-    def add(self, name: str, n: int) -> None: ...
-
-
-class BatchSource(Protocol):
-    buffer: Buffer  # the run's main buffer (its size is logged each step)
-
-    def before_step(self, learner: Any, counters: Counters, log: Log) -> None: ...
-    def push(self, fresh: list[Rollout]) -> None: ...
-    def available(self) -> int: ...
-    def sample(self, version: int, n: int | None = None) -> tuple[list[Rollout], int]: ...
-    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]: ...
-    def buffers(self) -> list[Any]: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-class BufferSource:
-    """Paper 1: push the fresh rollouts, sample B (on-policy: the freshest; replay: uniform
-    or positive-bias over the FIFO), `epochs` passes over it."""
-
-    def __init__(self, buffer: Buffer, batch_size: int, epochs: int) -> None:
-        self.buffer, self.batch_size, self.epochs = buffer, batch_size, epochs
-
-    def before_step(self, learner: Any, counters: Counters, log: Log) -> None:
-        pass
-
-    def push(self, fresh: list[Rollout]) -> None:
-        self.buffer.push(fresh)
-
-    def available(self) -> int:
-        """Rollouts a batch can draw from now (the caller drops stale ones first)."""
-        return len(self.buffer)
-
-    def sample(self, version: int, n: int | None = None) -> tuple[list[Rollout], int]:
-        """(batch, passes): `n` rollouts (default B) sampled at policy `version`."""
-        size = self.batch_size if n is None else n
-        return self.buffer.sample(size, current_version=version), self.epochs
-
-    def next_batch(self, fresh: list[Rollout], version: int) -> tuple[list[Rollout], int]:
-        self.push(fresh)
-        return self.sample(version)
-
-    def buffers(self) -> list[Any]:
-        return [self.buffer]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"buffer": self.buffer.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.buffer.load_state_dict(state["buffer"])
+    off_policy_fraction: float = Field(0.4, ge=0, lt=1)  # p: share of the batch replayed
+    num_policies: int = Field(2, ge=1)  # N_pol: replay rollouts of the last N_pol policies
+    utd: int = Field(2, ge=1)  # m: gradient passes over each batch before reincarnation
+    reincarnation_step: int | None = Field(50, ge=0)  # T; None = never
+    reincarnation_at: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="policy reincarnation once this fraction of the run's generated-rollout "
+        "budget (train.rollout_budget, else train.steps x R) is spent; instead of "
+        "reincarnation_step (set that to null)",
+    )
+    utd_after: int = Field(1, ge=1)  # passes per batch after reincarnation
+    composition: Literal["fixed", "additive"] = Field(
+        "fixed",
+        description="fixed: the paper's batch of B = R rollouts, (1 - p) B fresh (fewer "
+        "prompts generated per mixing step) + p B from the window; additive: all R fresh "
+        "plus p / (1 - p) R from the window (the presets before this key)",
+    )
+    replay_advantage: Literal["stored", "recomputed"] | None = Field(
+        None,
+        description="advantage of a replayed rollout: stored (its behaviour group's, group "
+        "estimators) or recomputed (the current critic's GAE, critic estimators); None = "
+        "the estimator's only possible one. A group estimator cannot recompute: pi_k never "
+        "sampled a group for a replayed prompt",
+    )
 
 
 class PendingRollouts:
@@ -126,23 +100,25 @@ class RemixSource(BufferSource):
         budget: int | None = None,
         prompts_per_step: int | None = None,
     ):
-        """`budget`: the run's generated-rollout budget (remix.reincarnation_at is a share of
+        """`budget`: the run's generated-rollout budget (method.remix.reincarnation_at is a share of
         it); `prompts_per_step`: P, of which a fixed-composition mixing step generates
         round((1 - p) P)."""
         super().__init__(buffer, batch_size, rm.utd_after)
         self.window, self.rm = window, rm
         self.budget, self.prompts_per_step = budget, prompts_per_step
         if rm.reincarnation_at is not None and budget is None:
-            raise ValueError("remix.reincarnation_at needs the run's generated-rollout budget")
+            raise ValueError(
+                "method.remix.reincarnation_at needs the run's generated-rollout budget"
+            )
         if rm.composition == "fixed" and prompts_per_step is None:
-            raise ValueError("remix.composition=fixed needs rollout.prompts_per_step")
+            raise ValueError("method.remix.composition=fixed needs rollout.prompts_per_step")
         self.step = 0  # the step about to run (set by before_step)
         self.pending: list[Rollout] = []  # pushed while mixing, not yet in a batch
         self.pending_dropped_stale = 0  # pending rollouts past the buffer's staleness bound
 
     def reincarnation_due(self, step: int, generated: int) -> bool:
-        """At step T (remix.reincarnation_step), or at the first step that starts with
-        remix.reincarnation_at x budget rollouts generated."""
+        """At step T (method.remix.reincarnation_step), or at the first step that starts with
+        method.remix.reincarnation_at x budget rollouts generated."""
         at = self.rm.reincarnation_at
         if at is not None:
             assert self.budget is not None
@@ -158,10 +134,10 @@ class RemixSource(BufferSource):
         assert self.prompts_per_step is not None
         return max(1, round((1 - self.rm.off_policy_fraction) * self.prompts_per_step))
 
-    def before_step(self, learner: Any, counters: Counters, log: Log) -> None:
+    def before_step(self, learner: LearnerPort, counters: Counters, log: Log) -> None:
         self.step = step = counters.step
-        self._drop_stale_pending(getattr(learner, "version", None))
-        due = self.reincarnation_due(step, getattr(counters, "rollouts_generated", 0))
+        self._drop_stale_pending(learner.version)
+        due = self.reincarnation_due(step, counters.rollouts_generated)
         if due and counters.reincarnation_step is None:
             learner.reincarnate()
             if self.window is not None:
@@ -240,54 +216,71 @@ class RemixSource(BufferSource):
             self.window.load_state_dict(state["window"])
 
 
-# -- registry entry (data/sources/__init__.py) -----------------------------------------------
+# -- registry entry (methods/__init__.py) -------------------------------------------------
 
 
 def remix_window(cfg: Config) -> Buffer:
     """ReMix's window of the last N_pol policies' rollouts (sampled without removal)."""
+    rm = cfg.method.section("remix")
     return make_buffer(
         "replay",
-        cfg.remix.num_policies * cfg.rollouts_per_step,
-        max_staleness=cfg.remix.num_policies,
+        rm.num_policies * cfg.rollouts_per_step,
+        max_staleness=rm.num_policies,
         seed=cfg.train.seed + 2,
     )
 
 
-def build_buffer_source(ctx: SourceContext) -> BufferSource:
-    """`groups.source=none`: the buffer's batches (paper 1), or with remix.enabled ReMix's
-    mix of fresh and recent policies' rollouts (paper 2), which shares the loop's buffer."""
+def build_remix(ctx: SourceContext) -> RemixSource:
+    """ReMix's mix of fresh and recent policies' rollouts (paper 2), on the loop's queue."""
     cfg = ctx.cfg
-    if cfg.remix.enabled:
-        return RemixSource(
-            ctx.buffer,
-            remix_window(cfg),
-            cfg.batch_size,
-            cfg.remix,
-            budget=cfg.generated_budget,
-            prompts_per_step=cfg.rollout.prompts_per_step,
+    return RemixSource(
+        ctx.buffer,
+        remix_window(cfg),
+        cfg.batch_size,
+        cfg.method.section("remix"),
+        budget=cfg.generated_budget,
+        prompts_per_step=cfg.rollout.prompts_per_step,
+    )
+
+
+def check_remix(cfg: Config) -> None:
+    """ReMix's reincarnation point (one of step and budget share), its fixed composition's
+    runtime, and method.remix.replay_advantage against the registered estimator: a group
+    estimator's advantage is computed once at generation (stored: a replayed rollout keeps
+    its behaviour group's), a critic estimator's is recomputed with the current critic each
+    step."""
+    rm = cfg.method.section("remix")
+    if rm.reincarnation_at is not None and rm.reincarnation_step is not None:
+        raise ValueError(
+            f"method.remix.reincarnation_at={rm.reincarnation_at} and "
+            f"method.remix.reincarnation_step={rm.reincarnation_step}: give one (set "
+            "method.remix.reincarnation_step=null)"
         )
-    return BufferSource(ctx.buffer, cfg.batch_size, cfg.train.epochs)
-
-
-def check_buffer_source(cfg: Config) -> None:
-    """With remix.enabled, remix.replay_advantage against the registered estimator: a group
-    estimator's advantage is computed once at generation (stored: a replayed rollout keeps its
-    behaviour group's), a critic estimator's is recomputed with the current critic each step."""
-    if not cfg.remix.enabled:
-        return
+    if rm.composition == "fixed" and not RUNTIMES.get(cfg.runtime).lockstep:
+        raise ValueError(
+            f"method.remix.composition=fixed needs {runtimes_with('lockstep')} (got "
+            f"{cfg.runtime}): asynchronous generators do not size their batches by phase; "
+            "set method.remix.composition=additive"
+        )
     from replayrl.algorithms import ADVANTAGES  # lazy: reading a config loads no torch
 
-    wanted = cfg.remix.replay_advantage
+    wanted = rm.replay_advantage
     critic = ADVANTAGES.get(cfg.algorithm.advantage).needs_critic
     if wanted == "recomputed" and not critic:
         raise ValueError(
-            f"remix.replay_advantage=recomputed with algorithm.advantage="
+            f"method.remix.replay_advantage=recomputed with algorithm.advantage="
             f"{cfg.algorithm.advantage}: a group advantage cannot be recomputed against pi_k "
             "(pi_k sampled no group for a replayed prompt); use stored, or a critic (gae)"
         )
     if wanted == "stored" and critic:
         raise ValueError(
-            f"remix.replay_advantage=stored with algorithm.advantage={cfg.algorithm.advantage}: "
-            "the critic's advantages are recomputed at every step, none is stored; use "
-            "recomputed"
+            f"method.remix.replay_advantage=stored with algorithm.advantage="
+            f"{cfg.algorithm.advantage}: the critic's advantages are recomputed at every "
+            "step, none is stored; use recomputed"
         )
+
+
+def steps_budget(cfg: Config) -> bool:
+    """Whether train.steps x R is what a run generates: not with the fixed composition,
+    whose mixing steps generate (1 - p) R."""
+    return bool(cfg.method.section("remix").composition != "fixed")

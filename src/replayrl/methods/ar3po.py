@@ -19,7 +19,7 @@ through the run's producer (`produce(..., rows=...)` with the latest call's rows
 every response of the step's rounds plus the reused ones.
 
 Choices the parts of the paper we could read leave open, marked "not specified: our choice"
-where they are made and configurable in `groups.ar3po`: the number of rounds, how many
+where they are made and configurable in `method.ar3po`: the number of rounds, how many
 correct responses stop a prompt (the paper: one), how many stored responses are kept and
 reused, and the reused response's old log-probs (`reuse_logprobs`). A prompt's advantages are
 computed once, over all its rounds' responses plus the reused ones (GRPO's group
@@ -48,15 +48,15 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.groups import split_groups
 from replayrl.data.rollout import Rollout
-from replayrl.data.sources.base import GROUP_STRIDE, SourceContext, require_fresh_groups
-from replayrl.data.sources.grouped import GroupSource, Production
+from replayrl.methods.base import GROUP_STRIDE, SourceContext
+from replayrl.methods.grouped import GroupSource, Production
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
 
 
 class Ar3poConfig(Section):
-    """AR3PO (arXiv 2509.25808; data/sources/ar3po.py): adaptive rollout in rounds of
+    """AR3PO (arXiv 2509.25808; methods/ar3po.py): adaptive rollout in rounds of
     rollout.num_generations responses per prompt, and reuse of a stored correct response for
     a group with none."""
 
@@ -110,7 +110,7 @@ def responses_to_reuse(num_correct: int, stored: Sequence[Rollout], reuse: int) 
     """Stored responses a group gets (arXiv 2509.25808, response reuse: a prompt whose
     responses are all wrong gets a previously generated correct one): the newest `reuse` of
     `stored` (newest last) when the group has no correct response, none otherwise. How many
-    and which: not specified: our choice (`groups.ar3po.reuse`, newest first)."""
+    and which: not specified: our choice (`method.ar3po.reuse`, newest first)."""
     if reuse < 0:
         raise ValueError(f"reuse={reuse} must be >= 0")
     if num_correct > 0 or reuse == 0:
@@ -231,13 +231,16 @@ class Ar3poSource(GroupSource):
         members = [list(g.rollouts) for g in split_groups(fresh)]
         texts = [m[0].prompt_text for m in members]
         generated = [self.per_round] * len(members)
+        # the one limit on rounds: a prompt's budget of max_rounds rounds of k responses
         cap = self.ar.max_rounds * self.per_round
-        for rnd in range(1, self.ar.max_rounds):
+        rnd = 0
+        while True:
             correct = [sum(r.correct for r in m) for m in members]
             alloc = round_allocation(correct, generated, self.per_round, self.ar.stop_correct, cap)
             active = [i for i, n in enumerate(alloc) if n]
             if not active or self.produce is None:
                 break
+            rnd += 1
             base, more = self._round(version, rnd, [texts[i] for i in active])
             for i in active:
                 generated[i] += self.per_round
@@ -285,17 +288,16 @@ class Ar3poSource(GroupSource):
         return {"ar3po_store": self.store}
 
 
-# -- registry entry (data/sources/__init__.py) -----------------------------------------------
+# -- registry entry (methods/__init__.py) -----------------------------------------------
 
 
 def check_ar3po(cfg: Config) -> None:
-    require_fresh_groups(cfg, "ar3po")
-    a, r = cfg.groups.section("ar3po"), cfg.rollout
+    a, r = cfg.method.section("ar3po"), cfg.rollout
     most = r.prompts_per_step * (a.max_rounds * r.num_generations + a.reuse)
     if a.reuse > a.store_per_prompt:
         raise ValueError(
-            f"groups.ar3po.reuse={a.reuse} is more than the {a.store_per_prompt} correct "
-            "responses kept per prompt (groups.ar3po.store_per_prompt): at most that many "
+            f"method.ar3po.reuse={a.reuse} is more than the {a.store_per_prompt} correct "
+            "responses kept per prompt (method.ar3po.store_per_prompt): at most that many "
             "could be reused; raise store_per_prompt or lower reuse"
         )
     if cfg.train.batch_size is not None:
@@ -310,7 +312,7 @@ def check_ar3po(cfg: Config) -> None:
             "train on (prompts_per_step x (max_rounds x num_generations + reuse))"
         )
     if a.max_rounds * r.prompts_per_step >= 1_000_000:
-        raise ValueError("groups.ar3po.max_rounds x prompts_per_step >= 1e6")
+        raise ValueError("method.ar3po.max_rounds x prompts_per_step >= 1e6")
 
 
 def build_ar3po(ctx: SourceContext) -> Ar3poSource:
@@ -319,6 +321,7 @@ def build_ar3po(ctx: SourceContext) -> Ar3poSource:
     cfg, ar, producer = ctx.cfg, ctx.section("ar3po"), ctx.producer
 
     def again(version: int, step: int, base: int, texts: list[str], k: int) -> Production:
+        assert producer is not None  # passed on only with a producer (below)
         return producer.produce(
             version, step, base, rows=[producer.rows_by_text[t] for t in texts], num_generations=k
         )
