@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from replayrl.api import trl_args
-from replayrl.api.trl_args import Translation
+from replayrl.api.trl_args import Translation, Updates
 from replayrl.config.layering import layered
 from replayrl.config.overrides import set_dotted
 from replayrl.config.schema import (
@@ -41,15 +41,58 @@ def config_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
     return keys
 
 
+def updates_per_step(cfg: Config) -> tuple[Updates | None, str]:
+    """(the optimizer updates each step takes, "") where they follow from the config, else
+    (None, why): TRL counts max_steps, save_steps and eval_steps in optimizer updates, and a
+    step here generates once, then takes passes x ceil(batch / mini-batch) of them."""
+    mini = cfg.train.mini_batch_size
+    if cfg.needs_design:
+        return None, "train.batch_size=auto: the run's design picks the batch at its start"
+    rm = cfg.remix
+    if rm.enabled:
+        reincarnates = rm.reincarnation_step is not None or rm.reincarnation_at is not None
+        if reincarnates and rm.utd != rm.utd_after:
+            return None, (
+                f"ReMix takes remix.utd={rm.utd} passes over each batch, then "
+                f"remix.utd_after={rm.utd_after} after policy reincarnation"
+            )
+        passes, varying = rm.utd, rm.composition == "additive"
+    else:
+        passes, varying = cfg.train.epochs, cfg.groups.source != "none"
+    if mini is None:  # one update per pass, whatever the batch
+        return Updates(passes), ""
+    if varying or (cfg.buffer.kind == "replay" and cfg.buffer.max_staleness is not None):
+        what = "ReMix" if rm.enabled else cfg.groups.source
+        if not varying:
+            what = "buffer.max_staleness drops rollouts"
+        return None, (
+            f"the batch size changes from step to step ({what}) and each step takes "
+            f"ceil(B / train.mini_batch_size={mini}) updates per pass"
+        )
+    b = cfg.batch_size
+    first: list[int] = []
+    if cfg.buffer.kind == "replay":  # the buffer holds k R rollouts (at most N) at step k
+        r, cap = cfg.rollouts_per_step, cfg.buffer.capacity
+        n = cap if isinstance(cap, int) else b
+        b = min(b, n)
+        while min((len(first) + 1) * r, n) < b:
+            first.append(passes * math.ceil((len(first) + 1) * r / mini))
+    return Updates(passes * math.ceil(b / mini), tuple(first)), ""
+
+
 def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
-    """The resolved run under TRL's argument names (what `trainer.args.<name>` reads)."""
+    """The resolved run under TRL's argument names (what `trainer.args.<name>` reads); the
+    step counts are None where steps take different numbers of optimizer updates."""
     t, r, a = cfg.train, cfg.rollout, cfg.algorithm
     per_update = translation.completions_per_update or (t.mini_batch_size or cfg.batch_size)
-    updates = translation.updates_per_step
+    counts = updates_per_step(cfg)[0]
+    # rows held out (none from a dataset without eval_size or eval_path) and evaluated
+    held_out = cfg.task.eval_size > 0 or getattr(cfg.task.settings, "eval_path", None)
+    evaluates = bool(cfg.eval.every and held_out)
     agg = {v: k for k, v in trl_args.LOSS_TYPES.items() if k != "bnpo"}
     view: dict[str, Any] = {
         "output_dir": str(Path(cfg.logging.run_dir) / cfg.logging.name),
-        "max_steps": t.steps * updates,
+        "max_steps": counts.total(t.steps) if counts is not None else None,
         "learning_rate": t.lr,
         "lr_scheduler_type": t.lr_scheduler,
         "warmup_steps": t.warmup_steps,
@@ -74,11 +117,11 @@ def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
         "entropy_coef": a.entropy_coef,
         "gradient_checkpointing": cfg.model.gradient_checkpointing,
         "bf16": cfg.precision.learner_autocast == "bfloat16",
-        "save_steps": cfg.checkpoint.every * updates,
+        "save_steps": cfg.checkpoint.every * counts.steady if counts is not None else None,
         "save_strategy": "steps" if cfg.checkpoint.every else "no",
         "save_total_limit": cfg.checkpoint.keep_last,
-        "eval_strategy": "steps" if cfg.eval.every else "no",
-        "eval_steps": cfg.eval.every * updates or None,
+        "eval_strategy": "steps" if evaluates else "no",
+        "eval_steps": cfg.eval.every * counts.steady if counts and evaluates else None,
         "report_to": [s for s in ("wandb", "tensorboard") if getattr(cfg.logging, s)] or "none",
         "run_name": cfg.logging.name,
         "logging_steps": 1,  # every step is logged
@@ -199,7 +242,7 @@ class ReplayConfig:
         self.resolved: Config | None = None  # set by ReplayTrainer: what the run uses
         self._view: tuple[Config | None, dict[str, Any]] = (None, {})
 
-    def _translate(self) -> Translation:
+    def _translate(self, updates: Updates | None = None) -> Translation:
         values = self.trl_values
         base = self._base()
         if self.trl_mode:
@@ -209,7 +252,10 @@ class ReplayConfig:
         group = dict(base.get("rollout") or {}).get("num_generations")
         group = self._sections.get("rollout.num_generations", group)
         return trl_args.translate(
-            values, {"num_generations": group, "batch_of": self._replay_batch(base)}, bool(remix)
+            values,
+            {"num_generations": group, "batch_of": self._replay_batch(base)},
+            bool(remix),
+            updates,
         )
 
     def _replay_batch(self, base: dict[str, Any]) -> Callable[[int], int] | None:
@@ -281,7 +327,41 @@ class ReplayConfig:
         return data
 
     def to_config(self, extra: Mapping[str, Any] | None = None) -> Config:
-        """The validated `Config` (ConfigError naming the key and value when invalid)."""
+        """The validated `Config` (ConfigError naming the key and value when invalid). TRL's
+        step counts (max_steps, save_steps, eval_steps) are optimizer updates: they are
+        divided by the updates a step of the resolved run takes (the preset's batch,
+        mini-batch and passes included), and max_steps is refused where steps differ."""
+        cfg = self._build(extra)
+        updates, why = updates_per_step(cfg)
+        counted = self._step_counts()
+        if updates is None:
+            if "max_steps" in counted:
+                raise ConfigError(
+                    f"max_steps={counted['max_steps']} counts optimizer updates in TRL, and "
+                    f"here steps take different numbers of them ({why}): give the number of "
+                    "steps (each generates once, then trains) as train__steps=N instead"
+                )
+            return cfg
+        if not counted or updates == self.translation.counts:
+            return cfg
+        self.translation = self._translate(updates)
+        self.reward_weights = self.translation.reward_weights
+        return self._build(extra)
+
+    def _step_counts(self) -> dict[str, Any]:
+        """TRL's step counts given with another value than TRL's default (a GRPOConfig
+        object carries them all)."""
+        values = self.trl_values
+        out = {
+            k: values[k]
+            for k in ("max_steps", "save_steps", "eval_steps")
+            if values.get(k) is not None and values[k] != trl_args.TRL_DEFAULTS.get(k)
+        }
+        if isinstance(out.get("max_steps"), int) and out["max_steps"] < 0:
+            del out["max_steps"]  # -1: num_train_epochs over the data
+        return out
+
+    def _build(self, extra: Mapping[str, Any] | None = None) -> Config:
         data = self.data(extra)
         cfg = build_config(data)
         if not self.paper_terms:
@@ -314,8 +394,19 @@ class ReplayConfig:
         return Path(cfg.logging.run_dir) / cfg.logging.name
 
     def trl_args(self) -> dict[str, Any]:
-        """The resolved configuration under TRL's argument names (`trainer.args.<name>`)."""
-        cfg = self.resolved if self.resolved is not None else self.to_config()
+        """The resolved configuration under TRL's argument names (`trainer.args.<name>`).
+
+        Before a trainer has resolved it, a method preset without a `model.path` is read as
+        it runs with a model of your own (TRL's defaults for what the preset leaves open:
+        learning rate 1e-6, 512 tokens, 8 completions per update); `ReplayTrainer(model=None)`
+        (the built-in tiny model) then takes the demo's values, which `trainer.args` reads."""
+        cfg = self.resolved
+        if cfg is None:
+            assumed, self.real_model = self.real_model, True
+            try:
+                cfg = self.to_config()
+            finally:
+                self.real_model = assumed
         if self._view[0] is not cfg:  # callbacks read args often: once per resolved config
             self._view = (cfg, trl_view(cfg, self.translation))
         return self._view[1]

@@ -165,13 +165,17 @@ class ReplayTrainer:
         self._trained = False
         self._eval_dataset = eval_dataset
         self._run_files: dict[str, str] = {}  # written into the run folder when it starts
-        self.notes = self.args.notes  # differences from TRL's behaviour, said once at start
         extra: dict[str, Any] = trl_compat.lora_overrides(peft_config)
         self._take_model(model, processing_class, extra)
         self._rewards = self._take_rewards(reward_funcs, extra)
         if train_dataset is not None:  # a dataset task: its columns are read (task.dataset.*)
             extra |= {"task.name": "dataset", "task.dataset.path": _in_memory("train_dataset")}
         self.config = self.args.to_config(extra)  # validate the model and rewards part early
+        # differences from TRL's behaviour, said once at start (TRL's step counts are
+        # recounted by to_config for the resolved run: its notes are the ones that hold)
+        self.notes = self.args.notes
+        if self.config.rollout.backend == "vllm":  # TRL's vLLM correction applies only there
+            self.notes += self.args.translation.vllm_notes
         self._task = self._take_datasets(train_dataset, eval_dataset)
         self._steps_from_epochs()
         self._trl_notes()
@@ -290,12 +294,18 @@ class ReplayTrainer:
         has_callable = any(callable(f) and not isinstance(f, str) for f in items)
         return rewards if has_callable else None
 
-    def _wants_eval(self) -> bool:
-        """TRL evaluates only with eval_strategy='steps'; a preset evaluates (eval.every)."""
-        if not self.args.trl_mode:
-            return True
-        every = self.config.eval.every if self.args.sets("eval.every") else 0
-        return self.args.translation.view.get("eval_strategy") == "steps" or every > 0
+    def _wants_eval(self, eval_dataset: Any = None) -> bool:
+        """As TRL, rows are held out and evaluated only when asked: eval_strategy='steps' (or
+        eval_steps), eval__every or task__eval_size set, or (with a preset) an eval_dataset."""
+        args = self.args
+        every = self.config.eval.every if args.sets("eval.every") else 0
+        asked = (
+            args.translation.view.get("eval_strategy") == "steps"
+            or every > 0
+            or bool(args.trl_values.get("eval_steps"))
+            or args.sets("task.eval_size")
+        )
+        return asked or (eval_dataset is not None and not args.trl_mode)
 
     def _take_datasets(self, train: Any, eval_: Any) -> Any:
         """A DatasetTask over the given rows (or files); the config records where they came
@@ -313,7 +323,7 @@ class ReplayTrainer:
         d = t.settings  # task.dataset: the columns and answer format
         explicit = self.args.sets("task.eval_size")
         loop_eval, eval_size = eval_, (t.eval_size if explicit else None)
-        if not self._wants_eval():  # as TRL: no evaluation, nothing held out of training
+        if not self._wants_eval(eval_):  # as TRL: no evaluation, nothing held out of training
             loop_eval, eval_size = None, 0
         # reward callables may need no answer (format or judge rewards): prompt-only rows
         prompt_only = self._rewards is not None and not self._named_rewards
@@ -557,6 +567,9 @@ class ReplayTrainer:
         from replayrl.launch import entry as run
 
         hooks = self._hooks()
+        table = self.settings_table()
+        if table:  # what the run uses where it is not what was passed or TRL's default
+            self.log(table)
         for note in self.notes:  # once, before anything runs
             self.log(f"note (differs from TRL): {note}")
         self._hf = None
@@ -586,6 +599,14 @@ class ReplayTrainer:
             self._hf[0].log_history = history
         hooks.train_end(summary)
         return summary
+
+    def settings_table(self) -> str:
+        """Every setting, under TRL's argument names, whose value in this run differs from
+        what was passed or (not passed) from TRL's default, with who set it: printed once
+        when training starts ('' when nothing differs)."""
+        from replayrl.api.settings import settings_table
+
+        return settings_table(self.args, self.config)
 
     def _resume_folder(self, where: bool | str | PathLike[str]) -> Path:
         """The run folder to resume: this trainer's (True), a run folder, or a checkpoint
@@ -648,6 +669,12 @@ class ReplayTrainer:
         else:
             task = self._task if self._task is not None else task_from_config(t)
             rows = held_out_rows(cfg, task)
+            if not rows:
+                raise ValueError(
+                    "evaluate(): this run holds no rows out (none are unless evaluation is "
+                    "asked for: eval_strategy='steps', eval__every or task__eval_size): pass "
+                    "eval_dataset"
+                )
         gen = HFGenerator(
             unwrap_model(model),
             tok,

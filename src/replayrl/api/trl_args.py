@@ -339,6 +339,29 @@ def check_names(names: Iterable[str], replayrl_keys: Iterable[str]) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Updates:
+    """Optimizer updates per step of a resolved run, as TRL counts its steps: `first` for the
+    first steps (a replay buffer still filling holds fewer than B rollouts), then `steady`."""
+
+    steady: int
+    first: tuple[int, ...] = ()
+
+    def total(self, steps: int) -> int:
+        """Updates taken by the end of step `steps`."""
+        head = self.first[:steps]
+        return sum(head) + max(0, steps - len(head)) * self.steady
+
+    def steps_for(self, updates: int) -> int:
+        """The fewest steps that take at least `updates` updates."""
+        done = 0
+        for i, k in enumerate(self.first, 1):
+            done += k
+            if done >= updates:
+                return i
+        return len(self.first) + max(0, math.ceil((updates - done) / self.steady))
+
+
 @dataclass
 class Translation:
     """What TRL arguments become: dotted overrides, the notes to print once at start, and the
@@ -351,6 +374,8 @@ class Translation:
     updates_per_step: int = 1  # TRL optimizer steps per replayrl step
     completions_per_update: int = 0  # per_device_train_batch_size * gradient_accumulation
     view: dict[str, Any] = field(default_factory=dict)  # TRL names, resolved
+    vllm_notes: list[str] = field(default_factory=list)  # said only when vLLM generates
+    counts: Updates | None = None  # the resolved run's updates per step (ReplayConfig sets it)
 
 
 def _refuse(values: Mapping[str, Any]) -> None:
@@ -468,12 +493,15 @@ def _steps(v: Mapping[str, Any], t: Translation) -> None:
     if steps < 0:
         t.epochs_to_steps = float(v.get("num_train_epochs", TRL_DEFAULTS["num_train_epochs"]))
         return
-    t.dotted["train.steps"] = math.ceil(steps / t.updates_per_step)
-    if t.updates_per_step > 1:
+    counts = t.counts or Updates(t.updates_per_step)
+    t.dotted["train.steps"] = counts.steps_for(steps)
+    if counts.steady > 1 or counts.first:
+        filling = " (fewer while the replay buffer fills)" if counts.first else ""
         t.notes.append(
             f"max_steps={steps} counts optimizer updates in TRL; here a step generates once and "
-            f"takes {t.updates_per_step} updates, so {t.dotted['train.steps']} steps (the "
-            "learning rate changes per step)"
+            f"takes {counts.steady} updates{filling}, so {t.dotted['train.steps']} steps "
+            f"({counts.total(t.dotted['train.steps'])} updates; the learning rate changes per "
+            "step)"
         )
 
 
@@ -542,16 +570,23 @@ def _vllm_correction(values: Mapping[str, Any], t: Translation) -> None:
     if values.get("vllm_importance_sampling_correction") is False:
         t.dotted["vllm.truncated_is_cap"] = None
     elif mode is not None and (mode, float(cap)) != ("token_truncate", 2.0):
-        t.notes.append(
+        t.vllm_notes.append(
             f"vllm_importance_sampling_mode={mode!r}, cap {float(cap):g}: TRL's correction of "
             "the vLLM/trainer mismatch applies with rollout__backend='vllm' (replayrl's own "
             "default: token_truncate at 2.0)"
         )
 
 
-def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -> Translation:
+def translate(
+    values: Mapping[str, Any],
+    base: Mapping[str, Any],
+    remix: bool,
+    updates: Updates | None = None,
+) -> Translation:
     """TRL-named `values` -> replayrl overrides. `base`: the config data they apply to (for
-    num_generations when not given); `remix`: ReMix is on (num_iterations -> remix.utd)."""
+    num_generations when not given); `remix`: ReMix is on (num_iterations -> remix.utd);
+    `updates`: optimizer updates per step as the resolved config takes them (the preset's
+    batch, mini-batch and passes included), which TRL's step counts are divided by."""
     _refuse(values)
     t = Translation()
     group = int(values.get("num_generations") or base.get("num_generations") or 8)
@@ -564,6 +599,8 @@ def translate(values: Mapping[str, Any], base: Mapping[str, Any], remix: bool) -
         t.dotted["remix.utd" if remix else "train.epochs"] = n
         t.updates_per_step *= 1 if remix else n
         t.view["num_iterations"] = n
+    if updates is not None:
+        t.updates_per_step, t.counts = updates.steady, updates
     for name in ("output_dir", "scale_rewards", "report_to", "disable_tqdm", "reward_weights"):
         if name in values:
             _simple(name, values[name], t)
