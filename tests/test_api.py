@@ -97,7 +97,7 @@ def test_config_takes_presets_trl_names_section_keys_and_overrides(tmp_path: Pat
         ({"fp16": True}, "fp16=True: use bf16=True"),
         ({"loss_type": "cispo"}, "loss_type='cispo'.*not implemented"),
         ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type='polynomial': not supported"),
-        ({"importance_sampling_level": "sequence"}, "GSPO"),
+        ({"importance_sampling_level": "sequence", "algorithm__loss_type": "asymre"}, "GSPO"),
         ({"adam_beta1": 0.8}, "AdamW uses torch's betas"),
         ({"save_strategy": "epoch"}, "save_strategy='epoch'"),
     ],

@@ -281,6 +281,7 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
     "algorithm.loss_agg": ("learner", "seq_mean", ()),
     "algorithm.asymre_delta_v": ("learner", 0.5, ("algorithm.loss_type=asymre",)),
     "algorithm.entropy_coef": ("learner", 0.5, ()),
+    "algorithm.importance_sampling_level": ("learner", "sequence", ()),
     "kl.beta": ("learner", 0.5, ()),
     "kl.estimator": ("learner", "k1", ("kl.beta=0.5",)),
     "kl.target": ("learner", "convex", ("kl.beta=0.5", "kl.schedule.start=0")),

@@ -47,6 +47,7 @@ DIRECT: dict[str, str] = {
     "epsilon": "algorithm.epsilon",
     "epsilon_high": "algorithm.epsilon_high",
     "entropy_coef": "algorithm.entropy_coef",
+    "importance_sampling_level": "algorithm.importance_sampling_level",  # sequence: GSPO
     "save_total_limit": "checkpoint.keep_last",
     "activation_checkpointing": "model.gradient_checkpointing",  # transformers 5's new name
     "gradient_checkpointing": "model.gradient_checkpointing",  # (wins when both are given)
@@ -148,10 +149,6 @@ _NO_SERVER = (
 )
 REFUSED: dict[str, tuple[Any, str]] = {
     "delta": (None, "not supported: two-sided clipping is not implemented (algorithm__epsilon)"),
-    "importance_sampling_level": (
-        "token",
-        "not supported: sequence-level ratios (GSPO) are not implemented; ratios are per token",
-    ),
     "mask_truncated_completions": (
         False,
         "not supported: truncated completions are trained on like the others",

@@ -492,6 +492,20 @@ class AlgorithmConfig(_Section):
     # gae: PPO with a critic (`critic`), per step; replayrl.algorithms.advantages.ADVANTAGES
     advantage: str = "grpo"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus c (ReMix: 0.001)
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="token: a ratio per token; sequence: GSPO's ratio exp(mean of a "
+        "completion's token log-ratios) for all its tokens (arXiv 2507.18071; loss grpo_clip)",
+    )
+
+    @model_validator(mode="after")
+    def _sequence_level_loss(self) -> AlgorithmConfig:
+        if self.importance_sampling_level == "sequence" and self.loss_type != "grpo_clip":
+            raise ValueError(
+                "algorithm.importance_sampling_level=sequence (GSPO) is implemented for "
+                f"loss_type=grpo_clip only (got {self.loss_type})"
+            )
+        return self
 
     @field_validator("loss_type")
     @classmethod

@@ -1,0 +1,115 @@
+"""replayrl's losses against TRL 1.16 GRPOTrainer's own loss code on identical tensors.
+
+TRL's `_compute_loss` runs unchanged on a stand-in trainer that hands it fixed per-token
+log-probs (its model forward is the only part replaced), so a difference in the ratio, the
+clipping or the aggregation shows up as a different loss or gradient."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from replayrl.algorithms.losses import grpo_clip_loss
+
+trl = pytest.importorskip("trl")
+
+
+class _Accelerator:
+    num_processes = 1
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    gather_for_metrics = gather
+
+    def reduce(self, x: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        return x
+
+
+class _TRL:
+    """The attributes TRL's `_compute_loss` reads, with the forward replaced by `logprobs`."""
+
+    def __init__(self, logprobs: torch.Tensor, level: str, eps: float, eps_high: float) -> None:
+        self.logprobs = logprobs
+        self.importance_sampling_level = level
+        self.loss_type = "grpo"
+        self.epsilon_low, self.epsilon_high = eps, eps_high
+        self.beta = 0.0
+        self.top_entropy_quantile = 1.0
+        self.aux_loss_enabled = False
+        self.off_policy_mask_threshold = None
+        self.use_vllm = False
+        self._entropy_bonus_enabled = False
+        self.current_gradient_accumulation_steps = 1
+        self.model = SimpleNamespace(training=True)
+        self.args = SimpleNamespace(delta=None, use_bias_correction_kl=False)
+        self.accelerator = _Accelerator()
+        self._metrics: dict[str, Any] = defaultdict(lambda: defaultdict(list))
+
+    def _get_per_token_logps_and_entropies(self, *a: Any, **k: Any):
+        return self.logprobs, torch.zeros_like(self.logprobs), None
+
+
+def _tensors(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    B, T = 6, 7
+    old = -torch.rand(B, T, generator=g) * 2
+    # ratios far enough from 1, per token and per sequence, that both levels clip somewhere
+    drift = torch.randn(B, T, generator=g) * 0.4 + torch.randn(B, 1, generator=g) * 0.3
+    logprobs = (old + drift).requires_grad_(True)
+    mask = torch.ones(B, T)
+    for i, n in enumerate([7, 3, 5, 1, 6, 4]):  # completions of different lengths
+        mask[i, n:] = 0
+    adv = torch.randn(B, generator=g)
+    return logprobs, old, adv, mask
+
+
+def _trl_loss(level: str, logprobs, old, adv, mask, eps=0.2, eps_high=0.28):
+    B, T = mask.shape
+    inputs = {
+        "prompt_ids": torch.zeros(B, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+    }
+    stub = _TRL(logprobs, level, eps, eps_high)
+    return trl.GRPOTrainer._compute_loss(stub, None, inputs), stub._metrics["train"]
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_grpo_clip_matches_trls_loss_and_gradient(level: str) -> None:
+    """TRL's loss_type='grpo' (mean over each sequence's tokens, then over sequences) is
+    loss_agg=seq_mean; importance_sampling_level='sequence' is GSPO's ratio."""
+    logprobs, old, adv, mask = _tensors()
+    theirs, metrics = _trl_loss(level, logprobs, old, adv, mask)
+    (g_theirs,) = torch.autograd.grad(theirs, logprobs)
+    ours, _ = grpo_clip_loss(
+        logprobs,
+        old,
+        adv,
+        mask,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        importance_sampling_level=level,
+        loss_agg="seq_mean",
+    )
+    (g_ours,) = torch.autograd.grad(ours, logprobs)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-5, atol=1e-7)
+    assert metrics["clip_ratio/region_mean"][0] > 0  # the tensors exercise the clipping
+
+
+def test_the_sequence_ratio_differs_from_the_token_ratio_on_these_tensors() -> None:
+    """(Else the parity above would hold with the level ignored.)"""
+    logprobs, old, adv, mask = _tensors()
+    token, _ = grpo_clip_loss(logprobs, old, adv, mask, loss_agg="seq_mean")
+    seq, _ = grpo_clip_loss(
+        logprobs, old, adv, mask, loss_agg="seq_mean", importance_sampling_level="sequence"
+    )
+    assert abs(float(token) - float(seq)) > 1e-3
