@@ -113,3 +113,72 @@ def test_the_sequence_ratio_differs_from_the_token_ratio_on_these_tensors() -> N
         logprobs, old, adv, mask, loss_agg="seq_mean", importance_sampling_level="sequence"
     )
     assert abs(float(token) - float(seq)) > 1e-3
+
+
+# -- sampling: top_k, min_p, repetition_penalty ------------------------------------------------
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"top_k": 5},
+        {"min_p": 0.15},
+        {"repetition_penalty": 1.7},
+        {"temperature": 0.7, "top_k": 9, "top_p": 0.8, "min_p": 0.05, "repetition_penalty": 1.3},
+    ],
+)
+def test_the_sampled_distribution_is_transformers_generates(tiny_model, knobs: dict) -> None:
+    """TRL samples with transformers' generate: its logits processors for these settings,
+    built by transformers itself, give the distribution `sampling_probs` draws from."""
+    from transformers import GenerationConfig
+
+    from replayrl.rollout.generation.sampling import sampling_probs
+
+    g = torch.Generator().manual_seed(3)
+    vocab = tiny_model.config.vocab_size
+    ids = torch.randint(0, vocab, (4, 6), generator=g)  # prompt and completion so far
+    logits = torch.randn(4, vocab, generator=g) * 3
+    gen_cfg = GenerationConfig(do_sample=True, **{"top_k": 0, **knobs})
+    processors = tiny_model._get_logits_processor(gen_cfg, input_ids_seq_length=6, device="cpu")
+    theirs = torch.softmax(processors(ids, logits.clone()), dim=1)
+    seen = torch.zeros(4, vocab, dtype=torch.bool).scatter_(1, ids, True)
+    ours = sampling_probs(
+        logits,
+        knobs.get("temperature", 1.0),
+        knobs.get("top_p", 1.0),
+        knobs.get("top_k", 0),
+        knobs.get("min_p", 0.0),
+        knobs.get("repetition_penalty", 1.0),
+        seen,
+    )
+    ours = ours / ours.sum(1, keepdim=True)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+    assert ((theirs > 0).sum(1) < vocab).all() or "repetition_penalty" in knobs  # it filtered
+
+
+@pytest.mark.parametrize("impl", ["fast", "fast_hf", "generate"])
+def test_each_decoder_applies_the_filters_and_tracks_seen_tokens(
+    tiny_model, char_tokenizer, impl: str
+) -> None:
+    """top_k=1 and min_p=1 keep only the most likely token: greedy's completions; a huge
+    repetition penalty with top_k=1 never picks a token of the prompt or one already
+    picked, through the decoder's compaction of finished rows too."""
+    from replayrl.rollout.generation import HFGenerator, SamplingParams
+
+    gen = HFGenerator(tiny_model, char_tokenizer, impl=impl)
+    prompts = ["12+34=", "7+80=", "99+1="]
+    greedy = gen.generate(prompts, 1, SamplingParams(max_new_tokens=6, greedy=True))
+    for knobs in ({"top_k": 1}, {"min_p": 1.0}):
+        got = gen.generate(prompts, 2, SamplingParams(max_new_tokens=6, **knobs))
+        assert [s.completion_ids.tolist() for s in got[::2]] == [
+            s.completion_ids.tolist() for s in greedy
+        ]
+    # (the stored log-prob stays the untruncated policy's: below 0, not log 1)
+    assert all(float(s.logprobs.max()) < 0 for s in got)
+    fresh = gen.generate(
+        prompts, 2, SamplingParams(max_new_tokens=6, top_k=1, repetition_penalty=1e4)
+    )
+    for s in fresh:
+        toks = s.completion_ids.tolist()
+        stops = set(gen.stop_ids)
+        body = [t for t in toks if t not in stops]
+        assert len(set(body)) == len(body), toks
+        assert not set(body) & set(s.prompt_ids.tolist()), (toks, s.prompt_ids.tolist())

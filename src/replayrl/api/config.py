@@ -109,6 +109,10 @@ def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
         "max_completion_length": r.max_new_tokens,
         "temperature": r.temperature,
         "top_p": r.top_p,
+        "top_k": r.top_k,
+        "min_p": r.min_p or None,  # TRL's "off"
+        "repetition_penalty": r.repetition_penalty,
+        "importance_sampling_level": a.importance_sampling_level,
         "beta": cfg.kl.beta,
         "epsilon": a.epsilon,
         "epsilon_high": a.epsilon_high,

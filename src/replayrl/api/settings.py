@@ -25,6 +25,9 @@ MORE_DEFAULTS: dict[str, Any] = {
     "save_total_limit": None,
     "eval_steps": None,
     "disable_tqdm": False,
+    "min_p": None,
+    "repetition_penalty": 1.0,
+    "importance_sampling_level": "token",
 }
 # not settings of the training: where it writes and how it is named
 SKIP = frozenset({"output_dir", "run_name", "logging_steps"})

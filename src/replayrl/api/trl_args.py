@@ -43,6 +43,9 @@ DIRECT: dict[str, str] = {
     "max_completion_length": "rollout.max_new_tokens",
     "temperature": "rollout.temperature",
     "top_p": "rollout.top_p",
+    "top_k": "rollout.top_k",
+    "min_p": "rollout.min_p",  # (TRL's None: off, the default here too)
+    "repetition_penalty": "rollout.repetition_penalty",
     "beta": "kl.beta",
     "epsilon": "algorithm.epsilon",
     "epsilon_high": "algorithm.epsilon_high",
@@ -81,7 +84,6 @@ SPECIAL = (
     "disable_tqdm",
     "reward_weights",
     "use_vllm",
-    "top_k",
     "use_cpu",
     "vllm_importance_sampling_correction",
     "vllm_importance_sampling_mode",
@@ -154,9 +156,11 @@ REFUSED: dict[str, tuple[Any, str]] = {
         "not supported: truncated completions are trained on like the others",
     ),
     "top_entropy_quantile": (1.0, "not supported: every token is trained on"),
-    "repetition_penalty": (1.0, "not supported: sampling uses temperature and top_p only"),
-    "min_p": (None, "not supported: sampling uses temperature and top_p only"),
-    "generation_kwargs": (None, "not supported: use temperature, top_p, max_completion_length"),
+    "generation_kwargs": (
+        None,
+        "not supported: use temperature, top_p, top_k, min_p, repetition_penalty, "
+        "max_completion_length",
+    ),
     "chat_template_kwargs": (None, "use task__system_prompt / task__chat_template instead"),
     "cache_implementation": (None, "not supported: the generator manages its own KV cache"),
     "fp16": (False, "use bf16=True instead: fp16 learning needs a gradient scaler"),
@@ -381,8 +385,6 @@ def _refuse(values: Mapping[str, Any]) -> None:
         for n, v in values.items()
         if n in REFUSED and plain(v) != REFUSED[n][0]
     ]
-    if values.get("top_k") not in (None, 0):
-        bad.append(f"top_k={values['top_k']!r}: not supported: sampling uses temperature, top_p")
     if values.get("use_vllm"):
         bad.append("use_vllm=True: use rollout__backend='vllm' instead")
     if bad:

@@ -273,6 +273,13 @@ class RolloutConfig(_Section):
     num_generations: int = Field(8, ge=1)  # group size G
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: all)")
+    min_p: float = Field(
+        0.0, ge=0, le=1, description="drop tokens below min_p x the top token's probability"
+    )
+    repetition_penalty: float = Field(
+        1.0, gt=0, description="logits of tokens already in prompt or completion: / (or x) this"
+    )
     max_new_tokens: int = Field(
         8, ge=1, description="completion length cap (TRL: max_completion_length)"
     )
@@ -301,6 +308,27 @@ class RolloutConfig(_Section):
     @classmethod
     def _registered_backend(cls, v: str) -> str:
         return BACKENDS.check(v)
+
+    @model_validator(mode="after")
+    def _filters_on_vllm(self) -> RolloutConfig:
+        # vLLM returns the log-probs of the filtered distribution, not the tempered policy's
+        # that the learner recomputes (as with top_p < 1)
+        used = [
+            f"{k}={v}"
+            for k, v, off in (
+                ("top_k", self.top_k, 0),
+                ("min_p", self.min_p, 0.0),
+                ("repetition_penalty", self.repetition_penalty, 1.0),
+            )
+            if v != off
+        ]
+        if self.backend == "vllm" and used:
+            raise ValueError(
+                f"rollout.backend=vllm with {', '.join(used)}: vLLM's log-probs are then those "
+                "of the filtered distribution, not the policy's the learner assumes; use "
+                "rollout.backend=hf"
+            )
+        return self
 
 
 class VLLMConfig(_Section):

@@ -116,7 +116,14 @@ class RolloutProducer:
             return self._all_too_long(len(rows), t0)
         self._empty_steps = 0
         self.last_rows = {group_base + i: row for i, row in enumerate(kept)}
-        params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens)
+        params = SamplingParams(
+            r.temperature,
+            r.top_p,
+            r.max_new_tokens,
+            top_k=r.top_k,
+            min_p=r.min_p,
+            repetition_penalty=r.repetition_penalty,
+        )
         self.generator.policy_version = version
         samples = self.generator.generate(kept_texts, num_generations or r.num_generations, params)
         sample_rows = [kept[s.prompt_index] for s in samples]
