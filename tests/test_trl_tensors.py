@@ -103,6 +103,15 @@ def test_grpo_clip_matches_trls_loss_and_gradient(level: str) -> None:
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(g_ours, g_theirs, rtol=1e-5, atol=1e-7)
     assert metrics["clip_ratio/region_mean"][0] > 0  # the tensors exercise the clipping
+    if level == "token":  # TRL's clip_ratio/* (per token; at sequence level per sequence)
+        _, mine = grpo_clip_loss(logprobs, old, adv, mask, epsilon=0.2, epsilon_high=0.28)
+        for ours_key, trl_key in (
+            ("clip_frac", "clip_ratio/region_mean"),
+            ("clip_low_frac", "clip_ratio/low_mean"),
+            ("clip_high_frac", "clip_ratio/high_mean"),
+        ):
+            assert mine[ours_key] == pytest.approx(metrics[trl_key][0], abs=1e-7), ours_key
+        assert mine["clip_low_frac"] > 0 and mine["clip_high_frac"] > 0
 
 
 def test_the_sequence_ratio_differs_from_the_token_ratio_on_these_tensors() -> None:
@@ -182,3 +191,53 @@ def test_each_decoder_applies_the_filters_and_tracks_seen_tokens(
         body = [t for t in toks if t not in stops]
         assert len(set(body)) == len(body), toks
         assert not set(body) & set(s.prompt_ids.tolist()), (toks, s.prompt_ids.tolist())
+
+
+def test_log_history_has_trls_metric_names_with_trls_values(tmp_path) -> None:
+    """A run's records under TRL's names (trainer.state.log_history): the completions'
+    clipped ratio and terminated length, the reward's and each function's std, the clip
+    ratios, the share of groups without signal."""
+    import statistics
+
+    from replayrl.api.config import ReplayConfig
+    from replayrl.api.trainer import ReplayTrainer
+    from replayrl.rollout.tasks import ArithmeticTask
+    from tiny import TINY_MODEL
+
+    rows = ArithmeticTask().sample_train(20, __import__("numpy").random.default_rng(0))
+    seen: list[list[float]] = []
+
+    def half(completions, **kwargs):
+        out = [float(len(c) % 2) for c in completions]
+        seen.append(out)
+        return out
+
+    args = ReplayConfig(
+        "grpo",
+        output_dir=str(tmp_path / "r"),
+        max_steps=1,
+        num_generations=4,
+        generation_batch_size=8,
+        max_completion_length=3,
+        rollout__reward_isolation="thread",
+        overrides=[*TINY_MODEL, "logging.tensorboard=false", "logging.progress=false"],
+    )
+    trainer = ReplayTrainer(reward_funcs=half, args=args, train_dataset=rows, log=lambda _: None)
+    trainer.train()
+    (log,) = trainer.state.log_history
+    for key in (
+        "completions/clipped_ratio",
+        "completions/mean_terminated_length",
+        "clip_ratio/region_mean",
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "frac_reward_zero_std",
+        "reward_std",
+        "rewards/half/mean",
+        "rewards/half/std",
+    ):
+        assert key in log, key
+    (values,) = seen
+    assert log["reward_std"] == pytest.approx(statistics.stdev(values))  # n - 1, as TRL
+    assert log["rewards/half/std"] == pytest.approx(statistics.stdev(values))
+    assert log["rewards/half/mean"] == pytest.approx(statistics.mean(values))

@@ -183,6 +183,11 @@ def grpo_clip_loss(
     loss = aggregate(per_token, mask, loss_agg, normaliser)
     with torch.no_grad():
         metrics = ratio_metrics(log_ratio, mask, (clipped < unclipped).to(logprobs.dtype))
+        # TRL's clip_ratio/low_mean and /high_mean: the side that clipped (region = both)
+        low = (ratio < 1 - epsilon) & (adv < 0)
+        high = (ratio > 1 + eps_high) & (adv > 0)
+        metrics["clip_low_frac"] = _masked_mean(low.to(logprobs.dtype), mask)
+        metrics["clip_high_frac"] = _masked_mean(high.to(logprobs.dtype), mask)
     return loss, metrics
 
 
