@@ -227,7 +227,7 @@ def test_objects_in_the_api_train_like_files_and_names_in_the_cli(tmp_path: Path
     assert "reward/user_correctness" in api_metrics[1] and "train/loss" in api_metrics[1]
     assert "reward/correctness" not in api_metrics[1]
     renamed = [
-        {("reward/correctness" if k == "reward/user_correctness" else k): v for k, v in r.items()}
+        {k.replace("/user_correctness", "/correctness"): v for k, v in r.items()}
         for r in api_metrics
     ]
     assert _comparable(renamed) == _comparable(cli_metrics)

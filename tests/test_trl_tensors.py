@@ -193,16 +193,32 @@ def test_each_decoder_applies_the_filters_and_tracks_seen_tokens(
         assert not set(body) & set(s.prompt_ids.tolist()), (toks, s.prompt_ids.tolist())
 
 
+def _one_step(run: Any, **kw: Any) -> Any:
+    """One step of 2 prompts x 4 completions of up to 3 tokens on the tiny model."""
+    from replayrl.api.config import ReplayConfig
+    from tiny import TINY_MODEL
+
+    quiet = ["logging.tensorboard=false", "logging.progress=false"]
+    return ReplayConfig(
+        "grpo",
+        output_dir=str(run),
+        max_steps=1,
+        num_generations=4,
+        generation_batch_size=8,
+        max_completion_length=3,
+        overrides=[*TINY_MODEL, *quiet],
+        **kw,
+    )
+
+
 def test_log_history_has_trls_metric_names_with_trls_values(tmp_path) -> None:
     """A run's records under TRL's names (trainer.state.log_history): the completions'
     clipped ratio and terminated length, the reward's and each function's std, the clip
     ratios, the share of groups without signal."""
     import statistics
 
-    from replayrl.api.config import ReplayConfig
     from replayrl.api.trainer import ReplayTrainer
     from replayrl.rollout.tasks import ArithmeticTask
-    from tiny import TINY_MODEL
 
     rows = ArithmeticTask().sample_train(20, __import__("numpy").random.default_rng(0))
     seen: list[list[float]] = []
@@ -212,16 +228,7 @@ def test_log_history_has_trls_metric_names_with_trls_values(tmp_path) -> None:
         seen.append(out)
         return out
 
-    args = ReplayConfig(
-        "grpo",
-        output_dir=str(tmp_path / "r"),
-        max_steps=1,
-        num_generations=4,
-        generation_batch_size=8,
-        max_completion_length=3,
-        rollout__reward_isolation="thread",
-        overrides=[*TINY_MODEL, "logging.tensorboard=false", "logging.progress=false"],
-    )
+    args = _one_step(tmp_path / "r", rollout__reward_isolation="thread")
     trainer = ReplayTrainer(reward_funcs=half, args=args, train_dataset=rows, log=lambda _: None)
     trainer.train()
     (log,) = trainer.state.log_history
@@ -241,3 +248,86 @@ def test_log_history_has_trls_metric_names_with_trls_values(tmp_path) -> None:
     assert log["reward_std"] == pytest.approx(statistics.stdev(values))  # n - 1, as TRL
     assert log["rewards/half/std"] == pytest.approx(statistics.stdev(values))
     assert log["rewards/half/mean"] == pytest.approx(statistics.mean(values))
+
+
+# -- a reward model as a reward function ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def reward_model_folder(tmp_path_factory: pytest.TempPathFactory, char_tokenizer):
+    """A tiny Llama with a one-logit sequence-classification head, saved with its tokenizer
+    (and a chat template): a reward model folder built here, nothing downloaded."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(char_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=char_tokenizer.pad_token_id,
+    )
+    model = LlamaForSequenceClassification(cfg)
+    tok = __import__("copy").deepcopy(char_tokenizer)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    dest = tmp_path_factory.mktemp("rm") / "tiny-rm"
+    model.save_pretrained(dest)
+    tok.save_pretrained(dest)
+    return dest
+
+
+def test_a_reward_model_scores_like_trl(reward_model_folder) -> None:
+    """TRL's scoring of a reward model: the first logit on prompt + completion (on the chat
+    template's rendering for messages), batched with right padding, no special tokens: each
+    row's score equals the model's on that row alone, so padding never moves a score."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from replayrl.api.reward_model import RewardModel
+
+    rm = RewardModel(reward_model_folder)
+    prompts, completions = ["12+34=", "7+8=", "1+1="], ["46", "15000", "2"]
+    got = rm(prompts, completions, answer=["46", "15", "2"])
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model_folder).eval()
+    tok = AutoTokenizer.from_pretrained(reward_model_folder)
+    for p, c, score in zip(prompts, completions, got, strict=True):
+        ids = tok(p + c, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            assert score == pytest.approx(float(model(**ids).logits[0, 0]), abs=1e-5)
+    assert len(set(got)) == 3  # the head reads each row's own last token
+    chat = rm([[{"role": "user", "content": "12+34="}]], [[{"role": "assistant", "content": "46"}]])
+    ids = tok("12+34=|46|", return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        assert chat[0] == pytest.approx(float(model(**ids).logits[0, 0]), abs=1e-5)
+
+
+def test_a_reward_model_folder_or_object_trains_as_a_reward_function(
+    tmp_path, reward_model_folder
+) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from replayrl.api.config import ReplayConfig
+    from replayrl.api.trainer import ReplayTrainer
+    from replayrl.rollout.tasks import ArithmeticTask
+    from tiny import TINY_MODEL
+
+    rows = ArithmeticTask().sample_train(20, __import__("numpy").random.default_rng(0))
+    args = _one_step(tmp_path / "r")
+    trainer = ReplayTrainer(
+        reward_funcs=[str(reward_model_folder)], args=args, train_dataset=rows, log=lambda _: None
+    )
+    trainer.train()
+    (log,) = trainer.state.log_history
+    assert "rewards/tiny-rm/mean" in log and log["reward"] == log["rewards/tiny-rm/mean"]
+    assert log["reward_std"] > 0  # the model's scores differ between completions
+    assert "reward model" in trainer.config.rewards[0].name
+    # a loaded model with its tokenizer given as TRL's reward_processing_classes
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model_folder)
+    tok = AutoTokenizer.from_pretrained(reward_model_folder)
+    args2 = ReplayConfig("grpo", output_dir=str(tmp_path / "o"), max_steps=1, overrides=TINY_MODEL)
+    again = ReplayTrainer(
+        reward_funcs=[model], reward_processing_classes=[tok], args=args2, train_dataset=rows
+    )
+    assert again._rewards[0].fn.tokenizer is tok
+    with pytest.raises(ValueError, match="reward_processing_classes has 2 entries for 1"):
+        ReplayTrainer(reward_funcs=[model], reward_processing_classes=[tok, tok], args=args2)

@@ -79,8 +79,9 @@ class ReplayTrainer:
         reward_funcs: one or a list of reward functions with TRL's signature
             `f(prompts, completions, **columns) -> list[float | None]` (every dataset column
             arrives as a keyword list, e.g. `answer`; None = not applicable; lambdas work),
-            built-in names ("correctness", "math", "boxed_format", ...) or
-            "path/to/file.py:function" strings. None: the config's `rewards`.
+            built-in names ("correctness", "math", "boxed_format", ...),
+            "path/to/file.py:function" strings, or reward models (a local folder or a model
+            with a sequence-classification head, as in TRL). None: the config's `rewards`.
             Weights: `ReplayConfig(reward_weights=[...])`, else 1.0 each. A function that
             raises or returns a non-finite value drops only the rollouts concerned (counted in
             `rollouts/dropped_reward_error`).
@@ -102,6 +103,10 @@ class ReplayTrainer:
             on_evaluate, on_save, on_train_end; `control.should_training_stop` stops).
         log: where progress messages go (default: print).
         peft_config: a peft `LoraConfig` (TRL's argument): trains LoRA adapters.
+        reward_processing_classes: the tokenizers of reward models in `reward_funcs` (TRL's
+            argument: one, or one per reward function, None for functions). A reward model
+            is a local model folder or a loaded model with a sequence-classification head;
+            its first logit on prompt + completion is the reward (api/reward_model.py).
 
     Methods: `train()`, `evaluate()`, `save_model()`, `metrics()`, `add_callback()`;
     attributes `config` (the resolved `Config`), `args` (`args.learning_rate`, ...: the
@@ -150,6 +155,7 @@ class ReplayTrainer:
         callbacks: Sequence[Any] | None = None,
         log: Log = print,
         peft_config: Any = None,
+        reward_processing_classes: Any = None,
     ) -> None:
         self.args = args if isinstance(args, ReplayConfig) else ReplayConfig(args)
         self.log = log
@@ -167,7 +173,7 @@ class ReplayTrainer:
         self._run_files: dict[str, str] = {}  # written into the run folder when it starts
         extra: dict[str, Any] = trl_compat.lora_overrides(peft_config)
         self._take_model(model, processing_class, extra)
-        self._rewards = self._take_rewards(reward_funcs, extra)
+        self._rewards = self._take_rewards(reward_funcs, extra, reward_processing_classes)
         if train_dataset is not None:  # a dataset task: its columns are read (task.dataset.*)
             extra |= {"task.name": "dataset", "task.dataset.path": _in_memory("train_dataset")}
         self.config = self.args.to_config(extra)  # validate the model and rewards part early
@@ -254,17 +260,24 @@ class ReplayTrainer:
         self._model_path = source if local else IN_MEMORY_MODEL
         self.args.real_model = True  # a method preset gets TRL's defaults, not the demo's
 
-    def _take_rewards(self, funcs: Any, extra: dict[str, Any]) -> list[Any] | None:
-        """Reward callables -> WeightedReward objects (injected); names -> config only."""
+    def _take_rewards(
+        self, funcs: Any, extra: dict[str, Any], processing_classes: Any = None
+    ) -> list[Any] | None:
+        """Reward callables and reward models -> WeightedReward objects (injected); names ->
+        config only."""
         from replayrl.api.replayable import metric_name, reward_record
+        from replayrl.api.reward_model import RewardModel, as_reward_models
         from replayrl.rollout.rewards import REWARDS, WeightedReward, resolve_rewards
 
         self._named_rewards: list[str] = []
         if funcs is None:
             if self.args.reward_weights is not None:
                 raise ValueError("reward_weights given without reward_funcs")
+            if processing_classes is not None:
+                raise ValueError("reward_processing_classes given without reward_funcs")
             return None
         items = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs)
+        items = as_reward_models(items, processing_classes)  # model folders and objects
         self._named_rewards = [fn for fn in items if isinstance(fn, str)]
         if not items:
             raise ValueError("reward_funcs: at least one reward function is needed")
@@ -279,6 +292,11 @@ class ReplayTrainer:
                 rewards.append(resolve_rewards([(fn, w)])[0])  # errors now, not mid-run
                 names.append(fn)
                 records.append(fn)
+            elif isinstance(fn, RewardModel):  # in this process: a model is no code to isolate
+                name = fn.name if fn.name not in names else f"{fn.name}_{i}"
+                rewards.append(WeightedReward(name=name, fn=fn, weight=w, builtin=True))
+                names.append(name)
+                records.append(fn.record())
             elif callable(fn):
                 # never a built-in reward's name: the metrics would pass it off as the built-in
                 name = metric_name(fn, i, frozenset(REWARDS))
