@@ -163,7 +163,8 @@ class ReplayConfig:
     `per_device_train_batch_size`, `gradient_accumulation_steps`, `steps_per_generation`,
     `generation_batch_size` (completions generated per step), `num_iterations` (passes per
     generation; ReMix's update-to-data ratio m under a ReMix preset), `max_completion_length`,
-    `temperature`, `top_p`, `beta`, `epsilon`, `epsilon_high`, `loss_type` (grpo -> seq_mean,
+    `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `beta`, `epsilon`,
+    `epsilon_high`, `importance_sampling_level` ("sequence": GSPO), `loss_type` (grpo -> seq_mean,
     dapo / bnpo -> token_mean, dr_grpo), `scale_rewards`, `entropy_coef`, `bf16` (learner
     autocast), `gradient_checkpointing`, `save_strategy` / `save_steps` /
     `save_total_limit`, `eval_strategy` / `eval_steps`, `report_to`, `disable_tqdm`,
@@ -176,7 +177,10 @@ class ReplayConfig:
     Without a preset, TRL's arguments start from TRL's defaults (lr 1e-6 decaying linearly,
     8 completions per step, bf16, gradient checkpointing, no evaluation, seed 42, ...), so a
     ported script trains like under TRL. A preset keeps its own values (constant learning
-    rate, a held-out evaluation); the trainer says once at start where that differs from TRL.
+    rate, its batch); the trainer prints at start a table of every setting that differs from
+    what was passed or from TRL's default. TRL's step counts (max_steps, save_steps,
+    eval_steps) are optimizer updates: they become the steps of the resolved run that take
+    them, and max_steps is refused where steps take different numbers (ReMix).
 
     The papers' knobs (set as section__key, or in `overrides`):
 
@@ -201,8 +205,9 @@ class ReplayConfig:
     `replayrl config show --doc` prints every key with its description.
 
     Validation happens when the config is resolved (`to_config()`, or when a `ReplayTrainer`
-    is built), with errors naming the key. After training, `trainer.args.<TRL name>` reads
-    the resolved values (`trainer.args.learning_rate`, `.per_device_train_batch_size`, ...).
+    is built), with errors naming the key. `args.<TRL name>` reads the values the run uses
+    (`args.learning_rate`, `.per_device_train_batch_size`, ...): before a trainer is built,
+    a method preset as it runs with your own model; once built, the trainer's resolution.
 
     Example: `ReplayConfig("remix-grpo", output_dir="runs/mine", max_steps=200,
     learning_rate=1e-6, overrides=["remix.off_policy_fraction=0.5"])`.

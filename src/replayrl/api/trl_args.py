@@ -153,7 +153,9 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "delta": (None, "not supported: two-sided clipping is not implemented (algorithm__epsilon)"),
     "mask_truncated_completions": (
         False,
-        "not supported: truncated completions are trained on like the others",
+        "not supported: truncated completions are trained on like the others (their share is "
+        "logged as truncated_frac, TRL's completions/clipped_ratio); raise "
+        "max_completion_length, or give a reward that penalises them",
     ),
     "top_entropy_quantile": (1.0, "not supported: every token is trained on"),
     "generation_kwargs": (
@@ -220,8 +222,8 @@ REFUSED: dict[str, tuple[Any, str]] = {
     ),
     "max_prompt_length": (
         None,
-        "not supported: prompts too long for the model are skipped and counted "
-        "(prompts_skipped_too_long), never truncated",
+        "not supported (nor in TRL 1.16's GRPOConfig): prompts too long for the model are "
+        "skipped and counted (prompts_skipped_too_long), never truncated",
     ),
     "push_to_hub": (False, "not supported: save_model() then upload with huggingface_hub"),
     "resume_from_checkpoint": (None, "pass it to train(resume_from_checkpoint=...) instead"),
