@@ -178,3 +178,21 @@ def test_the_vllm_correction_note_is_said_only_when_vllm_generates(tmp_path) -> 
     assert args.translation.vllm_notes and not any("vllm" in n for n in args.notes)
     trainer = _trainer(args)
     assert not any("vllm" in n for n in trainer.notes)
+
+
+def test_a_ported_grpo_config_lists_only_what_replayrl_does_otherwise(tmp_path, model_folder):
+    """A TRL GRPOConfig (on a CPU: use_cpu=True, bf16=False) trains with its own values: the
+    table shows only what replayrl cannot take from it (TRL keeps every checkpoint)."""
+    trl = pytest.importorskip("trl")
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "q"),
+        use_cpu=True,
+        bf16=False,
+        max_steps=2,
+        learning_rate=1e-5,
+        report_to=["tensorboard"],
+    )
+    trainer = _trainer(args, model_folder)
+    rows = settings(trainer.args, trainer.config)
+    assert [(r.name, r.used, r.passed) for r in rows] == [("save_total_limit", 2, None)]
+    assert trainer.config.train.device == "cpu" and trainer.args.bf16 is False

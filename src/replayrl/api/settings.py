@@ -66,7 +66,16 @@ class Setting:
     source: str
 
 
-def _same(a: Any, b: Any) -> bool:
+def _sinks(value: Any) -> Any:
+    """report_to's forms of one choice: "none", [] and None; "x" and ["x"]."""
+    sinks = {value} if isinstance(value, str) else set(value or [])
+    sinks.discard("none")
+    return sinks
+
+
+def _same(a: Any, b: Any, name: str = "") -> bool:
+    if name == "report_to":
+        return _sinks(a) == _sinks(b)
     a, b = trl_args.plain(a), trl_args.plain(b)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         if isinstance(a, bool) or isinstance(b, bool):
@@ -121,9 +130,9 @@ def settings(args: ReplayConfig, cfg: Config) -> list[Setting]:
         if name in SKIP or (name not in passed and name not in defaults):
             continue
         if name in passed:
-            if _same(used, passed[name]):
+            if _same(used, passed[name], name):
                 continue
-        elif _same(used, defaults[name]):
+        elif _same(used, defaults[name], name):
             continue
         given = passed.get(name, NOT_PASSED)
         source = _source(name, args, layers)
