@@ -190,8 +190,7 @@ def test_a_ported_grpo_config_lists_only_what_replayrl_does_otherwise(tmp_path, 
         bf16=False,
         max_steps=2,
         learning_rate=1e-5,
-        report_to=["tensorboard"],
-    )
+    )  # (report_to: TRL resolves its "none" to [], the same choice)
     trainer = _trainer(args, model_folder)
     rows = settings(trainer.args, trainer.config)
     assert [(r.name, r.used, r.passed) for r in rows] == [("save_total_limit", 2, None)]
