@@ -162,6 +162,8 @@ def test_no_rows_are_held_out_unless_evaluation_is_asked_for(tmp_path) -> None:
     plain = make("plain")
     assert plain.config.task.eval_size == 0 and plain.args.eval_strategy == "no"
     assert not any("held out" in n for n in plain.notes)
+    with pytest.raises(ValueError, match="holds no rows out.*pass eval_dataset"):
+        plain.evaluate()
     assert make("every", eval__every=2).config.task.eval_size == 4  # min(200, 10%)
     assert make("trl", eval_strategy="steps", eval_steps=2).config.task.eval_size == 4
     given = _trainer(

@@ -679,7 +679,7 @@ class ReplayTrainer:
         from replayrl.rollout.prompts import PromptRenderer
         from replayrl.rollout.tasks import DatasetTask, task_from_config
 
-        cfg, model, tok = self.config, self.model, self.tokenizer
+        cfg = self.config
         t = cfg.task
         if eval_dataset is not None:
             task = DatasetTask.to_score(eval_dataset, t)
@@ -693,6 +693,7 @@ class ReplayTrainer:
                     "asked for: eval_strategy='steps', eval__every or task__eval_size): pass "
                     "eval_dataset"
                 )
+        model, tok = self.model, self.tokenizer  # (loaded once the rows are known)
         gen = HFGenerator(
             unwrap_model(model),
             tok,
