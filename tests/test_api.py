@@ -92,7 +92,7 @@ def test_config_takes_presets_trl_names_section_keys_and_overrides(tmp_path: Pat
         ({"report_to": "mlflow"}, "report_to"),
         ({"learning_rate": -1.0}, "train.lr"),
         ({"buffer__kind": "lifo"}, "buffer.kind"),
-        ({"top_k": 50, "rollout__backend": "vllm"}, "top_k=50: vLLM.s log-probs"),
+        ({"top_k": 50, "rollout__backend": "vllm"}, "top_k=50: its engine's log-probs"),
         ({"use_vllm": True}, "use rollout__backend='vllm' instead"),
         ({"fp16": True}, "fp16=True: use bf16=True"),
         ({"loss_type": "cispo"}, "loss_type='cispo'.*not implemented"),

@@ -180,7 +180,8 @@ class ReplayTrainer:
         # differences from TRL's behaviour, said once at start (TRL's step counts are
         # recounted by to_config for the resolved run: its notes are the ones that hold)
         self.notes = self.args.notes
-        if self.config.rollout.backend == "vllm":  # TRL's vLLM correction applies only there
+        if BACKENDS.get(self.config.rollout.backend).own_logprobs:
+            # TRL's correction of an engine's own log-probs (vLLM's) applies only with one
             self.notes += self.args.translation.vllm_notes
         self._task = self._take_datasets(train_dataset, eval_dataset)
         self._steps_from_epochs()

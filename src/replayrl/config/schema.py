@@ -310,9 +310,9 @@ class RolloutConfig(_Section):
         return BACKENDS.check(v)
 
     @model_validator(mode="after")
-    def _filters_on_vllm(self) -> RolloutConfig:
-        # vLLM returns the log-probs of the filtered distribution, not the tempered policy's
-        # that the learner recomputes (as with top_p < 1)
+    def _filters_on_own_engines(self) -> RolloutConfig:
+        # an engine with its own sampler (vLLM) returns the log-probs of the filtered
+        # distribution, not the tempered policy's that the learner recomputes (as top_p < 1)
         used = [
             f"{k}={v}"
             for k, v, off in (
@@ -322,11 +322,11 @@ class RolloutConfig(_Section):
             )
             if v != off
         ]
-        if self.backend == "vllm" and used:
+        if used and BACKENDS.get(self.backend).own_logprobs:
             raise ValueError(
-                f"rollout.backend=vllm with {', '.join(used)}: vLLM's log-probs are then those "
-                "of the filtered distribution, not the policy's the learner assumes; use "
-                "rollout.backend=hf"
+                f"rollout.backend={self.backend} with {', '.join(used)}: its engine's "
+                "log-probs are then those of the filtered distribution, not the policy's the "
+                "learner assumes; use rollout.backend=hf"
             )
         return self
 
