@@ -158,8 +158,10 @@ BEYOND_THE_CONFIG = [
     "`output_dir/checkpoints/step_N/` (N counts steps, each of several optimizer updates) "
     "with `policy/`, a folder `from_pretrained` opens, and `state.json` + "
     "`state.safetensors` (optimizer, counters, random state); `checkpoints/latest` names the "
-    "newest complete one. The run's history, TRL's `log_history`, is `metrics.jsonl`. "
-    "`train(resume_from_checkpoint=True)`, the run folder or the newest step folder resumes.",
+    "newest complete one. The run's history, TRL's `log_history`, is `metrics.jsonl`; "
+    "`trainer.save_state()` writes it as transformers' `trainer_state.json` in the run "
+    "folder (`global_step` in steps). `train(resume_from_checkpoint=True)`, the run folder "
+    "or the newest step folder resumes.",
 ]
 
 

@@ -246,6 +246,12 @@ def test_log_history_has_trls_metric_names_with_trls_values(tmp_path) -> None:
         assert key in log, key
     (values,) = seen
     assert log["reward_std"] == pytest.approx(statistics.stdev(values))  # n - 1, as TRL
+    # transformers' save_state(): trainer_state.json, which transformers reads back
+    from transformers import TrainerState
+
+    saved = TrainerState.load_from_json(str(trainer.save_state()))
+    assert (saved.global_step, saved.max_steps) == (1, 1)
+    assert saved.log_history == trainer.state.log_history
     assert log["rewards/half/std"] == pytest.approx(statistics.stdev(values))
     assert log["rewards/half/mean"] == pytest.approx(statistics.mean(values))
 

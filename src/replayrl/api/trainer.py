@@ -619,6 +619,23 @@ class ReplayTrainer:
         hooks.train_end(summary)
         return summary
 
+    def save_state(self) -> Path:
+        """transformers' `Trainer.save_state()`, which TRL scripts call after training:
+        `<run_dir>/trainer_state.json` (transformers' TrainerState: `global_step` and
+        `max_steps` in replayrl's steps, `log_history` with TRL's key names). The checkpoints'
+        own state is `checkpoints/step_N/state.json`."""
+        from transformers import TrainerState as HFState
+
+        state = HFState(
+            global_step=self.state.global_step,
+            max_steps=self.config.train.steps,
+            log_history=self.state.log_history,
+        )
+        path = self.run_dir / "trainer_state.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state.save_to_json(str(path))
+        return path
+
     def settings_table(self) -> str:
         """Every setting, under TRL's argument names, whose value in this run differs from
         what was passed or (not passed) from TRL's default, with who set it: printed once
