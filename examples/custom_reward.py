@@ -53,7 +53,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", default=None, help="a causal LM folder (default: the tiny model)")
     p.add_argument("--output-dir", default="runs/example-custom-reward")
-    p.add_argument("--max-steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=120)
     p.add_argument("--tiny", action="store_true", help="a tiny run (tests)")
     cli = p.parse_args()
     # a 1-layer model, 2 prompts x 4 completions per step, 8 eval prompts (seconds on a CPU)
@@ -71,7 +71,9 @@ def main() -> None:
         args=ReplayConfig(
             "remix-grpo",
             output_dir=cli.output_dir,
-            max_steps=cli.max_steps,
+            # steps, not TRL's max_steps (optimizer updates): a ReMix step takes method.remix.utd
+            # passes before reincarnation and method.remix.utd_after after it
+            train__steps=cli.steps,
             reward_weights=[1.0, 0.2],
             overrides=tiny if cli.tiny else [],
         ),

@@ -24,8 +24,10 @@ TARGET = ROOT / "docs" / "trl-arguments.md"
 # what each translated argument becomes (trl_args.translate and its helpers)
 TRANSLATED = {
     "output_dir": "the run folder: logging.run_dir / logging.name",
-    "max_steps": "train.steps (TRL counts optimizer updates: divided by updates per step); "
-    "-1: num_train_epochs over the train rows",
+    "max_steps": "train.steps: TRL counts optimizer updates, so the fewest steps of the "
+    "resolved run (preset included; fewer updates while a replay buffer fills) that take "
+    "them; refused where steps take different numbers (ReMix: give train__steps); -1: "
+    "num_train_epochs over the train rows",
     "num_train_epochs": "with max_steps=-1: train.steps = epochs x rows / prompts per step",
     "per_device_train_batch_size": "completions per optimizer update (train.mini_batch_size "
     "with gradient_accumulation_steps)",
@@ -41,13 +43,14 @@ TRANSLATED = {
     "bf16": "precision.learner_autocast=bfloat16",
     "save_strategy": "steps: checkpoint.every from save_steps; no: only the final checkpoint",
     "save_steps": "checkpoint.every (in steps of generation, from optimizer updates)",
-    "eval_strategy": "steps: eval.every from eval_steps; no: no evaluation (API without preset)",
+    "eval_strategy": "steps: eval.every from eval_steps, rows held out of train_dataset "
+    "(min(200, 10%)) unless eval_dataset is given; no (TRL's default): no evaluation and "
+    "nothing held out, preset or not",
     "eval_steps": "eval.every (in steps of generation, from optimizer updates)",
     "report_to": "logging.tensorboard / logging.wandb",
     "disable_tqdm": "logging.progress = not disable_tqdm",
     "reward_weights": "the weight of each reward function",
     "use_vllm": "refused when True: use rollout__backend='vllm' (the same engine, colocated)",
-    "top_k": "refused unless 0 or None: sampling uses temperature and top_p",
     "use_cpu": "train.device=cpu",
     "vllm_importance_sampling_correction": "on: vllm.truncated_is_cap (off: null)",
     "vllm_importance_sampling_mode": "how the vLLM mismatch correction is applied",
@@ -109,7 +112,57 @@ def render() -> str:
         "|---|---|",
     ]
     lines += [f"| `{n}` | {_code(v)} |" for n, v in sorted(trl_args.TRL_DEFAULTS.items())]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + BEYOND_THE_CONFIG) + "\n"
+
+
+# what a TRL script touches besides GRPOConfig's arguments
+BEYOND_THE_CONFIG = [
+    "",
+    "## What the run prints at start",
+    "",
+    "`trainer.train()` prints one table: every setting, under TRL's name, whose value in "
+    "this run differs from what you passed or (not passed) from TRL's default, and who set "
+    "it (the preset, the built-in tiny model's experiment, TRL's defaults for your model, "
+    "replayrl's default, or a recount of TRL's step counts). `trainer.settings_table()` "
+    "returns it. Notes follow for behaviour that differs from TRL's in other ways.",
+    "",
+    "## On a CPU",
+    "",
+    "TRL's `GRPOConfig` refuses to run on a machine without a GPU unless told: build it with "
+    "`GRPOConfig(..., use_cpu=True, bf16=False)` (TRL's own requirement; `use_cpu` maps to "
+    "train.device=cpu, `bf16=False` to full-precision learning). The vLLM correction's note "
+    "(`vllm_importance_sampling_mode`) is shown only when the run generates with vLLM.",
+    "",
+    "## Reward models",
+    "",
+    "As in TRL, `reward_funcs` takes reward models beside functions: a local model folder or "
+    "a loaded model with a sequence-classification head (one label); its first logit on "
+    "prompt + completion (a conversation: rendered with its chat template) is the reward. "
+    "Its tokenizer comes from the folder, or from `reward_processing_classes` (one, or one per "
+    "reward function, None for functions). Models are never downloaded: give a folder.",
+    "",
+    "## Metric names",
+    "",
+    "`trainer.state.log_history` and transformers callbacks' `on_log` get TRL's names beside "
+    "replayrl's: `loss`, `reward`, `reward_std`, `rewards/<f>/mean`, `rewards/<f>/std`, "
+    "`completions/mean_length`, `completions/mean_terminated_length`, "
+    "`completions/clipped_ratio`, `clip_ratio/region_mean`, `clip_ratio/low_mean`, "
+    "`clip_ratio/high_mean`, `frac_reward_zero_std`, `entropy`, `kl`, `learning_rate`, "
+    "`grad_norm`. metrics.jsonl keeps replayrl's names; [the metrics page](metrics.md) gives "
+    "TRL's for each (checked against TRL's source). TRL's `num_tokens` (prompt and completion "
+    "tokens seen) has no twin: `tokens_trained` counts completion tokens once per pass.",
+    "",
+    "## Checkpoints",
+    "",
+    "TRL writes `output_dir/checkpoint-N/` with `trainer_state.json`; replayrl writes "
+    "`output_dir/checkpoints/step_N/` (N counts steps, each of several optimizer updates) "
+    "with `policy/`, a folder `from_pretrained` opens, and `state.json` + "
+    "`state.safetensors` (optimizer, counters, random state); `checkpoints/latest` names the "
+    "newest complete one. The run's history, TRL's `log_history`, is `metrics.jsonl`; "
+    "`trainer.save_state()` writes it as transformers' `trainer_state.json` in the run "
+    "folder (`global_step` in steps). `train(resume_from_checkpoint=True)`, the run folder "
+    "or the newest step folder resumes.",
+]
 
 
 def main() -> int:

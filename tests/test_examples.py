@@ -83,7 +83,7 @@ def test_the_twins_train(script: str, tiny_model_dir: Path, tmp_path: Path) -> N
 
 def test_custom_reward_example(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    stdout = _run("custom_reward.py", "--max-steps", "3", "--output-dir", str(out), cwd=tmp_path)
+    stdout = _run("custom_reward.py", "--steps", "3", "--output-dir", str(out), cwd=tmp_path)
     assert "trained 3 steps" in stdout
     cfg = yaml.safe_load((out / "config.yaml").read_text())
     # the script's own function cannot be imported by name: config.yaml says so and why

@@ -308,7 +308,7 @@ def test_ported_trl_config_gets_trls_is_default_with_a_note_and_server_keys_are_
     )  # fmt: skip
     assert t.dotted["precision.importance_sampling_mode"] == "sequence_mask"
     assert t.dotted["vllm.truncated_is_cap"] == 3.0
-    assert any("sequence_mask" in n and "token_truncate at 2.0" in n for n in t.notes)
+    assert any("sequence_mask" in n and "token_truncate at 2.0" in n for n in t.vllm_notes)
     bare = translate({"vllm_importance_sampling_mode": "token_mask"}, {})
     assert bare.dotted["vllm.truncated_is_cap"] == 3.0  # TRL's default cap
     assert "precision.importance_sampling_mode" not in translate({}, {}).dotted

@@ -62,7 +62,12 @@ def test_api_model_object_is_a_real_model() -> None:
 
 
 def test_api_method_preset_with_the_tiny_model_is_the_demo() -> None:
+    from replayrl.api.trainer import ReplayTrainer
+
     args = ReplayConfig("replay")
+    # before a trainer, args read as the run goes with a model of your own
+    assert (args.max_completion_length, args.learning_rate) == (512, 1e-6)
+    ReplayTrainer(args=args, log=lambda _: None)  # model=None: the built-in tiny model
     assert args.max_completion_length == 6
     assert args.learning_rate == 1e-4
     assert args.per_device_train_batch_size == 128  # B = 2 R, one update per step

@@ -79,11 +79,12 @@ def test_batch_terms_and_updates_per_step() -> None:
 
 def test_trl_step_counts_use_the_batch_a_replay_preset_trains_on() -> None:
     # replay (y = 2): R = 64 generated, B = 128 trained per step in mini-batches of 8 = 16
-    # updates a step, so TRL's max_steps=800 updates are 50 steps (not 100: B != R)
+    # updates a step (8 in the first: the buffer holds 64 then), so TRL's max_steps=800
+    # updates are 51 steps (not 100: B != R)
     common = {"per_device_train_batch_size": 8, "generation_batch_size": 64, "num_generations": 8}
     cfg = ReplayConfig("replay", **common, max_steps=800).to_config()
     assert (cfg.rollouts_per_step, cfg.batch_size, cfg.train.mini_batch_size) == (64, 128, 8)
-    assert cfg.train.steps == 50
+    assert cfg.train.steps == 51
     # replay_ratio=0.5: B = 32, 4 updates a step -> 200 steps
     half = ReplayConfig("replay", **common, max_steps=800, replay_ratio=0.5).to_config()
     assert (half.batch_size, half.train.steps) == (32, 200)
@@ -134,10 +135,11 @@ def test_prompts_chat_template_like_trl(tmp_path: Path) -> None:
     )
     assert plain.config.task.chat_template is False and chat.config.task.chat_template is True
     assert plain.config.task.eval_size == 0  # nothing held out without eval_strategy
-    # a preset templates plain text too, holds rows out, and says both once
+    # a preset templates plain text too, holds rows out when evaluation is asked for, and
+    # says both once
     preset = ReplayTrainer(
         reward_funcs=first_digit,
-        args=ReplayConfig("grpo", max_steps=1, **TINY_TRL),
+        args=ReplayConfig("grpo", max_steps=1, eval__every=5, **TINY_TRL),
         train_dataset=_rows(40),
         log=lambda _: None,
     )

@@ -347,7 +347,12 @@ def test_losses_reject_arguments_they_do_not_declare() -> None:
         get_policy_loss("grpo_clip")(lp, lp, adv, mask, epsilom=0.2)  # a typo is an error
     # the caller hands a loss only what it declares; a missing declared input is named
     available = {"anchor_logprobs": None, "rewards": adv, "baselines": adv}
-    knobs = {"epsilon": 0.2, "epsilon_high": None, "delta_v": -0.1}
+    knobs = {
+        "epsilon": 0.2,
+        "epsilon_high": None,
+        "delta_v": -0.1,
+        "importance_sampling_level": "token",
+    }
     for name in ("grpo_clip", "mix_ppg", "asymre"):
         call_policy_loss(name, lp, lp, adv, mask, available, knobs, "token_mean", None)
     with pytest.raises(ValueError, match="rewards"):

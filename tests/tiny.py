@@ -53,8 +53,10 @@ def crash_and_resume(
     from replayrl.run.session import Session
 
     def trainer(name: str) -> ReplayTrainer:
+        # steps, not TRL's max_steps (optimizer updates: epochs or mini-batches in
+        # `overrides` would make them fewer steps)
         args = ReplayConfig(
-            preset, output_dir=str(tmp_path / name), max_steps=steps, overrides=overrides
+            preset, output_dir=str(tmp_path / name), train__steps=steps, overrides=overrides
         )
         return ReplayTrainer(args=args, log=lambda _: None)
 

@@ -139,7 +139,22 @@ def ratio_metrics(
     }
 
 
-@register_policy_loss("grpo_clip", knobs=("epsilon", "epsilon_high"))
+def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's length-normalised sequence log-ratio (arXiv 2507.18071, eq. 7): the mean over a
+    completion's tokens of log pi/pi_old, the same for each of its tokens (B, T)."""
+    m = mask.to(log_ratio.dtype)
+    per_seq = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+    return per_seq.expand_as(log_ratio)
+
+
+@register_policy_loss(
+    "grpo_clip",
+    knobs={
+        "epsilon": "algorithm.epsilon",
+        "epsilon_high": "algorithm.epsilon_high",
+        "importance_sampling_level": "algorithm.importance_sampling_level",
+    },
+)
 def grpo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -148,12 +163,18 @@ def grpo_clip_loss(
     *,
     epsilon: float = 0.2,
     epsilon_high: float | None = None,
+    importance_sampling_level: str = "token",
     loss_agg: str = "token_mean",
     normaliser: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """-E[min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)], rho = pi/pi_old (paper 1, GRPO clip)."""
+    """-E[min(rho A, clip(rho, 1-eps_low, 1+eps_high) A)], rho = pi/pi_old (paper 1, GRPO clip);
+    `importance_sampling_level="sequence"`: rho is GSPO's sequence ratio for every token."""
     eps_high = epsilon if epsilon_high is None else epsilon_high
     log_ratio = logprobs - old_logprobs
+    if importance_sampling_level == "sequence":
+        log_ratio = sequence_log_ratio(log_ratio, mask)
+    elif importance_sampling_level != "token":
+        raise ValueError(f"importance_sampling_level={importance_sampling_level!r}: token|sequence")
     ratio = torch.exp(log_ratio)
     adv = _per_token(advantages, logprobs)
     unclipped = ratio * adv
@@ -162,6 +183,11 @@ def grpo_clip_loss(
     loss = aggregate(per_token, mask, loss_agg, normaliser)
     with torch.no_grad():
         metrics = ratio_metrics(log_ratio, mask, (clipped < unclipped).to(logprobs.dtype))
+        # TRL's clip_ratio/low_mean and /high_mean: the side that clipped (region = both)
+        low = (ratio < 1 - epsilon) & (adv < 0)
+        high = (ratio > 1 + eps_high) & (adv > 0)
+        metrics["clip_low_frac"] = _masked_mean(low.to(logprobs.dtype), mask)
+        metrics["clip_high_frac"] = _masked_mean(high.to(logprobs.dtype), mask)
     return loss, metrics
 
 

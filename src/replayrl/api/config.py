@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from replayrl.api import trl_args
-from replayrl.api.trl_args import Translation
+from replayrl.api.trl_args import Translation, Updates
 from replayrl.config.layering import layered
 from replayrl.config.method_sections import legacy_keys, method_of
 from replayrl.config.overrides import set_dotted
@@ -44,15 +44,62 @@ def config_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
     return keys
 
 
+def updates_per_step(cfg: Config) -> tuple[Updates | None, str]:
+    """(the optimizer updates each step takes, "") where they follow from the config, else
+    (None, why): TRL counts max_steps, save_steps and eval_steps in optimizer updates, and a
+    step here generates once, then takes passes x ceil(batch / mini-batch) of them."""
+    mini = cfg.train.mini_batch_size
+    if cfg.needs_design:
+        return None, "train.batch_size=auto: the run's design picks the batch at its start"
+    method = cfg.method.name
+    replay = cfg.method_spec.buffer == "replay"
+    if method == "remix":
+        rm = cfg.method.settings
+        reincarnates = rm.reincarnation_step is not None or rm.reincarnation_at is not None
+        if reincarnates and rm.utd != rm.utd_after:
+            return None, (
+                f"ReMix takes method.remix.utd={rm.utd} passes over each batch, then "
+                f"method.remix.utd_after={rm.utd_after} after policy reincarnation"
+            )
+        passes, varying = rm.utd, rm.composition == "additive"
+    else:
+        # on-policy and replay keep one batch size; the other methods build each step's
+        # batch from the groups they keep
+        passes, varying = cfg.train.epochs, method not in ("onpolicy", "replay")
+    if mini is None:  # one update per pass, whatever the batch
+        return Updates(passes), ""
+    if varying or (replay and cfg.buffer.max_staleness is not None):
+        what = "ReMix" if method == "remix" else method
+        if not varying:
+            what = "buffer.max_staleness drops rollouts"
+        return None, (
+            f"the batch size changes from step to step ({what}) and each step takes "
+            f"ceil(B / train.mini_batch_size={mini}) updates per pass"
+        )
+    b = cfg.batch_size
+    first: list[int] = []
+    if replay:  # the buffer holds k R rollouts (at most N) at step k
+        r, cap = cfg.rollouts_per_step, cfg.buffer.capacity
+        n = cap if isinstance(cap, int) else b
+        b = min(b, n)
+        while min((len(first) + 1) * r, n) < b:
+            first.append(passes * math.ceil((len(first) + 1) * r / mini))
+    return Updates(passes * math.ceil(b / mini), tuple(first)), ""
+
+
 def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
-    """The resolved run under TRL's argument names (what `trainer.args.<name>` reads)."""
+    """The resolved run under TRL's argument names (what `trainer.args.<name>` reads); the
+    step counts are None where steps take different numbers of optimizer updates."""
     t, r, a = cfg.train, cfg.rollout, cfg.algorithm
     per_update = translation.completions_per_update or (t.mini_batch_size or cfg.batch_size)
-    updates = translation.updates_per_step
+    counts = updates_per_step(cfg)[0]
+    # rows held out (none from a dataset without eval_size or eval_path) and evaluated
+    held_out = cfg.task.eval_size > 0 or getattr(cfg.task.settings, "eval_path", None)
+    evaluates = bool(cfg.eval.every and held_out)
     agg = {v: k for k, v in trl_args.LOSS_TYPES.items() if k != "bnpo"}
     view: dict[str, Any] = {
         "output_dir": str(Path(cfg.logging.run_dir) / cfg.logging.name),
-        "max_steps": t.steps * updates,
+        "max_steps": counts.total(t.steps) if counts is not None else None,
         "learning_rate": t.lr,
         "lr_scheduler_type": t.lr_scheduler,
         "warmup_steps": t.warmup_steps,
@@ -69,6 +116,10 @@ def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
         "max_completion_length": r.max_new_tokens,
         "temperature": r.temperature,
         "top_p": r.top_p,
+        "top_k": r.top_k,
+        "min_p": r.min_p or None,  # TRL's "off"
+        "repetition_penalty": r.repetition_penalty,
+        "importance_sampling_level": a.importance_sampling_level,
         "beta": cfg.kl.beta,
         "epsilon": a.epsilon,
         "epsilon_high": a.epsilon_high,
@@ -77,11 +128,11 @@ def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
         "entropy_coef": a.entropy_coef,
         "gradient_checkpointing": cfg.model.gradient_checkpointing,
         "bf16": cfg.precision.learner_autocast == "bfloat16",
-        "save_steps": cfg.checkpoint.every * updates,
+        "save_steps": cfg.checkpoint.every * counts.steady if counts is not None else None,
         "save_strategy": "steps" if cfg.checkpoint.every else "no",
         "save_total_limit": cfg.checkpoint.keep_last,
-        "eval_strategy": "steps" if cfg.eval.every else "no",
-        "eval_steps": cfg.eval.every * updates or None,
+        "eval_strategy": "steps" if evaluates else "no",
+        "eval_steps": cfg.eval.every * counts.steady if counts and evaluates else None,
         "report_to": [s for s in ("wandb", "tensorboard") if getattr(cfg.logging, s)] or "none",
         "run_name": cfg.logging.name,
         "logging_steps": 1,  # every step is logged
@@ -119,7 +170,8 @@ class ReplayConfig:
     `per_device_train_batch_size`, `gradient_accumulation_steps`, `steps_per_generation`,
     `generation_batch_size` (completions generated per step), `num_iterations` (passes per
     generation; ReMix's update-to-data ratio m under a ReMix preset), `max_completion_length`,
-    `temperature`, `top_p`, `beta`, `epsilon`, `epsilon_high`, `loss_type` (grpo -> seq_mean,
+    `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `beta`, `epsilon`,
+    `epsilon_high`, `importance_sampling_level` ("sequence": GSPO), `loss_type` (grpo -> seq_mean,
     dapo / bnpo -> token_mean, dr_grpo), `scale_rewards`, `entropy_coef`, `bf16` (learner
     autocast), `gradient_checkpointing`, `save_strategy` / `save_steps` /
     `save_total_limit`, `eval_strategy` / `eval_steps`, `report_to`, `disable_tqdm`,
@@ -132,7 +184,10 @@ class ReplayConfig:
     Without a preset, TRL's arguments start from TRL's defaults (lr 1e-6 decaying linearly,
     8 completions per step, bf16, gradient checkpointing, no evaluation, seed 42, ...), so a
     ported script trains like under TRL. A preset keeps its own values (constant learning
-    rate, a held-out evaluation); the trainer says once at start where that differs from TRL.
+    rate, its batch); the trainer prints at start a table of every setting that differs from
+    what was passed or from TRL's default. TRL's step counts (max_steps, save_steps,
+    eval_steps) are optimizer updates: they become the steps of the resolved run that take
+    them, and max_steps is refused where steps take different numbers (ReMix).
 
     The papers' knobs (set as section__key, or in `overrides`):
 
@@ -157,8 +212,9 @@ class ReplayConfig:
     `replayrl config show --doc` prints every key with its description.
 
     Validation happens when the config is resolved (`to_config()`, or when a `ReplayTrainer`
-    is built), with errors naming the key. After training, `trainer.args.<TRL name>` reads
-    the resolved values (`trainer.args.learning_rate`, `.per_device_train_batch_size`, ...).
+    is built), with errors naming the key. `args.<TRL name>` reads the values the run uses
+    (`args.learning_rate`, `.per_device_train_batch_size`, ...): before a trainer is built,
+    a method preset as it runs with your own model; once built, the trainer's resolution.
 
     Example: `ReplayConfig("remix-grpo", output_dir="runs/mine", max_steps=200,
     learning_rate=1e-6, overrides=["method.remix.off_policy_fraction=0.5"])`.
@@ -202,7 +258,7 @@ class ReplayConfig:
         self.resolved: Config | None = None  # set by ReplayTrainer: what the run uses
         self._view: tuple[Config | None, dict[str, Any]] = (None, {})
 
-    def _translate(self) -> Translation:
+    def _translate(self, updates: Updates | None = None) -> Translation:
         values = self.trl_values
         base = self._base()
         if self.trl_mode:
@@ -222,6 +278,7 @@ class ReplayConfig:
             values,
             {"num_generations": group, "batch_of": self._replay_batch(base) if replay else None},
             spec.passes_key if spec is not None else "train.epochs",
+            updates,
         )
 
     def _replay_batch(self, base: dict[str, Any]) -> Callable[[int], int] | None:
@@ -291,7 +348,41 @@ class ReplayConfig:
         return data
 
     def to_config(self, extra: Mapping[str, Any] | None = None) -> Config:
-        """The validated `Config` (ConfigError naming the key and value when invalid)."""
+        """The validated `Config` (ConfigError naming the key and value when invalid). TRL's
+        step counts (max_steps, save_steps, eval_steps) are optimizer updates: they are
+        divided by the updates a step of the resolved run takes (the preset's batch,
+        mini-batch and passes included), and max_steps is refused where steps differ."""
+        cfg = self._build(extra)
+        updates, why = updates_per_step(cfg)
+        counted = self._step_counts()
+        if updates is None:
+            if "max_steps" in counted:
+                raise ConfigError(
+                    f"max_steps={counted['max_steps']} counts optimizer updates in TRL, and "
+                    f"here steps take different numbers of them ({why}): give the number of "
+                    "steps (each generates once, then trains) as train__steps=N instead"
+                )
+            return cfg
+        if not counted or updates == self.translation.counts:
+            return cfg
+        self.translation = self._translate(updates)
+        self.reward_weights = self.translation.reward_weights
+        return self._build(extra)
+
+    def _step_counts(self) -> dict[str, Any]:
+        """TRL's step counts given with another value than TRL's default (a GRPOConfig
+        object carries them all)."""
+        values = self.trl_values
+        out = {
+            k: values[k]
+            for k in ("max_steps", "save_steps", "eval_steps")
+            if values.get(k) is not None and values[k] != trl_args.TRL_DEFAULTS.get(k)
+        }
+        if isinstance(out.get("max_steps"), int) and out["max_steps"] < 0:
+            del out["max_steps"]  # -1: num_train_epochs over the data
+        return out
+
+    def _build(self, extra: Mapping[str, Any] | None = None) -> Config:
         data = self.data(extra)
         cfg = build_config(data)
         if not self.paper_terms:
@@ -324,8 +415,19 @@ class ReplayConfig:
         return Path(cfg.logging.run_dir) / cfg.logging.name
 
     def trl_args(self) -> dict[str, Any]:
-        """The resolved configuration under TRL's argument names (`trainer.args.<name>`)."""
-        cfg = self.resolved if self.resolved is not None else self.to_config()
+        """The resolved configuration under TRL's argument names (`trainer.args.<name>`).
+
+        Before a trainer has resolved it, a method preset without a `model.path` is read as
+        it runs with a model of your own (TRL's defaults for what the preset leaves open:
+        learning rate 1e-6, 512 tokens, 8 completions per update); `ReplayTrainer(model=None)`
+        (the built-in tiny model) then takes the demo's values, which `trainer.args` reads."""
+        cfg = self.resolved
+        if cfg is None:
+            assumed, self.real_model = self.real_model, True
+            try:
+                cfg = self.to_config()
+            finally:
+                self.real_model = assumed
         if self._view[0] is not cfg:  # callbacks read args often: once per resolved config
             self._view = (cfg, trl_view(cfg, self.translation))
         return self._view[1]

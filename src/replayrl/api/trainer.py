@@ -86,8 +86,9 @@ class ReplayTrainer:
         reward_funcs: one or a list of reward functions with TRL's signature
             `f(prompts, completions, **columns) -> list[float | None]` (every dataset column
             arrives as a keyword list, e.g. `answer`; None = not applicable; lambdas work),
-            built-in names ("correctness", "math", "boxed_format", ...) or
-            "path/to/file.py:function" strings. None: the config's `rewards`.
+            built-in names ("correctness", "math", "boxed_format", ...),
+            "path/to/file.py:function" strings, or reward models (a local folder or a model
+            with a sequence-classification head, as in TRL). None: the config's `rewards`.
             Weights: `ReplayConfig(reward_weights=[...])`, else 1.0 each. A function that
             raises or returns a non-finite value drops only the rollouts concerned (counted in
             `rollouts/dropped_reward_error`).
@@ -109,6 +110,10 @@ class ReplayTrainer:
             on_evaluate, on_save, on_train_end; `control.should_training_stop` stops).
         log: where progress messages go (default: print).
         peft_config: a peft `LoraConfig` (TRL's argument): trains LoRA adapters.
+        reward_processing_classes: the tokenizers of reward models in `reward_funcs` (TRL's
+            argument: one, or one per reward function, None for functions). A reward model
+            is a local model folder or a loaded model with a sequence-classification head;
+            its first logit on prompt + completion is the reward (api/reward_model.py).
 
     Methods: `train()`, `evaluate()`, `save_model()`, `metrics()`, `add_callback()`;
     attributes `config` (the resolved `Config`), `args` (`args.learning_rate`, ...: the
@@ -158,6 +163,7 @@ class ReplayTrainer:
         callbacks: Sequence[Any] | None = None,
         log: Log = print,
         peft_config: Any = None,
+        reward_processing_classes: Any = None,
     ) -> None:
         self.args = args if isinstance(args, ReplayConfig) else ReplayConfig(args)
         self.log = log
@@ -173,13 +179,18 @@ class ReplayTrainer:
         self._trained = False
         self._eval_dataset = eval_dataset
         self._run_files: dict[str, str] = {}  # written into the run folder when it starts
-        self.notes = self.args.notes  # differences from TRL's behaviour, said once at start
         extra: dict[str, Any] = trl_compat.lora_overrides(peft_config)
         self._take_model(model, processing_class, extra)
-        self._rewards = self._take_rewards(reward_funcs, extra)
+        self._rewards = self._take_rewards(reward_funcs, extra, reward_processing_classes)
         if train_dataset is not None:  # a dataset task: its columns are read (task.dataset.*)
             extra |= {"task.name": "dataset", "task.dataset.path": _in_memory("train_dataset")}
         self.config = self.args.to_config(extra)  # validate the model and rewards part early
+        # differences from TRL's behaviour, said once at start (TRL's step counts are
+        # recounted by to_config for the resolved run: its notes are the ones that hold)
+        self.notes = self.args.notes
+        if BACKENDS.get(self.config.rollout.backend).own_logprobs:
+            # TRL's correction of an engine's own log-probs (vLLM's) applies only with one
+            self.notes += self.args.translation.vllm_notes
         self._task = self._take_datasets(train_dataset, eval_dataset)
         self._steps_from_epochs()
         self._trl_notes()
@@ -258,17 +269,24 @@ class ReplayTrainer:
         self._model_path = source if local else IN_MEMORY_MODEL
         self.args.real_model = True  # a method preset gets TRL's defaults, not the demo's
 
-    def _take_rewards(self, funcs: Any, extra: dict[str, Any]) -> list[Any] | None:
-        """Reward callables -> WeightedReward objects (injected); names -> config only."""
+    def _take_rewards(
+        self, funcs: Any, extra: dict[str, Any], processing_classes: Any = None
+    ) -> list[Any] | None:
+        """Reward callables and reward models -> WeightedReward objects (injected); names ->
+        config only."""
         from replayrl.api.replayable import metric_name, reward_record
+        from replayrl.api.reward_model import RewardModel, as_reward_models
         from replayrl.rollout.rewards import REWARDS, WeightedReward, resolve_rewards
 
         self._named_rewards: list[str] = []
         if funcs is None:
             if self.args.reward_weights is not None:
                 raise ValueError("reward_weights given without reward_funcs")
+            if processing_classes is not None:
+                raise ValueError("reward_processing_classes given without reward_funcs")
             return None
         items = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs)
+        items = as_reward_models(items, processing_classes)  # model folders and objects
         self._named_rewards = [fn for fn in items if isinstance(fn, str)]
         if not items:
             raise ValueError("reward_funcs: at least one reward function is needed")
@@ -283,6 +301,11 @@ class ReplayTrainer:
                 rewards.append(resolve_rewards([(fn, w)])[0])  # errors now, not mid-run
                 names.append(fn)
                 records.append(fn)
+            elif isinstance(fn, RewardModel):  # in this process: a model is no code to isolate
+                name = fn.name if fn.name not in names else f"{fn.name}_{i}"
+                rewards.append(WeightedReward(name=name, fn=fn, weight=w, builtin=True))
+                names.append(name)
+                records.append(fn.record())
             elif callable(fn):
                 # never a built-in reward's name: the metrics would pass it off as the built-in
                 name = metric_name(fn, i, frozenset(REWARDS))
@@ -298,12 +321,18 @@ class ReplayTrainer:
         has_callable = any(callable(f) and not isinstance(f, str) for f in items)
         return rewards if has_callable else None
 
-    def _wants_eval(self) -> bool:
-        """TRL evaluates only with eval_strategy='steps'; a preset evaluates (eval.every)."""
-        if not self.args.trl_mode:
-            return True
-        every = self.config.eval.every if self.args.sets("eval.every") else 0
-        return self.args.translation.view.get("eval_strategy") == "steps" or every > 0
+    def _wants_eval(self, eval_dataset: Any = None) -> bool:
+        """As TRL, rows are held out and evaluated only when asked: eval_strategy='steps' (or
+        eval_steps), eval__every or task__eval_size set, or (with a preset) an eval_dataset."""
+        args = self.args
+        every = self.config.eval.every if args.sets("eval.every") else 0
+        asked = (
+            args.translation.view.get("eval_strategy") == "steps"
+            or every > 0
+            or bool(args.trl_values.get("eval_steps"))
+            or args.sets("task.eval_size")
+        )
+        return asked or (eval_dataset is not None and not args.trl_mode)
 
     def _take_datasets(self, train: Any, eval_: Any) -> Any:
         """A DatasetTask over the given rows (or files); the config records where they came
@@ -321,7 +350,7 @@ class ReplayTrainer:
         d = t.settings  # task.dataset: the columns and answer format
         explicit = self.args.sets("task.eval_size")
         loop_eval, eval_size = eval_, (t.eval_size if explicit else None)
-        if not self._wants_eval():  # as TRL: no evaluation, nothing held out of training
+        if not self._wants_eval(eval_):  # as TRL: no evaluation, nothing held out of training
             loop_eval, eval_size = None, 0
         # reward callables may need no answer (format or judge rewards): prompt-only rows
         prompt_only = self._rewards is not None and not self._named_rewards
@@ -566,6 +595,9 @@ class ReplayTrainer:
         from replayrl.launch import entry as run
 
         hooks = self._hooks()
+        table = self.settings_table()
+        if table:  # what the run uses where it is not what was passed or TRL's default
+            self.log(table)
         for note in self.notes:  # once, before anything runs
             self.log(f"note (differs from TRL): {note}")
         self._hf = None
@@ -595,6 +627,31 @@ class ReplayTrainer:
             self._hf[0].log_history = history
         hooks.train_end(summary)
         return summary
+
+    def save_state(self) -> Path:
+        """transformers' `Trainer.save_state()`, which TRL scripts call after training:
+        `<run_dir>/trainer_state.json` (transformers' TrainerState: `global_step` and
+        `max_steps` in replayrl's steps, `log_history` with TRL's key names). The checkpoints'
+        own state is `checkpoints/step_N/state.json`."""
+        from transformers import TrainerState as HFState
+
+        state = HFState(
+            global_step=self.state.global_step,
+            max_steps=self.config.train.steps,
+            log_history=self.state.log_history,
+        )
+        path = self.run_dir / "trainer_state.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state.save_to_json(str(path))
+        return path
+
+    def settings_table(self) -> str:
+        """Every setting, under TRL's argument names, whose value in this run differs from
+        what was passed or (not passed) from TRL's default, with who set it: printed once
+        when training starts ('' when nothing differs)."""
+        from replayrl.api.settings import settings_table
+
+        return settings_table(self.args, self.config)
 
     def _resume_folder(self, where: bool | str | PathLike[str]) -> Path:
         """The run folder to resume: this trainer's (True), a run folder, or a checkpoint
@@ -649,7 +706,7 @@ class ReplayTrainer:
         from replayrl.rollout.prompts import PromptRenderer
         from replayrl.rollout.tasks import DatasetTask, task_from_config
 
-        cfg, model, tok = self.config, self.model, self.tokenizer
+        cfg = self.config
         t = cfg.task
         if eval_dataset is not None:
             task = DatasetTask.to_score(eval_dataset, t)
@@ -657,6 +714,13 @@ class ReplayTrainer:
         else:
             task = self._task if self._task is not None else task_from_config(t)
             rows = held_out_rows(cfg, task)
+            if not rows:
+                raise ValueError(
+                    "evaluate(): this run holds no rows out (none are unless evaluation is "
+                    "asked for: eval_strategy='steps', eval__every or task__eval_size): pass "
+                    "eval_dataset"
+                )
+        model, tok = self.model, self.tokenizer  # (loaded once the rows are known)
         gen = HFGenerator(
             unwrap_model(model),
             tok,

@@ -43,10 +43,14 @@ DIRECT: dict[str, str] = {
     "max_completion_length": "rollout.max_new_tokens",
     "temperature": "rollout.temperature",
     "top_p": "rollout.top_p",
+    "top_k": "rollout.top_k",
+    "min_p": "rollout.min_p",  # (TRL's None: off, the default here too)
+    "repetition_penalty": "rollout.repetition_penalty",
     "beta": "kl.beta",
     "epsilon": "algorithm.epsilon",
     "epsilon_high": "algorithm.epsilon_high",
     "entropy_coef": "algorithm.entropy_coef",
+    "importance_sampling_level": "algorithm.importance_sampling_level",  # sequence: GSPO
     "save_total_limit": "checkpoint.keep_last",
     "activation_checkpointing": "model.gradient_checkpointing",  # transformers 5's new name
     "gradient_checkpointing": "model.gradient_checkpointing",  # (wins when both are given)
@@ -80,7 +84,6 @@ SPECIAL = (
     "disable_tqdm",
     "reward_weights",
     "use_vllm",
-    "top_k",
     "use_cpu",
     "vllm_importance_sampling_correction",
     "vllm_importance_sampling_mode",
@@ -148,18 +151,18 @@ _NO_SERVER = (
 )
 REFUSED: dict[str, tuple[Any, str]] = {
     "delta": (None, "not supported: two-sided clipping is not implemented (algorithm__epsilon)"),
-    "importance_sampling_level": (
-        "token",
-        "not supported: sequence-level ratios (GSPO) are not implemented; ratios are per token",
-    ),
     "mask_truncated_completions": (
         False,
-        "not supported: truncated completions are trained on like the others",
+        "not supported: truncated completions are trained on like the others (their share is "
+        "logged as truncated_frac, TRL's completions/clipped_ratio); raise "
+        "max_completion_length, or give a reward that penalises them",
     ),
     "top_entropy_quantile": (1.0, "not supported: every token is trained on"),
-    "repetition_penalty": (1.0, "not supported: sampling uses temperature and top_p only"),
-    "min_p": (None, "not supported: sampling uses temperature and top_p only"),
-    "generation_kwargs": (None, "not supported: use temperature, top_p, max_completion_length"),
+    "generation_kwargs": (
+        None,
+        "not supported: use temperature, top_p, top_k, min_p, repetition_penalty, "
+        "max_completion_length",
+    ),
     "chat_template_kwargs": (None, "use task__system_prompt / task__chat_template instead"),
     "cache_implementation": (None, "not supported: the generator manages its own KV cache"),
     "fp16": (False, "use bf16=True instead: fp16 learning needs a gradient scaler"),
@@ -219,8 +222,8 @@ REFUSED: dict[str, tuple[Any, str]] = {
     ),
     "max_prompt_length": (
         None,
-        "not supported: prompts too long for the model are skipped and counted "
-        "(prompts_skipped_too_long), never truncated",
+        "not supported (nor in TRL 1.16's GRPOConfig): prompts too long for the model are "
+        "skipped and counted (prompts_skipped_too_long), never truncated",
     ),
     "push_to_hub": (False, "not supported: save_model() then upload with huggingface_hub"),
     "resume_from_checkpoint": (None, "pass it to train(resume_from_checkpoint=...) instead"),
@@ -339,6 +342,29 @@ def check_names(names: Iterable[str], replayrl_keys: Iterable[str]) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Updates:
+    """Optimizer updates per step of a resolved run, as TRL counts its steps: `first` for the
+    first steps (a replay buffer still filling holds fewer than B rollouts), then `steady`."""
+
+    steady: int
+    first: tuple[int, ...] = ()
+
+    def total(self, steps: int) -> int:
+        """Updates taken by the end of step `steps`."""
+        head = self.first[:steps]
+        return sum(head) + max(0, steps - len(head)) * self.steady
+
+    def steps_for(self, updates: int) -> int:
+        """The fewest steps that take at least `updates` updates."""
+        done = 0
+        for i, k in enumerate(self.first, 1):
+            done += k
+            if done >= updates:
+                return i
+        return len(self.first) + max(0, math.ceil((updates - done) / self.steady))
+
+
 @dataclass
 class Translation:
     """What TRL arguments become: dotted overrides, the notes to print once at start, and the
@@ -351,6 +377,8 @@ class Translation:
     updates_per_step: int = 1  # TRL optimizer steps per replayrl step
     completions_per_update: int = 0  # per_device_train_batch_size * gradient_accumulation
     view: dict[str, Any] = field(default_factory=dict)  # TRL names, resolved
+    vllm_notes: list[str] = field(default_factory=list)  # said only when vLLM generates
+    counts: Updates | None = None  # the resolved run's updates per step (ReplayConfig sets it)
 
 
 def _refuse(values: Mapping[str, Any]) -> None:
@@ -359,8 +387,6 @@ def _refuse(values: Mapping[str, Any]) -> None:
         for n, v in values.items()
         if n in REFUSED and plain(v) != REFUSED[n][0]
     ]
-    if values.get("top_k") not in (None, 0):
-        bad.append(f"top_k={values['top_k']!r}: not supported: sampling uses temperature, top_p")
     if values.get("use_vllm"):
         bad.append("use_vllm=True: use rollout__backend='vllm' instead")
     if bad:
@@ -468,12 +494,15 @@ def _steps(v: Mapping[str, Any], t: Translation) -> None:
     if steps < 0:
         t.epochs_to_steps = float(v.get("num_train_epochs", TRL_DEFAULTS["num_train_epochs"]))
         return
-    t.dotted["train.steps"] = math.ceil(steps / t.updates_per_step)
-    if t.updates_per_step > 1:
+    counts = t.counts or Updates(t.updates_per_step)
+    t.dotted["train.steps"] = counts.steps_for(steps)
+    if counts.steady > 1 or counts.first:
+        filling = " (fewer while the replay buffer fills)" if counts.first else ""
         t.notes.append(
             f"max_steps={steps} counts optimizer updates in TRL; here a step generates once and "
-            f"takes {t.updates_per_step} updates, so {t.dotted['train.steps']} steps (the "
-            "learning rate changes per step)"
+            f"takes {counts.steady} updates{filling}, so {t.dotted['train.steps']} steps "
+            f"({counts.total(t.dotted['train.steps'])} updates; the learning rate changes per "
+            "step)"
         )
 
 
@@ -542,7 +571,7 @@ def _vllm_correction(values: Mapping[str, Any], t: Translation) -> None:
     if values.get("vllm_importance_sampling_correction") is False:
         t.dotted["vllm.truncated_is_cap"] = None
     elif mode is not None and (mode, float(cap)) != ("token_truncate", 2.0):
-        t.notes.append(
+        t.vllm_notes.append(
             f"vllm_importance_sampling_mode={mode!r}, cap {float(cap):g}: TRL's correction of "
             "the vLLM/trainer mismatch applies with rollout__backend='vllm' (replayrl's own "
             "default: token_truncate at 2.0)"
@@ -550,11 +579,16 @@ def _vllm_correction(values: Mapping[str, Any], t: Translation) -> None:
 
 
 def translate(
-    values: Mapping[str, Any], base: Mapping[str, Any], passes_key: str = "train.epochs"
+    values: Mapping[str, Any],
+    base: Mapping[str, Any],
+    passes_key: str = "train.epochs",
+    updates: Updates | None = None,
 ) -> Translation:
     """TRL-named `values` -> replayrl overrides. `base`: the config data they apply to (for
     num_generations when not given); `passes_key`: the method's key of passes per batch
-    (num_iterations sets it: `method.remix.utd` for ReMix)."""
+    (num_iterations sets it: `method.remix.utd` for ReMix); `updates`: optimizer updates per
+    step as the resolved config takes them (the preset's batch, mini-batch and passes
+    included), which TRL's step counts are divided by."""
     _refuse(values)
     t = Translation()
     group = int(values.get("num_generations") or base.get("num_generations") or 8)
@@ -569,6 +603,8 @@ def translate(
         t.dotted[passes_key] = n
         t.updates_per_step *= 1 if own else n
         t.view["num_iterations"] = n
+    if updates is not None:
+        t.updates_per_step, t.counts = updates.steady, updates
     for name in ("output_dir", "scale_rewards", "report_to", "disable_tqdm", "reward_weights"):
         if name in values:
             _simple(name, values[name], t)

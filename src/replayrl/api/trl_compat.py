@@ -17,22 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from replayrl.config.schema import ConfigError
+from replayrl.run import metric_keys
 from replayrl.run.callbacks import ReplayCallback
 
-# replayrl metric -> TRL's log key (GRPOTrainer's names)
-TRL_LOG_KEYS = {
-    "train/loss": "loss",
-    "reward/mean": "reward",
-    "reward/std": "reward_std",
-    "train/lr": "learning_rate",
-    "train/grad_norm": "grad_norm",
-    "train/entropy": "entropy",
-    "completion_length": "completions/mean_length",
-    "train/kl_to_base": "kl",
-    "train/clip_frac": "clip_ratio/region_mean",
-    "eval/accuracy": "eval_accuracy",
-    "eval/completion_length": "eval_completions/mean_length",
-}
+# replayrl metric -> TRL's log key (GRPOTrainer's names): the metric catalogue's, which
+# tests/test_metrics_doc.py checks against the keys TRL's source logs
+TRL_LOG_KEYS = {m.key: m.trl for m in metric_keys.CATALOGUE if m.trl and "<" not in m.key}
+# per reward function: reward/<f> -> rewards/<f>/mean, reward_std/<f> -> rewards/<f>/std
 NOT_REWARDS = ("reward/mean", "reward/std")
 
 
@@ -43,8 +34,13 @@ def trl_log(record: dict[str, Any]) -> dict[str, Any]:
         if ours in record:
             out[theirs] = record[ours]
     for key, value in record.items():
-        if key.startswith("reward/") and key not in NOT_REWARDS and key.count("/") == 1:
-            out[f"rewards/{key.split('/', 1)[1]}/mean"] = value
+        if key.count("/") != 1 or key in NOT_REWARDS:
+            continue
+        kind, name = key.split("/", 1)
+        if kind == "reward":
+            out[f"rewards/{name}/mean"] = value
+        elif kind == "reward_std":
+            out[f"rewards/{name}/std"] = value
     return out
 
 

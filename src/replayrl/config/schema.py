@@ -274,6 +274,13 @@ class RolloutConfig(_Section):
     num_generations: int = Field(8, ge=1)  # group size G
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: all)")
+    min_p: float = Field(
+        0.0, ge=0, le=1, description="drop tokens below min_p x the top token's probability"
+    )
+    repetition_penalty: float = Field(
+        1.0, gt=0, description="logits of tokens already in prompt or completion: / (or x) this"
+    )
     max_new_tokens: int = Field(
         8, ge=1, description="completion length cap (TRL: max_completion_length)"
     )
@@ -302,6 +309,27 @@ class RolloutConfig(_Section):
     @classmethod
     def _registered_backend(cls, v: str) -> str:
         return BACKENDS.check(v)
+
+    @model_validator(mode="after")
+    def _filters_on_own_engines(self) -> RolloutConfig:
+        # an engine with its own sampler (vLLM) returns the log-probs of the filtered
+        # distribution, not the tempered policy's that the learner recomputes (as top_p < 1)
+        used = [
+            f"{k}={v}"
+            for k, v, off in (
+                ("top_k", self.top_k, 0),
+                ("min_p", self.min_p, 0.0),
+                ("repetition_penalty", self.repetition_penalty, 1.0),
+            )
+            if v != off
+        ]
+        if used and BACKENDS.get(self.backend).own_logprobs:
+            raise ValueError(
+                f"rollout.backend={self.backend} with {', '.join(used)}: its engine's "
+                "log-probs are then those of the filtered distribution, not the policy's the "
+                "learner assumes; use rollout.backend=hf"
+            )
+        return self
 
 
 class VLLMConfig(_Section):
@@ -478,6 +506,20 @@ class AlgorithmConfig(_Section):
     # gae: PPO with a critic (`critic`), per step; replayrl.algorithms.advantages.ADVANTAGES
     advantage: str = "grpo"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus c (ReMix: 0.001)
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="token: a ratio per token; sequence: GSPO's ratio exp(mean of a "
+        "completion's token log-ratios) for all its tokens (arXiv 2507.18071; loss grpo_clip)",
+    )
+
+    @model_validator(mode="after")
+    def _sequence_level_loss(self) -> AlgorithmConfig:
+        if self.importance_sampling_level == "sequence" and self.loss_type != "grpo_clip":
+            raise ValueError(
+                "algorithm.importance_sampling_level=sequence (GSPO) is implemented for "
+                f"loss_type=grpo_clip only (got {self.loss_type})"
+            )
+        return self
 
     @field_validator("loss_type")
     @classmethod

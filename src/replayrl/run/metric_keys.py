@@ -43,12 +43,27 @@ _ROLLOUT = [
         "reward/mean", "mean combined (weighted) reward of this step's fresh rollouts", "reward"
     ),
     MetricKey(
+        "reward/std",
+        "standard deviation of the combined reward over this step's fresh rollouts",
+        "reward_std",
+    ),
+    MetricKey(
         "reward/<name>",
         "mean reward of one reward function (its config name) over fresh rollouts",
         "rewards/<name>/mean",
     ),
+    MetricKey(
+        "reward_std/<name>",
+        "standard deviation of one reward function's values over fresh rollouts",
+        "rewards/<name>/std",
+    ),
     MetricKey("train/accuracy", "share of fresh rollouts the task's verifier marks correct"),
     MetricKey("completion_length", "mean completion length in tokens", "completions/mean_length"),
+    MetricKey(
+        "completion_length_terminated",
+        "mean length of the completions that ended (end of sequence) in tokens; 0: none did",
+        "completions/mean_terminated_length",
+    ),
     MetricKey(
         "truncated_frac",
         "share of completions cut at the length limit (no end of sequence)",
@@ -86,6 +101,16 @@ _TRAIN = [
         "train/clip_frac",
         "share of tokens whose ratio is outside the clip range",
         "clip_ratio/region_mean",
+    ),
+    MetricKey(
+        "train/clip_low_frac",
+        "share of tokens clipped below (ratio < 1 - epsilon, negative advantage; grpo_clip)",
+        "clip_ratio/low_mean",
+    ),
+    MetricKey(
+        "train/clip_high_frac",
+        "share of tokens clipped above (ratio > 1 + epsilon_high, positive advantage; grpo_clip)",
+        "clip_ratio/high_mean",
     ),
     MetricKey("train/approx_kl", "k3 estimate of KL(behaviour || current) on the batch"),
     MetricKey("train/ratio_mean", "mean importance ratio pi_theta / pi_old"),

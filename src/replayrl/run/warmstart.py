@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -36,6 +37,27 @@ from replayrl.rollout.tasks.base import Row
 from replayrl.storage.io import atomic_write_json
 
 _CPU = torch.device("cpu")
+# progress lines per warm-up phase: a first run spends minutes here, so it says how far it is
+# and how long is left (plain lines: they read the same in a terminal, a log file or CI)
+PROGRESS_LINES = 20
+
+
+def _clock(seconds: float) -> str:
+    """m:ss (or h:mm:ss) for a progress line."""
+    m, s = divmod(int(seconds + 0.5), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _progress_line(label: str, done: int, total: int, loss: float, started: float) -> str:
+    """'label: step 30/600 (5%), loss 1.234, 0:40 elapsed, ~12:40 left'."""
+    elapsed = time.monotonic() - started
+    left = elapsed / done * (total - done)
+    return (
+        f"  {label}: step {done}/{total} ({100 * done // total}%), loss {loss:.3f}, "
+        f"{_clock(elapsed)} elapsed, ~{_clock(left)} left"
+    )
+
 
 try:
     import fcntl
@@ -84,11 +106,13 @@ def _sft_phase(
     autocast: torch.dtype | None = None,
     log: Callable[[str], object] | None = None,
     device: torch.device = _CPU,
+    label: str = "warm-up",
 ) -> float:
     """Teacher-forced SFT on (prompt, completion+EOS) pairs; loss on completion tokens only.
     The learning rate warms up linearly over `warmup_steps`, then decays linearly to 0;
     `autocast` runs forward and backward in that dtype (fp32 master weights), on `device`
-    (the run's train.device: a warm-up on the CPU of a GPU machine is many times slower)."""
+    (the run's train.device: a warm-up on the CPU of a GPU machine is many times slower).
+    `log` gets a progress line (`label`, step, loss, time left) PROGRESS_LINES times."""
     model.to(device)  # type: ignore[arg-type]  # transformers types its `to` for dtypes only
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -96,6 +120,7 @@ def _sft_phase(
     )
     model.train()
     loss_val = float("nan")
+    started, every = time.monotonic(), max(1, steps // PROGRESS_LINES)
     for step in range(steps):
         pairs = task.sft_pairs(batch_size, rng, carry_error)
         seqs, masks = [], []
@@ -128,8 +153,8 @@ def _sft_phase(
         opt.step()
         sched.step()
         loss_val = loss.item()
-        if log is not None and (step + 1) % 10 == 0:
-            log(f"  warm-up step {step + 1}/{steps}: loss {loss_val:.3f}")
+        if log is not None and ((step + 1) % every == 0 or step + 1 == steps):
+            log(_progress_line(label, step + 1, steps, loss_val, started))
     model.eval()
     return loss_val
 
@@ -140,14 +165,27 @@ def sft_warmstart(
     task: SFTTeacher,
     ws: WarmStartConfig,
     device: torch.device = _CPU,
+    log: Callable[[str], object] | None = None,
 ) -> dict[str, float]:
     """Phase 1 on correct answers, then phase 2 on the task's mistaken teacher
-    (`task.sft_pairs(n, rng, error_rate)` at `teacher_carry_error`); the final losses."""
+    (`task.sft_pairs(n, rng, error_rate)` at `teacher_carry_error`); the final losses.
+    `log` gets each phase's progress lines."""
     rng = np.random.default_rng(ws.seed)
     torch.manual_seed(ws.seed)
+    phases = 2 if ws.mistake_steps else 1
     out = {
         "sft_loss": _sft_phase(
-            model, tok, task, rng, ws.steps, ws.batch_size, ws.lr, 0.0, device=device
+            model,
+            tok,
+            task,
+            rng,
+            ws.steps,
+            ws.batch_size,
+            ws.lr,
+            0.0,
+            log=log,
+            device=device,
+            label=f"warm start phase 1/{phases} (correct answers)",
         )
     }
     if ws.mistake_steps:
@@ -160,7 +198,9 @@ def sft_warmstart(
             ws.batch_size,
             ws.mistake_lr,
             ws.teacher_carry_error,
+            log=log,
             device=device,
+            label="warm start phase 2/2 (mistaken teacher)",
         )
     return out
 
@@ -232,8 +272,11 @@ def _build_tiny_warmstart(
     model = build_tiny_model(cfg, vocab_size=len(tok), seed=cfg.warmstart.seed)
     if cfg.warmstart.enabled and cfg.warmstart.steps:
         ws = cfg.warmstart
-        log(f"building the tiny model's SFT warm start ({ws.steps}+{ws.mistake_steps} steps)")
-        stats = sft_warmstart(model, tok, teacher, ws, device)
+        log(
+            f"building the tiny model's SFT warm start ({ws.steps}+{ws.mistake_steps} steps; "
+            f"once, then cached in {dest.parent})"
+        )
+        stats = sft_warmstart(model, tok, teacher, ws, device, log=log)
         log(f"warm start done ({', '.join(f'{k} {v:.3f}' for k, v in stats.items())}) -> {dest}")
     atomic_save_pretrained(model, tok, dest)
 
@@ -361,6 +404,7 @@ def _build_sft_warmup(
         autocast=torch.bfloat16 if sft.autocast == "bfloat16" else None,
         log=log,
         device=device,
+        label="supervised warm-up",
     )
     if sft.lora_r:
         model = cast(Any, trained).merge_and_unload()  # a plain model folder again

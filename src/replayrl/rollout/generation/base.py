@@ -14,6 +14,9 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 8
     greedy: bool = False
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off; over the prompt's and completion's tokens
 
 
 @dataclass

@@ -176,8 +176,25 @@ class HFGenerator:
         done = torch.zeros(n_rows, dtype=torch.bool, device=device)  # per batch row
         temperature = 1.0 if params.greedy else params.temperature
         check_every = host_check_every(device)
+        seen = None  # the repetition penalty's tokens per row: the prompt's, then each sampled
+        if params.repetition_penalty != 1.0 and not params.greedy:
+            seen = torch.zeros(n_rows, logits.shape[1], dtype=torch.bool)
+            for row, ids in enumerate(ids for _, ids, n in groups for _ in range(n)):
+                seen[row, ids] = True
+            seen = seen.to(device)
         for step in range(steps):
-            nxt, lp = sample_next(logits, temperature, params.top_p, params.greedy)
+            nxt, lp = sample_next(
+                logits,
+                temperature,
+                params.top_p,
+                params.greedy,
+                top_k=params.top_k,
+                min_p=params.min_p,
+                repetition_penalty=params.repetition_penalty,
+                seen=seen,
+            )
+            if seen is not None:
+                seen[torch.arange(nxt.numel(), device=device), nxt] = True
             # rows already finished keep running until compaction: their tokens are dropped
             # (where, not a boolean-mask index: that would sync with the host to size it)
             tokens[live, step] = torch.where(done, tokens[live, step], nxt)
@@ -196,6 +213,7 @@ class HFGenerator:
                 keep = (~done).nonzero().squeeze(1)
                 decoder.select(keep)
                 live, nxt, next_pos, done = live[keep], nxt[keep], next_pos[keep], done[keep]
+                seen = seen[keep] if seen is not None else None
             logits = decoder.step(nxt, next_pos)
             next_pos = next_pos + 1
         prompts = [(i, ids) for i, ids, n in groups for _ in range(n)]
@@ -246,10 +264,10 @@ class HFGenerator:
             do_sample=not params.greedy,
             temperature=params.temperature if not params.greedy else 1.0,
             top_p=params.top_p if not params.greedy else 1.0,
-            top_k=0 if not params.greedy else None,
-            min_p=None,
+            top_k=params.top_k if not params.greedy else None,
+            min_p=(params.min_p or None) if not params.greedy else None,
             typical_p=1.0,
-            repetition_penalty=1.0,
+            repetition_penalty=params.repetition_penalty if not params.greedy else 1.0,
             no_repeat_ngram_size=0,
             max_new_tokens=params.max_new_tokens,
             pad_token_id=pad,

@@ -99,6 +99,11 @@ def _has_bad_bytes(value: Any) -> bool:
     return False
 
 
+# columns a dataset often keeps its prompt / answer in, suggested when the configured one is absent
+PROMPT_GUESSES = ("question", "problem", "query", "instruction", "input", "text", "messages")
+ANSWER_GUESSES = ("solution", "final_answer", "target", "label", "output", "response")
+
+
 class SkipCounts(dict):
     """Skipped rows per reason, plus where the first one of each reason is (file:line)."""
 
@@ -462,8 +467,35 @@ class DatasetTask:
                 f"dataset {label}: no usable rows out of {total} "
                 f"(format={self.format!r}, prompt_column={self.prompt_column!r}, "
                 f"answer_column={self.answer_column!r}; skipped: {detail})"
+                + self._missing_columns(raw_rows)
             )
         return rows, label
+
+    def _missing_columns(self, raw_rows: list[Any]) -> str:
+        """'. It has no 'prompt' column (its columns: ...): set ...' when a configured column
+        is in no row: the usual first-run mistake, answered with the key that fixes it."""
+        present: dict[str, None] = {}  # insertion-ordered set: the columns as the data has them
+        for raw in raw_rows[:1000]:
+            if isinstance(raw, Mapping):
+                present.update(dict.fromkeys(str(k) for k in raw))
+        if not present:
+            return ""
+        wanted = [("prompt_column", self.prompt_column)]
+        if self.require_answer:
+            wanted.append(("answer_column", self.answer_column))
+        missing = [(key, col) for key, col in wanted if col not in present]
+        if not missing:
+            return ""
+        fixes = []
+        for key, col in missing:
+            guesses = PROMPT_GUESSES if key == "prompt_column" else ANSWER_GUESSES
+            guess = next((c for c in guesses if c in present), None)
+            example = guess or "<column>"
+            fixes.append(
+                f"no {col!r} column: set task.dataset.{key}={example} "
+                f"(Python: ReplayConfig(..., task__dataset__{key}={example!r}))"
+            )
+        return f". The rows have the columns {', '.join(present)}; " + "; ".join(fixes)
 
     def _row(self, raw: Any) -> Row:
         if not isinstance(raw, Mapping):
