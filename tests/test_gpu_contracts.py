@@ -217,8 +217,9 @@ def test_recording_run_engine_arguments(monkeypatch, tmp_path):
     assert kw["dtype"] == str(chosen or torch.float32).removeprefix("torch.")
     out = parts.producer.produce(0, step=0, group_base=0)
     assert out.rollouts
-    ((_, sp, gen_kwargs),) = llm.calls
-    assert sp.kwargs["stop_token_ids"] == stop_token_ids(parts.model, parts.tokenizer)
+    ((_, per_prompt, gen_kwargs),) = llm.calls
+    for sp in per_prompt:  # one SamplingParams per prompt (its own seed)
+        assert sp.kwargs["stop_token_ids"] == stop_token_ids(parts.model, parts.tokenizer)
     assert gen_kwargs == {"use_tqdm": False}
 
 

@@ -99,11 +99,8 @@ class LLM:
         self.calls: list[tuple[list[dict], Any, dict[str, Any]]] = []
         self.prefix_resets = 0
         self.model = FakeModel()
-        runner = SimpleNamespace(get_model=lambda: self.model)
-        executor = SimpleNamespace(
-            driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))
-        )
-        self.llm_engine = SimpleNamespace(model_executor=executor)
+        # an engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), as vLLM names it
+        self.llm_engine = SimpleNamespace(engine_core=InprocClient())
         # what vLLM's worker does at start (set_random_seed, and one thread without OMP)
         seed = kwargs.get("seed", 0)
         random.seed(seed)
@@ -115,9 +112,10 @@ class LLM:
     def generate(self, prompts: Any, sampling_params: Any = None, **kwargs: Any) -> list:
         _check_call("LLM.generate", kwargs, _params("LLM.generate"))
         self.calls.append((prompts, sampling_params, kwargs))
-        sp = sampling_params.kwargs
+        per_prompt = sampling_params if isinstance(sampling_params, list) else None
         out = []
         for i, p in enumerate(prompts):
+            sp = (per_prompt[i] if per_prompt else sampling_params).kwargs
             ids = p["prompt_token_ids"]
             comps = []
             for j in range(sp.get("n", 1)):
@@ -127,9 +125,19 @@ class LLM:
             out.append(RequestOutput(str(i), None, ids, None, comps, True))
         return out
 
+    def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list:
+        """The worker method the backend calls: `reload_weights` (consumes the iterator)."""
+        if method != "reload_weights":
+            raise AttributeError(f"the stand-in's workers have no method {method!r}")
+        return [self.model.load_weights(kwargs["weights_iterator"])]
+
     def reset_prefix_cache(self) -> bool:
         self.prefix_resets += 1
         return True
+
+
+class InprocClient:
+    """The class name vLLM gives an engine core that runs in the calling process."""
 
 
 def module() -> types.ModuleType:
