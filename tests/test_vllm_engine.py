@@ -18,12 +18,12 @@ import torch
 pytest.importorskip("vllm", reason="the real-engine tier needs vllm (make test-vllm)")
 
 from replayrl.config.schema import ModelConfig, VLLMConfig  # noqa: E402
-from replayrl.data.rollout import Rollout  # noqa: E402
 from replayrl.learner.batching import collate  # noqa: E402
 from replayrl.learner.logprobs import token_logprobs  # noqa: E402
 from replayrl.models.loading import build_tiny_model  # noqa: E402
 from replayrl.rollout.generation import Sample, SamplingParams  # noqa: E402
 from replayrl.rollout.generation.vllm import VLLMGenerator, write_weights_folder  # noqa: E402
+from tiny import as_rollouts  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -78,20 +78,7 @@ def perturbed(model: torch.nn.Module, scale: float = 0.3, seed: int = 1) -> torc
 
 def learner_logprobs(model: torch.nn.Module, samples: list[Sample]) -> list[torch.Tensor]:
     """The learner's fp32 log pi(token) of each sample's completion (temperature 1)."""
-    rollouts = [
-        Rollout(
-            prompt_ids=s.prompt_ids,
-            completion_ids=s.completion_ids,
-            behaviour_logprobs=s.logprobs,
-            reward=0.0,
-            advantage=0.0,
-            correct=False,
-            group_id=s.prompt_index,
-            policy_version=0,
-            step=0,
-        )
-        for s in samples
-    ]
+    rollouts = as_rollouts(samples, [0.0] * len(samples))
     batch = collate(rollouts, pad_id=0)
     with torch.no_grad():
         lp, _ = token_logprobs(model, batch, 1.0)
