@@ -1,9 +1,11 @@
-"""A recording stand-in for the `vllm` package, checked against vLLM 0.33.0's signatures.
+"""A recording stand-in for the `vllm` package, checked against vLLM's signatures.
 
-Every `LLM(...)`, `SamplingParams(...)` and `LLM.generate(...)` call is recorded and its
-arguments compared with tests/data/vllm_0.33.0_signatures.json (written from the real
-wheel's source by scripts/vllm_signatures.py): an argument vLLM 0.33 does not take fails the
-test where the call is made. Outputs carry only fields vLLM's output classes have.
+For what the CPU build of vLLM cannot run (CUDA devices, GPU memory shares, worker processes
+pinned to GPUs); the engine itself is tested for real by `make test-vllm`. Every `LLM(...)`,
+`SamplingParams(...)`, `LLM.generate(...)` and `LLM.collective_rpc(...)` call is recorded and
+its arguments compared with tests/data/vllm_signatures.json (written from the installed
+engine's source by scripts/vllm_signatures.py): an argument vLLM does not take fails the test
+where the call is made. Outputs carry only fields vLLM's output classes have.
 
 Engine start does what vLLM's worker does to the process it runs in: seeds Python's, numpy's
 and torch's global generators with the engine seed and sets torch's threads to 1.
@@ -24,14 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-SNAPSHOT_PATH = Path(__file__).resolve().parents[1] / "data" / "vllm_0.33.0_signatures.json"
+SNAPSHOT_PATH = Path(__file__).resolve().parents[1] / "data" / "vllm_signatures.json"
 SNAPSHOT: dict[str, Any] = json.loads(SNAPSHOT_PATH.read_text())
 
 
 def _check_call(what: str, kwargs: dict[str, Any], allowed: set[str]) -> None:
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
-        raise TypeError(f"vLLM 0.33.0 {what} has no argument(s) {unknown}")
+        raise TypeError(f"vLLM {SNAPSHOT['vllm_version']} {what} has no argument(s) {unknown}")
 
 
 def _params(key: str) -> set[str]:
@@ -129,6 +131,7 @@ class LLM:
         """The worker method the backend calls: `reload_weights` (consumes the iterator)."""
         if method != "reload_weights":
             raise AttributeError(f"the stand-in's workers have no method {method!r}")
+        _check_call("reload_weights", kwargs or {}, _params("GPUModelRunner.reload_weights"))
         return [self.model.load_weights(kwargs["weights_iterator"])]
 
     def reset_prefix_cache(self) -> bool:
