@@ -60,9 +60,11 @@ def tiny_llama(char_tokenizer, seed: int = 0, tied: bool = True) -> torch.nn.Mod
 
 
 def engine_for(model: torch.nn.Module, tokenizer, folder: Path, seed: int = 0) -> VLLMGenerator:
+    # a context longer than one KV block of the CPU build (128 tokens): prefix caching shows
+    model.config.max_position_embeddings = 256
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    cfg = VLLMConfig(enforce_eager=True, max_model_len=64)
+    cfg = VLLMConfig(enforce_eager=True, max_model_len=192)
     return VLLMGenerator(str(folder), tokenizer, cfg, dtype="float32", seed=seed)
 
 
@@ -147,6 +149,19 @@ def test_synced_weights_are_the_learners_with_a_tied_head(tied):
     assert max_gap(engine, stepped) < TOL
     engine.load_weights(model.named_parameters(), version=0)
     assert max_gap(engine, model) < TOL
+
+
+def test_a_sync_drops_keys_and_values_cached_with_the_old_weights(tied):
+    engine, model = tied
+    long = ["+".join(str(i) for i in range(50)) + "="]  # 140 tokens: a full block is cached
+    engine.generate(long, 1, SAMPLE)
+    stepped = perturbed(model, seed=6)
+    engine.load_weights(stepped.named_parameters(), version=8)
+    samples = engine.generate(long, 4, SAMPLE)
+    learner = learner_logprobs(stepped, samples)
+    gap = max((s.logprobs - lp).abs().max().item() for s, lp in zip(samples, learner, strict=True))
+    engine.load_weights(model.named_parameters(), version=0)
+    assert gap < TOL
 
 
 def test_lora_policy_syncs_merged_weights(tied, char_tokenizer):
