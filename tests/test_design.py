@@ -781,7 +781,7 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path, monk
 
 
 def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path):
-    # an engine with its own weights (vLLM: `load_weights`) gets every probe policy and then
+    # an engine with its own weights (vLLM: the session's `engine`) gets every probe policy and then
     # the restored one; an empty warm-up batch still advances the version (a staleness level);
     # the restored learner holds no gradients (None, as a fresh optimizer's zero_grad leaves)
     import time
@@ -801,7 +801,7 @@ def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path
         def load_weights(self, named_parameters, version):
             loads.append(([n for n, _ in named_parameters], version))
 
-    s.generator = Engine(s.generator)  # type: ignore[assignment]
+    s.generator = s.engine = Engine(s.generator)  # type: ignore[assignment]
     names = [n for n, _ in s.model.named_parameters()]
     probe = WarmupProbe(s)
     probe.seconds = 10.0

@@ -229,7 +229,7 @@ class AsyncSession(Session):
             shuffle_rng=self.parts.shuffle_rng,
             check_training=self.check_training,
             completions=self.completions,
-            generator=self.generator,
+            engine=self.engine,
         )
         self.learner_clock.rollouts += len(batch) * epochs
         self.learner_clock.tokens += sum(r.completion_ids.numel() for r in batch) * epochs

@@ -49,8 +49,7 @@ from replayrl.design.staleness import (
 )
 from replayrl.learner.grad_probe import sample_gradients
 from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
-from replayrl.models.loading import unwrap_model
-from replayrl.recipes.steps import produce_fresh
+from replayrl.recipes.steps import produce_fresh, push_engine_weights
 from replayrl.run.session import Session
 
 MEASURED = "measured"
@@ -184,9 +183,7 @@ class WarmupProbe:
         self._sync_generator()
 
     def _sync_generator(self) -> None:
-        gen = self.s.generator
-        if hasattr(gen, "load_weights"):  # an engine with its own copy (vLLM)
-            gen.load_weights(unwrap_model(self.s.model).named_parameters(), self.s.learner.version)
+        push_engine_weights(self.s.engine, self.s.learner)
 
 
 def resolve_alpha_rho(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from replayrl.learner.learner import Learner
 from replayrl.methods.base import GROUP_STRIDE
 from replayrl.methods.buffer import BatchSource
 from replayrl.models.loading import unwrap_model
+from replayrl.rollout.generation.base import WeightOwner
 from replayrl.rollout.producer import RolloutProducer
 from replayrl.run.completions import CompletionsLog
 from replayrl.run.session import reflection_rate
@@ -59,11 +59,11 @@ def learn(
     shuffle_rng: np.random.Generator,
     check_training: CheckTraining,
     completions: CompletionsLog,
-    generator: Any,
+    engine: WeightOwner | None,
 ) -> float:
     """One learner step on `batch`, `epochs` passes (`fresh`: this step's new rollouts, for
-    text metrics); returns its seconds. The counters' step advances; a `generator` engine
-    with its own weights (vLLM) gets the new ones. `stats` receives the step's metrics."""
+    text metrics); returns its seconds. The counters' step advances; an `engine` with weights
+    of its own (vLLM) gets the new ones. `stats` receives the step's metrics."""
     c = counters
     version = learner.version
     t1 = time.perf_counter()
@@ -89,6 +89,12 @@ def learn(
     c.add_trained(sum(r.completion_ids.numel() for r in batch), len(batch), epochs, t_train)
     completions.log(c.step, fresh, batch, version)  # a few readable samples, every k steps
     stats["time/training_s"] = t_train
-    if hasattr(generator, "load_weights"):  # an engine with its own copy (vLLM)
-        generator.load_weights(unwrap_model(learner.model).named_parameters(), learner.version)
+    push_engine_weights(engine, learner)
     return t_train
+
+
+def push_engine_weights(engine: WeightOwner | None, learner: Learner) -> None:
+    """The learner's weights into a generator that owns a copy of its own (`engine`: its
+    backend's spec says so, vLLM); one that generates with the learner's model needs nothing."""
+    if engine is not None:
+        engine.load_weights(unwrap_model(learner.model).named_parameters(), learner.version)

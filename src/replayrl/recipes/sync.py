@@ -71,7 +71,7 @@ def sync_step(s: Session, progress: Progress) -> None:
         shuffle_rng=s.parts.shuffle_rng,
         check_training=s.check_training,
         completions=s.completions,
-        generator=s.generator,
+        engine=s.engine,
     )
     c.generation_seconds += t_gen
     mu = cost_ratio(t_gen, len(fresh), t_train, len(batch) * epochs)

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from replayrl.models.loading import unwrap_model
 from replayrl.rollout.context_bound import longest_prompt_tokens
 from replayrl.rollout.evaluation import held_out_rows
 from replayrl.rollout.generation import Generator, make_generator
+from replayrl.rollout.generation.base import WeightOwner
 from replayrl.rollout.producer import RolloutProducer
 from replayrl.rollout.prompts import PromptRenderer
 from replayrl.rollout.rewards import prepare_isolation, resolve_rewards
@@ -178,6 +179,9 @@ class Components:
     task: Any
     learner: Learner
     generator: Generator
+    # the generator when its backend owns a copy of the weights (vLLM), which every new
+    # policy version is pushed into; None when it generates with the learner's model
+    engine: WeightOwner | None
     producer: RolloutProducer
     buffer: Buffer | None  # None until `auto` design resolves N / B
     source: BatchSource | None
@@ -269,6 +273,8 @@ def build_components(
             update={"rollout": cfg.rollout.model_copy(update={"backend": fallback})}
         )
     generator = build_generator(gen_cfg, model, tokenizer, model_path, task, render)
+    owns = BACKENDS.get(gen_cfg.rollout.backend).owns_weights
+    weight_owner = cast(WeightOwner, generator) if owns else None
     prompt_rng = np.random.default_rng(cfg.train.seed)
     producer = build_producer(
         cfg, model, tokenizer, model_path, prompt_rng, log, task, rewards, generator, render
@@ -283,6 +289,7 @@ def build_components(
         task=task,
         learner=learner,
         generator=generator,
+        engine=weight_owner,
         producer=producer,
         buffer=buffer,
         source=build_batch_source(cfg, buffer, producer, learner) if buffer is not None else None,

@@ -87,6 +87,7 @@ class Session:
         p = self.parts
         self.model, self.tokenizer, self.model_path = p.model, p.tokenizer, p.model_path
         self.learner, self.generator, self.producer = p.learner, p.generator, p.producer
+        self.engine = p.engine  # the generator when it owns weights of its own (vLLM)
         self.task, self.eval_rows, self.render = p.task, p.eval_rows, p.render
         self.n_params, self.max_positions = p.n_params, p.max_positions
         self.source: BatchSource | None = p.source

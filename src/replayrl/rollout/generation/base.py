@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,4 +40,13 @@ class Generator(Protocol):
         self, prompts: list[str], num_samples: int, params: SamplingParams
     ) -> list[Sample]:
         """`num_samples` completions per prompt, grouped prompt by prompt."""
+        ...
+
+
+class WeightOwner(Generator, Protocol):
+    """A backend whose spec says it owns weights (`BackendSpec.owns_weights`: vLLM): it holds
+    its own copy of the policy, so every new policy version is pushed into it."""
+
+    def load_weights(self, params: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """The policy's parameters of `version` (plain model names)."""
         ...
