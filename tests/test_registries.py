@@ -404,7 +404,15 @@ def test_a_buffer_source_samples_the_size_it_is_asked_for() -> None:
 # settings under which each built-in source counts something within two tiny steps
 COUNTING: dict[str, tuple[str, list[str]]] = {
     "none": ("remix-grpo", ["remix.reincarnation_step=1"]),  # the window dropped at step 1
-    "dynamic_sampling": ("dapo", ["groups.dynamic_sampling.max_rounds=2"]),
+    "dynamic_sampling": (  # some groups vary (trained), some do not (filtered)
+        "dapo",
+        [
+            "groups.dynamic_sampling.max_rounds=2",
+            "rollout.num_generations=2",
+            "rollout.temperature=0.3",
+            "rewards=[{name: digits_format}]",
+        ],
+    ),
     "group_replay": (  # some groups vary (stored), some do not (replaced)
         "group-replay",
         ["rollout.num_generations=2", "train.steps=3", "rewards=[{name: digits_format}]"],

@@ -38,6 +38,7 @@ from replayrl.run.metrics import MetricsLogger, Progress
 from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
 from replayrl.run.state import Counters, accounting, declared_counters, summarize
 from replayrl.storage.checkpoint import (
+    WRITE_ERRORS,
     describe_missing,
     latest_checkpoint,
     load_state,
@@ -223,6 +224,29 @@ class Session:
                 f"{step}): {cause}"
             )
 
+    def check_trained(self) -> None:
+        """No silent non-training, whatever the run's length: a run shorter than
+        `train.failure_patience` whose every rollout was dropped would otherwise end with exit
+        0 and a final model that is the starting one. RunFailed names the cause; no final
+        model or summary is written (the checkpoints already written stay)."""
+        c = self.counters
+        if c.step == 0 or c.rollouts_trained or c.tokens_trained:
+            return
+        if c.first_reward_error:
+            cause = f"every rollout was dropped: {c.first_reward_error}"
+        elif c.rollouts_dropped_no_reward:
+            cause = "all reward functions returned None for every completion (no reward)"
+        elif c.prompts_skipped_too_long and not c.rollouts_generated:
+            cause = (
+                f"every prompt was longer than the model's {self.max_positions} positions "
+                f"minus rollout.max_new_tokens={self.cfg.rollout.max_new_tokens}"
+            )
+        else:
+            cause = "no rollout reached a training batch"
+        raise RunFailed(
+            f"nothing was trained in {c.step} step(s), so no final model was written: {cause}"
+        )
+
     # -- around the loop ---------------------------------------------------------------------
     def start(self) -> None:
         """Log the replay design and evaluate the starting policy (not on resume)."""
@@ -319,7 +343,9 @@ class Session:
         raise RunStopped(signum)
 
     def finish(self) -> dict[str, Any]:
-        """Final eval (unless the last step had one), checkpoint, summary, accounting."""
+        """Final eval (unless the last step had one), checkpoint, summary, accounting; a run
+        that took steps but trained on nothing fails instead (check_trained)."""
+        self.check_trained()
         c = self.counters
         last_eval_step = c.evals[-1]["step"] if c.evals else -1
         if last_eval_step != c.step and self.eval_rows:
@@ -338,7 +364,7 @@ class Session:
 
         try:
             path = write_final(ckpt / "policy", self.run_dir, self.cfg.model.dtype)
-        except (OSError, ValueError) as exc:
+        except (ValueError, *WRITE_ERRORS) as exc:  # a full disk: safetensors' error too
             self.log(f"final model folder not written ({exc}); the policy is in {ckpt}/policy")
             return
         self.log(f"final model: {path}")

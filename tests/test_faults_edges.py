@@ -1,0 +1,156 @@
+"""Fault injection, part 3, through the CLI: rewards that say nothing, runs that train nothing,
+storage errors while checkpointing, prompts too long to evaluate, a second signal.
+
+Catalogue (each test names its case ids):
+  N1 every reward function returns None for some completions: skipped and counted (summary,
+     ledger, metrics), one warning, the rest trains
+  N2 ... for every completion, train.failure_patience steps in a row: the run ends naming it
+  T1 a run shorter than train.failure_patience whose every rollout was dropped exits 2 with
+     no final model and no summary (reward failing, or no reward at all)
+  W1 the safetensors writer fails (SafetensorError, disk full) while writing the policy:
+     one line, exit 2, the temp folder removed, resume exact
+  W2 a file-size limit below the policy's weights (RLIMIT_FSIZE, a subprocess): the same
+  E1 `replayrl eval --data` and a run's own eval split skip and count prompts that do not fit
+  G1 a second SIGTERM while the interrupted run writes its checkpoint: one line, exit 143
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replayrl.config.schema import load_config
+from replayrl.launch.entry import train
+from replayrl.run.metrics import read_metrics
+from replayrl.storage.checkpoint import latest_checkpoint, load_state
+from test_faults import args, cli, env, one_error_line
+
+# None for odd positions in a call, a parity reward (with variance) for the rest
+SOME_NONE = (
+    "def some(completions, **kw):\n"
+    "    return [None if i % 2 else float(sum(map(ord, str(c))) % 2)\n"
+    "            for i, c in enumerate(completions)]\n"
+)
+ALL_NONE = "def never(completions, **kw):\n    return [None] * len(completions)\n"
+
+
+def reward_file(tmp_path: Path, source: str, fn: str) -> str:
+    path = tmp_path / f"{fn}.py"
+    path.write_text(source)
+    return f"rewards=[{{name: '{path}:{fn}'}}]"
+
+
+def test_rollouts_without_any_reward_are_skipped_and_counted(tmp_path: Path, capsys):  # N1
+    argv = args(tmp_path, "some", "train.steps=2", reward_file(tmp_path, SOME_NONE, "some"))
+    code, out, err = cli(["train", *argv], capsys)
+    assert code == 0, err
+    s = json.loads((tmp_path / "some/summary.json").read_text())
+    # 2 steps x 8 rollouts, every second one without a reward: skipped, not trained as 0
+    assert s["rollouts_generated"] == 16 and s["rollouts_dropped_no_reward"] == 8
+    assert s["rollouts_dropped_reward_error"] == 0 and s["first_reward_error"] is None
+    led = s["accounting"]["ledger"]
+    assert led["dropped_no_reward"] == 8 and led["pushed"] == 8 and led["balanced"]
+    assert "no reward (every function returned None) 8" in out
+    assert out.count("all reward functions returned None for 4 of 8 completions") == 1
+    last = [r for r in read_metrics(tmp_path / "some/metrics.jsonl") if "reward/mean" in r][-1]
+    assert last["rollouts/dropped_no_reward"] == 8.0
+    assert s["tokens_trained"] > 0
+
+
+def test_no_reward_at_all_for_patience_steps_ends_the_run(tmp_path: Path, capsys):  # N2
+    argv = args(tmp_path, "never", "train.steps=6", reward_file(tmp_path, ALL_NONE, "never"))
+    code, _, err = cli(["train", *argv], capsys)
+    line = one_error_line(err)
+    assert code == 2
+    assert "all reward functions returned None for every completion for 3 steps in a row" in line
+    assert not (tmp_path / "never/summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "fn", "cause"),
+    [
+        ("def boom(completions, **kw):\n    raise ValueError('no')\n", "boom", "ValueError: no"),
+        (ALL_NONE, "never", "all reward functions returned None for every completion"),
+    ],
+    ids=["reward-fails", "no-reward"],
+)
+def test_a_short_run_that_trained_nothing_fails(tmp_path: Path, capsys, source, fn, cause):  # T1
+    # 2 steps < train.failure_patience (3): the streak rules never fire, the end-of-run does
+    argv = args(tmp_path, fn, "train.steps=2", reward_file(tmp_path, source, fn))
+    code, _, err = cli(["train", *argv], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "nothing was trained in 2 step(s)" in line and cause in line
+    assert not (tmp_path / fn / "final").exists()
+    assert not (tmp_path / fn / "summary.json").exists()
+
+
+# -- storage errors while checkpointing ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step run with complete checkpoints at steps 1 and 2."""
+    root = tmp_path_factory.mktemp("edges")
+    cfg = load_config(None, args(root, "base", "train.steps=2", "checkpoint.every=1"))
+    train(cfg, log=lambda _: None)
+    assert latest_checkpoint(root / "base").name == "step_000002"
+    return root / "base"
+
+
+def test_safetensors_error_while_writing_the_policy(
+    two_steps: Path, tmp_path: Path, capsys, monkeypatch
+):  # W1
+    import transformers.modeling_utils as mu
+    from safetensors import SafetensorError
+
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    real = mu.safe_save_file
+
+    def full_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 100)  # half-written, as a full disk leaves it
+        raise SafetensorError("Error while serializing: I/O error: No space left on device")
+
+    monkeypatch.setattr(mu, "safe_save_file", full_disk)
+    code, _, err = cli(["train", "--resume", str(run), "train.steps=3"], capsys)
+    line = one_error_line(err)  # no traceback
+    assert code == 2 and "could not write checkpoint" in line and "step_000003" in line
+    assert "SafetensorError" in line and "No space left on device" in line
+    assert "the last good checkpoint is" in line and "step_000002" in line
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert latest_checkpoint(run).name == "step_000002"
+    monkeypatch.setattr(mu, "safe_save_file", real)
+    assert cli(["train", "--resume", str(run), "train.steps=3"], capsys)[0] == 0
+    steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if "reward/mean" in r]
+    assert steps == [1, 2, 3]  # step 3 once: nothing lost, nothing repeated
+
+
+def test_file_size_limit_below_the_policy_weights(two_steps: Path, tmp_path: Path):  # W2
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    weights = run / "checkpoints/step_000002/policy/model.safetensors"
+    limit = weights.stat().st_size // 2  # the weights do not fit (safetensors reports EFBIG)
+
+    def set_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "replayrl", "train", "--resume", str(run), "train.steps=3"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=set_limit,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = one_error_line(proc.stderr)
+    assert "could not write checkpoint" in line and "step_000003" in line
+    assert "File too large" in line and "step_000002" in line
+    assert latest_checkpoint(run).name == "step_000002"
+    assert load_state(run / "checkpoints/step_000002")["step"] == 2
