@@ -27,7 +27,10 @@ FILLS: dict[str, list[str]] = {
         "groups.repo.num_replays=2",
     ],
     "exgrpo": ["groups.exgrpo.start_accuracy=0.0"],
-    "dynamic_sampling": ["groups.dynamic_sampling.carry_surplus=true"],
+    "dynamic_sampling": [  # rewards with variance: groups kept, trained and carried
+        "groups.dynamic_sampling.carry_surplus=true",
+        "rewards=[{name: digits_format}]",
+    ],
     "group_replay": ["groups.group_replay.capacity=4"],
 }
 
