@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from replayrl.cli.main import main
 from replayrl.config.schema import load_config
 from replayrl.launch.entry import train
 from replayrl.run.metrics import read_metrics
@@ -154,3 +155,55 @@ def test_file_size_limit_below_the_policy_weights(two_steps: Path, tmp_path: Pat
     assert "File too large" in line and "step_000002" in line
     assert latest_checkpoint(run).name == "step_000002"
     assert load_state(run / "checkpoints/step_000002")["step"] == 2
+
+
+# -- prompts too long to evaluate ------------------------------------------------------------
+
+
+def sums(path: Path, short: int, long: int) -> Path:
+    """`short` rows that fit the tiny model (128 positions), then `long` rows that do not."""
+    rows = [{"prompt": f"{a}+{a + 1}=", "answer": str(2 * a + 1)} for a in range(10, 10 + short)]
+    rows += [{"prompt": "1+" * 150 + "1=", "answer": "151"} for _ in range(long)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_eval_skips_and_counts_prompts_that_do_not_fit(two_steps: Path, tmp_path: Path, capsys):
+    # E1: `replayrl eval --data`
+    out = tmp_path / "res.json"
+    data = sums(tmp_path / "mixed.jsonl", 5, 2)
+    code = main(["eval", "--model", str(two_steps), "--data", str(data), "--out", str(out)])
+    assert code == 0
+    assert (
+        "2 of 7 eval prompts are longer than the model's 128 positions" in capsys.readouterr().out
+    )
+    res = json.loads(out.read_text())
+    assert res["num_prompts"] == 5 and res["prompts_skipped_too_long"] == 2
+    assert len(res["completions"]) == 5
+    assert all(len(c["prompt"]) < 100 for c in res["completions"])
+    # nothing left to score: one line naming the file, exit 2
+    data = sums(tmp_path / "long.jsonl", 0, 3)
+    code = main(["eval", "--model", str(two_steps), "--data", str(data), "--out", str(out)])
+    line = one_error_line(capsys.readouterr().err)
+    assert code == 2 and str(data) in line and "3 of 3 eval prompts are longer" in line
+
+
+def test_a_runs_eval_split_skips_and_counts_prompts_that_do_not_fit(
+    two_steps: Path, tmp_path: Path, capsys
+):
+    # E1: the run's own held-out split (task.dataset.eval_path)
+    train_file, eval_file = sums(tmp_path / "t.jsonl", 8, 0), sums(tmp_path / "e.jsonl", 4, 3)
+    argv = args(
+        tmp_path,
+        "ds",
+        "train.steps=1",
+        f"model.path={two_steps / 'final'}",  # a dataset task has no built-in warm start
+        "task.name=dataset",
+        f"task.dataset.path={train_file}",
+        f"task.dataset.eval_path={eval_file}",
+    )
+    code, out, err = cli(["train", *argv], capsys)
+    assert code == 0, err
+    assert "3 of 7 eval prompts are longer than the model's 128 positions" in out
+    s = json.loads((tmp_path / "ds/summary.json").read_text())
+    assert s["num_eval_prompts"] == 4 and s["eval_prompts_skipped_too_long"] == 3

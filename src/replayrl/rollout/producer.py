@@ -21,7 +21,7 @@ from replayrl.config.schema import Config
 from replayrl.data.rollout import Rollout
 from replayrl.errors import RunFailed
 from replayrl.rollout.generation import Generator, Sample, SamplingParams
-from replayrl.rollout.prompts import PromptRenderer, is_conversational
+from replayrl.rollout.prompts import PromptRenderer, is_conversational, prompt_fits
 from replayrl.rollout.rewards import score
 
 Row = dict[str, Any]  # a task row: prompt and answer columns
@@ -73,10 +73,9 @@ class RolloutProducer:
     last_rows: dict[int, Row] = field(default_factory=dict, init=False)  # of the last call
 
     def fits(self, prompt: str) -> bool:
-        if not self.max_positions:
-            return True
-        n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        return n + self.cfg.rollout.max_new_tokens <= self.max_positions
+        return prompt_fits(
+            self.tokenizer, prompt, self.max_positions, self.cfg.rollout.max_new_tokens
+        )
 
     def _rows(
         self, given: list[Row] | None, num_prompts: int | None = None

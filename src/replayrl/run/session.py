@@ -395,6 +395,8 @@ class Session:
         )
         summary["wall_seconds_covers"] = WALL_SECONDS_COVERS
         summary["no_signal_steps"] = self.reward_signal.total
+        # held-out prompts too long to evaluate: skipped and counted, as in training
+        summary["eval_prompts_skipped_too_long"] = self.parts.eval_skipped_too_long
         summary["precision"] = self.learner.precision_choice.as_dict()
         summary["provenance"] = run_provenance(
             self.model_path, self.cfg.train.threads, summary["precision"]
