@@ -11,6 +11,8 @@ Catalogue (each test names its case ids):
      one line, exit 2, the temp folder removed, resume exact
   W2 a file-size limit below the policy's weights (RLIMIT_FSIZE, a subprocess): the same
   E1 `replayrl eval --data` and a run's own eval split skip and count prompts that do not fit
+  Y2 a Ray run asking for resources no node has (a GPU here) is refused at start naming
+     them; with ray.placement_timeout it waits that long for the cluster to grow, saying so
   G1 a second SIGTERM while the interrupted run writes its checkpoint: one line, exit 143
 """
 
@@ -27,6 +29,7 @@ import pytest
 
 from replayrl.cli.main import main
 from replayrl.config.schema import load_config
+from replayrl.distributed.placement import actor_requests, check_placement, shortfall
 from replayrl.launch.entry import train
 from replayrl.run.metrics import read_metrics
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
@@ -207,3 +210,77 @@ def test_a_runs_eval_split_skips_and_counts_prompts_that_do_not_fit(
     assert "3 of 7 eval prompts are longer than the model's 128 positions" in out
     s = json.loads((tmp_path / "ds/summary.json").read_text())
     assert s["num_eval_prompts"] == 4 and s["eval_prompts_skipped_too_long"] == 3
+
+
+# -- a Ray run the cluster cannot place ------------------------------------------------------
+
+
+def ray_cfg(*extra: str):
+    return load_config(None, ["runtime=ray", "workers.generators=2", *extra])
+
+
+def test_placement_names_what_the_cluster_lacks():  # Y2 (unit: no cluster)
+    cfg = ray_cfg("ray.generator_num_gpus=1")
+    why = shortfall(actor_requests(cfg), [{"CPU": 8.0, "memory": 1e9}])
+    assert why is not None and "missing GPU 2" in why
+    assert "2 generators: CPU 1, GPU 1 each" in why and "1 learner: CPU 1 each" in why
+    assert "ray.placement_timeout" in why
+    assert shortfall(actor_requests(cfg), [{"CPU": 8.0, "GPU": 2.0}]) is None
+    # enough in total, but no one node holds a 4-CPU learner
+    big = actor_requests(ray_cfg("ray.learner_num_cpus=4", "ray.generator_num_cpus=0"))
+    why = shortfall(big, [{"CPU": 3.0}, {"CPU": 3.0}])
+    assert why is not None and "no node has room for a learner (CPU 4)" in why
+    assert shortfall(big, [{"CPU": 3.0}, {"CPU": 4.0}]) is None
+
+
+def test_placement_waits_only_when_told_and_says_so():  # Y2 (unit: a cluster that grows)
+    logs: list[str] = []
+    now = [0.0]
+    sizes = iter([[{"CPU": 8.0}], [{"CPU": 8.0}], [{"CPU": 8.0}, {"GPU": 2.0, "CPU": 4.0}]])
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    grows = ray_cfg("ray.generator_num_gpus=1", "ray.placement_timeout=60")
+    check_placement(grows, lambda: next(sizes), logs.append, sleep, lambda: now[0])
+    assert "waiting up to 60 s (ray.placement_timeout)" in logs[0] and "missing GPU 2" in logs[0]
+    assert logs[-1] == "the Ray cluster can now place the run" and 0 < now[0] < 60
+    # without the key: refused at once, no wait
+    now[0] = 0.0
+    with pytest.raises(ValueError, match="cannot place this run.*missing GPU 2"):
+        check_placement(
+            ray_cfg("ray.generator_num_gpus=1"),
+            lambda: [{"CPU": 8.0}],
+            logs.append,
+            sleep,
+            lambda: now[0],
+        )
+    assert now[0] == 0.0
+    with pytest.raises(ValueError, match="after waiting 5 s"):
+        check_placement(
+            ray_cfg("ray.generator_num_gpus=1", "ray.placement_timeout=5"),
+            lambda: [{"CPU": 8.0}],
+            logs.append,
+            sleep,
+            lambda: now[0],
+        )
+
+
+@pytest.mark.ray
+def test_a_ray_run_asking_for_a_gpu_on_a_machine_without_one_is_refused(
+    tmp_path: Path, capsys
+):  # Y2: the README's Ray + GPU command on a machine without GPUs once waited forever
+    argv = args(
+        tmp_path,
+        "ray",
+        "runtime=ray",
+        "ray.num_cpus=2",
+        "ray.generator_num_gpus=1",
+        "ray.generator_num_cpus=0.5",
+        "ray.learner_num_cpus=0.5",
+    )
+    code, _, err = cli(["train", *argv], capsys)
+    line = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert code == 2 and line, err[-3000:]
+    assert "the Ray cluster cannot place this run" in line[0] and "missing GPU 1" in line[0]
+    assert "Traceback" not in err

@@ -33,6 +33,7 @@ from replayrl.distributed.fsdp_learner import (
     join_learners,
 )
 from replayrl.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
+from replayrl.distributed.placement import alive_nodes, check_placement
 from replayrl.distributed.weight_sync import BroadcastSender, weight_sync_path
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import GeneratorWorker
@@ -586,6 +587,8 @@ class RayDriver:
             )
         try:
             self.cfg = self._with_gpu_requests(ray.cluster_resources().get("GPU", 0))
+            # before any actor: a run no node can hold is refused, not queued forever
+            check_placement(self.cfg, lambda: alive_nodes(ray), self.log)
             rc = self.cfg.ray
             actor = (
                 ray.remote(
