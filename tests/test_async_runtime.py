@@ -242,6 +242,9 @@ class _FakeRay:
     def cluster_resources(self) -> dict[str, float]:
         return {"CPU": 2.0}  # no GPU: the actors ask for none
 
+    def nodes(self) -> list[dict]:
+        return [{"Alive": True, "Resources": self.cluster_resources()}]
+
     def remote(self, **_: object):
         return lambda cls: SimpleNamespace(options=lambda **_: SimpleNamespace(remote=self._actor))
 

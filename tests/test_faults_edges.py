@@ -13,7 +13,8 @@ Catalogue (each test names its case ids):
   E1 `replayrl eval --data` and a run's own eval split skip and count prompts that do not fit
   Y2 a Ray run asking for resources no node has (a GPU here) is refused at start naming
      them; with ray.placement_timeout it waits that long for the cluster to grow, saying so
-  G1 a second SIGTERM while the interrupted run writes its checkpoint: one line, exit 143
+  G1 a second SIGTERM (during the final step, or landing in a finalizer): stopped at once,
+     one line, exit 143, no traceback
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from __future__ import annotations
 import json
 import resource
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -284,3 +287,88 @@ def test_a_ray_run_asking_for_a_gpu_on_a_machine_without_one_is_refused(
     assert code == 2 and line, err[-3000:]
     assert "the Ray cluster cannot place this run" in line[0] and "missing GPU 1" in line[0]
     assert "Traceback" not in err
+
+
+# -- a second signal -------------------------------------------------------------------------
+
+SECOND_IN_A_FINALIZER = """
+import signal
+from replayrl.run.session import StopOnSignal
+
+class Finalized:
+    def __del__(self):
+        signal.raise_signal(signal.SIGTERM)  # the second signal lands in a finalizer
+        done = True  # its handler runs here, inside __del__
+
+with StopOnSignal():
+    signal.raise_signal(signal.SIGTERM)  # the first: stop after this step
+    Finalized()  # collected at once
+    print("went on after the second signal")
+"""
+
+
+def test_a_second_signal_in_a_finalizer_stops_at_once_in_one_line():  # G1
+    # raised as an exception, it landed in __del__: Python printed "Exception ignored ...
+    # Traceback ... RunStopped: 15" and went on
+    proc = subprocess.run(
+        [sys.executable, "-c", SECOND_IN_A_FINALIZER],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "went on" not in proc.stdout
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert lines == [
+        "interrupted (SIGTERM again): stopped at once, without a checkpoint; --resume "
+        "continues from the newest complete one"
+    ]
+
+
+HANGS_AT_STEP_3 = (
+    "import time\nfrom pathlib import Path\n"
+    "def stuck(completions, **kw):\n"
+    "    calls = Path(__file__).with_suffix('.calls')\n"
+    "    n = int(calls.read_text()) + 1 if calls.exists() else 1\n"
+    "    calls.write_text(str(n))\n"
+    "    if n == 3:\n"
+    "        time.sleep(3600)  # the final step never ends by itself\n"
+    "    return [float(sum(map(ord, c)) % 2) for c in completions]\n"
+)
+
+
+def test_a_second_sigterm_during_the_final_step_stops_it_cleanly(tmp_path: Path):  # G1
+    argv = args(
+        tmp_path,
+        "g",
+        "train.steps=3",
+        "rollout.reward_timeout_s=null",
+        reward_file(tmp_path, HANGS_AT_STEP_3, "stuck"),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replayrl", "train", *argv],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        calls = tmp_path / "stuck.calls"
+        deadline = time.monotonic() + 240
+        while not (calls.is_file() and calls.read_text() == "3"):  # inside the final step
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # asks to stop after the step: it never ends
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # so the second one stops it
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "RunStopped" not in err
+    assert "SIGTERM: stopping after this step" in out
+    assert "interrupted (SIGTERM again): stopped at once, without a checkpoint" in err
+    assert latest_checkpoint(tmp_path / "g") is None  # checkpoint.every=0: nothing half-made
+    assert not [p for p in (tmp_path / "g").rglob(".step_*")]

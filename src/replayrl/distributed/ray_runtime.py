@@ -646,7 +646,7 @@ class RayDriver:
                     self.log("stopping the Ray run after this step (checkpointing)")
                     _get(actor.request_stop.remote(), "the learner actor")
                     sent = True
-            return _learner_result(ray, ref)  # a second Ctrl-C (KeyboardInterrupt) aborts
+            return _learner_result(ray, ref)  # a second Ctrl-C ends the driver at once
 
 
 def _learner_result(ray: Any, ref: Any) -> dict[str, Any]:

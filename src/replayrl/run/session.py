@@ -9,7 +9,9 @@ the next batch is or trains.
 from __future__ import annotations
 
 import math
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -424,18 +426,41 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def abort_now(signum: int) -> None:
+    """A second stop signal: end the process at once, 128 + `signum`, with one line.
+
+    Not an exception: a signal handler runs wherever the main thread is, and an exception
+    raised inside a finalizer (`__del__`, a weakref callback: a reward worker's or a
+    checkpoint's cleanup) is printed as a raw "Exception ignored ... RunStopped" traceback
+    and swallowed, so the run went on. Nothing is lost by not unwinding: checkpoints are
+    renamed into place only once complete (a half-written one is removed at the next
+    resume), the run folder's lock is a kernel flock released with the process, and reward
+    workers, async-local generators and a local Ray instance end with their parent."""
+    print(
+        f"\ninterrupted ({signal_name(signum)} again): stopped at once, without a checkpoint; "
+        "--resume continues from the newest complete one",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os._exit(128 + signum)
+
+
 class StopOnSignal:
     """The first SIGINT / SIGTERM / SIGHUP asks the loop to stop after the current step (it
-    then checkpoints, even with `checkpoint.every=0`); a second one aborts at once."""
+    then checkpoints, even with `checkpoint.every=0`); a second one aborts at once
+    (`abort`, default `abort_now`: the process ends with 128 + the signal's number)."""
 
-    def __init__(self) -> None:
+    def __init__(self, abort: Callable[[int], None] = abort_now) -> None:
         self.requested = False
         self.signum: int = signal.SIGINT
         self._previous: dict[int, Any] = {}
+        self._abort = abort
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.requested:
-            raise RunStopped(signum)
+            self._abort(signum)
+            return
         self.requested, self.signum = True, signum
         name = signal_name(signum)
         print(f"\n{name}: stopping after this step (send it again to abort now)", flush=True)
