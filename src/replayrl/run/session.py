@@ -229,11 +229,13 @@ class Session:
     def check_trained(self) -> None:
         """No silent non-training, whatever the run's length: a run shorter than
         `train.failure_patience` whose every rollout was dropped would otherwise end with exit
-        0 and a final model that is the starting one. RunFailed names the cause; no final
-        model or summary is written (the checkpoints already written stay)."""
+        0 and a final model that is the starting one. RunFailed names the cause, after a
+        checkpoint (the state is kept, and the error names it); no final model or summary is
+        written."""
         c = self.counters
         if c.step == 0 or c.rollouts_trained or c.tokens_trained:
             return
+        self.checkpoint()
         if c.first_reward_error:
             cause = f"every rollout was dropped: {c.first_reward_error}"
         elif c.rollouts_dropped_no_reward:
