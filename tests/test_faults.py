@@ -243,22 +243,28 @@ def test_disk_full_while_checkpointing(base_run: Path, tmp_path: Path, capsys, m
     assert cli(["train", "--resume", str(run), "train.steps=5"], capsys)[0] == 0
 
 
-def test_file_size_limit_mid_run(base_run: Path, tmp_path: Path):  # F8
-    run = copy_run(base_run, tmp_path)
-    limit = 60_000  # the policy weights (~45 kB) fit, the trainer state (~90 kB) does not
-    assert (run / "checkpoints/step_000004/state.safetensors").stat().st_size > limit
+def resume_under_file_size_limit(run: Path, limit: int, steps: int) -> subprocess.CompletedProcess:
+    """`replayrl train --resume RUN train.steps=STEPS` in a process that may not write a file
+    past `limit` bytes (RLIMIT_FSIZE: a write beyond it fails with EFBIG)."""
 
     def set_limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "replayrl.cli.main", "train", "--resume", str(run), "train.steps=5"],
+    return subprocess.run(
+        [sys.executable, "-m", "replayrl", "train", "--resume", str(run), f"train.steps={steps}"],
         env=env(),
         capture_output=True,
         text=True,
         preexec_fn=set_limit,
         timeout=300,
     )
+
+
+def test_file_size_limit_mid_run(base_run: Path, tmp_path: Path):  # F8
+    run = copy_run(base_run, tmp_path)
+    limit = 60_000  # the policy weights (~45 kB) fit, the trainer state (~90 kB) does not
+    assert (run / "checkpoints/step_000004/state.safetensors").stat().st_size > limit
+    proc = resume_under_file_size_limit(run, limit, 5)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = one_error_line(proc.stderr)
     assert "could not write checkpoint" in line and "step_000004" in line

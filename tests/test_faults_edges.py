@@ -20,7 +20,6 @@ Catalogue (each test names its case ids):
 from __future__ import annotations
 
 import json
-import resource
 import shutil
 import signal
 import subprocess
@@ -36,7 +35,7 @@ from replayrl.distributed.placement import actor_requests, check_placement, shor
 from replayrl.launch.entry import train
 from replayrl.run.metrics import read_metrics
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
-from test_faults import args, cli, env, one_error_line
+from test_faults import args, cli, env, one_error_line, resume_under_file_size_limit
 
 # None for odd positions in a call, a parity reward (with variance) for the rest
 SOME_NONE = (
@@ -143,18 +142,7 @@ def test_file_size_limit_below_the_policy_weights(two_steps: Path, tmp_path: Pat
     shutil.copytree(two_steps, run)
     weights = run / "checkpoints/step_000002/policy/model.safetensors"
     limit = weights.stat().st_size // 2  # the weights do not fit (safetensors reports EFBIG)
-
-    def set_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "replayrl", "train", "--resume", str(run), "train.steps=3"],
-        env=env(),
-        capture_output=True,
-        text=True,
-        preexec_fn=set_limit,
-        timeout=300,
-    )
+    proc = resume_under_file_size_limit(run, limit, 3)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = one_error_line(proc.stderr)
     assert "could not write checkpoint" in line and "step_000003" in line
