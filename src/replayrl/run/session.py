@@ -236,17 +236,20 @@ class Session:
         if c.step == 0 or c.rollouts_trained or c.tokens_trained:
             return
         self.checkpoint()
-        if c.first_reward_error:
-            cause = f"every rollout was dropped: {c.first_reward_error}"
-        elif c.rollouts_dropped_no_reward:
-            cause = "all reward functions returned None for every completion (no reward)"
-        elif c.prompts_skipped_too_long and not c.rollouts_generated:
+        dropped = c.rollouts_dropped_reward_error + c.rollouts_dropped_no_reward
+        if not c.rollouts_generated:
             cause = (
                 f"every prompt was longer than the model's {self.max_positions} positions "
                 f"minus rollout.max_new_tokens={self.cfg.rollout.max_new_tokens}"
+                if c.prompts_skipped_too_long
+                else "no rollout was generated"
             )
+        elif dropped < c.rollouts_generated:  # some were kept: the batch source took none
+            cause = "no rollout reached a training batch (the batch source filtered them all)"
+        elif c.first_reward_error:  # every one dropped, some by a failing reward function
+            cause = f"every rollout was dropped: {c.first_reward_error}"
         else:
-            cause = "no rollout reached a training batch"
+            cause = "all reward functions returned None for every completion (no reward)"
         raise RunFailed(
             f"nothing was trained in {c.step} step(s), so no final model was written: {cause}"
         )
