@@ -331,7 +331,10 @@ def test_an_in_memory_run_resumes_from_its_copy_of_the_rows(tmp_path: Path) -> N
 def test_rows_json_cannot_hold_are_not_copied_and_resuming_needs_them(tmp_path: Path) -> None:
     rows = [{**r, "blob": object()} for r in _rows(40)]
     said: list[str] = []
-    args = ReplayConfig("grpo", output_dir=str(tmp_path / "r"), max_steps=1, overrides=TINY)
+    # in the trainer's process: a worker process could not be sent the object column, every
+    # rollout would be dropped and the run, having trained nothing, fail
+    overrides = [*TINY, "rollout.reward_isolation=thread"]
+    args = ReplayConfig("grpo", output_dir=str(tmp_path / "r"), max_steps=1, overrides=overrides)
     trainer = ReplayTrainer(
         reward_funcs=correctness, args=args, train_dataset=rows, log=said.append
     )

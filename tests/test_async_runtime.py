@@ -242,6 +242,9 @@ class _FakeRay:
     def cluster_resources(self) -> dict[str, float]:
         return {"CPU": 2.0}  # no GPU: the actors ask for none
 
+    def nodes(self) -> list[dict]:
+        return [{"Alive": True, "Resources": self.cluster_resources()}]
+
     def remote(self, **_: object):
         return lambda cls: SimpleNamespace(options=lambda **_: SimpleNamespace(remote=self._actor))
 
@@ -488,7 +491,7 @@ def test_a_generator_killed_mid_poll_never_blocks_the_learners_stop_flag() -> No
         seen: list[bool] = []
         t = threading.Thread(target=lambda out=seen: out.append(flag.is_set()), daemon=True)
         t.start()
-        t.join(timeout=5)
+        t.join(timeout=30)  # only a deadlock waits it out: generous for a loaded machine
         assert seen == [False], "the learner blocked on a lock the killed worker held"
     flag.set()
     assert flag.is_set()

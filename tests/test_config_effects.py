@@ -506,6 +506,8 @@ NOT_OBSERVED: dict[str, str] = {
             "buffer_num_cpus",
         )
     },
+    "ray.placement_timeout": "how long a run waits to be placed, not training: "
+    "tests/test_faults_edges.py",
     **{
         f"ray.{k}": "Ray placement on a cluster, not training: tests/test_ray_cluster.py"
         for k in ("generator_resources", "learner_resources", "buffer_resources")

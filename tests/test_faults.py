@@ -243,22 +243,28 @@ def test_disk_full_while_checkpointing(base_run: Path, tmp_path: Path, capsys, m
     assert cli(["train", "--resume", str(run), "train.steps=5"], capsys)[0] == 0
 
 
-def test_file_size_limit_mid_run(base_run: Path, tmp_path: Path):  # F8
-    run = copy_run(base_run, tmp_path)
-    limit = 60_000  # the policy weights (~45 kB) fit, the trainer state (~90 kB) does not
-    assert (run / "checkpoints/step_000004/state.safetensors").stat().st_size > limit
+def resume_under_file_size_limit(run: Path, limit: int, steps: int) -> subprocess.CompletedProcess:
+    """`replayrl train --resume RUN train.steps=STEPS` in a process that may not write a file
+    past `limit` bytes (RLIMIT_FSIZE: a write beyond it fails with EFBIG)."""
 
     def set_limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "replayrl.cli.main", "train", "--resume", str(run), "train.steps=5"],
+    return subprocess.run(
+        [sys.executable, "-m", "replayrl", "train", "--resume", str(run), f"train.steps={steps}"],
         env=env(),
         capture_output=True,
         text=True,
         preexec_fn=set_limit,
         timeout=300,
     )
+
+
+def test_file_size_limit_mid_run(base_run: Path, tmp_path: Path):  # F8
+    run = copy_run(base_run, tmp_path)
+    limit = 60_000  # the policy weights (~45 kB) fit, the trainer state (~90 kB) does not
+    assert (run / "checkpoints/step_000004/state.safetensors").stat().st_size > limit
+    proc = resume_under_file_size_limit(run, limit, 5)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = one_error_line(proc.stderr)
     assert "could not write checkpoint" in line and "step_000004" in line
@@ -379,26 +385,37 @@ def test_hanging_and_lying_reward_functions(tmp_path: Path, capsys):  # F13, F14
         "def text(completions, **kw):\n"
         "    return ['1.0'] * len(completions)\n"
     )
-    for name, fn, reason in (("hang", "hang", "timeout"), ("text", "text", "non_numeric")):
+    # the timeout only for the function that hangs: one that returns at once must not depend
+    # on the machine's speed to beat it
+    cases = (
+        ("hang", "hang", "timeout", "0.5"),
+        ("text", "text", "non_numeric", "null"),
+    )
+    for name, fn, reason, timeout in cases:
         argv = args(
             tmp_path,
             name,
             "train.steps=2",
             f"rewards=[{{name: '{rewards}:{fn}'}}]",
-            "rollout.reward_timeout_s=0.5",
+            f"rollout.reward_timeout_s={timeout}",
         )
         code, out, err = cli(["train", *argv], capsys)
-        assert code == 0, err
-        s = json.loads((tmp_path / name / "summary.json").read_text())
-        assert s["rollouts_generated"] == 16 and s["rollouts_dropped_reward_error"] == 16
-        assert f"[{reason}]" in s["first_reward_error"]
-        assert s["rollouts_dropped_reward_timeout"] == (16 if reason == "timeout" else 0)
+        # every rollout dropped: nothing trained, so the run fails (even before
+        # train.failure_patience steps) naming the first error, and writes no summary
+        line = one_error_line(err)
+        assert code == 2 and "nothing was trained in 2 step(s)" in line, err
+        assert f"[{reason}]" in line
+        assert not (tmp_path / name / "summary.json").exists()
+        records = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["step"]]
+        last = records[-1]
+        assert last["rollouts_generated"] == 16 and last["rollouts/dropped_reward_error"] == 16
+        assert last["rollouts/dropped_reward_timeout"] == (16 if reason == "timeout" else 0)
         if reason == "timeout":  # waited for the timeouts, and not as generation time
-            assert s["reward_seconds"] >= 2 * 0.5
-            parts = s["generation_seconds"] + s["reward_seconds"] + s["training_seconds"]
-            assert parts <= s["wall_seconds"] + 1e-6
-            records = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["step"]]
-            assert all(r["time/reward_s"] >= 0.5 for r in records if "time/reward_s" in r)
+            assert all(r["time/reward_s"] >= 0.5 for r in records)
+            parts = sum(
+                r["time/generation_s"] + r["time/reward_s"] + r["time/training_s"] for r in records
+            )
+            assert parts <= last["wall_seconds"] + 1e-6
 
 
 @pytest.mark.parametrize(

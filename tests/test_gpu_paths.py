@@ -213,7 +213,10 @@ def test_ray_run_asks_for_the_gpus_it_trains_on(monkeypatch, tmp_path):
         return lambda cls: SimpleNamespace(options=lambda **_: actor)
 
     fake = SimpleNamespace(
-        is_initialized=lambda: True, cluster_resources=lambda: {"GPU": 8.0}, remote=remote
+        is_initialized=lambda: True,
+        cluster_resources=lambda: {"GPU": 8.0},
+        nodes=lambda: [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 8.0}}],
+        remote=remote,
     )
     monkeypatch.setattr(ray_runtime, "_ray", lambda: fake)
     cfg = tiny_config(tmp_path, "runtime=ray", "train.device=auto")

@@ -417,7 +417,15 @@ COUNTING: dict[str, tuple[str, list[str]]] = {
     "onpolicy": ("grpo", []),
     "replay": ("replay", []),
     "remix": ("remix-grpo", ["method.remix.reincarnation_step=1"]),  # the window dropped at step 1
-    "dynamic_sampling": ("dapo", ["method.dynamic_sampling.max_rounds=2"]),
+    "dynamic_sampling": (  # some groups vary (trained), some do not (filtered)
+        "dapo",
+        [
+            "method.dynamic_sampling.max_rounds=2",
+            "rollout.num_generations=2",
+            "rollout.temperature=0.3",
+            "rewards=[{name: digits_format}]",
+        ],
+    ),
     "group_replay": (  # some groups vary (stored), some do not (replaced)
         "group-replay",
         ["rollout.num_generations=2", "train.steps=3", "rewards=[{name: digits_format}]"],

@@ -27,7 +27,10 @@ FILLS: dict[str, list[str]] = {
         "method.repo.num_replays=2",
     ],
     "exgrpo": ["method.exgrpo.start_accuracy=0.0"],
-    "dynamic_sampling": ["method.dynamic_sampling.carry_surplus=true"],
+    "dynamic_sampling": [  # rewards with variance: groups kept, trained and carried
+        "method.dynamic_sampling.carry_surplus=true",
+        "rewards=[{name: digits_format}]",
+    ],
     "group_replay": ["method.group_replay.capacity=4"],
     "remix": ["algorithm.loss_type=mix_ppg", "method.remix.reincarnation_step=null"],
 }

@@ -69,8 +69,22 @@ def test_none_means_not_applicable():
 
 def test_all_none_function_mean_is_nan():
     res = score([WeightedReward("never", constant(None))], PROMPTS, COMPLETIONS, ROWS)
-    assert res.rewards == [0.0, 0.0, 0.0]  # nansum of nothing
     assert math.isnan(res.means()["never"])
+
+
+def test_rollouts_no_function_scored_have_no_reward_not_zero():
+    # every function said "not applicable" for items 0 and 2: a sum of nothing is no reward
+    # (skipped and counted), never a reward of 0 that the policy would be trained towards
+    fns = [
+        WeightedReward("a", lambda prompts, completions, **_: [None, 1.0, None]),
+        WeightedReward("b", constant(None), 2.0),
+    ]
+    res = score(fns, PROMPTS, COMPLETIONS, ROWS)
+    assert res.rewards == [None, 1.0, None]
+    assert res.no_reward == 2 and res.first_no_reward == PROMPTS[0]
+    assert res.errors == 0 and res.reasons == {} and res.first_error is None
+    res = score([WeightedReward("never", constant(None))], PROMPTS, COMPLETIONS, ROWS)
+    assert res.rewards == [None, None, None] and res.no_reward == 3 and res.errors == 0
 
 
 def test_function_raising_for_one_item_drops_only_that_item():
@@ -140,7 +154,29 @@ def test_always_wrong_output_drops_every_item(fn):
     assert res.errors == 3
     assert res.error_counts == {"broken": 3}
     assert "'broken'" in res.first_error
-    assert "for 3 completions" in res.first_error  # the real lengths
+    assert "3 completions" in res.first_error  # the real lengths
+
+
+@pytest.mark.parametrize(
+    ("out", "reason", "words"),
+    [
+        (
+            None,
+            "not_a_list",
+            "returned NoneType None, not a list with one value for each of the 3 completions",
+        ),
+        (1.0, "not_a_list", "returned float 1.0, not a list"),
+        ([1.0] * 4, "wrong_length", "returned list of 4 values for 3 completions"),
+    ],
+)
+def test_a_result_that_is_no_list_is_not_called_a_wrong_length(out, reason, words):
+    # a bare None (a missing `return`) has no length to be wrong: the label says what it is
+    # and how to mean "not applicable"
+    res = score([WeightedReward("f", lambda **_: out)], PROMPTS, COMPLETIONS, ROWS)
+    assert res.reasons == {reason: 3}
+    assert words in res.first_error and f"[{reason}]" in res.first_error
+    if reason == "not_a_list":
+        assert "[None] * len(completions)" in res.first_error
 
 
 def test_errors_count_rollouts_not_function_failures():

@@ -473,11 +473,16 @@ def test_a_step_whose_prompts_are_all_too_long_is_skipped(
         tmp_path, short_context_model, "skipstep", "train.steps=2", "rollout.max_new_tokens=7"
     )
     logs: list[str] = []
-    summary = train(cfg, log=logs.append)
-    assert summary["steps"] == 2 and summary["rollouts_generated"] == 0
-    assert summary["prompts_skipped_too_long"] == 2 * 8
+    # each step is skipped (no error before MAX_EMPTY_STEPS); as the whole run then trained
+    # nothing, its end is an error naming why (after a checkpoint of its state)
+    with pytest.raises(RunFailed, match="nothing was trained in 2 step") as info:
+        train(cfg, log=logs.append)
+    assert "every prompt was longer than the model's 10 positions" in str(info.value)
     assert sum("step skipped" in line for line in logs) == 2
-    assert latest_checkpoint(tmp_path / "skipstep").name == "step_000002"
+    ckpt = latest_checkpoint(tmp_path / "skipstep")
+    assert ckpt is not None and ckpt.name == "step_000002"
+    counters = load_state(ckpt)["counters"]
+    assert counters["rollouts_generated"] == 0 and counters["prompts_skipped_too_long"] == 2 * 8
 
 
 def test_every_prompt_too_long_is_an_error(tmp_path: Path, short_context_model: Path):

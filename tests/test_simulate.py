@@ -107,7 +107,10 @@ def test_more_sync_latency_means_more_generator_idle_and_older_rollouts():
     [
         ({"capacity": 8}, "capacity N=8 is below the batch B=16"),
         ({"generators": 0}, "generators must be at least 1"),
-        ({"gen_seconds": 0.0}, "gen_seconds must be positive"),
+        ({"gen_seconds": 0.0}, "gen_seconds must be a finite number > 0"),
+        ({"gen_spread": float("nan")}, "gen_spread must be a finite number >= 0"),
+        ({"sync_seconds": float("inf")}, "sync_seconds must be a finite number >= 0"),
+        ({"max_pending_batches": 0}, "max_pending_batches must be at least 1"),
         ({"replay_ratio": -1.0}, "replay_ratio must be positive"),
     ],
 )
@@ -237,3 +240,32 @@ def test_cli_epochs_lengthen_each_learner_step_by_hand(capsys):
     assert d["learner_idle_share"] == pytest.approx(1 - 6 / 14)
     assert d["trained_per_second"] == pytest.approx(12 / 14)
     assert d["age_mean"] == pytest.approx(8 / 12)  # ages 0 x 4, then 1 x 8
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--gen-spread", "nan"], "--gen-spread must be a finite number >= 0, got nan"),
+        (["--sync-seconds", "inf"], "--sync-seconds must be a finite number >= 0, got inf"),
+        (["--max-pending-batches", "0"], "--max-pending-batches must be a whole number >= 1"),
+        (["--mu", "0"], "--mu must be a finite number > 0, got 0.0"),
+        (["--steps", "0"], "--steps must be a whole number >= 1, got 0"),
+        (["--learn-seconds", "-1"], "--learn-seconds must be a finite number > 0"),
+        (["--replay-ratio", "nan"], "--replay-ratio must be a finite number > 0"),
+        (["--cluster-table", "--syncs", "1", "inf"], "--syncs must be a finite number >= 0"),
+        (["--cluster-table", "--gpus", "1"], "--gpus must each be 2 or more"),
+    ],
+)
+def test_cli_refuses_numbers_the_model_cannot_run_naming_the_flag(flags, message, capsys):
+    # a NaN once ran and printed "simulated 200 steps in nan s"; 0 pending batches ended in
+    # SimPy's traceback; --steps 0 silently ran 200 steps; --mu 0 named gen_seconds
+    code = main(["simulate", "--mu", "5", *flags])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def test_cli_runs_exactly_the_steps_asked(capsys):
+    assert main(["simulate", "--mu", "5", "--steps", "3"]) == 0
+    assert "simulated 3 steps in " in capsys.readouterr().out

@@ -143,7 +143,9 @@ def test_max_steps_counts_optimizer_updates_of_the_presets_batch(tmp_path, monke
 
 def test_max_steps_is_refused_where_steps_take_different_numbers_of_updates(tmp_path) -> None:
     args = ReplayConfig("remix-grpo", output_dir=str(tmp_path / "r"), max_steps=2)
-    with pytest.raises(ConfigError, match=r"method.remix.utd=2 .* method.remix.utd_after=1 .*train__steps=N"):
+    with pytest.raises(
+        ConfigError, match=r"method.remix.utd=2 .* method.remix.utd_after=1 .*train__steps=N"
+    ):
         _trainer(args)
     # the number of steps itself is accepted, and the table says why max_steps is not a count
     trainer = _trainer(ReplayConfig("remix-grpo", output_dir=str(tmp_path / "s"), train__steps=2))

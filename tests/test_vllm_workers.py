@@ -86,7 +86,7 @@ def test_async_local_run_trains_with_an_engine_per_worker(tmp_path):
         *VLLM_RUN,
         f"logging.run_dir={tmp_path}",
         "runtime=async-local",
-        "buffer.kind=replay",
+        "method.name=replay",
         "buffer.capacity=32",
         "train.batch_size=8",
         "train.steps=3",

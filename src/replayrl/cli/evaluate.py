@@ -115,7 +115,7 @@ def rows_to_score(args: argparse.Namespace, cfg: Config) -> tuple[Any, list[Any]
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from replayrl.models.device import resolve_device
-    from replayrl.rollout.evaluation import evaluate_policy
+    from replayrl.rollout.evaluation import evaluate_policy, rows_that_fit, too_long_note
     from replayrl.rollout.prompts import PromptRenderer
     from replayrl.run.components import build_generator
     from replayrl.run.policy import load_policy
@@ -141,6 +141,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, tok, path = load_policy(cfg.model, cfg.task)
     model = model.to(resolve_device(cfg.train.device))
     render = PromptRenderer(tok, cfg.task.chat_template, cfg.task.system_prompt)
+    # prompts that do not fit the model with max_new_tokens are skipped and counted, as
+    # training skips them: never scored as ordinary rows
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    new_tokens = cfg.rollout.max_new_tokens
+    rows, skipped = rows_that_fit(rows, render, tok, max_positions, new_tokens)
+    if skipped:
+        note = too_long_note(skipped, skipped + len(rows), max_positions, new_tokens)
+        if not rows:
+            raise ValueError(f"nothing to score ({what}): {note}")
+        print(f"warning: {note}")
     # `path`: a vLLM engine loads the evaluated weights from it
     gen = build_generator(cfg, model, tok, path, task, render)
     completions: list[dict[str, Any]] = []
@@ -151,7 +161,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "data": str(args.data) if args.data else None,
         "run": str(run) if run is not None else None,
         "num_prompts": len(rows),
-        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "prompts_skipped_too_long": skipped,
+        "max_new_tokens": new_tokens,
         **res,
     }
     print(json.dumps(result, indent=2))

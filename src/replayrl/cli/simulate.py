@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,7 +85,7 @@ def spec_from_run(run: Path, steps: int | None = None, seed: int = 0) -> SystemS
         max_staleness=w.get("max_staleness"),
         wait_on_stale=w.get("on_stale") == "wait",
         max_pending_batches=int(w.get("max_pending_batches", 4)),
-        steps=steps or n_steps,
+        steps=n_steps if steps is None else steps,
         seed=seed,
     )
 
@@ -167,7 +168,7 @@ def cluster_table(args: argparse.Namespace) -> str:
         "| age p50 / p90 | gamma sim | gamma paper | x eff | y eff |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    steps, learn_seconds = args.steps or 100, args.learn_seconds
+    steps, learn_seconds = 100 if args.steps is None else args.steps, args.learn_seconds
     for mu in args.mus:
         d = design(mu, args.alpha, args.rho)
         for g in args.gpus:
@@ -206,6 +207,7 @@ def cluster_table(args: argparse.Namespace) -> str:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from replayrl.design.simulate import SystemSpec, simulate
 
+    check_args(args)  # by flag name, before the model turns a bad number into a bad answer
     if args.cluster_table:
         print(cluster_table(args))
         return 0
@@ -226,12 +228,71 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         **{dest: getattr(args, dest) for _, dest, _, _, _ in _SPEC_FLAGS},
         gen_seconds=gen,
         wait_on_stale=args.wait_on_stale,
-        steps=args.steps or 200,
+        steps=200 if args.steps is None else args.steps,
         seed=args.seed,
     )
     result = simulate(spec)
     print(json.dumps(result.summary(), indent=2) if args.json else format_result(result))
     return 0
+
+
+# what each number may be, by its flag's dest: "count" >= 1, "index" >= 0 (integers);
+# "positive" > 0, "nonnegative" >= 0 (finite floats). NaN and inf are never a setting: NaN
+# compares false with every bound, so a model fed one runs and prints nan, not an error.
+_RULES: dict[str, str] = {
+    "generators": "count",
+    "learners": "count",
+    "rollouts_per_batch": "count",
+    "batch_size": "count",
+    "capacity": "count",
+    "epochs": "count",
+    "sync_every": "count",
+    "max_pending_batches": "count",
+    "steps": "count",
+    "per_learner_batch": "count",
+    "max_staleness": "index",
+    "learn_seconds": "positive",
+    "gen_seconds": "positive",
+    "mu": "positive",
+    "replay_ratio": "positive",
+    "mus": "positive",
+    "gen_spread": "nonnegative",
+    "learn_spread": "nonnegative",
+    "sync_seconds": "nonnegative",
+    "syncs": "nonnegative",
+    "alpha": "nonnegative",
+    "rho": "nonnegative",
+}
+_MEANING = {
+    "count": "a whole number >= 1",
+    "index": "a whole number >= 0",
+    "positive": "a finite number > 0",
+    "nonnegative": "a finite number >= 0",
+}
+
+
+def _flag(dest: str) -> str:
+    named = {d: f for f, d, _, _, _ in _SPEC_FLAGS}
+    return named.get(dest, "--" + dest.replace("_", "-"))
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse a number the model cannot run with (NaN, inf, 0 where a count is needed),
+    naming the flag as the user typed it: a ValueError, which the CLI prints as one line
+    and exits 2. --gpus needs 2 or more (one learner and at least one generator)."""
+    for dest, rule in _RULES.items():
+        value = getattr(args, dest, None)
+        for v in value if isinstance(value, list) else [value]:
+            if v is None:  # not given: the flag's default or the other form (--mu)
+                continue
+            ok = math.isfinite(v) and (
+                v >= 1 if rule == "count" else v > 0 if rule == "positive" else v >= 0
+            )
+            if not ok:
+                raise ValueError(f"{_flag(dest)} must be {_MEANING[rule]}, got {v!r}")
+    for g in getattr(args, "gpus", None) or []:
+        if g < 2:
+            raise ValueError(f"--gpus must each be 2 or more (a learner and a generator), got {g}")
 
 
 # flag, SystemSpec field, type, default, help

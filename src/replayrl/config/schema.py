@@ -797,6 +797,14 @@ class RayConfig(_Section):
     buffer_resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources per buffer shard actor"
     )
+    # a run the cluster's nodes cannot hold is refused at start, naming what is missing;
+    # with a value the driver waits up to that long for nodes to join (an autoscaler)
+    placement_timeout: float | None = Field(
+        None,
+        ge=0,
+        description="seconds to wait for the cluster to provide the actors' resources "
+        "(None: refuse at once a run it cannot place)",
+    )
     # how weights reach the generator actors (distributed/weight_sync.py); auto: a broadcast
     # (NCCL) where learner and generators hold GPUs, the object store otherwise
     weight_sync: Literal["auto", "object_store", "broadcast"] = Field(

@@ -67,21 +67,27 @@ class SystemSpec:
 
     def __post_init__(self) -> None:
         positive = ("generators", "learners", "rollouts_per_batch", "batch_size", "epochs")
-        for name in (*positive, "sync_every", "steps"):
+        # max_pending_batches=0 would hold every generator forever: the event queue empties
+        for name in (*positive, "sync_every", "steps", "max_pending_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        # `not x >= 0` and isfinite: NaN passes every comparison's negation otherwise
         for name in ("gen_seconds", "learn_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number > 0, got {v}")
         for name in ("gen_spread", "learn_spread", "sync_seconds", "step_overhead_seconds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
         if self.capacity is not None and self.capacity < self.batch_size:
             raise ValueError(
                 f"capacity N={self.capacity} is below the batch B={self.batch_size}: "
                 "no step could ever be served"
             )
-        if self.replay_ratio is not None and not self.replay_ratio > 0:
+        if self.replay_ratio is not None and not (
+            self.replay_ratio > 0 and math.isfinite(self.replay_ratio)
+        ):
             raise ValueError(f"replay_ratio must be positive, got {self.replay_ratio}")
 
     @property

@@ -33,6 +33,7 @@ from replayrl.distributed.fsdp_learner import (
     join_learners,
 )
 from replayrl.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
+from replayrl.distributed.placement import alive_nodes, check_placement
 from replayrl.distributed.weight_sync import BroadcastSender, weight_sync_path
 from replayrl.distributed.weights import trainable_state
 from replayrl.distributed.worker import GeneratorWorker
@@ -587,6 +588,8 @@ class RayDriver:
             )
         try:
             self.cfg = self._with_gpu_requests(ray.cluster_resources().get("GPU", 0))
+            # before any actor: a run no node can hold is refused, not queued forever
+            check_placement(self.cfg, lambda: alive_nodes(ray), self.log)
             rc = self.cfg.ray
             actor = (
                 ray.remote(
@@ -644,7 +647,7 @@ class RayDriver:
                     self.log("stopping the Ray run after this step (checkpointing)")
                     _get(actor.request_stop.remote(), "the learner actor")
                     sent = True
-            return _learner_result(ray, ref)  # a second Ctrl-C (KeyboardInterrupt) aborts
+            return _learner_result(ray, ref)  # a second Ctrl-C ends the driver at once
 
 
 def _learner_result(ray: Any, ref: Any) -> dict[str, Any]:

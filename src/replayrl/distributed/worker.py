@@ -126,6 +126,7 @@ class GeneratorWorker:
             extra={
                 "dropped_reward_timeout": p.dropped_reward_timeout,
                 "reward_seconds": p.reward_seconds,
+                "dropped_no_reward": p.dropped_no_reward,
             },
         )
 

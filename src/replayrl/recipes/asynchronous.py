@@ -112,6 +112,7 @@ class AsyncSession(Session):
                     d.busy_s,
                     dropped_reward_timeout=int(d.extra.get("dropped_reward_timeout", 0)),
                     reward_seconds=float(d.extra.get("reward_seconds", 0.0)),
+                    dropped_no_reward=int(d.extra.get("dropped_no_reward", 0)),
                 )
             )
             clock = self.clocks.setdefault(f"generator/{d.worker_id}", RoleClock())
@@ -251,6 +252,7 @@ class AsyncSession(Session):
             self.watch_signal(self.fresh, stats, c.step)
         stats["rollouts/dropped_reward_error"] = float(c.rollouts_dropped_reward_error)
         stats["rollouts/dropped_reward_timeout"] = float(c.rollouts_dropped_reward_timeout)
+        stats["rollouts/dropped_no_reward"] = float(c.rollouts_dropped_no_reward)
         stats["async/learner_idle_s"] = self.learner_clock.idle_s
         stats["async/rollouts_lost_worker_died"] = float(self.counters.rollouts_lost_worker_died)
         stats["async/newest_generator_version"] = float(self.newest_delivered)

@@ -44,6 +44,7 @@ def produce_fresh(
         **p.stats,
         "rollouts/dropped_reward_error": float(c.rollouts_dropped_reward_error),
         "rollouts/dropped_reward_timeout": float(c.rollouts_dropped_reward_timeout),
+        "rollouts/dropped_no_reward": float(c.rollouts_dropped_no_reward),
     }
 
 

@@ -1,6 +1,7 @@
 """Where every generated rollout went, and where every role's time went.
 
-The ledger must balance: generated = dropped (reward error) + lost (worker died mid-batch)
+The ledger must balance: generated = dropped (reward error) + dropped with no reward (every
+reward function returned None) + lost (worker died mid-batch)
 + in a buffer + evicted + consumed (removed by on-policy sampling) + dropped as stale
 + the terms batch sources declare in their registry entries (`SourceCounter.ledger`): retired
 (the contents of a buffer a source dropped, e.g. ReMix's window at reincarnation) and
@@ -52,6 +53,7 @@ def rollout_ledger(
     discarded_probe: int = 0,
     retired: dict[str, int] | None = None,
     filtered: dict[str, int] | None = None,
+    dropped_no_reward: int = 0,
 ) -> dict[str, Any]:
     """Sum the buffers' counters and check that generated rollouts are all accounted for.
     The terms batch sources declare (`source_terms`), ledger term -> rollouts: `retired`,
@@ -63,6 +65,7 @@ def rollout_ledger(
             totals[k] += int(st.get(k, 0))
     accounted = (
         dropped_reward_error
+        + dropped_no_reward
         + lost_worker_died
         + totals["size"]
         + totals["evicted"]
@@ -76,6 +79,7 @@ def rollout_ledger(
     return {
         "generated": generated,
         "dropped_reward_error": dropped_reward_error,
+        "dropped_no_reward": dropped_no_reward,
         "lost_worker_died": lost_worker_died,
         "in_buffer": totals["size"],
         "evicted": totals["evicted"],
@@ -173,6 +177,11 @@ def format_accounting(ledger: dict[str, Any], summary: dict[str, Any], show_mu: 
             f" + {m.ledger[1]} {led[m.ledger[0]]:,}"
             for m in source_terms()
             if m.ledger and led.get(m.ledger[0])
+        )
+        + (
+            f" + no reward (every function returned None) {led['dropped_no_reward']:,}"
+            if led.get("dropped_no_reward")
+            else ""
         )
         + (
             f" + discarded by the design probe {led['discarded_probe']:,}"

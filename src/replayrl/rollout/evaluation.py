@@ -14,6 +14,7 @@ from typing import Any
 
 from replayrl.config.schema import Config
 from replayrl.rollout.generation import Generator, SamplingParams
+from replayrl.rollout.prompts import prompt_fits
 from replayrl.rollout.tasks import Task
 from replayrl.rollout.tasks.base import Row
 
@@ -68,6 +69,32 @@ def evaluate(
             hits[s.prompt_index] += task.is_correct(s.text, rows[s.prompt_index])
         out[f"eval/pass@{pass_k}"] = sum(pass_at_k(pass_k, c, pass_k) for c in hits) / len(rows)
     return out
+
+
+def rows_that_fit(
+    rows: list[Row],
+    render: Callable[[Any], str],
+    tokenizer: Any,
+    max_positions: int | None,
+    max_new_tokens: int,
+) -> tuple[list[Row], int]:
+    """(the rows whose rendered prompt fits the model with `max_new_tokens`, how many do
+    not): evaluation skips and counts them as training does, so that accuracy is over the
+    prompts the model could answer, never over positions past its table."""
+    kept = [
+        r
+        for r in rows
+        if prompt_fits(tokenizer, render(r["prompt"]), max_positions, max_new_tokens)
+    ]
+    return kept, len(rows) - len(kept)
+
+
+def too_long_note(skipped: int, total: int, max_positions: int | None, max_new_tokens: int) -> str:
+    """What a log line says about the prompts `rows_that_fit` skipped."""
+    return (
+        f"{skipped} of {total} eval prompts are longer than the model's {max_positions} "
+        f"positions minus rollout.max_new_tokens={max_new_tokens}: skipped and counted, not scored"
+    )
 
 
 def held_out_rows(cfg: Config, task: Task) -> list[Row]:

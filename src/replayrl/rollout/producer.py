@@ -21,7 +21,7 @@ from replayrl.config.schema import Config
 from replayrl.data.rollout import Rollout
 from replayrl.errors import RunFailed
 from replayrl.rollout.generation import Generator, Sample, SamplingParams
-from replayrl.rollout.prompts import PromptRenderer, is_conversational
+from replayrl.rollout.prompts import PromptRenderer, is_conversational, prompt_fits
 from replayrl.rollout.rewards import score
 
 Row = dict[str, Any]  # a task row: prompt and answer columns
@@ -46,6 +46,7 @@ class Production:
     seconds: float  # generation + scoring
     dropped_reward_timeout: int = 0  # of dropped_reward_error: reward calls that timed out
     reward_seconds: float = 0.0  # of seconds: in reward functions
+    dropped_no_reward: int = 0  # every reward function returned None for them (not errors)
 
 
 @dataclass
@@ -64,6 +65,8 @@ class RolloutProducer:
     prompt_rng: np.random.Generator
     log: Log = print
     _reported_error: bool = field(default=False, init=False)
+    _reported_no_reward: bool = field(default=False, init=False)
+    _no_reward_steps: int = field(default=0, init=False)  # steps in a row with no reward at all
     _empty_steps: int = field(default=0, init=False)  # consecutive steps with no prompt left
     # the latest call's rows by the prompt text generated from (a source that generates for
     # some of them again passes those rows back: AR3PO's rounds)
@@ -82,10 +85,9 @@ class RolloutProducer:
         return served
 
     def fits(self, prompt: str) -> bool:
-        if not self.max_positions:
-            return True
-        n = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        return n + self.cfg.rollout.max_new_tokens <= self.max_positions
+        return prompt_fits(
+            self.tokenizer, prompt, self.max_positions, self.cfg.rollout.max_new_tokens
+        )
 
     def _rows(
         self, given: list[Row] | None, num_prompts: int | None = None
@@ -152,6 +154,7 @@ class RolloutProducer:
         if result.first_error and not self._reported_error:
             self._reported_error = True
             self.log(f"warning: {result.first_error} (those rollouts are dropped and counted)")
+        self._check_no_reward(result.no_reward, len(samples), result.first_no_reward)
         correct = [self.task.is_correct(s.text, row) for s, row in pairs]
         rollouts = self._to_rollouts(
             samples,
@@ -195,7 +198,30 @@ class RolloutProducer:
             seconds=time.perf_counter() - t0,
             dropped_reward_timeout=result.reasons.get("timeout", 0),
             reward_seconds=result.seconds,
+            dropped_no_reward=result.no_reward,
         )
+
+    def _check_no_reward(self, k: int, n: int, prompt: str | None) -> None:
+        """Rollouts no reward function gave a value for are skipped and counted; the first
+        time it happens the run says so (in TRL's words), and `train.failure_patience` steps
+        in a row of nothing else end the run, since nothing could be trained."""
+        if k and not self._reported_no_reward:
+            self._reported_no_reward = True
+            first = prompt if prompt is None or len(prompt) <= 80 else prompt[:77] + "..."
+            self.log(
+                f"warning: all reward functions returned None for {k} of {n} completions "
+                f"(first prompt: {first!r}); please ensure that at least one reward function "
+                "returns a valid reward. Those rollouts are skipped and counted "
+                "(rollouts_dropped_no_reward), not trained with reward 0"
+            )
+        self._no_reward_steps = self._no_reward_steps + 1 if n and k == n else 0
+        patience = self.cfg.train.failure_patience
+        if patience and self._no_reward_steps >= patience:
+            raise RunFailed(
+                f"all reward functions returned None for every completion for "
+                f"{self._no_reward_steps} steps in a row, so nothing could be trained: make "
+                "sure at least one reward function returns a number for these prompts"
+            )
 
     def _all_too_long(self, n: int, t0: float) -> Production:
         """A step whose sampled prompts are all too long is skipped (counted); only a long

@@ -85,3 +85,13 @@ class PromptRenderer:
 
     def __call__(self, prompt: Prompt) -> str:
         return render_prompt(prompt, self.tokenizer, self.use_chat_template, self.system_prompt)
+
+
+def prompt_fits(tokenizer: Any, text: str, max_positions: int | None, max_new_tokens: int) -> bool:
+    """Whether a rendered prompt and `max_new_tokens` fit the model's positions (None: no
+    limit known). Training and evaluation skip (and count) the prompts that do not: a model
+    fed positions past its table fails with an index error or scores garbage."""
+    if not max_positions:
+        return True
+    n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return n + max_new_tokens <= max_positions

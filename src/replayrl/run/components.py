@@ -28,7 +28,7 @@ from replayrl.methods.buffer import BatchSource
 from replayrl.models.device import model_device, resolve_device
 from replayrl.models.loading import unwrap_model
 from replayrl.rollout.context_bound import longest_prompt_tokens
-from replayrl.rollout.evaluation import held_out_rows
+from replayrl.rollout.evaluation import held_out_rows, rows_that_fit, too_long_note
 from replayrl.rollout.generation import Generator, make_generator
 from replayrl.rollout.generation.base import WeightOwner
 from replayrl.rollout.producer import RolloutProducer
@@ -190,6 +190,7 @@ class Components:
     eval_rows: list[dict[str, Any]]
     n_params: int
     max_positions: int | None
+    eval_skipped_too_long: int = 0  # held-out prompts that do not fit (not in eval_rows)
 
 
 def place_policy(
@@ -280,6 +281,15 @@ def build_components(
         cfg, model, tokenizer, model_path, prompt_rng, log, task, rewards, generator, render
     )
     shuffle_rng = np.random.default_rng(cfg.train.seed + 1)
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    # the held-out prompts that fit, as training keeps them (not scored as ordinary rows)
+    eval_rows, eval_skipped = rows_that_fit(
+        held_out_rows(cfg, task), render, tokenizer, max_positions, cfg.rollout.max_new_tokens
+    )
+    if eval_skipped:
+        total = eval_skipped + len(eval_rows)
+        note = too_long_note(eval_skipped, total, max_positions, cfg.rollout.max_new_tokens)
+        log(f"warning: {note}")
     return Components(
         cfg=cfg,
         model=model,
@@ -295,7 +305,8 @@ def build_components(
         source=build_batch_source(cfg, buffer, producer, learner) if buffer is not None else None,
         prompt_rng=prompt_rng,
         shuffle_rng=shuffle_rng,
-        eval_rows=held_out_rows(cfg, task),
+        eval_rows=eval_rows,
         n_params=sum(p.numel() for p in model.parameters()),
-        max_positions=getattr(model.config, "max_position_embeddings", None),
+        max_positions=max_positions,
+        eval_skipped_too_long=eval_skipped,
     )

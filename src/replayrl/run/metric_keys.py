@@ -75,6 +75,9 @@ _ROLLOUT = [
     MetricKey("rollouts/dropped_reward_error", "rollouts dropped because a reward function raised"),
     MetricKey("rollouts/dropped_reward_timeout", "rollouts dropped because a reward timed out"),
     MetricKey(
+        "rollouts/dropped_no_reward", "rollouts skipped because every reward function returned None"
+    ),
+    MetricKey(
         "signal/frac_reward_zero_std",
         "share of groups whose rewards are all equal (no learning signal)",
         "frac_reward_zero_std",

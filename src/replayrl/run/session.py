@@ -9,7 +9,9 @@ the next batch is or trains.
 from __future__ import annotations
 
 import math
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +40,7 @@ from replayrl.run.metrics import MetricsLogger, Progress
 from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
 from replayrl.run.state import Counters, accounting, declared_counters, summarize
 from replayrl.storage.checkpoint import (
+    WRITE_ERRORS,
     describe_missing,
     latest_checkpoint,
     load_state,
@@ -224,6 +227,34 @@ class Session:
                 f"{step}): {cause}"
             )
 
+    def check_trained(self) -> None:
+        """No silent non-training, whatever the run's length: a run shorter than
+        `train.failure_patience` whose every rollout was dropped would otherwise end with exit
+        0 and a final model that is the starting one. RunFailed names the cause, after a
+        checkpoint (the state is kept, and the error names it); no final model or summary is
+        written."""
+        c = self.counters
+        if c.step == 0 or c.rollouts_trained or c.tokens_trained:
+            return
+        self.checkpoint()
+        dropped = c.rollouts_dropped_reward_error + c.rollouts_dropped_no_reward
+        if not c.rollouts_generated:
+            cause = (
+                f"every prompt was longer than the model's {self.max_positions} positions "
+                f"minus rollout.max_new_tokens={self.cfg.rollout.max_new_tokens}"
+                if c.prompts_skipped_too_long
+                else "no rollout was generated"
+            )
+        elif dropped < c.rollouts_generated:  # some were kept: the batch source took none
+            cause = "no rollout reached a training batch (the batch source filtered them all)"
+        elif c.first_reward_error:  # every one dropped, some by a failing reward function
+            cause = f"every rollout was dropped: {c.first_reward_error}"
+        else:
+            cause = "all reward functions returned None for every completion (no reward)"
+        raise RunFailed(
+            f"nothing was trained in {c.step} step(s), so no final model was written: {cause}"
+        )
+
     # -- around the loop ---------------------------------------------------------------------
     def start(self) -> None:
         """Log the replay design and evaluate the starting policy (not on resume)."""
@@ -320,7 +351,9 @@ class Session:
         raise RunStopped(signum)
 
     def finish(self) -> dict[str, Any]:
-        """Final eval (unless the last step had one), checkpoint, summary, accounting."""
+        """Final eval (unless the last step had one), checkpoint, summary, accounting; a run
+        that took steps but trained on nothing fails instead (check_trained)."""
+        self.check_trained()
         c = self.counters
         last_eval_step = c.evals[-1]["step"] if c.evals else -1
         if last_eval_step != c.step and self.eval_rows:
@@ -339,7 +372,7 @@ class Session:
 
         try:
             path = write_final(ckpt / "policy", self.run_dir, self.cfg.model.dtype)
-        except (OSError, ValueError) as exc:
+        except (ValueError, *WRITE_ERRORS) as exc:  # a full disk: safetensors' error too
             self.log(f"final model folder not written ({exc}); the policy is in {ckpt}/policy")
             return
         self.log(f"final model: {path}")
@@ -370,6 +403,8 @@ class Session:
         )
         summary["wall_seconds_covers"] = WALL_SECONDS_COVERS
         summary["no_signal_steps"] = self.reward_signal.total
+        # held-out prompts too long to evaluate: skipped and counted, as in training
+        summary["eval_prompts_skipped_too_long"] = self.parts.eval_skipped_too_long
         summary["precision"] = self.learner.precision_choice.as_dict()
         summary["provenance"] = run_provenance(
             self.model_path, self.cfg.train.threads, summary["precision"]
@@ -397,18 +432,41 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def abort_now(signum: int) -> None:
+    """A second stop signal: end the process at once, 128 + `signum`, with one line.
+
+    Not an exception: a signal handler runs wherever the main thread is, and an exception
+    raised inside a finalizer (`__del__`, a weakref callback: a reward worker's or a
+    checkpoint's cleanup) is printed as a raw "Exception ignored ... RunStopped" traceback
+    and swallowed, so the run went on. Nothing is lost by not unwinding: checkpoints are
+    renamed into place only once complete (a half-written one is removed at the next
+    resume), the run folder's lock is a kernel flock released with the process, and reward
+    workers, async-local generators and a local Ray instance end with their parent."""
+    print(
+        f"\ninterrupted ({signal_name(signum)} again): stopped at once, without a checkpoint; "
+        "--resume continues from the newest complete one",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os._exit(128 + signum)
+
+
 class StopOnSignal:
     """The first SIGINT / SIGTERM / SIGHUP asks the loop to stop after the current step (it
-    then checkpoints, even with `checkpoint.every=0`); a second one aborts at once."""
+    then checkpoints, even with `checkpoint.every=0`); a second one aborts at once
+    (`abort`, default `abort_now`: the process ends with 128 + the signal's number)."""
 
-    def __init__(self) -> None:
+    def __init__(self, abort: Callable[[int], None] = abort_now) -> None:
         self.requested = False
         self.signum: int = signal.SIGINT
         self._previous: dict[int, Any] = {}
+        self._abort = abort
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.requested:
-            raise RunStopped(signum)
+            self._abort(signum)
+            return
         self.requested, self.signum = True, signum
         name = signal_name(signum)
         print(f"\n{name}: stopping after this step (send it again to abort now)", flush=True)

@@ -41,6 +41,7 @@ class Counters:
     eval_seconds: float = 0.0
     reward_seconds: float = 0.0  # in reward functions (sync: excluded from generation_seconds)
     rollouts_dropped_reward_timeout: int = 0  # of rollouts_dropped_reward_error
+    rollouts_dropped_no_reward: int = 0  # every reward function returned None for them
     mu_per_step: list[float] = field(default_factory=list)
     design: dict[str, Any] | None = None  # resolved `auto` buffer design
     reincarnation_step: int | None = None
@@ -100,6 +101,8 @@ class Counters:
         self.tokens_generated += p.tokens
         self.rollouts_dropped_reward_error += p.dropped_reward_error
         self.rollouts_dropped_reward_timeout += p.dropped_reward_timeout
+        # a production record from a plugin's own producer may predate this count
+        self.rollouts_dropped_no_reward += getattr(p, "dropped_no_reward", 0)
         self.reward_seconds += p.reward_seconds
         self.prompts_skipped_too_long += p.skipped_too_long
         if p.first_error and self.first_reward_error is None:
@@ -171,6 +174,7 @@ def ledger(c: Counters, buffers: list[Any]) -> dict[str, Any]:
         c.rollouts_lost_worker_died,
         [*(ledger_stats(b) for b in buffers), *c.retired_buffer_stats],
         discarded_probe=c.rollouts_discarded_probe,
+        dropped_no_reward=c.rollouts_dropped_no_reward,
         retired={term: n for term, n, retired in terms if retired},
         filtered={term: n for term, n, retired in terms if not retired},
     )
@@ -217,6 +221,7 @@ def summarize(cfg: Config, c: Counters, buffers: list[Any], **run: Any) -> dict[
         "eval_seconds": c.eval_seconds,
         "reward_seconds": c.reward_seconds,
         "rollouts_dropped_reward_timeout": c.rollouts_dropped_reward_timeout,
+        "rollouts_dropped_no_reward": c.rollouts_dropped_no_reward,
     }
     counts = source_summary(c)  # the methods' (`MethodSpec.metrics`)
     tail = {

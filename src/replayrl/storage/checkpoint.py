@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from replayrl.storage.io import atomic_write_text
@@ -46,6 +47,12 @@ class CheckpointError(ValueError):
 
 class CheckpointWriteError(OSError):
     """Writing a checkpoint failed (disk full, file-size limit, ...); names the last good one."""
+
+
+# what the storage layers raise for a failed write (disk full, RLIMIT_FSIZE, a vanished
+# mount): OSError from Python's own writes, RuntimeError from torch, and SafetensorError
+# (an Exception of its own, no OSError) from safetensors, which writes the policy's weights
+WRITE_ERRORS: tuple[type[Exception], ...] = (OSError, RuntimeError, SafetensorError)
 
 
 def rng_state() -> dict[str, Any]:
@@ -187,8 +194,7 @@ def save_checkpoint(
         else:
             os.replace(tmp, dest)
         atomic_write_text(root / "latest", name)
-    except (OSError, RuntimeError) as exc:
-        # torch/safetensors report a failed write (disk full, RLIMIT_FSIZE) as RuntimeError
+    except WRITE_ERRORS as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         good, _ = find_checkpoints(run_dir)

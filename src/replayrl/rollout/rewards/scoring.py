@@ -54,6 +54,7 @@ DEFAULT_TIMEOUT_S = 60.0
 Isolation = Literal["process", "thread"]
 # reasons whose call is never retried item by item: each retry could cost as much again
 _NOT_RETRIED = ("timeout", "worker_died")
+_SHAPE = ("wrong_length", "not_a_list")  # reported as the batch call's, never a retried item's
 
 
 @dataclass
@@ -93,7 +94,7 @@ def prepare_isolation(fns: Sequence[WeightedReward]) -> None:
 
 @dataclass
 class ScoreResult:
-    rewards: list[float | None]  # None: the rollout must be dropped (a reward function failed)
+    rewards: list[float | None]  # None: dropped (a function failed, or none gave a value)
     per_function: dict[str, list[float | None]]
     errors: int = 0  # rollouts dropped because of a failing reward function (any reason)
     first_error: str | None = None
@@ -101,6 +102,10 @@ class ScoreResult:
     reasons: dict[str, int] = field(default_factory=dict)  # dropped rollouts per reason
     seconds: float = 0.0  # wall time spent in reward functions (not generation)
     timeouts: int = 0  # calls abandoned after timeout_s
+    # rollouts for which every function returned None ("not applicable"): no reward at all,
+    # so they are skipped (rewards[i] is None), not trained as 0; not among `errors`
+    no_reward: int = 0
+    first_no_reward: str | None = None  # the prompt of the first such rollout (the warning's)
 
     def means(self) -> dict[str, float]:
         """Mean of each function's valid values (for per-function reward metrics)."""
@@ -170,7 +175,7 @@ class _Scorer:
 
     def fail(self, wr: WeightedReward, i: int, err: RewardCallError) -> None:
         r = self.result
-        if err.reason == "wrong_length" and self.batch_error is not None:
+        if err.reason in _SHAPE and self.batch_error is not None:
             err = self.batch_error  # the real lengths (the batch's), not a retried item's
         self.function_errors.setdefault(wr.name, f"{err} [{err.reason}]")
         r.error_counts[wr.name] = r.error_counts.get(wr.name, 0) + 1
@@ -202,7 +207,7 @@ class _Scorer:
                 for i in range(n):
                     self.fail(wr, i, err)
                 return [None] * n
-            self.batch_error = err if err.reason == "wrong_length" else None
+            self.batch_error = err if err.reason in _SHAPE else None
         # the batch call raised or returned a bad shape: isolate the failing items, within
         # one shared time budget
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -238,7 +243,9 @@ def score(
     patience: int = 0,
     isolation: Isolation = "thread",
 ) -> ScoreResult:
-    """Weighted sum of reward functions (None = not applicable, as in TRL's nansum).
+    """Weighted sum of reward functions (None = not applicable, as in TRL's nansum); a
+    rollout for which every function returned None has no reward (None, counted in
+    `no_reward`).
 
     Each call gets `timeout_s` seconds (None: no timeout, called in this thread).
     `patience` > 0: a function failing on every rollout of that many calls in a row raises
@@ -258,6 +265,13 @@ def score(
     for i in range(n):
         if s.failed[i] is None:
             vals = [(wr.weight, result.per_function[wr.name][i]) for wr in fns]
+            if all(v is None for _, v in vals):
+                # nothing said anything about it: a sum of nothing is no reward, not 0 (TRL
+                # warns and trains 0; a reward of 0 would push the policy away from it)
+                result.no_reward += 1
+                if result.first_no_reward is None:
+                    result.first_no_reward = str(prompts[i])
+                continue
             total = sum(w * v for w, v in vals if v is not None)
             if math.isfinite(total) and abs(total) <= FLOAT32_MAX:
                 result.rewards[i] = total

@@ -42,13 +42,29 @@ def check_value(v: Any) -> float | None:
 
 
 def check_shape(out: Any, expected: int) -> list[Any]:
-    """`out` as a list of `expected` values, or RewardCallError("wrong_length") giving the
-    real lengths (None, text, or a sequence of another length)."""
+    """`out` as a list of `expected` values. RewardCallError("not_a_list") when it is no
+    sequence at all (None, one number, text: a missing `return` is the usual cause, so the
+    message says how to mean "not applicable"), RewardCallError("wrong_length") giving the
+    real lengths when it is a sequence of another length."""
     try:
         n = len(out)
     except TypeError:
         n = None
-    if out is None or n != expected or isinstance(out, (str, bytes)):
-        got = "None" if out is None else f"{type(out).__name__} of {n} values"
-        raise RewardCallError("wrong_length", f"returned {got} for {expected} completions")
+    if out is None or n is None or isinstance(out, (str, bytes)):
+        raise RewardCallError(
+            "not_a_list",
+            f"returned {type(out).__name__} {_short(out)}, not a list with one value for each "
+            f"of the {expected} completions (for 'not applicable', return "
+            "[None] * len(completions))",
+        )
+    if n != expected:
+        raise RewardCallError(
+            "wrong_length",
+            f"returned {type(out).__name__} of {n} values for {expected} completions",
+        )
     return list(out)
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
