@@ -1,4 +1,5 @@
-"""A lean training forward for Llama-architecture policies: the hidden states that predict
+"""A lean training forward for Llama-architecture policies (Llama, Mistral, Qwen2/2.5 with
+their q/k/v biases, Qwen3 with its per-head q/k norms): the hidden states that predict
 completion tokens, with each distinct prompt run once for all the rollouts that share it.
 
 The learner needs log pi(completion token) only. transformers' forward runs every row's
@@ -27,6 +28,11 @@ too (`fused_gqa_kernel`). With the
 model's gradient checkpointing on (`model.gradient_checkpointing`), each decoder layer runs
 under `torch.utils.checkpoint`: backward keeps only the layers' inputs.
 
+Sharded policies (FSDP2): each decoder layer runs as a forward method of its shard group
+(`replayrl_run`, distributed/fsdp.py), so its weights are gathered around it as around
+`layer(...)`, and no frozen weight is cached (a cast copy of a gathered weight would be a
+whole layer kept on every rank).
+
 Same log-probs and gradients as transformers' forward up to float rounding
 (tests/test_lean_forward.py); `completion_states` is checked once per model against
 transformers' own forward on a short input and is used only where it matches.
@@ -34,7 +40,10 @@ transformers' own forward on a short input and is used only where it matches.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import weakref
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +53,13 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from replayrl.models.loading import LEAN_ATTR
 from replayrl.rollout.generation.decoders import llama_core
+
+# model_type values whose decoder layers are Llama's up to what this module runs: biases on
+# the projections (Qwen2/2.5), per-head RMSNorm of q and k before the rotary embedding
+# (Qwen3), a sliding window (Mistral; used only where every row fits in it). Checked again
+# module by module (`decoders.llama_core`) and against transformers' forward once per model.
+LEAN_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_sharded_depth = 0
 
 _WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, torch.dtype, torch.Tensor]] = (
     weakref.WeakKeyDictionary()
@@ -63,6 +79,8 @@ def _weight(mod: torch.nn.Linear, dtype: torch.dtype | None) -> torch.Tensor:
     w = mod.weight
     if dtype is None or w.requires_grad or w.dtype == dtype:
         return w
+    if _sharded_depth:  # a gathered weight is freed after its layer: cast it, keep nothing
+        return w.to(dtype)
     hit = _WEIGHTS.get(mod)
     if hit is not None and hit[0] == w._version and hit[1] == dtype:
         return hit[2]
@@ -111,12 +129,30 @@ def _mlp(mlp: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> to
     return linear(mlp.down_proj, mlp.act_fn(gate) * linear(mlp.up_proj, x, dtype), dtype)
 
 
+@contextlib.contextmanager
+def sharded() -> Iterator[None]:
+    """Inside this block the policy is sharded: frozen weights are cast per use, not cached."""
+    global _sharded_depth
+    _sharded_depth += 1
+    try:
+        yield
+    finally:
+        _sharded_depth -= 1
+
+
+def fits(core: torch.nn.Module, batch: dict[str, torch.Tensor]) -> bool:
+    """Whether `batch`'s rows fit the model's sliding window (a row no longer than the
+    window attends to every earlier token, as full causal attention does)."""
+    window = getattr(core.config, "sliding_window", None)
+    return window is None or batch["input_ids"].shape[1] <= int(window)
+
+
 def lean_core(model: object) -> torch.nn.Module | None:
-    """The Llama causal LM inside `model` when the lean forward applies to it (a module of
-    Llama architecture without attention dropout), else None."""
+    """The causal LM inside `model` when the lean forward applies to it (a module of a type
+    in LEAN_TYPES without attention dropout), else None."""
     if not isinstance(model, torch.nn.Module):
         return None
-    core = llama_core(model)
+    core = llama_core(model, LEAN_TYPES, qk_norm=True, sliding_window=True)
     if core is None or getattr(core.config, "attention_dropout", 0.0):
         return None
     if not getattr(core, LEAN_ATTR, True):  # switched off by `model.lean_forward: false`
@@ -235,8 +271,11 @@ def _attention(attn, x, cos, sin, keys_extra, mask, heads, kv_heads, head_dim):
     """q/k/v projections with rotary embeddings and SDPA; returns (output, k, v)."""
     rows, t = x.shape[:2]
     dtype = autocast_dtype(x.device)
-    q = linear(attn.q_proj, x, dtype).view(rows, t, heads, head_dim).transpose(1, 2)
-    k = linear(attn.k_proj, x, dtype).view(rows, t, kv_heads, head_dim).transpose(1, 2)
+    q = linear(attn.q_proj, x, dtype).view(rows, t, heads, head_dim)
+    k = linear(attn.k_proj, x, dtype).view(rows, t, kv_heads, head_dim)
+    if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's q and k, before RoPE
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
     v = linear(attn.v_proj, x, dtype).view(rows, t, kv_heads, head_dim).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     keys, values = k, v
@@ -316,12 +355,13 @@ def completion_states(
         torch.is_grad_enabled()
     )
     for layer in inner.layers:
+        # a sharded layer's weights are gathered around its own forward method
+        call = getattr(layer, "replayrl_run", None)
+        step = run_layer if call is None else functools.partial(call, run_layer)
         if checkpointed:
-            hp, hc = torch.utils.checkpoint.checkpoint(
-                run_layer, layer, hp, hc, use_reentrant=False
-            )
+            hp, hc = torch.utils.checkpoint.checkpoint(step, layer, hp, hc, use_reentrant=False)
         else:
-            hp, hc = run_layer(layer, hp, hc)
+            hp, hc = step(layer, hp, hc)
     if not lay.shared:
         return inner.norm(hp[:, -lay.out_sel.shape[1] :])[lay.out_sel]
     last = inner.norm(hp[:, -1])[lay.group][:, None]
