@@ -38,7 +38,6 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
@@ -204,10 +203,17 @@ def shard_learner(learner: Any, world: int) -> None:
     learner.world_size = world
 
 
+@torch.no_grad()
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer as a full CPU tensor, on every rank (one all-gather)."""
-    sd = get_model_state_dict(model, options=_FULL)
-    return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
+    """Every parameter and buffer as a full CPU tensor, on every rank: one all-gather per
+    tensor, each moved to the CPU before the next starts, so a device never holds more than
+    one whole parameter beside its shards (storage/sharded_checkpoint.py's `gathered_state`
+    keeps them on rank 0 only)."""
+    out = {}
+    for name, t in model.state_dict().items():
+        full = t.full_tensor() if isinstance(t, DTensor) else t
+        out[name] = full.detach().to("cpu", copy=True)
+    return out
 
 
 def _unsharded_class(model: torch.nn.Module) -> type:
