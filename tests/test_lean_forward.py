@@ -322,3 +322,32 @@ def test_a_soft_capped_head_takes_the_chunked_head():
     m = batch["mask"].bool()
     assert float((lp - ref)[m].abs().max()) < 1e-5
     assert float((ent - ref_ent)[m].abs().max()) < 1e-5
+
+
+def test_rows_run_whole_are_packed_without_padding_with_the_padded_loss_and_gradients(
+    monkeypatch,
+):
+    """Rows of different lengths run whole are packed into one row (positions restart per
+    row, attention causal within each row): the same states, loss and gradients as the
+    left-padded layout with its [rows, 1, T, T] mask."""
+    monkeypatch.setattr(lean_forward, "_SHARE_MIN", 2.0)  # every row whole
+    model = _llama().train()
+    batch = collate(_rollouts(), 0)
+    lay = lean_forward._Layout(batch, pack=True)
+    assert lay.segments is not None and lay.prompt_ids.shape[0] == 1  # one packed row
+    assert lay.prompt_ids.shape[1] == sum(lay.segments) < batch["input_ids"].numel()
+    out = []
+    for pack in (True, False):
+        model.zero_grad(set_to_none=True)
+        states = lean_forward.completion_states(model, batch, pack=pack)
+        logps = torch.log_softmax(model.lm_head(states).float(), -1)
+        loss = -logps.gather(-1, batch["input_ids"][:, 1:][batch["mask"].bool()][:, None]).mean()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        out.append((states.detach(), loss.detach(), grads))
+    (s1, l1, g1), (s2, l2, g2) = out
+    torch.testing.assert_close(s1, s2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(l1, l2, atol=1e-6, rtol=1e-6)
+    assert g1.keys() == g2.keys() and g1
+    for name, g in g2.items():
+        torch.testing.assert_close(g1[name], g, atol=1e-5, rtol=1e-4)

@@ -60,6 +60,10 @@ from replayrl.rollout.generation.decoders import llama_core
 # module by module (`decoders.llama_core`) and against transformers' forward once per model.
 LEAN_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _sharded_depth = 0
+# pack rows run whole without padding (`_Layout.segments`): same values up to float rounding
+# (~1e-5 on log-probs, other matmul shapes) and no [rows, 1, T, T] mask, but one attention
+# call per row and layer; off by default until measured against the padded layout
+PACK_ROWS = False
 
 _WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, torch.dtype, torch.Tensor]] = (
     weakref.WeakKeyDictionary()
@@ -167,10 +171,13 @@ _SHARE_MIN = 0.2
 
 class _Layout:
     """Where each row's inputs go (from a `collate` batch): with enough shared prompts, the
-    distinct prompts (left-padded) and then each row's completion inputs; otherwise each row
-    whole in one left-padded pass (`shared` False, no completion pass)."""
+        distinct prompts (left-padded) and then each row's completion inputs; otherwise each row
+        whole (`shared` False, no completion pass): packed into one row without padding when their
+    lengths differ (`segments`), else one unpadded pass."""
 
-    def __init__(self, batch: dict[str, torch.Tensor], share: bool | None = None) -> None:
+    def __init__(
+        self, batch: dict[str, torch.Tensor], share: bool | None = None, pack: bool = False
+    ) -> None:
         ids = batch["input_ids"]
         sel = batch["mask"].bool()
         device = ids.device
@@ -203,6 +210,20 @@ class _Layout:
         else:
             clen_in = clen
         self.group = torch.tensor(group, device=device)
+        # rows of different lengths run whole: packed into one row without padding, each
+        # attending causally within its own segment (positions restart per row), so nothing
+        # grows with rows x longest row (no [rows, 1, T, T] mask)
+        self.segments: list[int] | None = None
+        if pack and not self.shared and len({p.numel() for p in prompts}) > 1:
+            self.segments = [p.numel() for p in prompts]
+            ends = torch.tensor(self.segments, device=device).cumsum(0)
+            self.out_index = torch.cat(
+                [
+                    torch.arange(int(e) - c, int(e), device=device)
+                    for e, c in zip(ends, clen, strict=True)
+                ]
+            )
+            prompts = [torch.cat(prompts)]
         width = max(p.numel() for p in prompts)
         u = len(prompts)
         self.prompt_ids = torch.zeros((u, width), dtype=ids.dtype, device=device)
@@ -211,6 +232,10 @@ class _Layout:
             self.prompt_ids[j, width - p.numel() :] = p
             self.prompt_valid[j, width - p.numel() :] = True
         self.prompt_pos = (self.prompt_valid.long().cumsum(1) - 1).clamp_(min=0)
+        if self.segments is not None:
+            self.prompt_pos = torch.cat([torch.arange(t, device=device) for t in self.segments])[
+                None
+            ]
         # completion inputs: tokens 0 .. c - 2 (the last one predicts nothing used)
         cw = max(clen_in) - 1
         self.comp_ids = torch.zeros((n, cw), dtype=ids.dtype, device=device)
@@ -284,23 +309,33 @@ def _attention(attn, x, cos, sin, keys_extra, mask, heads, kv_heads, head_dim):
         keys, values = torch.cat([pk, k.to(pk.dtype)], 2), torch.cat([pv, v.to(pv.dtype)], 2)
     if dtype is not None:  # autocast would cast them for SDPA: do it once, same values
         q, keys, values = q.to(dtype), keys.to(dtype), values.to(dtype)
-    o = _sdpa(q, keys, values, mask, attn.scaling, heads, kv_heads)
+    if isinstance(mask, list):  # packed rows: causal attention within each row's segment
+        parts = zip(q.split(mask, 2), keys.split(mask, 2), values.split(mask, 2), strict=True)
+        o = torch.cat(
+            [_sdpa(a, b, c, "causal", attn.scaling, heads, kv_heads) for a, b, c in parts], 2
+        )
+    else:
+        o = _sdpa(q, keys, values, mask, attn.scaling, heads, kv_heads)
     o = o.transpose(1, 2).reshape(rows, t, heads * head_dim)
     return linear(attn.o_proj, o, dtype), k, v
 
 
 def completion_states(
-    core: torch.nn.Module, batch: dict[str, torch.Tensor], share: bool | None = None
+    core: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    share: bool | None = None,
+    pack: bool | None = None,
 ) -> torch.Tensor:
     """Final-normed hidden states that predict each completion token of `batch` (a `collate`
     batch: right-padded prompt + completion rows, `mask` on completion targets), shape
     (completion tokens, hidden), in the order of `batch["mask"].bool()`. `share`: run shared
-    prompts once (None: when that saves enough tokens)."""
+    prompts once (None: when that saves enough tokens). `pack`: rows run whole are packed
+    without padding (False: left-padded with a mask; None: `PACK_ROWS`)."""
     inner = core.model  # type: ignore[union-attr]
     cfg = core.config  # type: ignore[union-attr]
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    lay = _Layout(batch, share)
+    lay = _Layout(batch, share, PACK_ROWS if pack is None else pack)
     device = lay.prompt_ids.device
     dtype = autocast_dtype(device)
     u, wp = lay.prompt_ids.shape
@@ -310,7 +345,7 @@ def completion_states(
     # completions are right-padded: a pad key is seen only by later (pad) queries, so only
     # prompt padding needs a mask
     padded = not bool(lay.prompt_valid.all())
-    mask_p: torch.Tensor | str = "causal"
+    mask_p: torch.Tensor | str | list[int] = "causal" if lay.segments is None else lay.segments
     mask_c: torch.Tensor | str = "lower_right"
     if padded:
         # a left-pad query sees no key: let it see itself (its output is never used) so that
@@ -362,6 +397,8 @@ def completion_states(
             hp, hc = torch.utils.checkpoint.checkpoint(step, layer, hp, hc, use_reentrant=False)
         else:
             hp, hc = step(layer, hp, hc)
+    if lay.segments is not None:
+        return inner.norm(hp[0, lay.out_index])
     if not lay.shared:
         return inner.norm(hp[:, -lay.out_sel.shape[1] :])[lay.out_sel]
     last = inner.norm(hp[:, -1])[lay.group][:, None]
