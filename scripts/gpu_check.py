@@ -8,6 +8,12 @@ bring to a machine without network; a random model's timing is the same), then t
 prints per run: step times, generated and trained tokens per second, peak GPU memory; then
 the log-prob mismatch between bf16 autocast and fp32 on the same model and tokens.
 `--shape tiny --device cpu` runs the same code small on a CPU (the tests do).
+
+`--sharded ROWSxTOKENS` (scripts/gpu_check.sh passes 8x1024) adds one sharded learner step:
+FSDP2 over a mesh of one rank (the sharded learners' code path: chunked head, lean forward
+as layer-group forward methods, bf16 gathered parameters, fp32 reduction, gradient
+checkpointing) on a Qwen2.5-0.5B-shaped Qwen2 model (24 layers, vocabulary 151,936; random
+weights), with its step time and peak GPU memory: the bf16 memory row of that shape.
 """
 
 from __future__ import annotations
@@ -47,7 +53,66 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
     ),
 }
+# Qwen2.5-0.5B's config.json shapes (Qwen2: q/k/v biases, tied head)
+QWEN25_05B: dict[str, Any] = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 RUNS = {"grpo": [], "replay": []}  # preset -> extra overrides
+
+
+def sharded_step(device: str, rows: int, tokens: int, shape: dict[str, Any]) -> dict[str, Any]:
+    """One sharded learner step on a mesh of one rank: seconds, peak memory, loss."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from replayrl.bench.speed import random_rollouts
+    from replayrl.config.schema import load_config
+    from replayrl.distributed import fsdp
+    from replayrl.distributed.ddp import free_port, init_group
+    from replayrl.learner.learner import Learner
+
+    init_group(0, 1, "127.0.0.1", free_port(), device=device)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(device)
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    cfg = load_config(
+        None,
+        [
+            f"train.device={device}",
+            f"train.micro_batch_size={rows}",
+            f"train.sharding_param_dtype={dtype}",
+        ],
+    )
+    learner = Learner(model, 0, cfg)
+    fsdp.shard_learner(learner, 1)
+    batch = random_rollouts(shape["vocab_size"], rows, 64, tokens)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    metrics = learner.train_step(batch, __import__("numpy").random.default_rng(0), step=0)
+    if cuda:
+        torch.cuda.synchronize()
+    out = {
+        "rows": rows,
+        "tokens": tokens,
+        "layers": shape["num_hidden_layers"],
+        "param_dtype": dtype,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "loss": metrics["loss"],
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+    }
+    torch.distributed.destroy_process_group()
+    return out
 
 
 def build_model_folder(folder: Path, shape: str, seed: int = 0) -> Path:
@@ -167,11 +232,25 @@ def main(argv: list[str] | None = None) -> int:
         help="the model and the runs' checkpoints (default: a temporary folder), kept out of "
         "--out so that only gpu_check.json comes back",
     )  # fmt: skip
+    p.add_argument(
+        "--sharded", default=None, metavar="ROWSxTOKENS",
+        help="also one sharded (FSDP2, mesh of one) learner step of that size on the "
+        "Qwen2.5-0.5B shape (--shape tiny: a tiny Qwen2)",
+    )  # fmt: skip
+    p.add_argument("--skip-runs", action="store_true", help="only the --sharded step")
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="replayrl-gpu-check-"))
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"environment": environment(), "shape": args.shape}
     print(json.dumps(report["environment"]), flush=True)
+    if args.sharded:
+        rows, tokens = (int(x) for x in args.sharded.lower().split("x"))
+        shape = QWEN25_05B if args.shape != "tiny" else {**SHAPES["tiny"], "vocab_size": 64}
+        report["sharded_step"] = sharded_step(args.device, rows, tokens, shape)
+        print("sharded step", json.dumps(report["sharded_step"]), flush=True)
+    if args.skip_runs:
+        (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+        return 0
     model_dir = build_model_folder(work / "model", args.shape)
     for preset in RUNS:
         report[preset] = train_run(

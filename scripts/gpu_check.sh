@@ -47,4 +47,8 @@ timeout 180 "$PY" -m pytest -q -m gpu -p no:cacheprovider --basetemp "$WORK/pyte
 echo "== 10 GRPO + 10 replay steps, bf16 vs fp32 log-probs"
 timeout 300 "$PY" scripts/gpu_check.py --out "$OUT" --work "$WORK/runs" --steps 10
 
-echo "figures: $OUT/gpu_check.json"
+echo "== one sharded learner step (FSDP2, mesh of 1, bf16 parameters), Qwen2.5-0.5B shape"
+timeout 240 "$PY" scripts/gpu_check.py --out "$OUT/sharded" --work "$WORK/sharded" \
+    --sharded 8x1024 --skip-runs
+
+echo "figures: $OUT/gpu_check.json $OUT/sharded/gpu_check.json"

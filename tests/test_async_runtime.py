@@ -99,7 +99,7 @@ FSDP = ["runtime=ray", "workers.learners=2", "train.sharding=fsdp"]
         (["runtime=ray", "train.sharding=fsdp"], "workers.learners >= 2"),
         (["runtime=async-local", "train.sharding=fsdp"], "use runtime=ray"),
         (FSDP + ["kl.beta=0.04", "kl.target=convex"], "train.sharding=fsdp: kl.target=convex"),
-        (FSDP + ["train.max_tokens_per_micro_batch=64"], "max_tokens_per_micro_batch packs"),
+        (FSDP + ["train.sharding_replicas=3"], "sharding_replicas=3 must divide"),
     ],
 )
 def test_async_config_errors_name_the_key(overrides: list[str], message: str) -> None:

@@ -32,8 +32,8 @@ WORLD = 2
 # lr 1e-4 (the default): Adam's first step is lr * g / (|g| + eps), so a gradient element
 # near eps turns the ranks' different fp32 summation order into up to ~lr * 1e-2 of change
 OVERRIDES = ["rollout.prompts_per_step=3", "rollout.num_generations=4", "train.lr=1e-4"]
-# the unsharded reference takes the same full-logits forward as the sharded ranks
-REFERENCE = [*OVERRIDES, "train.logprobs_impl=full"]
+# the unsharded reference: the same chunked head (and lean forward) the sharded ranks take
+REFERENCE = OVERRIDES
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,26 @@ def _local_optimizer_state(learner: Learner) -> dict[str, torch.Tensor]:
     return out
 
 
+def _lean_only() -> list[int]:
+    """In this (spawned) rank: the full-logits path raises, and the returned list counts the
+    lean forward's calls: a sharded step must take the chunked head and the lean forward."""
+    from replayrl.learner import lean_forward, logprobs
+
+    calls = [0]
+    states = lean_forward.completion_states
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a sharded learner took the full-logits path")
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return states(*args, **kwargs)
+
+    logprobs.token_logprobs_full = refuse
+    lean_forward.completion_states = counted
+    return calls
+
+
 def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> None:
     """Rank `rank`: shard, one step per batch on its half (saving the full state after the
     first), then a fresh sharded learner resumed from that state takes the second step."""
@@ -77,6 +97,7 @@ def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -
     init_group(rank, WORLD, "127.0.0.1", port)
     cfg = load_config(None, OVERRIDES)
     half = [b[rank::WORLD] for b in batches]
+    lean_calls = _lean_only()
 
     def sharded() -> Learner:
         learner = Learner(copy.deepcopy(model), pad_id, cfg)
@@ -120,6 +141,9 @@ def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -
         assert torch.equal(again[k], v), (rank, k)
     resumed.train_step(half[1], np.random.default_rng(rank), step=1)
     save("resumed.safetensors", fsdp.full_state(resumed.model))
+    assert lean_calls[0] > 0
+    # checkpointing is on by default where sharding is
+    assert unwrap_model(learner.model).model.gradient_checkpointing
     torch.distributed.destroy_process_group()
 
 
@@ -467,6 +491,21 @@ def test_ray_with_two_learners_accepts_sharding() -> None:
         load_config(None, [*sharded, "kl.beta=0.1", "kl.target=convex"])
 
 
+def test_float16_weights_are_refused_by_name_and_sharding_options_are_checked() -> None:
+    """fp16 weights would train without a loss scaler: refused with the way out; HSDP's
+    replicas must divide the learner ranks."""
+    with pytest.raises(ValueError, match="model.dtype=float16 would train float16 weights"):
+        load_config(None, ["model.dtype=float16"])
+    assert load_config(None, ["model.dtype=bfloat16"]).model.dtype == "bfloat16"
+    sharded = ["runtime=ray", "workers.learners=4", "train.sharding=fsdp"]
+    assert load_config(None, [*sharded, "train.sharding_replicas=2"]).train.sharding_replicas == 2
+    with pytest.raises(ValueError, match="sharding_replicas=3 must divide workers.learners=4"):
+        load_config(None, [*sharded, "train.sharding_replicas=3"])
+    # a token budget is accepted: every rank runs as many micro-batches (idle ones after)
+    budget = load_config(None, [*sharded, "train.max_tokens_per_micro_batch=4096"])
+    assert budget.train.max_tokens_per_micro_batch == 4096
+
+
 # a pass only some ranks' rows ask for: Mix-PPG's anchors (log pi_k of stale rollouts) and
 # the log pi_old recompute of fresh ones (in a pass of its own, not fused into the update)
 ONE_RANK_PASSES = {
@@ -534,3 +573,74 @@ def test_a_pass_one_ranks_rows_ask_for_runs_on_every_rank(
         torch.testing.assert_close(step[k], v, atol=1e-6, rtol=0)
         moved = max(moved, float((v - model.state_dict()[k]).abs().max()))
     assert moved > 5e-5  # the step changed the weights: the comparison is not vacuous
+
+
+def _token_budget_rank(
+    rank: int, port: int, model, pad_id: int, batch, budget: list[str], out: str
+) -> None:
+    """Rank `rank` under a token budget: its rows pack into its own number of micro-batches
+    (saved), and the step must still pair every rank's collectives."""
+    from safetensors.torch import save_file
+
+    from replayrl.distributed import fsdp
+    from replayrl.distributed.ddp import init_group
+
+    torch.set_num_threads(1)
+    init_group(rank, WORLD, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
+    lean_calls = _lean_only()
+    learner = Learner(copy.deepcopy(model), pad_id, load_config(None, [*OVERRIDES, *budget]))
+    fsdp.shard_learner(learner, WORLD)
+    half = batch[rank::WORLD]
+    lengths = [r.prompt_ids.numel() + r.completion_ids.numel() for r in half]
+    # the micro-batches of the update (rows in shared-prompt order, as `_update` cuts them)
+    order = learner._shared_rows(half, range(len(half)))
+    parts = torch.tensor([len(learner._micro(order, lengths))])
+    counts = [torch.zeros_like(parts) for _ in range(WORLD)]
+    torch.distributed.all_gather(counts, parts)
+    m = learner.train_step(half, np.random.default_rng(rank), step=0)
+    loss = torch.tensor([m["loss"]], dtype=torch.float64)
+    torch.distributed.all_reduce(loss)
+    final = fsdp.full_state(learner.model)
+    assert lean_calls[0] > 0
+    if rank == 0:
+        save_file({k: v.clone() for k, v in final.items()}, f"{out}/step.safetensors")
+        save_file({"loss": loss / WORLD, "parts": torch.cat(counts)}, f"{out}/loss.safetensors")
+    torch.distributed.destroy_process_group()
+
+
+def test_a_sharded_step_under_a_token_budget_equals_the_unsharded_one(
+    model, rollouts, char_tokenizer, tmp_path: Path
+):
+    """Under `train.max_tokens_per_micro_batch` each rank packs its rows into its own number
+    of micro-batches; the rank with fewer runs idle ones (every sharded pass is a
+    collective), and the step equals the unsharded one."""
+    from safetensors.torch import load_file
+
+    from replayrl.distributed.ddp import free_port
+
+    pad = char_tokenizer.pad_token_id
+    by_length = sorted(rollouts, key=lambda r: r.prompt_ids.numel() + r.completion_ids.numel())
+    # rank 0 (even rows) the 6 longest rows, rank 1 (odd rows) the 6 shortest
+    batch = [r for pair in zip(by_length[-6:], by_length[:6], strict=True) for r in pair]
+    # padded tokens per micro-batch (rows x longest row): two short rows fit, two long do not
+    size = [r.prompt_ids.numel() + r.completion_ids.numel() for r in by_length]
+    assert max(size[:6]) < min(size[-6:])
+    budget = [f"train.max_tokens_per_micro_batch={2 * max(size[:6])}", "train.micro_batch_size=2"]
+    mp.spawn(
+        _token_budget_rank,
+        args=(free_port(), model, pad, batch, budget, str(tmp_path)),
+        nprocs=WORLD,
+        join=True,
+    )
+    got = load_file(str(tmp_path / "loss.safetensors"))
+    parts = got["parts"].tolist()
+    assert parts == [6, 3], parts  # the ranks packed different numbers of micro-batches
+    ref = Learner(copy.deepcopy(model), pad, load_config(None, [*REFERENCE, *budget]))
+    m = ref.train_step(batch[0::WORLD] + batch[1::WORLD], np.random.default_rng(0), step=0)
+    assert abs(float(got["loss"]) - m["loss"]) < 1e-6, (float(got["loss"]), m["loss"])
+    step = load_file(str(tmp_path / "step.safetensors"))
+    moved = 0.0
+    for k, v in ref.model.state_dict().items():
+        torch.testing.assert_close(step[k], v, atol=1e-6, rtol=0)
+        moved = max(moved, float((v - model.state_dict()[k]).abs().max()))
+    assert moved > 5e-5

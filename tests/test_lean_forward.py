@@ -225,3 +225,129 @@ def test_shared_prompt_order_groups_prompts():
     runs = [p for i, p in enumerate(prompts) if i == 0 or p != prompts[i - 1]]
     assert len(runs) == len(set(prompts)) == 3
     assert [len(p) for p in runs] == [11, 6, 2]
+
+
+def _small(config_cls, model_cls, **extra):
+    """A tiny model of another family (random weights): 2 layers, GQA, head_dim 8."""
+    cfg = config_cls(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        initializer_range=0.3,
+        pad_token_id=0,
+        **extra,
+    )
+    torch.manual_seed(4)
+    return model_cls(cfg)
+
+
+def _families():
+    from transformers import (
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    return {
+        # q/k/v biases; Qwen2.5's tied head
+        "qwen2": lambda: _small(Qwen2Config, Qwen2ForCausalLM, tie_word_embeddings=True),
+        # per-head RMSNorm of q and k before the rotary embedding
+        "qwen3": lambda: _small(Qwen3Config, Qwen3ForCausalLM),
+        # a sliding window longer than every row: full causal attention
+        "mistral": lambda: _small(MistralConfig, MistralForCausalLM, sliding_window=64),
+    }
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
+def test_qwen_and_mistral_take_the_lean_forward_and_match_their_logits(family):
+    model = _families()[family]().train()
+    if family == "qwen2":  # q/k/v biases, drawn away from their zero init: exercised
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in ("q_proj", "k_proj", "v_proj"):
+                    getattr(layer.self_attn, proj).bias.uniform_(-0.5, 0.5)
+    if family == "qwen3":
+        assert hasattr(model.model.layers[0].self_attn, "q_norm")
+        with torch.no_grad():  # norms away from 1: a skipped norm changes the states
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    batch = collate(_rollouts(), 0)
+    core = lp_mod._lean_core(model)
+    assert core is not None  # the lean path is taken
+    with torch.no_grad():
+        states = lean_forward.completion_states(core, batch)
+        mine = model.lm_head(states)
+        theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        theirs = theirs.logits[:, :-1][batch["mask"].bool()]
+    assert mine.shape == theirs.shape
+    torch.testing.assert_close(mine, theirs, atol=2e-5, rtol=1e-5)
+    _compare(model, batch)  # log-probs, entropies and gradients
+
+
+def test_rows_longer_than_the_sliding_window_take_the_models_own_attention():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    model = _small(MistralConfig, MistralForCausalLM, sliding_window=8).eval()
+    batch = collate(_rollouts(), 0)  # rows of up to 20 tokens
+    core = lp_mod._lean_core(model)
+    assert core is not None and not lean_forward.fits(core, batch)
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch, 1.0)
+        with reference_impl():
+            ref, _ = token_logprobs(model, batch, 1.0)
+    m = batch["mask"].bool()  # the full path fills every position
+    assert float((lp - ref)[m].abs().max()) < 1e-5
+
+
+def test_a_soft_capped_head_takes_the_chunked_head():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    model = _small(Gemma2Config, Gemma2ForCausalLM, final_logit_softcapping=2.0).eval()
+    parts = lp_mod._split(model)
+    assert parts is not None  # the chunked head, soft-capped (no full logits)
+    batch = collate(_rollouts(), 0)
+    with torch.no_grad():
+        lp, ent = token_logprobs(model, batch, 0.7)
+        with reference_impl():
+            ref, ref_ent = token_logprobs(model, batch, 0.7)
+    m = batch["mask"].bool()
+    assert float((lp - ref)[m].abs().max()) < 1e-5
+    assert float((ent - ref_ent)[m].abs().max()) < 1e-5
+
+
+def test_rows_run_whole_are_packed_without_padding_with_the_padded_loss_and_gradients(
+    monkeypatch,
+):
+    """Rows of different lengths run whole are packed into one row (positions restart per
+    row, attention causal within each row): the same states, loss and gradients as the
+    left-padded layout with its [rows, 1, T, T] mask."""
+    monkeypatch.setattr(lean_forward, "_SHARE_MIN", 2.0)  # every row whole
+    model = _llama().train()
+    batch = collate(_rollouts(), 0)
+    lay = lean_forward._Layout(batch, pack=True)
+    assert lay.segments is not None and lay.prompt_ids.shape[0] == 1  # one packed row
+    assert lay.prompt_ids.shape[1] == sum(lay.segments) < batch["input_ids"].numel()
+    out = []
+    for pack in (True, False):
+        model.zero_grad(set_to_none=True)
+        states = lean_forward.completion_states(model, batch, pack=pack)
+        logps = torch.log_softmax(model.lm_head(states).float(), -1)
+        loss = -logps.gather(-1, batch["input_ids"][:, 1:][batch["mask"].bool()][:, None]).mean()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        out.append((states.detach(), loss.detach(), grads))
+    (s1, l1, g1), (s2, l2, g2) = out
+    torch.testing.assert_close(s1, s2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(l1, l2, atol=1e-6, rtol=1e-6)
+    assert g1.keys() == g2.keys() and g1
+    for name, g in g2.items():
+        torch.testing.assert_close(g1[name], g, atol=1e-5, rtol=1e-4)

@@ -26,6 +26,12 @@ before the measured work and read after it, minus the RSS before the model was b
   allocated before the baseline;
 - generation: weights + KV cache (2 x layers x kv x rows x length) + a few rows x vocab logits.
 
+With `--ranks N` (N >= 2) each measurement runs on N processes joined over gloo (CPU) or NCCL,
+the model sharded with FSDP2 as sharded learners shard it (distributed/fsdp.py: a group per
+decoder layer, the root group, gradient checkpointing on, the chunked head); each rank
+measures its own peak and the row shows the largest. The formula describes one unsharded
+process and is printed beside sharded rows only as a reference.
+
 The model configs are SmolLM2-135M's LlamaConfig values and Qwen2.5-0.5B's shapes (vocabulary
 151,936) on the Llama architecture with attention biases, so that both take the lean forward.
 """
@@ -152,12 +158,32 @@ def _learner_step(model, batch, lora: bool) -> None:
     opt.step()
 
 
+def _shard(model: torch.nn.Module, spec: dict[str, Any]) -> None:
+    """Join the ranks' group and shard `model` as a sharded learner does (in place)."""
+    import torch
+
+    from replayrl.distributed import fsdp
+    from replayrl.distributed.ddp import init_group
+    from replayrl.learner import logprobs
+
+    device = torch.device(spec["device"])
+    init_group(spec["rank"], spec["ranks"], "127.0.0.1", spec["port"], device=device)
+    model.gradient_checkpointing_enable(  # type: ignore[operator]
+        gradient_checkpointing_kwargs={"use_reentrant": False}
+    )
+    logprobs.prepare(model)
+    mesh = fsdp.make_mesh(spec["ranks"], 1, device)
+    fsdp.shard_policy(model, mesh, fsdp.param_dtype(spec.get("param_dtype", "auto"), device))
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """One measurement (in this process): spec has model, kind, layers, rows, tokens,
-    checkpointing, device."""
+    checkpointing, device; with `ranks` >= 2 also rank and port (this process is one rank of
+    a sharded model)."""
     import torch
 
     device = spec["device"]
+    sharded = spec.get("ranks", 1) > 1
     cuda = device.startswith("cuda")
     torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
     # imports first: the modules' own memory is not the step's
@@ -170,7 +196,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["kind"] == "lora":
         import peft  # noqa: F401
     start = _reset_peak(cuda)
-    layers = 0 if spec["kind"] in ("head", "lm-head") else spec["layers"]
+    # a sharded head probe keeps one decoder layer: a group of its own beside the root's
+    layers = (1 if sharded else 0) if spec["kind"] in ("head", "lm-head") else spec["layers"]
     model = build_model(spec["model"], layers, device)
     if spec["kind"] == "lora":
         from replayrl.config.schema import LoraConfig, ModelConfig
@@ -183,6 +210,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         model.gradient_checkpointing_enable(  # type: ignore[operator]
             gradient_checkpointing_kwargs={"use_reentrant": False}
         )
+    if sharded:
+        if spec["kind"] not in ("head", "full", "lora"):
+            raise ValueError(f"--ranks: kind {spec['kind']} is not measured sharded")
+        _shard(model, spec)
     vocab = CONFIGS[spec["model"]]["vocab_size"]
     tokens = spec["tokens"]
     t0 = time.perf_counter()
@@ -203,6 +234,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         batch = make_batch(vocab, spec["rows"], tokens, device)
         model.train()
+        if sharded:
+            torch.distributed.barrier()
         base = _reset_peak(cuda)
         if spec["kind"] == "lm-head":  # the head's function alone, on given final states
             from replayrl.learner.logprobs import head_logprobs
@@ -216,11 +249,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         elif spec["kind"] == "head":  # embedding + final norm + head: the head's own memory
             from replayrl.learner.logprobs import token_logprobs
 
-            logps, _ = token_logprobs(model, batch, 1.0)
+            full = spec.get("logprobs") == "full"  # the full-logits path, for comparison
+            logps, _ = token_logprobs(model, batch, 1.0, full=full)
             (logps * batch["mask"]).sum().backward()
         else:
             _learner_step(model, batch, spec["kind"] == "lora")
     peak = _peak(cuda)
+    if sharded:
+        torch.distributed.destroy_process_group()
     return {
         **spec,
         "seconds": round(time.perf_counter() - t0, 1),
@@ -277,30 +313,58 @@ def formula(spec: dict[str, Any], chunk_elements: int = 1 << 25) -> dict[str, in
 
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:
-    """`measure(spec)` in a fresh interpreter (peaks of earlier work do not count)."""
-    cmd = [sys.executable, "-m", "replayrl.bench.memory", "--child", json.dumps(spec)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-    if done.returncode != 0:
-        raise RuntimeError(f"measurement {spec} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """`measure(spec)` in a fresh interpreter (peaks of earlier work do not count); with
+    `ranks` >= 2, in that many, one per rank: the largest rank's figures, each rank's peak
+    in `rank_peaks`."""
+    ranks = spec.get("ranks", 1)
+    if ranks <= 1:
+        return _child(spec)[0]
+    from replayrl.distributed.ddp import free_port
+
+    port = free_port()
+    results = _child(*[{**spec, "rank": r, "port": port} for r in range(ranks)])
+    top = max(results, key=lambda r: r["peak_total"])
+    return {**top, "rank_peaks": [r["peak_step"] for r in results]}
+
+
+def _child(*specs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each spec measured in a fresh interpreter, all at once (the ranks of one group)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "replayrl.bench.memory", "--child", json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
+        )
+        for spec in specs
+    ]
+    outs = [p.communicate() for p in procs]
+    for spec, p, (_, err) in zip(specs, procs, outs, strict=True):
+        if p.returncode != 0:
+            raise RuntimeError(f"measurement {spec} failed:\n{err[-2000:]}")
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
 def _row(r: dict[str, Any]) -> str:
     terms = formula(r)
     predicted = sum(terms.values())
     measured = r["peak_step"] if r["kind"] in ("head", "lm-head") else r["peak_total"]
-    ckpt = "yes" if r.get("checkpointing") else "no"
-    layers = 0 if r["kind"] in ("head", "lm-head") else r["layers"]
+    ranks = r.get("ranks", 1)
+    ckpt = "yes" if r.get("checkpointing") or ranks > 1 else "no"
+    head = r["kind"] in ("head", "lm-head")
+    layers = (1 if ranks > 1 else 0) if head else r["layers"]
     return (
-        f"| {r['model']} | {r['kind']} | {layers} | "
+        f"| {r['model']} | {r['kind']} | {ranks} | {layers} | "
         f"{r['rows']} | {r['tokens']} | {ckpt} | {measured / _MB:,.0f} | "
         f"{predicted / _MB:,.0f} | {measured / max(predicted, 1):.2f} | {r['seconds']} |"
     )
 
 
 HEADER = (
-    "| model config | measured | layers | rows | tokens | checkpointing | peak MiB | "
-    "formula MiB | peak / formula | seconds |\n|---|---|---|---|---|---|---|---|---|---|"
+    "| model config | measured | ranks | layers | rows | tokens | checkpointing | peak MiB "
+    "(largest rank) | formula MiB (1 process) | peak / formula | seconds |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -321,6 +385,9 @@ def main(args: argparse.Namespace) -> int:
                 "checkpointing": args.checkpointing,
                 "device": device,
                 "threads": args.threads,
+                "ranks": args.ranks,
+                "param_dtype": args.param_dtype,
+                "logprobs": args.logprobs,
             }
             r = run_one(spec)
             r["formula"] = formula(r)
@@ -344,6 +411,19 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument("--ranks", type=int, default=1, help="sharded (FSDP2) over this many processes")
+    p.add_argument(
+        "--param-dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="with --ranks: the dtype sharded parameters are gathered in (auto: bf16 on CUDA)",
+    )
+    p.add_argument(
+        "--logprobs",
+        choices=["chunked", "full"],
+        default="chunked",
+        help="head kind: the chunked head (the learners') or full logits (for comparison)",
+    )
     p.add_argument("--json", help="write the figures to this JSON file")
 
 

@@ -131,7 +131,22 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype of the policy's weights (a model object: its own)"
     )
-    gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
+    # recompute activations in backward (less memory); on by default under
+    # train.sharding=fsdp unless set here
+    gradient_checkpointing: bool = False
+
+    @field_validator("dtype")
+    @classmethod
+    def _no_fp16_weights(cls, value: str) -> str:
+        # fp16 master weights and gradients underflow without a loss scaler (not run here)
+        if value == "float16":
+            raise ValueError(
+                "model.dtype=float16 would train float16 weights without a loss scaler, so "
+                "small gradients and updates underflow to zero: use model.dtype=bfloat16 "
+                "(float32's range) or float32 with precision.learner_autocast=bfloat16"
+            )
+        return value
+
     # Llama-architecture policies: the learner's lean training forward (shared prompts run
     # once); false = transformers' own forward (same values, more time and memory)
     lean_forward: bool = True
@@ -683,6 +698,19 @@ class TrainConfig(_Section):
         "holds the adapters only; kl.beta > 0's reference policy is sharded the same "
         "way; none = every learner holds the whole policy (data-parallel)",
     )
+    sharding_param_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="train.sharding=fsdp: the dtype sharded parameters are gathered and "
+        "computed in (gradients are reduced in fp32, AdamW keeps fp32 master weights); auto = "
+        "bfloat16 on CUDA, float32 on CPU",
+    )
+    sharding_replicas: int = Field(
+        1,
+        ge=1,
+        description="train.sharding=fsdp: HSDP, the learner ranks split into this many "
+        "replicas (e.g. one per node), each sharding the policy over its ranks; 1 = every "
+        "rank holds 1 / workers.learners of it",
+    )
     # no silent non-training: this many steps in a row in which nothing could be trained (a
     # reward function failed on every call, every update was skipped as non-finite, or the
     # gradient was exactly 0 despite non-zero advantages) end the run with an error; 0 = never
@@ -971,11 +999,10 @@ class Config(_Section):
                 "step, which the sharded learners do not keep; use kl.target=reference (the "
                 "initial policy, sharded like the policy) or train.sharding=none"
             )
-        elif t.max_tokens_per_micro_batch is not None:
+        elif self.workers.learners % t.sharding_replicas:
             why = (
-                "train.max_tokens_per_micro_batch packs each rank's rollouts into its own "
-                "number of micro-batches, while every sharded forward is a collective all "
-                "ranks must join; use train.micro_batch_size"
+                f"train.sharding_replicas={t.sharding_replicas} must divide workers.learners="
+                f"{self.workers.learners}"
             )
         if why is not None:
             raise ValueError(f"train.sharding=fsdp: {why}")

@@ -81,6 +81,16 @@ def sum_over_ranks(count: float) -> float:
     return float(t.item())
 
 
+def max_over_ranks(n: int) -> int:
+    """The largest `n` of all ranks (sharded learners: every rank runs that many
+    micro-batches, its own then idle ones, since each sharded pass is a collective)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=_group_device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def data_parallel(learner: Any, world: int) -> None:
     """Make a learner one of `world` data-parallel ranks: gradients averaged over ranks, and
     the loss normalised by the count over all ranks (token_mean = the mean over every rank's

@@ -1,5 +1,7 @@
 """Sharded learners (`train.sharding: fsdp`): the policy's parameters, gradients and AdamW
-state split across the learner ranks with FSDP2 (`torch.distributed.fsdp.fully_shard`).
+state split across the learner ranks with FSDP2 (`torch.distributed.fsdp.fully_shard`) on a
+`DeviceMesh` (one dimension, or two for HSDP: `train.sharding_replicas` replicas, each
+sharded over the rest of the ranks).
 
 Each rank trains on its own B / T rollouts like the data-parallel learners (ddp.py): FSDP's
 reduce-scatter averages the gradients, and the loss normaliser counts over every rank, so a
@@ -9,30 +11,47 @@ embeddings, final norm and output head form the root group. A LoRA policy is sha
 frozen base (what sharding saves there), and AdamW holds its adapters only. With kl.beta > 0
 the frozen reference is sharded the same way (LoRA's is the policy with adapters off).
 
-The learner's forward goes through `model(...)` (full logits): FSDP gathers a group's weights
-in that module's forward hook, which the lean forward and the chunked head, reading weights
-directly, would skip. Whatever leaves the learner (the generators' weights, an evaluation's
-model, a checkpoint's HF or adapter folder, optimizer state and reference) is gathered once
-into full tensors (`full_model`, `full_learner_state`). Every function here is a collective:
-every rank calls it.
+The learner's forward is the unsharded one: the chunked output head (no rows x tokens x
+vocabulary logits) and, for the architectures it covers, the lean forward. Both read weights
+directly instead of calling each module, so FSDP's gather hooks are reached through
+`register_fsdp_forward_method`: the whole log-prob computation runs as a forward method of the
+root group (`run_sharded`), and the lean forward runs each decoder layer as a forward method
+of that layer's group. Which path a model takes is checked once before sharding
+(`logprobs.prepare`), on the whole model.
+
+Precision: `MixedPrecisionPolicy` gathers parameters in `train.sharding_param_dtype` (auto:
+bf16 on CUDA, fp32 on CPU) and reduces gradients in fp32; AdamW's master weights stay fp32.
+Gradient checkpointing is on unless `model.gradient_checkpointing` says otherwise.
+
+Whatever leaves the learner (the generators' weights, an evaluation's model, a checkpoint's HF
+or adapter folder, optimizer state and reference) is gathered into full tensors (`full_model`,
+`full_learner_state`). Every function here is a collective: every rank calls it.
 """
 
 from __future__ import annotations
 
 import copy as copy_module
+import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor
 
-from replayrl.distributed.ddp import average_gradients, sum_over_ranks
+from replayrl.distributed.ddp import average_gradients, max_over_ranks, sum_over_ranks
+from replayrl.learner import logprobs
 from replayrl.learner.frozen import AdapterSnapshot, is_lora
 from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
 from replayrl.models.loading import unwrap_model
@@ -51,9 +70,54 @@ def _unsupported(learner: Any) -> str | None:
     return None
 
 
-def shard_policy(model: torch.nn.Module) -> None:
-    """FSDP2 over the ranks of the default process group: one group per decoder layer, the
-    rest (embeddings, tied head, final norm) in the root group. In place.
+# the forward method through which a sharded group runs code that reads its weights directly
+RUN = "replayrl_run"
+
+
+def _run(self: torch.nn.Module, fn: Callable[..., Any], *args: Any) -> Any:
+    del self  # the module is only the owner of the FSDP hooks around this call
+    return fn(*args)
+
+
+def hook_calls(module: torch.nn.Module) -> None:
+    """Give a sharded `module` a `replayrl_run(fn, *args)` method that runs `fn(*args)` with the
+    group's parameters gathered (FSDP's pre/post-forward hooks around it, and its backward
+    hooks on the outputs), as `module(...)` would."""
+    setattr(module, RUN, types.MethodType(_run, module))
+    register_fsdp_forward_method(module, RUN)
+
+
+def param_dtype(setting: str, device: torch.device) -> torch.dtype | None:
+    """The dtype parameters are gathered (and computed) in: `auto` is bf16 on CUDA, fp32
+    (None: the parameters' own) elsewhere: CPUs without native bf16 run it emulated."""
+    if setting == "bfloat16" or (setting == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def make_mesh(world: int, replicas: int, device: torch.device) -> DeviceMesh:
+    """The learner ranks as a mesh: 1-D (every rank holds 1 / world of each group), or 2-D for
+    HSDP (`replicas` x world / replicas: sharded within a replica, e.g. one node, gradients
+    all-reduced across replicas)."""
+    if world % replicas:
+        raise ValueError(
+            f"train.sharding_replicas={replicas} does not divide the {world} learner ranks"
+        )
+    if replicas == 1:
+        return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(
+        device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def shard_policy(
+    model: torch.nn.Module,
+    mesh: DeviceMesh | None = None,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """FSDP2 over `mesh` (None: the default process group's ranks): one group per decoder
+    layer, the rest (embeddings, tied head, final norm) in the root group; parameters
+    gathered in `dtype` (None: their own), gradients reduced in fp32. In place.
 
     A LoRA policy (peft) is sharded as it is: each layer's group holds its frozen base weights
     and its adapters, and FSDP reduces gradients only for the parameters that train."""
@@ -64,9 +128,12 @@ def shard_policy(model: torch.nn.Module) -> None:
             f"train.sharding=fsdp: {type(inner).__name__} has no model.layers (decoder "
             "layers) to shard"
         )
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+        hook_calls(layer)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    hook_calls(model)
 
 
 def _replicated_mean(params: list[torch.nn.Parameter]) -> None:
@@ -91,13 +158,31 @@ def shard_learner(learner: Any, world: int) -> None:
     if learner.world_size != 1:
         raise ValueError("train.sharding=fsdp: this learner is already one of several ranks")
     carried = learner.optimizer.state_dict() if learner.optimizer.state else None
-    shard_policy(learner.model)
+    t = learner.cfg.train
+    m = learner.cfg.model
+    if m.gradient_checkpointing or "gradient_checkpointing" not in m.model_fields_set:
+        # on by default where sharding is: what is sharded is large; an explicit false wins
+        unwrap_model(learner.model).gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    # which log-prob path each model takes, decided on the whole model (the checks run
+    # transformers' forward, which sharded modules run only through their hooks)
+    logprobs.prepare(learner.model)
+    if isinstance(learner.base_model, torch.nn.Module):
+        logprobs.prepare(learner.base_model)
+    device = next(learner.model.parameters()).device
+    mesh = make_mesh(world, t.sharding_replicas, device)
+    dtype = param_dtype(t.sharding_param_dtype, device)
+    shard_policy(learner.model, mesh, dtype)
     if isinstance(learner.base_model, torch.nn.Module):
         # full fine-tuning's frozen reference (kl.beta > 0), sharded the same way: its
         # no-grad forwards are collectives every rank joins in lockstep, as the policy's are.
         # LoRA's reference is the sharded policy itself with its adapters switched off.
-        shard_policy(learner.base_model)
-    t = learner.cfg.train
+        shard_policy(learner.base_model, mesh, dtype)
+    if dtype is not None:
+        # the gathered parameters are already in the compute dtype: autocast would only
+        # re-cast them (and cache whole frozen weights per rank)
+        learner.autocast = None
     learner.optimizer = torch.optim.AdamW(
         [p for p in learner.model.parameters() if p.requires_grad],
         lr=t.lr,
@@ -111,17 +196,24 @@ def shard_learner(learner: Any, world: int) -> None:
     )
     if carried is not None:
         load_full_optimizer_state(learner.model, learner.optimizer, carried)
-    learner.full_logprobs = True  # through model(...): see the module docstring
     learner.lockstep_forwards = True  # a forward one rank's data asks for runs on every rank
     learner.grad_hook = _replicated_mean
     learner.count_reducer = sum_over_ranks
+    learner.micro_count_sync = max_over_ranks
     learner.world_size = world
 
 
+@torch.no_grad()
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer as a full CPU tensor, on every rank (one all-gather)."""
-    sd = get_model_state_dict(model, options=_FULL)
-    return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
+    """Every parameter and buffer as a full CPU tensor, on every rank: one all-gather per
+    tensor, each moved to the CPU before the next starts, so a device never holds more than
+    one whole parameter beside its shards (storage/sharded_checkpoint.py's `gathered_state`
+    keeps them on rank 0 only)."""
+    out = {}
+    for name, t in model.state_dict().items():
+        full = t.full_tensor() if isinstance(t, DTensor) else t
+        out[name] = full.detach().to("cpu", copy=True)
+    return out
 
 
 def _unsharded_class(model: torch.nn.Module) -> type:

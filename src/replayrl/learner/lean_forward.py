@@ -1,4 +1,5 @@
-"""A lean training forward for Llama-architecture policies: the hidden states that predict
+"""A lean training forward for Llama-architecture policies (Llama, Mistral, Qwen2/2.5 with
+their q/k/v biases, Qwen3 with its per-head q/k norms): the hidden states that predict
 completion tokens, with each distinct prompt run once for all the rollouts that share it.
 
 The learner needs log pi(completion token) only. transformers' forward runs every row's
@@ -27,6 +28,11 @@ too (`fused_gqa_kernel`). With the
 model's gradient checkpointing on (`model.gradient_checkpointing`), each decoder layer runs
 under `torch.utils.checkpoint`: backward keeps only the layers' inputs.
 
+Sharded policies (FSDP2): each decoder layer runs as a forward method of its shard group
+(`replayrl_run`, distributed/fsdp.py), so its weights are gathered around it as around
+`layer(...)`, and no frozen weight is cached (a cast copy of a gathered weight would be a
+whole layer kept on every rank).
+
 Same log-probs and gradients as transformers' forward up to float rounding
 (tests/test_lean_forward.py); `completion_states` is checked once per model against
 transformers' own forward on a short input and is used only where it matches.
@@ -34,7 +40,10 @@ transformers' own forward on a short input and is used only where it matches.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import weakref
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +53,17 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from replayrl.models.loading import LEAN_ATTR
 from replayrl.rollout.generation.decoders import llama_core
+
+# model_type values whose decoder layers are Llama's up to what this module runs: biases on
+# the projections (Qwen2/2.5), per-head RMSNorm of q and k before the rotary embedding
+# (Qwen3), a sliding window (Mistral; used only where every row fits in it). Checked again
+# module by module (`decoders.llama_core`) and against transformers' forward once per model.
+LEAN_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_sharded_depth = 0
+# pack rows run whole without padding (`_Layout.segments`): same values up to float rounding
+# (~1e-5 on log-probs, other matmul shapes) and no [rows, 1, T, T] mask, but one attention
+# call per row and layer; off by default until measured against the padded layout
+PACK_ROWS = False
 
 _WEIGHTS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, torch.dtype, torch.Tensor]] = (
     weakref.WeakKeyDictionary()
@@ -63,6 +83,8 @@ def _weight(mod: torch.nn.Linear, dtype: torch.dtype | None) -> torch.Tensor:
     w = mod.weight
     if dtype is None or w.requires_grad or w.dtype == dtype:
         return w
+    if _sharded_depth:  # a gathered weight is freed after its layer: cast it, keep nothing
+        return w.to(dtype)
     hit = _WEIGHTS.get(mod)
     if hit is not None and hit[0] == w._version and hit[1] == dtype:
         return hit[2]
@@ -111,12 +133,30 @@ def _mlp(mlp: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> to
     return linear(mlp.down_proj, mlp.act_fn(gate) * linear(mlp.up_proj, x, dtype), dtype)
 
 
+@contextlib.contextmanager
+def sharded() -> Iterator[None]:
+    """Inside this block the policy is sharded: frozen weights are cast per use, not cached."""
+    global _sharded_depth
+    _sharded_depth += 1
+    try:
+        yield
+    finally:
+        _sharded_depth -= 1
+
+
+def fits(core: torch.nn.Module, batch: dict[str, torch.Tensor]) -> bool:
+    """Whether `batch`'s rows fit the model's sliding window (a row no longer than the
+    window attends to every earlier token, as full causal attention does)."""
+    window = getattr(core.config, "sliding_window", None)
+    return window is None or batch["input_ids"].shape[1] <= int(window)
+
+
 def lean_core(model: object) -> torch.nn.Module | None:
-    """The Llama causal LM inside `model` when the lean forward applies to it (a module of
-    Llama architecture without attention dropout), else None."""
+    """The causal LM inside `model` when the lean forward applies to it (a module of a type
+    in LEAN_TYPES without attention dropout), else None."""
     if not isinstance(model, torch.nn.Module):
         return None
-    core = llama_core(model)
+    core = llama_core(model, LEAN_TYPES, qk_norm=True, sliding_window=True)
     if core is None or getattr(core.config, "attention_dropout", 0.0):
         return None
     if not getattr(core, LEAN_ATTR, True):  # switched off by `model.lean_forward: false`
@@ -131,10 +171,13 @@ _SHARE_MIN = 0.2
 
 class _Layout:
     """Where each row's inputs go (from a `collate` batch): with enough shared prompts, the
-    distinct prompts (left-padded) and then each row's completion inputs; otherwise each row
-    whole in one left-padded pass (`shared` False, no completion pass)."""
+        distinct prompts (left-padded) and then each row's completion inputs; otherwise each row
+        whole (`shared` False, no completion pass): packed into one row without padding when their
+    lengths differ (`segments`), else one unpadded pass."""
 
-    def __init__(self, batch: dict[str, torch.Tensor], share: bool | None = None) -> None:
+    def __init__(
+        self, batch: dict[str, torch.Tensor], share: bool | None = None, pack: bool = False
+    ) -> None:
         ids = batch["input_ids"]
         sel = batch["mask"].bool()
         device = ids.device
@@ -167,6 +210,20 @@ class _Layout:
         else:
             clen_in = clen
         self.group = torch.tensor(group, device=device)
+        # rows of different lengths run whole: packed into one row without padding, each
+        # attending causally within its own segment (positions restart per row), so nothing
+        # grows with rows x longest row (no [rows, 1, T, T] mask)
+        self.segments: list[int] | None = None
+        if pack and not self.shared and len({p.numel() for p in prompts}) > 1:
+            self.segments = [p.numel() for p in prompts]
+            ends = torch.tensor(self.segments, device=device).cumsum(0)
+            self.out_index = torch.cat(
+                [
+                    torch.arange(int(e) - c, int(e), device=device)
+                    for e, c in zip(ends, clen, strict=True)
+                ]
+            )
+            prompts = [torch.cat(prompts)]
         width = max(p.numel() for p in prompts)
         u = len(prompts)
         self.prompt_ids = torch.zeros((u, width), dtype=ids.dtype, device=device)
@@ -175,6 +232,10 @@ class _Layout:
             self.prompt_ids[j, width - p.numel() :] = p
             self.prompt_valid[j, width - p.numel() :] = True
         self.prompt_pos = (self.prompt_valid.long().cumsum(1) - 1).clamp_(min=0)
+        if self.segments is not None:
+            self.prompt_pos = torch.cat([torch.arange(t, device=device) for t in self.segments])[
+                None
+            ]
         # completion inputs: tokens 0 .. c - 2 (the last one predicts nothing used)
         cw = max(clen_in) - 1
         self.comp_ids = torch.zeros((n, cw), dtype=ids.dtype, device=device)
@@ -235,8 +296,11 @@ def _attention(attn, x, cos, sin, keys_extra, mask, heads, kv_heads, head_dim):
     """q/k/v projections with rotary embeddings and SDPA; returns (output, k, v)."""
     rows, t = x.shape[:2]
     dtype = autocast_dtype(x.device)
-    q = linear(attn.q_proj, x, dtype).view(rows, t, heads, head_dim).transpose(1, 2)
-    k = linear(attn.k_proj, x, dtype).view(rows, t, kv_heads, head_dim).transpose(1, 2)
+    q = linear(attn.q_proj, x, dtype).view(rows, t, heads, head_dim)
+    k = linear(attn.k_proj, x, dtype).view(rows, t, kv_heads, head_dim)
+    if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's q and k, before RoPE
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
     v = linear(attn.v_proj, x, dtype).view(rows, t, kv_heads, head_dim).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     keys, values = k, v
@@ -245,23 +309,33 @@ def _attention(attn, x, cos, sin, keys_extra, mask, heads, kv_heads, head_dim):
         keys, values = torch.cat([pk, k.to(pk.dtype)], 2), torch.cat([pv, v.to(pv.dtype)], 2)
     if dtype is not None:  # autocast would cast them for SDPA: do it once, same values
         q, keys, values = q.to(dtype), keys.to(dtype), values.to(dtype)
-    o = _sdpa(q, keys, values, mask, attn.scaling, heads, kv_heads)
+    if isinstance(mask, list):  # packed rows: causal attention within each row's segment
+        parts = zip(q.split(mask, 2), keys.split(mask, 2), values.split(mask, 2), strict=True)
+        o = torch.cat(
+            [_sdpa(a, b, c, "causal", attn.scaling, heads, kv_heads) for a, b, c in parts], 2
+        )
+    else:
+        o = _sdpa(q, keys, values, mask, attn.scaling, heads, kv_heads)
     o = o.transpose(1, 2).reshape(rows, t, heads * head_dim)
     return linear(attn.o_proj, o, dtype), k, v
 
 
 def completion_states(
-    core: torch.nn.Module, batch: dict[str, torch.Tensor], share: bool | None = None
+    core: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    share: bool | None = None,
+    pack: bool | None = None,
 ) -> torch.Tensor:
     """Final-normed hidden states that predict each completion token of `batch` (a `collate`
     batch: right-padded prompt + completion rows, `mask` on completion targets), shape
     (completion tokens, hidden), in the order of `batch["mask"].bool()`. `share`: run shared
-    prompts once (None: when that saves enough tokens)."""
+    prompts once (None: when that saves enough tokens). `pack`: rows run whole are packed
+    without padding (False: left-padded with a mask; None: `PACK_ROWS`)."""
     inner = core.model  # type: ignore[union-attr]
     cfg = core.config  # type: ignore[union-attr]
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    lay = _Layout(batch, share)
+    lay = _Layout(batch, share, PACK_ROWS if pack is None else pack)
     device = lay.prompt_ids.device
     dtype = autocast_dtype(device)
     u, wp = lay.prompt_ids.shape
@@ -271,7 +345,7 @@ def completion_states(
     # completions are right-padded: a pad key is seen only by later (pad) queries, so only
     # prompt padding needs a mask
     padded = not bool(lay.prompt_valid.all())
-    mask_p: torch.Tensor | str = "causal"
+    mask_p: torch.Tensor | str | list[int] = "causal" if lay.segments is None else lay.segments
     mask_c: torch.Tensor | str = "lower_right"
     if padded:
         # a left-pad query sees no key: let it see itself (its output is never used) so that
@@ -316,12 +390,15 @@ def completion_states(
         torch.is_grad_enabled()
     )
     for layer in inner.layers:
+        # a sharded layer's weights are gathered around its own forward method
+        call = getattr(layer, "replayrl_run", None)
+        step = run_layer if call is None else functools.partial(call, run_layer)
         if checkpointed:
-            hp, hc = torch.utils.checkpoint.checkpoint(
-                run_layer, layer, hp, hc, use_reentrant=False
-            )
+            hp, hc = torch.utils.checkpoint.checkpoint(step, layer, hp, hc, use_reentrant=False)
         else:
-            hp, hc = run_layer(layer, hp, hc)
+            hp, hc = step(layer, hp, hc)
+    if lay.segments is not None:
+        return inner.norm(hp[0, lay.out_index])
     if not lay.shared:
         return inner.norm(hp[:, -lay.out_sel.shape[1] :])[lay.out_sel]
     last = inner.norm(hp[:, -1])[lay.group][:, None]

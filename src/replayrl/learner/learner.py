@@ -135,6 +135,9 @@ class Learner:
         # sharded ranks (distributed/fsdp.py): every forward is a collective, so a pass that
         # one rank's rows ask for (stale rows' Mix-PPG anchors) runs on every rank
         self.lockstep_forwards = False
+        # ... and so is every micro-batch: each rank runs the most micro-batches any rank
+        # has (a token budget packs each rank's rows into its own number), idle ones after
+        self.micro_count_sync: Callable[[int], int] | None = None
         backend = BACKENDS.get(cfg.rollout.backend)
         self.recompute_behaviour = self._recompute_behaviour(cfg, backend)
         # on-policy fresh rollouts take log pi_old from the first update's own forward
@@ -269,11 +272,26 @@ class Learner:
         """`fn`'s per-token values of `rows`, run per micro-batch without grad, laid out like
         `b["mask"]` (zeros off the completion tokens and on other rows)."""
         out = torch.zeros_like(b["mask"])
+        parts = self._micro(rows, lengths)
+        idle = self._idle_micro(parts)  # agreed before any pass: each pass is a collective
         with torch.no_grad():
-            for part in self._micro(rows, lengths):
+            for part in parts:
                 mb = take(b, part, max(lengths[i] for i in part))
                 put_rows(out, part, fn(mb), mb["mask"])
+            for _ in range(idle):  # the other ranks' extra passes
+                fn(take(b, parts[-1], max(lengths[i] for i in parts[-1])))
         return out
+
+    def _idle_micro(self, parts: Sequence[Sequence[int]]) -> int:
+        """How many idle micro-batches this rank runs after its own `parts` (sharded ranks:
+        as many as the rank with the most has more; 0 otherwise). An idle one repeats the
+        last part and its result is dropped: the same collectives, nothing learnt."""
+        if self.micro_count_sync is None:
+            return 0
+        extra = self.micro_count_sync(len(parts)) - len(parts)
+        if extra and not parts:
+            raise ValueError("a sharded learner rank has no rollouts to run its passes on")
+        return extra
 
     def _logprobs_in(
         self, model: object, b: dict[str, torch.Tensor], lengths: Sequence[int], rows: Sequence[int]
@@ -564,7 +582,9 @@ class Learner:
         acc = _Accum()
         fused: dict[int, tuple[Rollout, torch.Tensor]] = {}
         # micro-batches of rollouts sharing prompts: only the gradient's summation order moves
-        for part in self._micro(self._shared_rows(batch, idx), lengths):
+        parts = self._micro(self._shared_rows(batch, idx), lengths)
+        idle = self._idle_micro(parts) if not policy_frozen else 0  # agreed before any pass
+        for part in parts:
             mb = take(b, part, max(lengths[i] for i in part))
             if not policy_frozen:
                 self._policy_backward(mb, weights, knobs, normaliser, acc)
@@ -579,6 +599,8 @@ class Learner:
                             fused.setdefault(id(batch[i]), (batch[i], lp))
             if self.critic is not None:
                 self._critic_backward(mb, normaliser, acc)
+        for _ in range(idle):
+            self._idle_backward(take(b, parts[-1], max(lengths[i] for i in parts[-1])))
         if "fuse" in b and not policy_frozen:
             # the refreshed log pi_old, as a separate pass would have stored it
             self._fused_stats = self.pi_old.store(
@@ -647,6 +669,18 @@ class Learner:
                 acc.ratio_max = max(acc.ratio_max, v)
             else:
                 acc.sums[k] += v * part_tokens
+
+    def _idle_backward(self, b: dict[str, torch.Tensor]) -> None:
+        """A forward and backward that adds nothing (zero weight): a sharded rank with fewer
+        micro-batches than another joins the other's all-gathers and reduce-scatters."""
+        logps, _ = token_logprobs(
+            self.model,
+            b,
+            self.cfg.rollout.temperature,
+            autocast=self.autocast,
+            full=self.full_logprobs,
+        )
+        (logps.sum() * 0.0).backward()
 
     @staticmethod
     def _diagnostics(

@@ -17,18 +17,25 @@ a step keeps for the head is the completion states (tokens x hidden) plus one ch
 logits and softmax while that chunk is recomputed in backward (the fused linear-cross-entropy
 idea), whatever the number of rows. Same values and gradients, one more head matmul per chunk.
 
-The head-only path needs logits = output_embeddings(last_hidden_state): checked once per
-model on a short input (a model with logit soft-capping or scaling fails the check and
-takes the full path). A frozen-policy wrapper (learner/frozen.py: LoRA's disabled adapters,
+The head-only path needs logits = output_embeddings(last_hidden_state), soft-capped where
+the config says so (Gemma 2/3's `final_logit_softcapping`): checked once per model on a short
+input; a model that fails the check (another transform of its logits) takes the full path,
+with a warning that names it. A frozen-policy wrapper (learner/frozen.py: LoRA's disabled adapters,
 an adapter snapshot) lends its policy module through `run_with`, so it takes the same path;
 any other object that is not a module takes the full path.
+
+Sharded policies (FSDP2, distributed/fsdp.py) take the same paths: the whole computation runs
+as a forward method of the root shard group (its weights gathered around it), and the checks
+above run once on the whole model before it is sharded (`prepare`); a sharded model never
+checked takes the full path (`model(...)`, which FSDP's hooks cover).
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import torch
@@ -100,10 +107,63 @@ def _split(model: object) -> tuple[torch.nn.Module, torch.nn.Module] | None:
         return None
     if backbone is None or head is None or backbone is core:
         return None
+    cap = getattr(getattr(core, "config", None), "final_logit_softcapping", None)
+    if cap:  # Gemma 2/3: logits = cap * tanh(head(h) / cap)
+        head = SoftCappedHead(head, float(cap))
     ok = _CHECKED.get(core)
     if ok is None:
+        if _is_sharded(core):  # checked only whole (`prepare`): sharded, take the full path
+            return None
         ok = _CHECKED[core] = _same_logits(core, backbone, head)
+        if not ok:
+            warnings.warn(
+                f"{type(core).__name__}: its logits are not its output head applied to its "
+                "final hidden states (a head this library does not reproduce), so its "
+                "log-probs come from full logits: memory grows with rows x tokens x "
+                "vocabulary",
+                stacklevel=3,
+            )
     return (backbone, head) if ok else None
+
+
+class SoftCappedHead(torch.nn.Module):
+    """An output head with logit soft-capping (Gemma 2/3's `final_logit_softcapping`):
+    cap * tanh(head(h) / cap), applied per chunk like the plain head."""
+
+    def __init__(self, head: torch.nn.Module, cap: float) -> None:
+        super().__init__()
+        self.head, self.cap = head, cap
+
+    @property
+    def weight(self) -> torch.Tensor:  # the vocabulary size is read from it
+        return cast(torch.Tensor, self.head.weight)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.head(h) / self.cap) * self.cap
+
+
+def _is_sharded(module: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule  # lazy: torch.distributed
+
+    return isinstance(module, FSDPModule) or any(
+        isinstance(m, FSDPModule) for m in module.modules()
+    )
+
+
+def prepare(model: object) -> None:
+    """Decide, on the whole model, which path `token_logprobs` takes for it (the chunked head,
+    the lean forward): what sharding (distributed/fsdp.py) needs before it splits the
+    weights. The same checks `token_logprobs` would make at its first call."""
+    if _split(model) is not None:
+        _lean_core(model)
+
+
+def _sharded_root(model: object) -> torch.nn.Module | None:
+    """The root shard group of a sharded model (the module FSDP's root hooks sit on, with the
+    `replayrl_run` forward method distributed/fsdp.py gives it), else None."""
+    if isinstance(model, torch.nn.Module) and callable(getattr(model, "replayrl_run", None)):
+        return model
+    return None
 
 
 def _rows_of(head: torch.nn.Module, default: int) -> int:
@@ -140,6 +200,8 @@ def _lean_core(model: object) -> torch.nn.Module | None:
         return None
     ok = _LEAN_CHECKED.get(core)
     if ok is None:
+        if _is_sharded(core):  # checked only whole (`prepare`)
+            return None
         ok = _LEAN_CHECKED[core] = _lean_matches(core)
     return core if ok else None
 
@@ -206,11 +268,34 @@ def token_logprobs(
         return run_with(
             lambda m: token_logprobs(m, batch, temperature, entropy_grad, autocast, full)
         )
+    root = _sharded_root(model) if not (_reference or full) else None
+    if root is not None:
+        # sharded: the root group's weights (embeddings, final norm, head) gathered around
+        # the whole computation; each decoder layer gathers its own (lean_forward.py)
+        with lean_forward.sharded():
+            run = cast(Callable[..., object], root.replayrl_run)
+            out = run(
+                lambda: _token_logprobs(model, batch, temperature, entropy_grad, autocast, full)
+            )
+        return cast(tuple[torch.Tensor, torch.Tensor], out)
+    return _token_logprobs(model, batch, temperature, entropy_grad, autocast, full)
+
+
+def _token_logprobs(
+    model,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    entropy_grad: bool,
+    autocast: torch.dtype | None,
+    full: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     with precision.autocast(autocast, batch["input_ids"].device):
         if _reference or full:
             return token_logprobs_full(model, batch, temperature, entropy_grad)
         sel = (batch["mask"] if "mask" in batch else batch["attention_mask"][:, 1:]).bool()
         core = _lean_core(model) if _lean and "mask" in batch and bool(sel.any()) else None
+        if core is not None and not lean_forward.fits(core, batch):
+            core = None  # rows longer than the sliding window: the model's own attention
         if core is not None:
             # prompts run once per distinct prompt; frozen weights cast once (lean_forward)
             h = lean_forward.completion_states(core, batch)

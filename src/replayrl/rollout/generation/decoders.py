@@ -93,22 +93,32 @@ class HFDecoder:
         return out.logits[:, -1]
 
 
-def llama_core(model: torch.nn.Module) -> torch.nn.Module | None:
+def llama_core(
+    model: torch.nn.Module,
+    types: tuple[str, ...] = _LLAMA_TYPES,
+    qk_norm: bool = False,
+    sliding_window: bool = False,
+) -> torch.nn.Module | None:
     """The Llama-architecture causal LM inside `model` (unwrapping peft), None when `model`
-    is anything else (then `HFDecoder` is used)."""
+    is anything else (then `HFDecoder` is used). The learner's lean forward accepts more
+    (`types`, per-head q/k norms, a sliding window it checks per batch)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     cfg = getattr(base, "config", None)
     inner = getattr(base, "model", None)
-    if cfg is None or inner is None or getattr(cfg, "model_type", None) not in _LLAMA_TYPES:
+    if cfg is None or inner is None or getattr(cfg, "model_type", None) not in types:
         return None
-    if getattr(cfg, "sliding_window", None) or not hasattr(base, "lm_head"):
+    if not hasattr(base, "lm_head"):
+        return None
+    if getattr(cfg, "sliding_window", None) and not sliding_window:
         return None
     for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
         if not hasattr(inner, name):
             return None
     for layer in inner.layers:
         attn = getattr(layer, "self_attn", None)
-        if attn is None or hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        if attn is None or hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
+            return None
+        if hasattr(attn, "q_norm") and not qk_norm:
             return None
         if not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
             return None

@@ -1,0 +1,85 @@
+"""Sharded learners' checkpoints with `torch.distributed.checkpoint` (DCP): each rank writes
+its own shards of the policy and its AdamW state, and a load reshards them to whatever
+number of ranks reads them (the same, another, or one unsharded learner).
+
+Layout of `folder`: DCP's files (`.metadata` and one `__<rank>_0.distcp` per rank), plus
+`rng/rank_<r>.{json,safetensors}`, each rank's random generators (Python, numpy, torch),
+so that a resume at the same number of ranks draws what the uninterrupted run would have.
+Nothing is unpickled on load: DCP's tensors are read by its own reader and the RNG states
+are safe_state files. Every function here is a collective: every rank calls it.
+
+The Hugging Face folder of a checkpoint comes from `gathered_state`: one parameter at a
+time all-gathered and moved to rank 0's CPU, so no device ever holds the whole model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+from replayrl.storage.checkpoint import rng_state, set_rng_state
+from replayrl.storage.safe_state import load_state_files, save_state
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def save_sharded(folder: Path, model: torch.nn.Module, optimizer: Any) -> None:
+    """Each rank writes its shards of `model` and `optimizer`'s state, and its RNG states."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+    }
+    dcp.save(state, checkpoint_id=str(folder))
+    (folder / "rng").mkdir(exist_ok=True)
+    save_state(folder / "rng", f"rank_{_rank()}", rng_state())
+    if dist.is_initialized():
+        dist.barrier()  # the folder is whole once every rank has written
+
+
+def load_sharded(
+    folder: Path, model: torch.nn.Module, optimizer: Any, restore_rng: bool = True
+) -> bool:
+    """Load a `save_sharded` folder into `model` and `optimizer` as they are now (sharded over
+    any number of ranks, or whole); returns whether this rank's RNG states were restored
+    (only where the saving run had this rank: at another rank count they cannot match)."""
+    state = {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+    }
+    dcp.load(state, checkpoint_id=str(folder))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+    saved = folder / "rng" / f"rank_{_rank()}.json"
+    if restore_rng and saved.exists():
+        set_rng_state(load_state_files(folder / "rng", f"rank_{_rank()}"))
+        return True
+    return False
+
+
+@torch.no_grad()
+def gathered_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict on rank 0's CPU (other ranks: empty), gathered one tensor at a
+    time: each all-gather's result is moved to the CPU before the next one starts, so a
+    device holds one full parameter at most beside its shards."""
+    out: dict[str, torch.Tensor] = {}
+    root = _rank() == 0
+    for name, t in model.state_dict().items():
+        full = t.full_tensor() if isinstance(t, DTensor) else t
+        if root:
+            out[name] = full.detach().to("cpu", copy=True)
+        del full
+    return out
