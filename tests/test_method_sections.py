@@ -140,7 +140,7 @@ def test_an_old_checkpoint_record_is_compared_in_todays_layout() -> None:
 
 
 def test_the_python_api_reads_old_and_new_method_keys() -> None:
-    new = ReplayConfig("remix-grpo", method__remix__utd=3, max_steps=3)
+    new = ReplayConfig("remix-grpo", method__remix__utd=3, train__steps=3)
     assert new.to_config().method.remix.utd == 3 and new.num_iterations == 3
     with pytest.warns(FutureWarning):
         old = ReplayConfig(

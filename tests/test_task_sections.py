@@ -155,4 +155,4 @@ def test_a_checkpoint_record_in_the_flat_layout_is_compared_in_the_new_one() -> 
     new = ["task.name=reasoning", "task.reasoning.op=sub", "task.reasoning.digits=4"]
     assert now["task"] == _quiet(new).task.model_dump(mode="json")
     broken = {"task": {"name": "reasoning", "op": "mul"}}
-    assert in_current_layout(broken) is broken  # left for the comparison to report
+    assert in_current_layout(broken) == broken  # left as it is for the comparison to report

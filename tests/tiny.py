@@ -102,7 +102,7 @@ def learn_on(s: Any, *step: Any) -> float:
         "shuffle_rng": s.parts.shuffle_rng,
         "check_training": s.check_training,
         "completions": s.completions,
-        "generator": s.generator,
+        "engine": s.engine,
     }
     return learn(s.learner, s.counters, *step, **parts)
 

@@ -51,27 +51,17 @@ def updates_per_step(cfg: Config) -> tuple[Updates | None, str]:
     mini = cfg.train.mini_batch_size
     if cfg.needs_design:
         return None, "train.batch_size=auto: the run's design picks the batch at its start"
-    method = cfg.method.name
-    replay = cfg.method_spec.buffer == "replay"
-    if method == "remix":
-        rm = cfg.method.settings
-        reincarnates = rm.reincarnation_step is not None or rm.reincarnation_at is not None
-        if reincarnates and rm.utd != rm.utd_after:
-            return None, (
-                f"ReMix takes method.remix.utd={rm.utd} passes over each batch, then "
-                f"method.remix.utd_after={rm.utd_after} after policy reincarnation"
-            )
-        passes, varying = rm.utd, rm.composition == "additive"
-    else:
-        # on-policy and replay keep one batch size; the other methods build each step's
-        # batch from the groups they keep
-        passes, varying = cfg.train.epochs, method not in ("onpolicy", "replay")
+    spec = cfg.method_spec
+    why = spec.passes_change(cfg) if spec.passes_change is not None else None
+    if why is not None:
+        return None, why
+    passes = int(config_value(cfg, spec.passes_key))
+    varying = spec.steady_batch is None or not spec.steady_batch(cfg)
+    replay = spec.buffer == "replay"
     if mini is None:  # one update per pass, whatever the batch
         return Updates(passes), ""
     if varying or (replay and cfg.buffer.max_staleness is not None):
-        what = "ReMix" if method == "remix" else method
-        if not varying:
-            what = "buffer.max_staleness drops rollouts"
+        what = f"method {cfg.method.name}" if varying else "buffer.max_staleness drops rollouts"
         return None, (
             f"the batch size changes from step to step ({what}) and each step takes "
             f"ceil(B / train.mini_batch_size={mini}) updates per pass"

@@ -176,6 +176,28 @@ def _shard(model: torch.nn.Module, spec: dict[str, Any]) -> None:
     fsdp.shard_policy(model, mesh, fsdp.param_dtype(spec.get("param_dtype", "auto"), device))
 
 
+def _probe_model(spec: dict[str, Any], layers: int, device: str, sharded: bool) -> Any:
+    """The measured model: random weights of `spec["model"]`'s shape, with LoRA adapters
+    (kind lora), gradient checkpointing and sharding as the spec asks."""
+    model = build_model(spec["model"], layers, device)
+    if spec["kind"] == "lora":
+        from replayrl.config.schema import LoraConfig, ModelConfig
+        from replayrl.models.loading import apply_lora
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        cfg = ModelConfig(lora=LoraConfig(enabled=True, r=16, target_modules=targets))
+        model = apply_lora(model, cfg)  # type: ignore[arg-type]
+    if spec.get("checkpointing"):
+        model.gradient_checkpointing_enable(  # type: ignore[operator]
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    if sharded:
+        if spec["kind"] not in ("head", "full", "lora"):
+            raise ValueError(f"--ranks: kind {spec['kind']} is not measured sharded")
+        _shard(model, spec)
+    return model
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """One measurement (in this process): spec has model, kind, layers, rows, tokens,
     checkpointing, device; with `ranks` >= 2 also rank and port (this process is one rank of
@@ -198,22 +220,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     start = _reset_peak(cuda)
     # a sharded head probe keeps one decoder layer: a group of its own beside the root's
     layers = (1 if sharded else 0) if spec["kind"] in ("head", "lm-head") else spec["layers"]
-    model = build_model(spec["model"], layers, device)
-    if spec["kind"] == "lora":
-        from replayrl.config.schema import LoraConfig, ModelConfig
-        from replayrl.models.loading import apply_lora
-
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        cfg = ModelConfig(lora=LoraConfig(enabled=True, r=16, target_modules=targets))
-        model = apply_lora(model, cfg)  # type: ignore[arg-type]
-    if spec.get("checkpointing"):
-        model.gradient_checkpointing_enable(  # type: ignore[operator]
-            gradient_checkpointing_kwargs={"use_reentrant": False}
-        )
-    if sharded:
-        if spec["kind"] not in ("head", "full", "lora"):
-            raise ValueError(f"--ranks: kind {spec['kind']} is not measured sharded")
-        _shard(model, spec)
+    model = _probe_model(spec, layers, device, sharded)
     vocab = CONFIGS[spec["model"]]["vocab_size"]
     tokens = spec["tokens"]
     t0 = time.perf_counter()

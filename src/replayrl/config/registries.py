@@ -89,6 +89,11 @@ class MethodSpec:
     budget_is_steps: `(Config) -> bool`, whether train.steps x R is the run's generated
         budget (None: always); False e.g. when mixing steps generate fewer than R.
     passes_key: the dotted key of its passes over each batch (TRL's `num_iterations`).
+    steady_batch: `(Config) -> bool`, whether every step trains on the same number of
+        rollouts, B (None: never; its batch is built from the groups it keeps), so that TRL's
+        step counts, which count optimizer updates, follow from the config.
+    passes_change: `(Config) -> str | None`, why its passes over each batch change during a
+        run (None: they never do), e.g. ReMix's after policy reincarnation.
     """
 
     build: Callable[[Any], Any]
@@ -106,6 +111,8 @@ class MethodSpec:
     varying_generation: bool = False
     budget_is_steps: Callable[[Any], bool] | None = None
     passes_key: str = "train.epochs"
+    steady_batch: Callable[[Any], bool] | None = None
+    passes_change: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         bad = [m for m in self.metrics if not isinstance(m, SourceCounter)]

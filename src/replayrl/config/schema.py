@@ -529,11 +529,21 @@ class AlgorithmConfig(_Section):
 
     @model_validator(mode="after")
     def _sequence_level_loss(self) -> AlgorithmConfig:
-        if self.importance_sampling_level == "sequence" and self.loss_type != "grpo_clip":
-            raise ValueError(
-                "algorithm.importance_sampling_level=sequence (GSPO) is implemented for "
-                f"loss_type=grpo_clip only (got {self.loss_type})"
-            )
+        """GSPO's sequence ratio needs a loss that reads the level (its registered knobs)."""
+        from replayrl.algorithms import POLICY_LOSSES  # lazy: torch
+
+        if self.importance_sampling_level == "sequence":
+            knobs = POLICY_LOSSES.get(self.loss_type).knobs
+            if "importance_sampling_level" not in knobs:
+                takes = sorted(
+                    n
+                    for n in POLICY_LOSSES
+                    if "importance_sampling_level" in POLICY_LOSSES.get(n).knobs
+                )
+                raise ValueError(
+                    "algorithm.importance_sampling_level=sequence (GSPO) is implemented for "
+                    f"loss_type {', '.join(takes)} only (got {self.loss_type})"
+                )
         return self
 
     @field_validator("loss_type")

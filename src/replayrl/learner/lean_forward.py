@@ -320,6 +320,35 @@ def _attention(attn, x, cos, sin, keys_extra, mask, heads, kv_heads, head_dim):
     return linear(attn.o_proj, o, dtype), k, v
 
 
+def _attention_masks(
+    lay: _Layout,
+) -> tuple[torch.Tensor | str | list[int], torch.Tensor | str]:
+    """(the prompts' attention mask, the completions'): causal (packed: per segment) unless
+    prompts are left-padded. Completions are right-padded: a pad key is seen only by later
+    (pad) queries, so only prompt padding needs a mask."""
+    mask_p: torch.Tensor | str | list[int] = "causal" if lay.segments is None else lay.segments
+    mask_c: torch.Tensor | str = "lower_right"
+    if bool(lay.prompt_valid.all()):
+        return mask_p, mask_c
+    device = lay.prompt_ids.device
+    wp, (n, wc) = lay.prompt_ids.shape[1], lay.comp_ids.shape
+    # a left-pad query sees no key: let it see itself (its output is never used) so that
+    # softmax has no empty row (a NaN there would reach the gradients through 0 * NaN)
+    eye = torch.eye(wp, dtype=torch.bool, device=device)
+    causal_p = torch.ones((wp, wp), dtype=torch.bool, device=device).tril_()
+    mask_p = (causal_p & lay.prompt_valid[:, None, None, :]) | eye
+    if wc > 0:
+        causal_c = torch.ones((wc, wc), dtype=torch.bool, device=device).tril_()
+        mask_c = torch.cat(
+            [
+                lay.prompt_valid[lay.group][:, None, None, :].expand(n, 1, wc, wp),
+                causal_c[None, None].expand(n, 1, wc, wc),
+            ],
+            dim=-1,
+        )
+    return mask_p, mask_c
+
+
 def completion_states(
     core: torch.nn.Module,
     batch: dict[str, torch.Tensor],
@@ -342,30 +371,11 @@ def completion_states(
     n, wc = lay.comp_ids.shape
     hp = inner.embed_tokens(lay.prompt_ids)
     cos_p, sin_p = inner.rotary_emb(hp, lay.prompt_pos)
-    # completions are right-padded: a pad key is seen only by later (pad) queries, so only
-    # prompt padding needs a mask
-    padded = not bool(lay.prompt_valid.all())
-    mask_p: torch.Tensor | str | list[int] = "causal" if lay.segments is None else lay.segments
-    mask_c: torch.Tensor | str = "lower_right"
-    if padded:
-        # a left-pad query sees no key: let it see itself (its output is never used) so that
-        # softmax has no empty row (a NaN there would reach the gradients through 0 * NaN)
-        eye = torch.eye(wp, dtype=torch.bool, device=device)
-        causal_p = torch.ones((wp, wp), dtype=torch.bool, device=device).tril_()
-        mask_p = (causal_p & lay.prompt_valid[:, None, None, :]) | eye
+    mask_p, mask_c = _attention_masks(lay)
     hc = cos_c = sin_c = None
     if wc > 0:
         hc = inner.embed_tokens(lay.comp_ids)
         cos_c, sin_c = inner.rotary_emb(hc, lay.comp_pos)
-        if padded:
-            causal_c = torch.ones((wc, wc), dtype=torch.bool, device=device).tril_()
-            mask_c = torch.cat(
-                [
-                    lay.prompt_valid[lay.group][:, None, None, :].expand(n, 1, wc, wp),
-                    causal_c[None, None].expand(n, 1, wc, wc),
-                ],
-                dim=-1,
-            )
 
     def norm_cast(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
         x = norm(h)

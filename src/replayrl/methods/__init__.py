@@ -53,6 +53,7 @@ METHODS.add(
     MethodSpec(
         buffer.build_buffer_source,
         summary="on-policy GRPO / PPO: each step trains on its fresh rollouts, train.epochs passes",
+        steady_batch=lambda cfg: True,
     ),
 )
 METHODS.add(
@@ -62,6 +63,7 @@ METHODS.add(
         summary="experience replay: a FIFO buffer of the last N rollouts, B sampled each step "
         "(arXiv 2604.08706)",
         buffer="replay",
+        steady_batch=lambda cfg: True,
     ),
 )
 METHODS.add(
@@ -80,6 +82,8 @@ METHODS.add(
         single_learner=True,  # one window of recent policies' rollouts, beside one learner
         budget_is_steps=remix.steps_budget,
         passes_key="method.remix.utd",
+        steady_batch=remix.steady_batch,
+        passes_change=remix.passes_change,
     ),
 )
 METHODS.add(

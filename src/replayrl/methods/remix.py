@@ -284,3 +284,22 @@ def steps_budget(cfg: Config) -> bool:
     """Whether train.steps x R is what a run generates: not with the fixed composition,
     whose mixing steps generate (1 - p) R."""
     return bool(cfg.method.section("remix").composition != "fixed")
+
+
+def steady_batch(cfg: Config) -> bool:
+    """Every step trains on B rollouts, except with the additive composition (fresh R plus
+    the window's share on top)."""
+    return bool(cfg.method.section("remix").composition != "additive")
+
+
+def passes_change(cfg: Config) -> str | None:
+    """Why ReMix's passes per batch change in a run: m = utd until policy reincarnation,
+    utd_after from then on (arXiv 2507.06892: plain on-policy updates after T)."""
+    rm = cfg.method.section("remix")
+    reincarnates = rm.reincarnation_step is not None or rm.reincarnation_at is not None
+    if reincarnates and rm.utd != rm.utd_after:
+        return (
+            f"ReMix takes method.remix.utd={rm.utd} passes over each batch, then "
+            f"method.remix.utd_after={rm.utd_after} after policy reincarnation"
+        )
+    return None

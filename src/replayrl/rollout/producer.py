@@ -130,16 +130,10 @@ class RolloutProducer:
             return self._all_too_long(len(rows), t0)
         self._empty_steps = 0
         self.last_rows = {group_base + i: row for i, row in enumerate(kept)}
-        params = SamplingParams(
-            r.temperature,
-            r.top_p,
-            r.max_new_tokens,
-            top_k=r.top_k,
-            min_p=r.min_p,
-            repetition_penalty=r.repetition_penalty,
-        )
         self.generator.policy_version = version
-        samples = self.generator.generate(kept_texts, num_generations or r.num_generations, params)
+        samples = self.generator.generate(
+            kept_texts, num_generations or r.num_generations, sampling_params(r)
+        )
         sample_rows = [kept[s.prompt_index] for s in samples]
         pairs = list(zip(samples, sample_rows, strict=True))
         result = score(
@@ -168,24 +162,7 @@ class RolloutProducer:
         kept_idx = [i for i, x in enumerate(result.rewards) if x is not None]
         for ro, i in zip(rollouts, kept_idx, strict=True):
             ro.extras["rewards"] = {n: v[i] for n, v in result.per_function.items()}
-        valid = [x for x in result.rewards if x is not None]
-        ended = [s.completion_ids.numel() for s in samples if not s.truncated]
-        stats = {
-            "reward/mean": _mean(valid),
-            "reward/std": _std(valid),
-            "train/accuracy": _mean([float(x) for x in correct]),
-            "completion_length": _mean([s.completion_ids.numel() for s in samples]),
-            # TRL's completions/mean_terminated_length: 0 when none ended
-            "completion_length_terminated": _mean(ended) if ended else 0.0,
-            "truncated_frac": _mean([float(s.truncated) for s in samples]),
-        }
-        stats.update({f"reward/{k}": v for k, v in result.means().items()})
-        stats.update(
-            {
-                f"reward_std/{k}": _std([x for x in v if x is not None])
-                for k, v in result.per_function.items()
-            }
-        )
+        stats = _production_stats(samples, result, correct)
         stats["time/reward_s"] = result.seconds
         return Production(
             rollouts=rollouts,
@@ -308,3 +285,40 @@ def _std(xs: list[float]) -> float:
         return math.nan
     m = sum(xs) / len(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def sampling_params(r: Any) -> SamplingParams:
+    """The sampling settings of a `rollout` section (TRL's names: temperature, top_p, top_k,
+    min_p, repetition_penalty; max_new_tokens is TRL's max_completion_length)."""
+    return SamplingParams(
+        r.temperature,
+        r.top_p,
+        r.max_new_tokens,
+        top_k=r.top_k,
+        min_p=r.min_p,
+        repetition_penalty=r.repetition_penalty,
+    )
+
+
+def _production_stats(samples: list[Any], result: Any, correct: list[bool]) -> dict[str, float]:
+    """A generation call's metrics: rewards (combined, and each function's mean and std),
+    accuracy and completion lengths."""
+    valid = [x for x in result.rewards if x is not None]
+    ended = [s.completion_ids.numel() for s in samples if not s.truncated]
+    stats = {
+        "reward/mean": _mean(valid),
+        "reward/std": _std(valid),
+        "train/accuracy": _mean([float(x) for x in correct]),
+        "completion_length": _mean([s.completion_ids.numel() for s in samples]),
+        # TRL's completions/mean_terminated_length: 0 when none ended
+        "completion_length_terminated": _mean(ended) if ended else 0.0,
+        "truncated_frac": _mean([float(s.truncated) for s in samples]),
+    }
+    stats.update({f"reward/{k}": v for k, v in result.means().items()})
+    stats.update(
+        {
+            f"reward_std/{k}": _std([x for x in v if x is not None])
+            for k, v in result.per_function.items()
+        }
+    )
+    return stats

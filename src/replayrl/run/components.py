@@ -224,6 +224,39 @@ def place_policy(
     return model.to(device), tokenizer, model_path  # train.device (auto: cuda if available)
 
 
+def _generator(
+    cfg: Config, engine: bool, model: Any, tokenizer: Any, model_path: str, task: Any, render: Any
+) -> tuple[Generator, WeightOwner | None]:
+    """(the run's generator, itself again when its backend owns a copy of the weights);
+    without an engine in this process (`engine=False`) a weight-owning backend's fallback
+    generates with the learner's own model (a LoRA wrapper's layers stay active inside it)."""
+    gen_cfg = cfg
+    backend = BACKENDS.get(cfg.rollout.backend)
+    if not engine and backend.owns_weights:
+        fallback = backend.fallback or "hf"
+        gen_cfg = cfg.model_copy(
+            update={"rollout": cfg.rollout.model_copy(update={"backend": fallback})}
+        )
+    generator = build_generator(gen_cfg, model, tokenizer, model_path, task, render)
+    owns = BACKENDS.get(gen_cfg.rollout.backend).owns_weights
+    return generator, cast(WeightOwner, generator) if owns else None
+
+
+def _eval_rows(
+    cfg: Config, task: Any, render: Any, tokenizer: Any, max_positions: int | None, log: Log
+) -> tuple[list[dict[str, Any]], int]:
+    """The held-out prompts that fit, as training keeps them (not scored as ordinary rows),
+    and how many did not (warned about once)."""
+    rows, skipped = rows_that_fit(
+        held_out_rows(cfg, task), render, tokenizer, max_positions, cfg.rollout.max_new_tokens
+    )
+    if skipped:
+        total = skipped + len(rows)
+        note = too_long_note(skipped, total, max_positions, cfg.rollout.max_new_tokens)
+        log(f"warning: {note}")
+    return rows, skipped
+
+
 def build_components(
     cfg: Config,
     log: Log = print,
@@ -265,31 +298,14 @@ def build_components(
         log(task.skip_summary())
     buffer = make_main_buffer(cfg) if not cfg.needs_design else None
     learner = build_learner(cfg, model, tokenizer.pad_token_id, model_path)
-    # the transformers model itself (a LoRA wrapper's layers stay active inside it)
-    gen_cfg = cfg
-    backend = BACKENDS.get(cfg.rollout.backend)
-    if not engine and backend.owns_weights:
-        fallback = backend.fallback or "hf"
-        gen_cfg = cfg.model_copy(
-            update={"rollout": cfg.rollout.model_copy(update={"backend": fallback})}
-        )
-    generator = build_generator(gen_cfg, model, tokenizer, model_path, task, render)
-    owns = BACKENDS.get(gen_cfg.rollout.backend).owns_weights
-    weight_owner = cast(WeightOwner, generator) if owns else None
+    generator, weight_owner = _generator(cfg, engine, model, tokenizer, model_path, task, render)
     prompt_rng = np.random.default_rng(cfg.train.seed)
     producer = build_producer(
         cfg, model, tokenizer, model_path, prompt_rng, log, task, rewards, generator, render
     )
     shuffle_rng = np.random.default_rng(cfg.train.seed + 1)
     max_positions = getattr(model.config, "max_position_embeddings", None)
-    # the held-out prompts that fit, as training keeps them (not scored as ordinary rows)
-    eval_rows, eval_skipped = rows_that_fit(
-        held_out_rows(cfg, task), render, tokenizer, max_positions, cfg.rollout.max_new_tokens
-    )
-    if eval_skipped:
-        total = eval_skipped + len(eval_rows)
-        note = too_long_note(eval_skipped, total, max_positions, cfg.rollout.max_new_tokens)
-        log(f"warning: {note}")
+    eval_rows, eval_skipped = _eval_rows(cfg, task, render, tokenizer, max_positions, log)
     return Components(
         cfg=cfg,
         model=model,
