@@ -190,12 +190,13 @@ def screening(completions: list[dict[str, Any]], first: int) -> list[dict[str, A
     have done to the run's own full groups, per quarter of its steps: the share of generated
     rollouts saved, the share of signal groups (reward variance over the full group) lost, and
     signal groups per generated rollout before and after. Completions of a group are taken in
-    the order logged (generation order); only groups of more than `first` count."""
+    the order logged (generation order); only groups of more than `first` count. A run whose
+    groups differ in size (AR3PO's rounds, logged out of generation order) has none: []."""
     groups: dict[tuple[int, Any], list[bool]] = defaultdict(list)
     for c in completions:
         if _age(c) == 0:
             groups[(int(c["step"]), c.get("group"))].append(bool(c.get("correct")))
-    if not groups:
+    if len({len(v) for v in groups.values()}) != 1:
         return []
     last = max(step for step, _ in groups)
     out = []
@@ -308,8 +309,8 @@ def screening_table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
                     continue
                 lines.append(
                     f"| {task} | {method} | {sc['first']} | Q{i + 1} | {_fmt(q['saved'])} | "
-                    f"{_fmt(q['signal_lost'])} | {q['signal_per_rollout']:.3f} / "
-                    f"{q['screened_signal_per_rollout']:.3f} |"
+                    f"{_fmt(q['signal_lost'])} | {_fmt3(q['signal_per_rollout'])} / "
+                    f"{_fmt3(q['screened_signal_per_rollout'])} |"
                 )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
@@ -318,6 +319,10 @@ def _fmt(x: float | None, pct: bool = True) -> str:
     if x is None:
         return "-"
     return f"{x:.0%}" if pct else f"{x:.2f}"
+
+
+def _fmt3(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:

@@ -182,3 +182,5 @@ def test_screening_counterfactual_saves_agreeing_groups_and_counts_signal_lost()
     assert last["signal_lost"] == 1 / 2  # group 1 (group 2 disagreed at once: kept)
     assert last["signal_per_rollout"] == 2 / 16
     assert last["screened_signal_per_rollout"] == 1 / 10
+    # groups of different sizes (AR3PO's rounds): no counterfactual
+    assert tool.screening([*comps, _rec(4, 9, "x", 0.0, 0.0, 10, age=0)], 2) == []
