@@ -289,7 +289,9 @@ def analyse_run(folder: Path, screen: int | None = None) -> dict[str, Any]:
     completions = read_jsonl(folder / "completions.jsonl")
     steps, used = step_counts(metrics, completions)
     out = summarise(steps, used)
-    if screen:
+    # a log that misses generated rollouts (DAPO's dropped calls) holds a biased sample of
+    # the groups: no counterfactual from it
+    if screen and not any(s.unlogged_rollouts for s in steps):
         out["screening"] = {"first": screen, "quarters": screening(completions, screen)}
     return out
 
@@ -391,6 +393,7 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], out: Path) -> None:
             ax.tick_params(labelsize=7)
         for ax in (row[0], row[1], row[3]):
             ax.set_ylim(0, 1)
+        row[2].set_ylim(bottom=0)
         row[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out, dpi=80)

@@ -158,7 +158,9 @@ def test_rollouts_of_the_step_logged_as_replayed_and_unlogged_ones_count_as_gene
     ]
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in metrics) + "\n")
     (folder / "completions.jsonl").write_text("\n".join(json.dumps(c) for c in comps) + "\n")
-    whole = tool.analyse_run(folder)["all"]
+    res = tool.analyse_run(folder, screen=1)
+    assert "screening" not in res  # the log misses rollouts: no counterfactual from it
+    whole = res["all"]
     assert whole["all_wrong_rollouts"] == 2 / 6 and whole["all_right_rollouts"] == 0
     assert whole["unlogged_rollouts"] == 2 / 6
     assert whole["never_used_tokens"] == 40 / 60  # a, b and the 20 unlogged tokens
