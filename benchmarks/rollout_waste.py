@@ -396,8 +396,19 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], out: Path) -> None:
         row[2].set_ylim(bottom=0)
         row[0].legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(out, dpi=80)
+    fig.savefig(out, dpi=72)
     plt.close(fig)
+
+
+def _rounded(x: Any) -> Any:
+    """Floats to 4 significant digits, all the way down (a small file to commit)."""
+    if isinstance(x, float):
+        return float(f"{x:.4g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    return x
 
 
 def parse_run(spec: str) -> tuple[str, str, Path]:
@@ -440,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(md)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        args.json.write_text(json.dumps(_rounded(results), sort_keys=True) + "\n")
     if args.out:
         plot(results, args.out)
     return 0
