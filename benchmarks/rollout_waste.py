@@ -396,7 +396,7 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], out: Path) -> None:
         row[2].set_ylim(bottom=0)
         row[0].legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(out, dpi=72)
+    fig.savefig(out, dpi=60)
     plt.close(fig)
 
 
