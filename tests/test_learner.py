@@ -176,3 +176,29 @@ def test_a_resumed_learner_keeps_its_kl_reference(rollouts, tiny_model, char_tok
     initial, trained = _seq_logprob(tiny_model, r, pad), _seq_logprob(learner.model, r, pad)
     assert abs(trained - initial) > 1e-3  # the step moved the policy away from pi_base
     assert _seq_logprob(resumed.base_model, r, pad) == pytest.approx(initial, abs=1e-5)
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
+def test_masked_truncated_completions_add_no_loss_term(
+    rollouts, tiny_model, char_tokenizer, loss_agg: str
+) -> None:
+    # TRL's mask_truncated_completions: a completion cut at max_new_tokens adds no term. With
+    # token_mean the step equals one on the other rollouts alone (its tokens leave the
+    # denominator too); with seq_mean (TRL's "grpo") the truncated sequences still count in
+    # the number of sequences, as TRL's mean over all of them does
+    pad = char_tokenizer.pad_token_id
+    marked = [copy.copy(r) for r in rollouts]
+    for r in marked[::3]:
+        r.truncated = True
+    kept = [r for r in marked if not r.truncated]
+    common = ("train.lr=1e-2", f"algorithm.loss_agg={loss_agg}")
+    masked = _learner(tiny_model, pad, "algorithm.mask_truncated_completions=true", *common)
+    masked.train_step(marked, np.random.default_rng(0))
+    alone = _learner(tiny_model, pad, *common)
+    alone.train_step(kept, np.random.default_rng(0))
+    scale = 1.0 if loss_agg == "token_mean" else len(kept) / len(marked)
+    assert torch.allclose(_grads(masked), scale * _grads(alone), rtol=1e-4, atol=1e-7)
+    # without the option the truncated rollouts are trained on like the others
+    plain = _learner(tiny_model, pad, *common)
+    plain.train_step(marked, np.random.default_rng(0))
+    assert not torch.allclose(_grads(plain), scale * _grads(alone), rtol=1e-3, atol=1e-6)

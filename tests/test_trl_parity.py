@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from replayrl.api import trl_args
+from replayrl.api.config import ReplayConfig
 from replayrl.api.trainer import ReplayTrainer
 from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
 from replayrl.rollout.prompts import PromptRenderer
@@ -246,11 +247,17 @@ def test_eval_steps_default_to_logging_steps_as_in_trl(tmp_path: Path) -> None:
 
 
 def test_a_refused_grpo_config_field_is_an_error_with_a_hint(tmp_path: Path) -> None:
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path / "x"), use_cpu=True, mask_truncated_completions=True
-    )
-    with pytest.raises(ValueError, match="mask_truncated_completions=True: not supported"):
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "x"), use_cpu=True, top_entropy_quantile=0.5)
+    with pytest.raises(ValueError, match="top_entropy_quantile=0.5: not supported"):
         ReplayTrainer(args=args, log=lambda _: None)
     args = trl.GRPOConfig(output_dir=str(tmp_path / "x"), use_cpu=True, use_vllm=True)
     with pytest.raises(ValueError, match="rollout__backend='vllm'"):
         ReplayTrainer(args=args, log=lambda _: None)
+
+
+def test_mask_truncated_completions_ports_by_its_trl_name() -> None:
+    # TRL's option reaches the learner's key (tests/test_learner.py checks what it does)
+    args = trl.GRPOConfig(output_dir="unused", use_cpu=True, mask_truncated_completions=True)
+    assert ReplayConfig(args).to_config().algorithm.mask_truncated_completions is True
+    plain = ReplayConfig(mask_truncated_completions=False).to_config()
+    assert plain.algorithm.mask_truncated_completions is False

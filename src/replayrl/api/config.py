@@ -110,6 +110,7 @@ def trl_view(cfg: Config, translation: Translation) -> dict[str, Any]:
         "min_p": r.min_p or None,  # TRL's "off"
         "repetition_penalty": r.repetition_penalty,
         "importance_sampling_level": a.importance_sampling_level,
+        "mask_truncated_completions": a.mask_truncated_completions,
         "beta": cfg.kl.beta,
         "epsilon": a.epsilon,
         "epsilon_high": a.epsilon_high,

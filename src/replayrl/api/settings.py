@@ -28,6 +28,7 @@ MORE_DEFAULTS: dict[str, Any] = {
     "min_p": None,
     "repetition_penalty": 1.0,
     "importance_sampling_level": "token",
+    "mask_truncated_completions": False,
 }
 # not settings of the training: where it writes and how it is named
 SKIP = frozenset({"output_dir", "run_name", "logging_steps"})

@@ -51,6 +51,7 @@ DIRECT: dict[str, str] = {
     "epsilon_high": "algorithm.epsilon_high",
     "entropy_coef": "algorithm.entropy_coef",
     "importance_sampling_level": "algorithm.importance_sampling_level",  # sequence: GSPO
+    "mask_truncated_completions": "algorithm.mask_truncated_completions",
     "save_total_limit": "checkpoint.keep_last",
     "activation_checkpointing": "model.gradient_checkpointing",  # transformers 5's new name
     "gradient_checkpointing": "model.gradient_checkpointing",  # (wins when both are given)
@@ -151,12 +152,6 @@ _NO_SERVER = (
 )
 REFUSED: dict[str, tuple[Any, str]] = {
     "delta": (None, "not supported: two-sided clipping is not implemented (algorithm__epsilon)"),
-    "mask_truncated_completions": (
-        False,
-        "not supported: truncated completions are trained on like the others (their share is "
-        "logged as truncated_frac, TRL's completions/clipped_ratio); raise "
-        "max_completion_length, or give a reward that penalises them",
-    ),
     "top_entropy_quantile": (1.0, "not supported: every token is trained on"),
     "generation_kwargs": (
         None,

@@ -521,6 +521,12 @@ class AlgorithmConfig(_Section):
     # gae: PPO with a critic (`critic`), per step; replayrl.algorithms.advantages.ADVANTAGES
     advantage: str = "grpo"
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus c (ReMix: 0.001)
+    mask_truncated_completions: bool = Field(
+        False,
+        description="completions that hit rollout.max_new_tokens without EOS add no term to the "
+        "policy loss (TRL's mask_truncated_completions; DAPO's overlong filtering, arXiv "
+        "2503.14476); their group's advantages still count them",
+    )
     importance_sampling_level: Literal["token", "sequence"] = Field(
         "token",
         description="token: a ratio per token; sequence: GSPO's ratio exp(mean of a "

@@ -65,6 +65,8 @@ def collate(
         "advantages": torch.tensor([r.advantage for r in rollouts], dtype=torch.float32),
         "rewards": torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
         "baselines": torch.tensor([r.group_mean_reward for r in rollouts], dtype=torch.float32),
+        # 1 where the completion hit max_new_tokens without EOS (mask_truncated_completions)
+        "truncated": torch.tensor([float(r.truncated) for r in rollouts], dtype=torch.float32),
     }
     batch = {k: v.to(dev) for k, v in host.items()}
     fields = {"old_logprobs": [r.behaviour_logprobs for r in rollouts], **(token_fields or {})}

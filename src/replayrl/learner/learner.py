@@ -554,12 +554,17 @@ class Learner:
         """The loss denominator of this mini-batch, over all data-parallel ranks."""
         return batch_normaliser(
             self.cfg.algorithm.loss_agg,
-            tokens=sum(r.completion_ids.numel() for r in minibatch),
+            tokens=sum(r.completion_ids.numel() for r in minibatch if self._trained(r)),
             sequences=len(minibatch),
             max_len=self.cfg.rollout.max_new_tokens,
             reduce_sum=self.count_reducer,
             world_size=self.world_size,
         )
+
+    def _trained(self, rollout: Rollout) -> bool:
+        """Whether its tokens enter the policy loss: not a truncated completion under
+        `algorithm.mask_truncated_completions` (TRL's option of that name)."""
+        return not (self.cfg.algorithm.mask_truncated_completions and rollout.truncated)
 
     def _update(
         self,
@@ -644,13 +649,18 @@ class Learner:
             adv = apply_token_weights(adv, b["tis_weights"])
         inputs = {k: b.get(k) for k in ("anchor_logprobs", "base_logprobs", "prev_logprobs")}
         inputs.update(rewards=b["rewards"], baselines=b["baselines"], stale=b["stale"])
+        loss_mask = mask
+        if self.cfg.algorithm.mask_truncated_completions:
+            # TRL's mask_truncated_completions: a completion cut at max_new_tokens adds no
+            # term to the loss (its group's advantages were computed with it, as TRL does)
+            loss_mask = mask * (1.0 - b["truncated"])[:, None]
         terms = policy_objective(
             self.loss_type,
             logps,
             entropy,
             b["old_logprobs"],
             adv,
-            mask,
+            loss_mask,
             inputs,
             dict(knobs),
             w,
