@@ -76,7 +76,28 @@ QWEN25_05B_SHAPED: dict[str, Any] = {
     "tie_word_embeddings": True,
     "attention_bias": True,
 }
+# Qwen2.5-1.5B's and Qwen2.5-7B's public config.json shapes (for `replayrl plan`; too large to
+# measure on CPU); 7B does not tie its output head to the embedding
+QWEN25_15B_SHAPED: dict[str, Any] = {
+    **QWEN25_05B_SHAPED,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+}
+QWEN25_7B_SHAPED: dict[str, Any] = {
+    **QWEN25_05B_SHAPED,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+}
 CONFIGS = {"smollm2-135m": SMOLLM2_135M, "qwen2.5-0.5b": QWEN25_05B_SHAPED}
+# shapes `replayrl plan` knows by name (the measured ones and the larger Qwen2.5 models)
+SHAPES = {**CONFIGS, "qwen2.5-1.5b": QWEN25_15B_SHAPED, "qwen2.5-7b": QWEN25_7B_SHAPED}
 KINDS = ("head", "lm-head", "full", "lora", "generation")
 _PROMPT = 64
 _GEN_TOKENS = 16
@@ -274,8 +295,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def formula(spec: dict[str, Any], chunk_elements: int = 1 << 25) -> dict[str, int]:
-    """The predicted peak in bytes by term (module docstring)."""
-    c = dict(CONFIGS[spec["model"]])
+    """The predicted peak in bytes by term (module docstring). `spec["config"]`, when given, is
+    the model's config values (`replayrl plan`), else `CONFIGS[spec["model"]]`; `spec["prompt"]`
+    the prompt tokens per row (default 64, what the measurements use)."""
+    c = dict(spec.get("config") or CONFIGS[spec["model"]])
     layers = 0 if spec["kind"] in ("head", "lm-head") else spec["layers"]
     h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
@@ -283,12 +306,13 @@ def formula(spec: dict[str, Any], chunk_elements: int = 1 << 25) -> dict[str, in
     n_params = v * h + layers * per_layer + h
     chunk = max(16, chunk_elements // v)
     rows, tokens = spec["rows"], spec["tokens"]
+    prompt = spec.get("prompt", _PROMPT)
     if spec["kind"] == "generation":
-        seq = _PROMPT + tokens
+        seq = prompt + tokens
         kv_cache = 2 * layers * kv * rows * seq * 4
         return {"weights": 4 * n_params, "kv_cache": kv_cache, "logits": 3 * rows * v * 4}
     n_tok = rows * (tokens - 1)  # completion tokens that predict a used token
-    seq_tok = rows * (_PROMPT + tokens - 1)
+    seq_tok = rows * (prompt + tokens - 1)
     if spec["kind"] == "lora":  # r = 16 on all seven projections: r x (in + out) each
         trainable = layers * 16 * (9 * h + 2 * kv + 3 * inter)
     else:

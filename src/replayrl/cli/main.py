@@ -1,5 +1,5 @@
 """`replayrl` command line: train | eval | config show | presets | design | bench | report |
-prepare | export-merged | trust."""
+prepare | export-merged | trust | plan."""
 
 from __future__ import annotations
 
@@ -428,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_tools(sub)
     add_trust(sub)
+    from replayrl.bench.plan import add_parser as add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 
