@@ -123,6 +123,7 @@ TRL_EXPECTED: dict[str, tuple[Any, str, Any]] = {
     "epsilon": (0.13, "algorithm.epsilon", 0.13),
     "epsilon_high": (0.29, "algorithm.epsilon_high", 0.29),
     "importance_sampling_level": ("sequence", "algorithm.importance_sampling_level", "sequence"),
+    "mask_truncated_completions": (True, "algorithm.mask_truncated_completions", True),
     "eval_steps": (11, "eval.every", 11),
     "save_steps": (9, "checkpoint.every", 9),
     "save_total_limit": (5, "checkpoint.keep_last", 5),

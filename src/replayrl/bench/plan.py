@@ -30,6 +30,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from replayrl.algorithms.advantages import ADVANTAGES
 from replayrl.bench.memory import SHAPES, formula
 from replayrl.config.schema import Config
 
@@ -173,7 +174,9 @@ def learner_terms(cfg: Config, c: dict[str, Any], prompt: int) -> dict[str, int]
     terms["activations"], terms["head"] = step["activations"], step["head"]
     if cfg.kl.beta > 0 and not lora:
         terms["reference"] = math.ceil(counts["total"] * store / n)
-    if cfg.algorithm.advantage == "gae":  # unsharded fp32 critic: weights, grads, AdamW
+    if ADVANTAGES.get(
+        cfg.algorithm.advantage
+    ).needs_critic:  # unsharded fp32: weights, grads, AdamW
         terms["critic"] = 16 * (
             counts["total"] - counts["root"] + c["vocab_size"] * c["hidden_size"]
         )
