@@ -144,8 +144,10 @@ class SignalStore:
         return [s for s in self.items if version - s.group.policy_version > window]
 
     def freshest_first(self) -> list[Stored]:
-        """Newest policy version first; stored order within a version."""
-        return sorted(self.items, key=lambda s: -s.group.policy_version)
+        """Newest policy version first; within a version the least used first (our choice:
+        the design fixes only the order by version; this spreads a version's replays over
+        its groups), then stored order."""
+        return sorted(self.items, key=lambda s: (-s.group.policy_version, s.uses))
 
     def state_dict(self) -> dict[str, Any]:
         table, order = encode_rollouts(flatten(s.group for s in self.items))
