@@ -280,9 +280,12 @@ def test_signal_replay_crash_and_resume_equals_the_uninterrupted_run(
     from tiny import TINY_RUN, crash_and_resume
 
     common = [*TINY_RUN, "train.threads=1", "checkpoint.every=1", "rollout.prompts_per_step=4"]
+    common += ["rollout.num_generations=2"]  # more groups without signal: more fills
     whole, resumed, whole_steps, crash_steps = crash_and_resume(
         tmp_path, monkeypatch, "signal-replay-grpo", [*common, *SMALL]
     )
-    assert len(whole_steps) == 4 and crash_steps == whole_steps
+    # the first resumed step (3) replays groups stored before the checkpoint of step 2
+    assert len(whole_steps) == 4 and whole_steps[2]["batch/age_max"] == 1
+    assert crash_steps == whole_steps
     assert resumed["rollouts_reused"] == whole["rollouts_reused"] > 0
     assert resumed["accounting"]["ledger"] == whole["accounting"]["ledger"]
