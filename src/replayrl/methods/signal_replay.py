@@ -208,7 +208,8 @@ class SignalReplaySource(GroupSource):
     def _fill(self, need: int) -> list[Group]:
         """Up to `need` stored groups, freshest first, each passing the ESS test; their use
         counted, and those used `max_uses` times evicted."""
-        c, chosen = self.bound, []
+        c = self.bound
+        chosen: list[Stored] = []
         queue = self.store.freshest_first()
         while len(chosen) < need and queue:
             take, queue = queue[: need - len(chosen)], queue[need - len(chosen) :]
