@@ -256,20 +256,25 @@ def test_signal_replay_trains_through_the_cli_with_grpos_budget(tmp_path: Path) 
     from tiny import TINY_RUN
 
     argv = [*TINY_RUN, "train.threads=1", "train.steps=6", f"logging.run_dir={tmp_path}"]
-    argv += ["rollout.prompts_per_step=4", "logging.name=sr", *SMALL]
+    argv += ["rollout.prompts_per_step=4", "rollout.num_generations=2", "logging.name=sr"]
+    # batches of a varying size in mini-batches of 3 rows: a last, shorter one where it
+    # does not divide
+    argv += [*SMALL, "train.mini_batch_size=3"]
     assert main(["train", "--config", "signal-replay-grpo", *argv]) == 0
     s = json.loads((tmp_path / "sr" / "summary.json").read_text())
     led = s["accounting"]["ledger"]
     assert s["steps"] == 6 and led["balanced"]
-    assert s["rollouts_generated"] == 6 * 16  # GRPO's budget: no extra generation call
+    assert s["rollouts_generated"] == 6 * 8  # GRPO's budget: no extra generation call
     filtered = led["filtered_no_signal"]
     assert led["generated"] == led["consumed"] + filtered and filtered > 0
     assert s["rollouts_reused"] > 0 and s["signal_fill_steps"] > 0
     assert s["evals"][-1]["rollouts_trained"] == led["consumed"] + s["rollouts_reused"]
     with (tmp_path / "sr" / "metrics.jsonl").open() as f:
-        ages = [r["batch/age_max"] for r in map(json.loads, f) if "reward/mean" in r]
+        rows = [r for r in map(json.loads, f) if "reward/mean" in r]
+    ages, sizes = [r["batch/age_max"] for r in rows], [r["batch/batch_size"] for r in rows]
     # every step trained; step 1 had nothing stored, later ones replayed older groups
     assert len(ages) == 6 and ages[0] == 0 and max(ages) >= 1
+    assert len(set(sizes)) > 1 and any(n % 3 for n in sizes)  # sizes vary, some not 3k
 
 
 def test_signal_replay_crash_and_resume_equals_the_uninterrupted_run(
