@@ -58,6 +58,8 @@ CASES: dict[str, tuple[str, list[str]]] = {
     # a pool small enough that prompts come back with filled per-prompt buffers
     "repo": ("repo", ["method.repo.prompt_pool=16", "method.repo.min_buffer=4"]),
     "group-replay": ("group-replay", ["method.group_replay.capacity=8"]),
+    # the filter, the fill from the signal store, its ESS test and varying batches
+    "signal-replay": ("signal-replay-grpo", ["method.signal_replay.target=1.0"]),
 }
 
 # where a run ran, not what it computed: its folder, the cache folder its warm start sits in,

@@ -44,6 +44,7 @@ REMIX = ("method.name=remix", "algorithm.loss_type=mix_ppg", "method.remix.reinc
 REPLAY = ("method.name=replay", "buffer.capacity=16")
 CONVEX = ("kl.beta=0.5", "kl.target=convex", "kl.schedule.start=0", "kl.schedule.every=1")
 GAE = ("algorithm.advantage=gae",)
+SIGNAL = ("method.name=signal_replay", "algorithm.loss_type=mix_ppg", "rollout.prompts_per_step=4")
 
 
 # -- observers --------------------------------------------------------------------------------
@@ -78,6 +79,49 @@ def observe_data(cfg: Config, _: Any) -> Any:
         counters.rollouts_generated += fresh
         batches.append((fresh, len(batch), passes))
     return draws, len(buf), None if window is None else len(window), batches
+
+
+def observe_signal(cfg: Config, _: Any) -> Any:
+    """Signal replay's batches over eight steps of four groups of four: step 0 has three
+    groups with signal and one all wrong, every later step two all wrong, one all right and
+    none with signal (so the store alone fills). A scripted learner moves a stored group's
+    members apart with its age a (sequence log-weights 0, a/3, 2a/3, a: ESS 0.52 at age 3,
+    0.43 at age 4). Per step: the versions of the batch's rows and the passes; then the
+    source's counts."""
+    source = build_batch_source(cfg, build_buffer(cfg))
+    counters = Counters()
+
+    def current(rollouts: list[Rollout]) -> list[torch.Tensor]:
+        age = [learner.version - r.policy_version for r in rollouts]
+        return [
+            r.behaviour_logprobs + a * (r.completion_ids[1] - 4) / 6
+            for r, a in zip(rollouts, age, strict=True)
+        ]
+
+    learner = SimpleNamespace(version=0, current_logprobs=current)
+    first, later = [[1, 0, 1, 0]] * 3 + [[0] * 4], [[0] * 4, [0] * 4, [1] * 4]
+    out = []
+    for step in range(8):
+        learner.version = counters.step = step
+        source.before_step(learner, counters, lambda _: None)
+        fresh = [
+            Rollout(
+                torch.tensor([1, 2]),
+                torch.tensor([3, 4 + i]),
+                torch.zeros(2),
+                float(x),
+                x - 0.5,
+                bool(x),
+                4 * step + j,
+                step,
+                step,
+            )
+            for j, rs in enumerate(first if step == 0 else later)
+            for i, x in enumerate(rs)
+        ]
+        batch, passes = source.next_batch(fresh, step)
+        out.append(([r.policy_version for r in batch], passes))
+    return out, dict(counters.source_counts)
 
 
 class ScriptedGenerator:
@@ -217,6 +261,7 @@ def observe_model(cfg: Config, _: Any) -> Any:
 
 OBSERVERS = {
     "data": observe_data,
+    "signal": observe_signal,
     "producer": observe_producer,
     "learner": observe_learner,
     "design": observe_design,
@@ -255,6 +300,12 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
         (*REMIX, "method.remix.reincarnation_step=null", "train.rollout_budget=32"),
     ),
     "method.remix.composition": ("data", "additive", REMIX),
+    # signal replay's fill, window, uses, ESS eviction and filter (observe_signal's script)
+    "method.signal_replay.target": ("signal", 1.0, SIGNAL),
+    "method.signal_replay.window": ("signal", 2, SIGNAL),
+    "method.signal_replay.max_uses": ("signal", 2, SIGNAL),
+    "method.signal_replay.min_ess": ("signal", 0.0, SIGNAL),
+    "method.signal_replay.train_zero_advantage": ("signal", True, SIGNAL),
     "rollout.prompts_per_step": ("producer", 3, ()),
     "rollout.num_generations": ("producer", 2, ()),
     "rollout.temperature": ("producer", 0.7, ()),

@@ -433,6 +433,15 @@ COUNTING: dict[str, tuple[str, list[str]]] = {
     "ar3po": ("ar3po", []),
     "exgrpo": ("exgrpo", ["method.exgrpo.start_accuracy=0.0"]),
     "repo": ("repo", ["method.repo.prompt_pool=2", "method.repo.min_buffer=2"]),
+    "signal_replay": (  # some groups vary (trained, stored, replayed), some do not (filtered)
+        "signal-replay-grpo",
+        [
+            "method.signal_replay.target=1.0",
+            "rollout.num_generations=2",
+            "train.steps=3",
+            "rewards=[{name: digits_format}]",
+        ],
+    ),
 }
 
 

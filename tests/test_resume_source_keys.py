@@ -33,6 +33,11 @@ FILLS: dict[str, list[str]] = {
     ],
     "group_replay": ["method.group_replay.capacity=4"],
     "remix": ["algorithm.loss_type=mix_ppg", "method.remix.reincarnation_step=null"],
+    "signal_replay": [  # rewards with variance: signal groups stored, replayed at target 1
+        "algorithm.loss_type=mix_ppg",
+        "rewards=[{name: digits_format}]",
+        "method.signal_replay.target=1.0",
+    ],
 }
 
 

@@ -14,7 +14,7 @@ registry; nothing outside this package names a method.
 from __future__ import annotations
 
 from replayrl.config.registries import METHODS, MethodSpec, SourceCounter
-from replayrl.methods import ar3po, buffer, exgrpo, group_sources, remix, repo
+from replayrl.methods import ar3po, buffer, exgrpo, group_sources, remix, repo, signal_replay
 
 # the counters the methods below add to (`Counters.add`), declared once, registered with each
 # method that adds to them
@@ -161,5 +161,46 @@ METHODS.add(
         loss="grpo_clip",  # its off-policy term: GRPO's clipped ratio to the stored policy
         lockstep=True,  # the batch is decided from the step's fresh groups
         advantage="grpo",  # with GRPO's group advantages
+    ),
+)
+METHODS.add(
+    "signal_replay",
+    MethodSpec(
+        signal_replay.build_signal_replay,
+        signal_replay.SignalReplayConfig,
+        signal_replay.check_signal_replay,
+        (
+            NO_SIGNAL,
+            REUSED,
+            SourceCounter(
+                "signal_fill_steps", "steps whose batch was filled with stored signal groups"
+            ),
+            SourceCounter(
+                "signal_evicted_age",
+                "stored signal groups evicted past method.signal_replay.window versions old",
+            ),
+            SourceCounter(
+                "signal_evicted_uses",
+                "stored signal groups evicted after method.signal_replay.max_uses trainings",
+            ),
+            SourceCounter(
+                "signal_evicted_ess",
+                "stored signal groups evicted for a sequence ESS below "
+                "method.signal_replay.min_ess",
+            ),
+            SourceCounter(
+                "signal_skipped_steps",
+                "steps with nothing to train: no fresh group with reward variance, none stored",
+            ),
+        ),
+        "signal replay: groups without reward variance dropped, stored signal groups replayed "
+        "while fresh signal is below a target (arXiv 2503.14476, 2507.06892)",
+        # the store's contents: each group's age and remaining uses were decided under these
+        frozen_on_resume=("window", "max_uses"),
+        loss="mix_ppg",  # replayed groups clipped around pi_k / pi_beh (ReMix's Mix-PPG)
+        loss_strict=True,
+        single_learner=True,  # one store beside one learner, its ESS from that learner
+        lockstep=True,  # the batch is decided from the step's fresh groups
+        advantage="grpo",  # with GRPO's group advantages, stored with each group
     ),
 )
