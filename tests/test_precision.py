@@ -112,6 +112,21 @@ def test_refreshed_log_pi_old_survives_a_checkpoint_and_leaves_with_its_rollout(
     assert len(table) == 0  # evicted with the rollout's sampler tensor
 
 
+def test_identical_completions_both_find_their_log_pi_old_after_a_resume():
+    # two members of a group with the same completion share the sampler's log-probs and the
+    # learner's; after a resume each must get the learner's, not just the first one met
+    table = PiOld()
+    a, b = _rollout(3, [-1.0, -2.0]), _rollout(3, [-1.0, -2.0])
+    table.store([a, b], [torch.tensor([-0.75, -1.5])] * 2)
+    restored = PiOld()
+    restored.load_state_dict(table.state_dict())
+    again_a, again_b = _rollout(3, [-1.0, -2.0]), _rollout(3, [-1.0, -2.0])
+    assert torch.equal(restored.of(again_a), torch.tensor([-0.75, -1.5]))
+    assert torch.equal(restored.of(again_b), torch.tensor([-0.75, -1.5]))
+    # a second checkpoint holds each sampler value once
+    assert len(restored.state_dict()["sampler"]) == 1
+
+
 def test_bf16_sampler_logprobs_refreshed_to_the_learners(tiny_model, char_tokenizer):
     model = copy.deepcopy(tiny_model)
     with torch.no_grad():  # sharper logits than the random init, so bf16 rounding shows

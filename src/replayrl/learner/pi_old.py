@@ -50,7 +50,9 @@ class PiOld:
         if entry is not None and entry[0]() is r.behaviour_logprobs:
             return entry[1]
         if self._pending:
-            lp = self._pending.pop(_content(r.behaviour_logprobs), None)
+            # kept, not popped: identical completions (common in a group) share the sampler's
+            # values and the learner's, and each must find them after a resume
+            lp = self._pending.get(_content(r.behaviour_logprobs))
             if lp is not None and lp.shape == r.behaviour_logprobs.shape:
                 self._put(r.behaviour_logprobs, lp)
                 return lp
@@ -107,9 +109,12 @@ class PiOld:
         """The live entries (their rollouts are still held: the buffer checkpoints them)."""
         live = [(ref(), lp) for ref, lp in self._values.values()]
         pairs = [(s, lp) for s, lp in live if s is not None]
+        held = {_content(s) for s, _ in pairs}
+        pairs = list({_content(s): (s, lp) for s, lp in pairs}.values())
         pairs += [
             (torch.frombuffer(bytearray(k), dtype=torch.float32), lp)
             for k, lp in self._pending.items()
+            if k not in held
         ]
         return {"sampler": [s for s, _ in pairs], "learner": [lp for _, lp in pairs]}
 

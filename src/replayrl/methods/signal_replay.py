@@ -103,8 +103,12 @@ def group_ess(current: Sequence[torch.Tensor], behaviour: Sequence[torch.Tensor]
     """Normalised ESS (sum w)^2 / (n sum w^2) of a group's sequence importance weights
     w_i = prod_t pi(y_it) / pi_beh(y_it) (`importance_ess`): 1 when the current policy has
     moved every member alike, towards 1/n when one member dominates."""
+    # the learner's log-probs live on its device, the sampler's on the CPU
     log_w = torch.stack(
-        [(c.double() - b.double()).sum() for c, b in zip(current, behaviour, strict=True)]
+        [
+            (c.detach().double().cpu() - b.double().cpu()).sum()
+            for c, b in zip(current, behaviour, strict=True)
+        ]
     )
     return importance_ess(log_w)
 
