@@ -85,9 +85,10 @@ def test_collate_places_the_batch_on_the_given_device(char_tokenizer):
         step=0,
     )
     # 'meta' stands in for a GPU: a tensor left on the CPU would show here
-    batch = collate([r], pad_id=0, token_fields={"x": [torch.tensor([2.0])]}, device="meta")
-    assert {t.device.type for t in batch.values()} == {"meta"}
-    assert collate([r], pad_id=0)["input_ids"].device.type == "cpu"
+    batch = collate([r], pad_id=0, sampler_logprobs=[torch.tensor([2.0])], device="meta")
+    assert batch.sampler_logprobs is not None
+    assert {t.device.type for t in batch.tensors().values()} == {"meta"}
+    assert collate([r], pad_id=0).input_ids.device.type == "cpu"
 
 
 def _input_devices(module: torch.nn.Module, seen: list[torch.device]) -> None:

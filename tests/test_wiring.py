@@ -139,7 +139,7 @@ def test_mix_ppg_receives_the_clip_centre_of_stale_rollouts(
     # one mini-batch, one micro-batch, shuffled: match rows by their behaviour log-probs
     full = collate(batch, learner.pad_id)
     for row in range(len(batch)):
-        j = next(i for i in range(len(batch)) if torch.equal(full["old_logprobs"][i], old[row]))
+        j = next(i for i in range(len(batch)) if torch.equal(full.old_logprobs[i], old[row]))
         m = mask[row]
         if stale[j]:  # c = pi_k / pi_beh: anchor = log pi_k at the start of the step
             assert torch.allclose(anchor[row][m], current[j][m], atol=1e-5)
@@ -152,7 +152,7 @@ def _mean_entropy(learner: Learner, batch: list[Rollout]) -> float:
     b = collate(batch, learner.pad_id)
     with torch.no_grad():
         _, ent = token_logprobs(learner.model, b, 1.0)
-    return float((ent * b["mask"]).sum() / b["mask"].sum())
+    return float((ent * b.mask).sum() / b.mask.sum())
 
 
 def test_entropy_bonus_raises_entropy(rollouts, tiny_model, char_tokenizer) -> None:
@@ -206,8 +206,8 @@ def test_gae_returns_carry_the_outcome_reward_from_the_last_token(
         critic=critic,
     )
     b, lengths = learner._collate(rollouts)
-    learner._gae_fields(rollouts, b, lengths)
-    returns, values = unpad(b["returns"], b["mask"]), unpad(b["old_values"], b["mask"])
+    b = learner._gae_fields(rollouts, b, lengths)
+    returns, values = unpad(b.returns, b.mask), unpad(b.old_values, b.mask)
     assert any(r.reward for r in rollouts) and len(returns) == len(rollouts)
     for r, ret, v in zip(rollouts, returns, values, strict=True):
         c = r.completion_ids.numel()
@@ -456,9 +456,9 @@ def test_first_step_metrics_are_the_on_policy_values(rollouts, tiny_model, char_
     learner = _learner(tiny_model, char_tokenizer.pad_token_id, "kl.beta=0.1", "train.lr=0.003")
     b = collate(rollouts, learner.pad_id)
     _, ent = token_logprobs(learner.model, b, 1.0)
-    entropy = float((ent * b["mask"]).sum() / b["mask"].sum())
+    entropy = float((ent * b.mask).sum() / b.mask.sum())
     m = learner.train_step(rollouts, np.random.default_rng(0), step=1)
-    tokens = float(b["mask"].sum())
+    tokens = float(b.mask.sum())
     # the first on-policy pass: ratios 1 (behaviour log-probs are this policy's), nothing
     # clipped, KL to pi_base (= this policy) 0, every sequence weight equal
     assert m["on_policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
@@ -613,9 +613,9 @@ def _frozen_fields(
 ) -> dict[str, list[torch.Tensor]]:
     """The fields a step's frozen pass adds to its padded batch, per rollout."""
     b, lengths = learner._collate(rollouts)
-    before = set(b)
-    learner._frozen_fields(rollouts, b, lengths, stale, step)
-    return {k: unpad(b[k], b["mask"]) for k in set(b) - before}
+    before = set(b.tensors())
+    after = learner._frozen_fields(rollouts, b, lengths, stale, step).tensors()
+    return {k: unpad(v, b.mask) for k, v in after.items() if k not in before}
 
 
 def test_frozen_forwards_run_only_for_terms_that_weigh(rollouts, tiny_model, char_tokenizer):

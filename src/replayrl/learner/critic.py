@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModel
 
+from replayrl.learner.batching import TokenRows
+
 
 def policy_frozen(step: int, warmup_steps: int, has_critic: bool) -> bool:
     """Whether update `step` (1-based) trains only the critic: the first `critic.warmup_steps`
@@ -28,9 +30,9 @@ class ValueModel(torch.nn.Module):
         backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
         return cls(backbone, backbone.config.hidden_size)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, batch: TokenRows) -> torch.Tensor:
         """V(state before each target token), laid out like `mask`."""
         hidden = self.backbone(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask
         ).last_hidden_state
         return self.head(hidden[:, :-1].float()).squeeze(-1)

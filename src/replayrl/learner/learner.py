@@ -35,11 +35,11 @@ from replayrl.config.schema import Config, config_value
 from replayrl.data.rollout import Rollout, is_stale
 from replayrl.learner import logprobs
 from replayrl.learner.batching import (
+    TrainBatch,
     collate,
     micro_batches,
     put_rows,
     shared_prompt_order,
-    take,
     token_micro_batches,
     unpad,
 )
@@ -74,10 +74,10 @@ __all__ = [
 token_logprobs = logprobs.token_logprobs
 
 
-def _advantage_abs_max(batch: Sequence[Rollout], b: Mapping[str, torch.Tensor]) -> float:
+def _advantage_abs_max(batch: Sequence[Rollout], b: TrainBatch) -> float:
     """The largest |advantage| the loss saw: per token for a critic's estimator (GAE), else
     per rollout (the no-silent-non-training check compares it with the gradient)."""
-    token = b.get("token_advantages")
+    token = b.token_advantages
     if token is not None:
         return float(token.abs().max()) if token.numel() else 0.0
     return max((abs(float(r.advantage)) for r in batch), default=0.0)
@@ -264,22 +264,22 @@ class Learner:
 
     def _frozen(
         self,
-        fn: Callable[[dict[str, torch.Tensor]], torch.Tensor],
-        b: dict[str, torch.Tensor],
+        fn: Callable[[TrainBatch], torch.Tensor],
+        b: TrainBatch,
         lengths: Sequence[int],
         rows: Sequence[int],
     ) -> torch.Tensor:
         """`fn`'s per-token values of `rows`, run per micro-batch without grad, laid out like
-        `b["mask"]` (zeros off the completion tokens and on other rows)."""
-        out = torch.zeros_like(b["mask"])
+        `b.mask` (zeros off the completion tokens and on other rows)."""
+        out = torch.zeros_like(b.mask)
         parts = self._micro(rows, lengths)
         idle = self._idle_micro(parts)  # agreed before any pass: each pass is a collective
         with torch.no_grad():
             for part in parts:
-                mb = take(b, part, max(lengths[i] for i in part))
-                put_rows(out, part, fn(mb), mb["mask"])
+                mb = b.take(part, max(lengths[i] for i in part))
+                put_rows(out, part, fn(mb), mb.mask)
             for _ in range(idle):  # the other ranks' extra passes
-                fn(take(b, parts[-1], max(lengths[i] for i in parts[-1])))
+                fn(b.take(parts[-1], max(lengths[i] for i in parts[-1])))
         return out
 
     def _idle_micro(self, parts: Sequence[Sequence[int]]) -> int:
@@ -294,12 +294,12 @@ class Learner:
         return extra
 
     def _logprobs_in(
-        self, model: object, b: dict[str, torch.Tensor], lengths: Sequence[int], rows: Sequence[int]
+        self, model: object, b: TrainBatch, lengths: Sequence[int], rows: Sequence[int]
     ) -> torch.Tensor:
         """log `model`(token) of `rows`, in micro-batches of rollouts sharing prompts (the lean
         forward runs each prompt once); `rows` must already be in `shared_prompt_order`."""
 
-        def fn(mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        def fn(mb: TrainBatch) -> torch.Tensor:
             return token_logprobs(
                 model,
                 mb,
@@ -314,13 +314,14 @@ class Learner:
         """`rows` of `rollouts` reordered so that rows of one prompt are adjacent."""
         return [rows[j] for j in shared_prompt_order([rollouts[i] for i in rows])]
 
-    def _collate(self, rollouts: Sequence[Rollout]) -> tuple[dict[str, torch.Tensor], list[int]]:
+    def _collate(self, rollouts: Sequence[Rollout]) -> tuple[TrainBatch, list[int]]:
         """The padded batch of `rollouts` on the learner's device (log pi_old: the learner's
         refreshed values where it has them), and each row's length."""
-        fields = {"old_logprobs": [self.pi_old.of(r) for r in rollouts]}
+        old = [self.pi_old.of(r) for r in rollouts]
+        sampler = None
         if self.tis_cap is not None:  # truncated IS weighs pi_old against the sampler
-            fields["sampler_logprobs"] = [self.pi_old.sampler(r) for r in rollouts]
-        b = collate(rollouts, self.pad_id, fields, device=self.device)
+            sampler = [self.pi_old.sampler(r) for r in rollouts]
+        b = collate(rollouts, self.pad_id, old, sampler, device=self.device)
         lengths = [r.prompt_ids.numel() + r.completion_ids.numel() for r in rollouts]
         return b, lengths
 
@@ -330,7 +331,7 @@ class Learner:
             return []
         b, lengths = self._collate(rollouts)
         rows = self._shared_rows(rollouts, range(len(rollouts)))
-        return unpad(self._logprobs_in(model, b, lengths, rows), b["mask"])
+        return unpad(self._logprobs_in(model, b, lengths, rows), b.mask)
 
     def current_logprobs(self, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
         """Per-token log-probs of each completion under the policy now (no gradient)."""
@@ -340,7 +341,7 @@ class Learner:
         """Per rollout: the current policy's mean token entropy over its completion (ExGRPO's
         trajectory selection, arXiv 2510.02245 sec. 3.1), no grad."""
 
-        def fn(mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        def fn(mb: TrainBatch) -> torch.Tensor:
             return token_logprobs(
                 self.model,
                 mb,
@@ -353,18 +354,18 @@ class Learner:
             return []
         b, lengths = self._collate(rollouts)
         ent = self._frozen(fn, b, lengths, range(len(rollouts)))
-        return [float(e.mean()) if e.numel() else 0.0 for e in unpad(ent, b["mask"])]
+        return [float(e.mean()) if e.numel() else 0.0 for e in unpad(ent, b.mask)]
 
     def _gae_fields(
-        self, rollouts: Sequence[Rollout], b: dict[str, torch.Tensor], lengths: Sequence[int]
-    ) -> None:
+        self, rollouts: Sequence[Rollout], b: TrainBatch, lengths: Sequence[int]
+    ) -> TrainBatch:
         """Critic values of the batch, then the registered token estimator's advantages and
         returns per token (gae: whitened GAE, `algorithm.advantage`), added to `b`."""
         assert self.critic is not None and self.advantage.token is not None
         self.critic.eval()
         critic = self.critic
 
-        def critic_values(mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        def critic_values(mb: TrainBatch) -> torch.Tensor:
             with precision.autocast(self.autocast, self.device):  # as the policy runs
                 return critic(mb).float()
 
@@ -374,7 +375,7 @@ class Learner:
         comp = torch.tensor([r.completion_ids.numel() for r in rollouts], device=self.device)
         width = int(comp.max())
         msk = (torch.arange(width, device=self.device)[None, :] < comp[:, None]).float()
-        sel, left = b["mask"].bool(), msk.bool()
+        sel, left = b.mask.bool(), msk.bool()
         val = torch.zeros_like(msk).masked_scatter(left, values[sel])
         rew = torch.zeros_like(msk)
         rows = torch.arange(len(rollouts), device=self.device)
@@ -382,19 +383,21 @@ class Learner:
         rewards = torch.tensor([r.reward for r in rollouts], device=self.device)
         rew[rows[has], comp[has] - 1] = rewards[has]  # outcome reward on the last token
         adv, ret = self.advantage.token(rew, val, msk, self.cfg.critic.gamma, self.cfg.critic.lam)
-        zeros = torch.zeros_like(b["mask"])
-        b["token_advantages"] = zeros.masked_scatter(sel, adv[left])
-        b["returns"] = zeros.masked_scatter(sel, ret[left])
-        b["old_values"] = zeros.masked_scatter(sel, values[sel])
+        zeros = torch.zeros_like(b.mask)
+        return b.replace(
+            token_advantages=zeros.masked_scatter(sel, adv[left]),
+            returns=zeros.masked_scatter(sel, ret[left]),
+            old_values=zeros.masked_scatter(sel, values[sel]),
+        )
 
     def _frozen_fields(
         self,
         batch: list[Rollout],
-        b: dict[str, torch.Tensor],
+        b: TrainBatch,
         lengths: list[int],
         stale: list[bool],
         step: int,
-    ) -> None:
+    ) -> TrainBatch:
         """Everything computed once per batch without grad, added to its padded batch `b`."""
         rows = self._shared_rows(batch, range(len(batch)))
         stale_rows = torch.tensor(stale, dtype=torch.bool, device=self.device)[:, None]
@@ -402,33 +405,36 @@ class Learner:
         if anchors and (any(stale) or self.lockstep_forwards):
             current = self._logprobs_in(self.model, b, lengths, rows)
             # fresh data: c = pi_k / pi_beh = 1 exactly (plain PPO clipping)
-            b["anchor_logprobs"] = torch.where(stale_rows, current, b["old_logprobs"])
+            b = b.replace(anchor_logprobs=torch.where(stale_rows, current, b.old_logprobs))
         w_base, w_prev = self.kl_weights(step)
         if w_base > 0:
             if self.base_model is None:
                 self.base_model = initial_policy(self.model)
-            b["base_logprobs"] = self._logprobs_in(self.base_model, b, lengths, rows)
+            b = b.replace(base_logprobs=self._logprobs_in(self.base_model, b, lengths, rows))
         if w_prev > 0:
             if self.prev_model is None:  # first use: pi_{k-1} unknown, start from pi_k
                 self.prev_model = snapshot(self.model)
-            b["prev_logprobs"] = self._logprobs_in(self.prev_model, b, lengths, rows)
+            b = b.replace(prev_logprobs=self._logprobs_in(self.prev_model, b, lengths, rows))
         self._refresh_frozen(step, w_base)
         if self.advantage.needs_critic:
-            self._gae_fields(batch, b, lengths)
-        b["stale"] = stale_rows.float() * b["mask"]
+            b = self._gae_fields(batch, b, lengths)
+        b = b.replace(stale=stale_rows.float() * b.mask)
         if self.tis_cap is not None:
             # learner log pi_old (refreshed) vs the sampler's; a rollout never refreshed
             # (stale at its first use) has only the sampler's: weight 1
-            b["tis_weights"] = self._is_weights(b["old_logprobs"], b.pop("sampler_logprobs"), b)
+            assert b.sampler_logprobs is not None
+            weights = self._is_weights(b.old_logprobs, b.sampler_logprobs, b)
+            b = b.replace(tis_weights=weights, sampler_logprobs=None)
+        return b
 
     def _is_weights(
-        self, learner_lp: torch.Tensor, sampler_lp: torch.Tensor, b: dict[str, torch.Tensor]
+        self, learner_lp: torch.Tensor, sampler_lp: torch.Tensor, b: TrainBatch
     ) -> torch.Tensor:
         """Per-token importance weights of the padded batch under
         `precision.importance_sampling_mode` (zero off the completion tokens)."""
         assert self.tis_cap is not None
-        mask = b["mask"].bool()
-        w = torch.zeros_like(b["mask"])
+        mask = b.mask.bool()
+        w = torch.zeros_like(b.mask)
         if self.importance_mode.startswith("token"):  # per token: every row's tokens at once
             w[mask] = importance_weights(
                 learner_lp[mask], sampler_lp[mask], self.tis_cap, self.importance_mode
@@ -442,7 +448,7 @@ class Learner:
         return w
 
     def _refresh(
-        self, batch: list[Rollout], b: dict[str, torch.Tensor], lengths: list[int], epochs: int
+        self, batch: list[Rollout], b: TrainBatch, lengths: list[int], epochs: int
     ) -> tuple[dict[str, float], list[int]]:
         """Reduced precision: fresh rollouts get log pi_old from the learner itself, by a
         no-grad pass now, or by the first update's own forward (the rows returned)."""
@@ -466,8 +472,8 @@ class Learner:
             return counts, []
         src = torch.tensor([first[id(batch[i])] for i in rows], device=self.device)
         dst = torch.tensor(rows, device=self.device)
-        b["old_logprobs"][dst] = torch.where(b["mask"][dst].bool(), lp[src], b["old_logprobs"][dst])
-        stats = self.pi_old.store([batch[i] for i in keep], unpad(lp[keep], b["mask"][keep]))
+        b.old_logprobs[dst] = torch.where(b.mask[dst].bool(), lp[src], b.old_logprobs[dst])
+        stats = self.pi_old.store([batch[i] for i in keep], unpad(lp[keep], b.mask[keep]))
         return {**counts, **stats}, []
 
     # -- the step ----------------------------------------------------------------------------
@@ -498,8 +504,8 @@ class Learner:
         if fuse:  # rows whose log pi_old the first update's forward sets
             marks = torch.zeros(len(batch), 1, device=self.device)
             marks[fuse] = 1.0
-            b["fuse"] = marks * b["mask"]
-        self._frozen_fields(batch, b, lengths, stale_flags, step)
+            b = b.replace(fuse=marks * b.mask)
+        b = self._frozen_fields(batch, b, lengths, stale_flags, step)
         w_base, w_prev = self.kl_weights(step)
         weights = ObjectiveWeights(
             w_base, w_prev, cfg.algorithm.entropy_coef, cfg.kl.estimator, cfg.algorithm.loss_agg
@@ -515,6 +521,7 @@ class Learner:
             for start in range(0, len(batch), mini):
                 idx = [int(i) for i in order[start : start + mini]]
                 update = self._update(batch, b, lengths, idx, weights, knobs, policy_frozen)
+                b = b.replace(fuse=None)  # the first update's forward set those log pi_old
                 for k, v in update.items():
                     sums[k].append(v)
         if not policy_frozen:
@@ -529,7 +536,8 @@ class Learner:
         out.update(self._fused_stats)
         out["advantage_abs_max"] = _advantage_abs_max(batch, b)
         if self.tis_cap is not None and batch:
-            w_all = b["tis_weights"][b["mask"].bool()]
+            assert b.tis_weights is not None
+            w_all = b.tis_weights[b.mask.bool()]
             out.update(weight_stats(w_all, torch.ones_like(w_all), self.tis_cap))
         return out
 
@@ -569,7 +577,7 @@ class Learner:
     def _update(
         self,
         batch: list[Rollout],
-        b: dict[str, torch.Tensor],
+        b: TrainBatch,
         lengths: list[int],
         idx: list[int],
         weights: ObjectiveWeights,
@@ -590,28 +598,27 @@ class Learner:
         parts = self._micro(self._shared_rows(batch, idx), lengths)
         idle = self._idle_micro(parts) if not policy_frozen else 0  # agreed before any pass
         for part in parts:
-            mb = take(b, part, max(lengths[i] for i in part))
+            mb = b.take(part, max(lengths[i] for i in part))
             if not policy_frozen:
-                self._policy_backward(mb, weights, knobs, normaliser, acc)
-                if "fuse" in mb and acc.current is not None:
+                mb = self._policy_backward(mb, weights, knobs, normaliser, acc)
+                if mb.fuse is not None and acc.current is not None:
                     # the refreshed log pi_old (and fresh rows' anchor) for later passes
-                    for k in ("old_logprobs", "anchor_logprobs"):
-                        if k in mb:
-                            put_rows(b[k], part, mb[k], mb["mask"])
-                    lps = unpad(acc.current, mb["mask"])
-                    for i, lp, f in zip(part, lps, mb["fuse"].amax(-1).tolist(), strict=True):
+                    put_rows(b.old_logprobs, part, mb.old_logprobs, mb.mask)
+                    if b.anchor_logprobs is not None and mb.anchor_logprobs is not None:
+                        put_rows(b.anchor_logprobs, part, mb.anchor_logprobs, mb.mask)
+                    lps = unpad(acc.current, mb.mask)
+                    for i, lp, f in zip(part, lps, mb.fuse.amax(-1).tolist(), strict=True):
                         if f > 0:
                             fused.setdefault(id(batch[i]), (batch[i], lp))
             if self.critic is not None:
                 self._critic_backward(mb, normaliser, acc)
         for _ in range(idle):
-            self._idle_backward(take(b, parts[-1], max(lengths[i] for i in parts[-1])))
-        if "fuse" in b and not policy_frozen:
+            self._idle_backward(b.take(parts[-1], max(lengths[i] for i in parts[-1])))
+        if b.fuse is not None and not policy_frozen:
             # the refreshed log pi_old, as a separate pass would have stored it
             self._fused_stats = self.pi_old.store(
                 [r for r, _ in fused.values()], [lp for _, lp in fused.values()]
             )
-            del b["fuse"]
         out = self._critic_step(acc, tokens) if self.critic is not None else {}
         if policy_frozen:
             return out
@@ -619,14 +626,15 @@ class Learner:
 
     def _policy_backward(
         self,
-        b: dict[str, torch.Tensor],
+        b: TrainBatch,
         w: ObjectiveWeights,
         knobs: Mapping[str, float | None],
         normaliser: float,
         acc: _Accum,
-    ) -> None:
-        """The objective's gradient on one micro-batch, and its diagnostics into `acc`."""
-        mask = b["mask"]
+    ) -> TrainBatch:
+        """The objective's gradient on one micro-batch, and its diagnostics into `acc`;
+        returns the micro-batch as the loss saw it (a fused refresh sets log pi_old)."""
+        mask = b.mask
         logps, entropy = token_logprobs(
             self.model,
             b,
@@ -635,30 +643,32 @@ class Learner:
             autocast=self.autocast,
             full=self.full_logprobs,
         )
-        if "fuse" in b:
+        if b.fuse is not None:
             # fused refresh: log pi_old = log pi_theta (detached) on fresh rollouts' tokens,
             # so their ratio is exactly 1 and the gradient that of the on-policy objective
             current = logps.detach()
             acc.current = current
-            f = b["fuse"].bool()
-            b["old_logprobs"] = torch.where(f, current, b["old_logprobs"])
-            if "anchor_logprobs" in b:  # fresh data: c = pi_k / pi_beh = 1
-                b["anchor_logprobs"] = torch.where(f, current, b["anchor_logprobs"])
-        adv = b["token_advantages"] if not self.advantage.at_generation else b["advantages"]
-        if "tis_weights" in b:  # truncated IS: w * loss_t == loss_t with w * A_t
-            adv = apply_token_weights(adv, b["tis_weights"])
-        inputs = {k: b.get(k) for k in ("anchor_logprobs", "base_logprobs", "prev_logprobs")}
-        inputs.update(rewards=b["rewards"], baselines=b["baselines"], stale=b["stale"])
+            f = b.fuse.bool()
+            anchor = b.anchor_logprobs  # fresh data: c = pi_k / pi_beh = 1
+            b = b.replace(
+                old_logprobs=torch.where(f, current, b.old_logprobs),
+                anchor_logprobs=torch.where(f, current, anchor) if anchor is not None else None,
+            )
+        adv = b.token_advantages if not self.advantage.at_generation else b.advantages
+        assert adv is not None  # a critic's estimator adds token_advantages
+        if b.tis_weights is not None:  # truncated IS: w * loss_t == loss_t with w * A_t
+            adv = apply_token_weights(adv, b.tis_weights)
+        inputs = b.loss_inputs()
         loss_mask = mask
         if self.cfg.algorithm.mask_truncated_completions:
             # TRL's mask_truncated_completions: a completion cut at max_new_tokens adds no
             # term to the loss (its group's advantages were computed with it, as TRL does)
-            loss_mask = mask * (1.0 - b["truncated"])[:, None]
+            loss_mask = mask * (1.0 - b.truncated)[:, None]
         terms = policy_objective(
             self.loss_type,
             logps,
             entropy,
-            b["old_logprobs"],
+            b.old_logprobs,
             adv,
             loss_mask,
             inputs,
@@ -679,8 +689,9 @@ class Learner:
                 acc.ratio_max = max(acc.ratio_max, v)
             else:
                 acc.sums[k] += v * part_tokens
+        return b
 
-    def _idle_backward(self, b: dict[str, torch.Tensor]) -> None:
+    def _idle_backward(self, b: TrainBatch) -> None:
         """A forward and backward that adds nothing (zero weight): a sharded rank with fewer
         micro-batches than another joins the other's all-gathers and reduce-scatters."""
         logps, _ = token_logprobs(
@@ -694,36 +705,37 @@ class Learner:
 
     @staticmethod
     def _diagnostics(
-        b: dict[str, torch.Tensor], logps: torch.Tensor, entropy: torch.Tensor, acc: _Accum
+        b: TrainBatch, logps: torch.Tensor, entropy: torch.Tensor, acc: _Accum
     ) -> None:
-        mask = b["mask"]
-        log_ratio = (logps - b["old_logprobs"]) * mask
+        mask = b.mask
+        log_ratio = (logps - b.old_logprobs) * mask
         acc.seq_log_ratios.append(log_ratio.sum(-1))
         acc.sums["entropy"] += float((entropy.detach() * mask).sum())
-        for name in ("base", "prev"):
-            ref = b.get(f"{name}_logprobs")
+        for name, ref in (("base", b.base_logprobs), ("prev", b.prev_logprobs)):
             if ref is not None:
                 kl = torch.exp(ref - logps) - 1 - (ref - logps)  # k3 for logging
                 acc.sums[f"kl_to_{name}"] += float((kl * mask).sum())
         m = mask.bool()
-        acc.ratios.append(torch.exp(logps.detach() - b["old_logprobs"])[m])
-        anchor = b.get("anchor_logprobs")
+        acc.ratios.append(torch.exp(logps.detach() - b.old_logprobs)[m])
+        anchor = b.anchor_logprobs
         acc.centres.append(
-            torch.exp(anchor - b["old_logprobs"])[m]
+            torch.exp(anchor - b.old_logprobs)[m]
             if anchor is not None
             else torch.ones_like(acc.ratios[-1])
         )
-        acc.stale.append(b["stale"][m].bool())
+        assert b.stale is not None  # set by the frozen passes before any update
+        acc.stale.append(b.stale[m].bool())
 
-    def _critic_backward(self, b: dict[str, torch.Tensor], normaliser: float, acc: _Accum) -> None:
+    def _critic_backward(self, b: TrainBatch, normaliser: float, acc: _Accum) -> None:
         assert self.critic is not None
-        c, mask = self.cfg.critic, b["mask"]
+        c, mask = self.cfg.critic, b.mask
         with precision.autocast(self.autocast, self.device):  # as the policy runs
             values = self.critic(b)
+        assert b.old_values is not None and b.returns is not None  # set by `_gae_fields`
         v_loss, v_metrics = critic_objective(
             values.float(),
-            b["old_values"],
-            b["returns"],
+            b.old_values,
+            b.returns,
             mask,
             c.value_clip,
             self.cfg.algorithm.loss_agg,
@@ -792,7 +804,7 @@ class Learner:
             return
         b, lengths = self._collate(rollouts)
         for part in self._micro(range(len(rollouts)), lengths):
-            mb = take(b, part, max(lengths[i] for i in part))
+            mb = b.take(part, max(lengths[i] for i in part))
             logps, _ = token_logprobs(
                 self.model,
                 mb,
@@ -800,7 +812,7 @@ class Learner:
                 autocast=self.autocast,
                 full=self.full_logprobs,
             )
-            (-(logps * mb["mask"]).sum()).backward()
+            (-(logps * mb.mask).sum()).backward()
         self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, object]:
