@@ -123,10 +123,11 @@ def test_every_model_input_follows_the_model_device(tmp_path):
     assert seen and set(seen) == {torch.device("cpu")}
     # the same calls with the learner's device pretended to be 'meta': inputs must follow
     # (the full-logits path: the lean one reads token ids on the host before its forward)
-    learner.device, learner.full_logprobs = torch.device("meta"), True
+    learner.ctx.device, learner.ctx.full_logprobs = torch.device("meta"), True
 
     def gae(rs: list) -> None:
-        learner._gae_fields(rs, *learner._collate(rs))
+        assert learner.critic_pass is not None
+        learner.critic_pass.gae_fields(rs, *learner.assembly.collate(rs))
 
     for call in (learner.current_logprobs, gae):
         seen.clear()

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-import replayrl.learner.learner as learner_module
+import replayrl.learner.assembly as assembly_module
+import replayrl.learner.context as context_module
 from replayrl.config.schema import load_config
 from replayrl.data.buffer.replay import ReplayBuffer
 from replayrl.data.rollout import Rollout
@@ -94,13 +95,13 @@ def test_token_micro_batches_pack_by_padded_tokens_with_a_row_cap():
 
 def _count_forwards(monkeypatch) -> list[int]:
     rows: list[int] = []
-    inner = learner_module.token_logprobs
+    inner = context_module.token_logprobs
 
     def spy(model, batch, *args, **kwargs):
         rows.append(int(batch.input_ids.shape[0]))
         return inner(model, batch, *args, **kwargs)
 
-    monkeypatch.setattr(learner_module, "token_logprobs", spy)
+    monkeypatch.setattr(context_module, "token_logprobs", spy)
     return rows
 
 
@@ -157,9 +158,9 @@ def test_a_step_collates_once_and_resolves_the_loss_knobs_once(
         "algorithm.loss_type=mix_ppg",
     )
     collates, knobs = [], []
-    inner_collate, inner_knobs = learner_module.collate, learner.loss_knobs
+    inner_collate, inner_knobs = assembly_module.collate, learner.loss_knobs
     monkeypatch.setattr(
-        learner_module, "collate", lambda *a, **k: collates.append(1) or inner_collate(*a, **k)
+        assembly_module, "collate", lambda *a, **k: collates.append(1) or inner_collate(*a, **k)
     )
     monkeypatch.setattr(learner, "loss_knobs", lambda: knobs.append(1) or inner_knobs())
     batch = [copy.copy(r) for r in rollouts]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import replayrl.learner.learner as learner_module
+import replayrl.learner.policy_pass as policy_pass_module
 from replayrl.algorithms import (
     AGGREGATIONS,
     POLICY_LOSSES,
@@ -31,6 +31,7 @@ from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.rollout import Rollout
 from replayrl.launch.entry import train
 from replayrl.learner.batching import collate, unpad
+from replayrl.learner.context import Ranks
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner, token_logprobs
 from replayrl.recipes.auto import resolve_design
@@ -83,13 +84,13 @@ def _flat(module) -> torch.Tensor:
 def _record_objective(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Record what the learner hands the objective (it still computes the real loss)."""
     calls: list[dict] = []
-    real = learner_module.policy_objective
+    real = policy_pass_module.policy_objective
 
     def recording(loss_type, logprobs, entropy, old, adv, mask, inputs, knobs, w, normaliser):
         calls.append({"inputs": dict(inputs), "adv": adv, "mask": mask, "old": old, "weights": w})
         return real(loss_type, logprobs, entropy, old, adv, mask, inputs, knobs, w, normaliser)
 
-    monkeypatch.setattr(learner_module, "policy_objective", recording)
+    monkeypatch.setattr(policy_pass_module, "policy_objective", recording)
     return calls
 
 
@@ -205,8 +206,9 @@ def test_gae_returns_carry_the_outcome_reward_from_the_last_token(
         "critic.lam=1.0",
         critic=critic,
     )
-    b, lengths = learner._collate(rollouts)
-    b = learner._gae_fields(rollouts, b, lengths)
+    assert learner.critic_pass is not None
+    b, lengths = learner.assembly.collate(rollouts)
+    b = learner.critic_pass.gae_fields(rollouts, b, lengths)
     returns, values = unpad(b.returns, b.mask), unpad(b.old_values, b.mask)
     assert any(r.reward for r in rollouts) and len(returns) == len(rollouts)
     for r, ret, v in zip(rollouts, returns, values, strict=True):
@@ -424,9 +426,10 @@ def test_learner_normaliser_uses_the_rank_reducer(tiny_model, char_tokenizer, ro
     learner = _learner(tiny_model, char_tokenizer.pad_token_id)
     local = sum(r.completion_ids.numel() for r in rollouts[:4])
     assert learner.normaliser(rollouts[:4]) == local
-    learner.count_reducer, learner.world_size = (lambda c: 3 * c), 3  # 3 equal ranks
+    learner.join(Ranks(world_size=3, count_reducer=lambda c: 3 * c))  # 3 equal ranks
     assert learner.normaliser(rollouts[:4]) == pytest.approx(local)
-    learner.count_reducer = lambda c: c + 30  # the other ranks hold 30 more tokens
+    # the other ranks hold 30 more tokens
+    learner.join(Ranks(world_size=3, count_reducer=lambda c: c + 30))
     assert learner.normaliser(rollouts[:4]) == pytest.approx((local + 30) / 3)
 
 
@@ -595,7 +598,7 @@ def test_critic_metrics_and_step_do_not_depend_on_micro_batching(
 def test_critic_gradients_reach_the_grad_hook(rollouts, tiny_model, char_tokenizer) -> None:
     learner = _critic_learner(tiny_model, char_tokenizer.pad_token_id)
     seen: list[list[torch.nn.Parameter]] = []
-    learner.grad_hook = seen.append  # data-parallel learners all-reduce through it
+    learner.join(Ranks(grad_hook=seen.append))  # data-parallel learners all-reduce through it
     learner.train_step(rollouts, np.random.default_rng(0), step=1)
     assert learner.critic is not None
     critic_ids = [id(p) for p in learner.critic.parameters()]
@@ -612,9 +615,9 @@ def _frozen_fields(
     learner: Learner, rollouts: list[Rollout], stale: list[bool], step: int
 ) -> dict[str, list[torch.Tensor]]:
     """The fields a step's frozen pass adds to its padded batch, per rollout."""
-    b, lengths = learner._collate(rollouts)
+    b, lengths = learner.assembly.collate(rollouts)
     before = set(b.tensors())
-    after = learner._frozen_fields(rollouts, b, lengths, stale, step).tensors()
+    after = learner.frozen.fields(rollouts, b, lengths, stale, step).tensors()
     return {k: unpad(v, b.mask) for k, v in after.items() if k not in before}
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from replayrl.distributed import fsdp
-from replayrl.distributed.ddp import data_parallel
+from replayrl.distributed.ddp import data_parallel_ranks
 from replayrl.errors import RunFailed
 from replayrl.learner.frozen import is_lora
 from replayrl.models.loading import unwrap_model
@@ -44,7 +44,7 @@ def join_learners(learner: Any, world: int) -> None:
     if is_sharded(learner.cfg):
         fsdp.shard_learner(learner, world)
     else:
-        data_parallel(learner, world)
+        learner.join(data_parallel_ranks(world))
 
 
 def follow_gather(learner: Any, parts: tuple[str, ...]) -> None:

@@ -24,7 +24,6 @@ import torch
 
 from replayrl.algorithms.losses import call_policy_loss
 from replayrl.data.rollout import Rollout, is_stale
-from replayrl.learner import logprobs
 from replayrl.learner.batching import collate
 
 if TYPE_CHECKING:
@@ -80,9 +79,7 @@ def sample_gradients(
         for i, r in enumerate(rollouts):
             # log pi_old as a training step reads it (the learner's refreshed values if any)
             b = collate([r], learner.pad_id, [learner.pi_old.of(r)], device=learner.device)
-            logps, _ = logprobs.token_logprobs(
-                model, b, cfg.rollout.temperature, False, learner.autocast, learner.full_logprobs
-            )
+            logps, _ = learner.ctx.logprobs(model, b)
             stale = float(is_stale(r, learner.version))
             b = b.replace(
                 # the Mix-PPG clip centre is the current policy: pi_k = pi_theta here
