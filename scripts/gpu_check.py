@@ -142,15 +142,16 @@ def build_model_folder(folder: Path, shape: str, seed: int = 0) -> Path:
 def logprob_mismatch(model: torch.nn.Module, vocab: int, device: str, seed: int = 0) -> dict:
     """|log pi_bf16 - log pi_fp32| per token on 16 random sequences of 128 tokens (the
     learner's own log-prob code, autocast to bf16 vs none)."""
+    from replayrl.learner.batching import TokenRows
     from replayrl.learner.logprobs import token_logprobs
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (16, 128), generator=g)
-    batch = {
-        "input_ids": ids.to(device),
-        "attention_mask": torch.ones_like(ids).to(device),
-        "mask": torch.ones((16, 127), device=device),
-    }
+    batch = TokenRows(
+        input_ids=ids.to(device),
+        attention_mask=torch.ones_like(ids).to(device),
+        mask=torch.ones((16, 127), device=device),
+    )
     model = model.to(device).eval()
     with torch.no_grad():
         fp32, _ = token_logprobs(model, batch, 1.0, autocast=None)

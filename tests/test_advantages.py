@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import replayrl.learner.learner as learner_module
+import replayrl.learner.policy_pass as policy_pass_module
 from replayrl.algorithms import ADVANTAGES
 from replayrl.algorithms.advantages import (
     AdvantageSpec,
@@ -162,13 +162,13 @@ def test_the_learner_calls_the_registered_token_estimator_with_gamma_and_lam(
     critic = ValueModel(copy.deepcopy(tiny_model.model), tiny_model.config.hidden_size)
     learner = Learner(copy.deepcopy(tiny_model), char_tokenizer.pad_token_id, cfg, critic=critic)
     seen: list[torch.Tensor] = []
-    real = learner_module.policy_objective
+    real = policy_pass_module.policy_objective
 
     def recording(loss_type, logprobs, entropy, old, adv, mask, *rest):
         seen.append(adv[mask.bool()])
         return real(loss_type, logprobs, entropy, old, adv, mask, *rest)
 
-    monkeypatch.setattr(learner_module, "policy_objective", recording)
+    monkeypatch.setattr(policy_pass_module, "policy_objective", recording)
     learner.train_step(batch, np.random.default_rng(0), step=1)
     assert calls == [(0.9, 0.7)]
     assert seen and all(torch.all(a == 3.0) for a in seen)  # not the stored 0.5, not GAE

@@ -213,7 +213,7 @@ def test_reuse_logprobs_current_takes_the_policy_at_reuse_and_reuse_zero_turns_i
 @pytest.mark.parametrize("mode", ["current", "behaviour"])
 def test_a_reused_copy_keeps_sampler_logprobs_only_with_its_own_behaviour(mode: str) -> None:
     # reduced precision stores the sampler's log-probs beside the learner's refreshed ones;
-    # truncated IS weighs w = min(exp(behaviour - sampler), cap) (learner._frozen_fields).
+    # truncated IS weighs w = min(exp(behaviour - sampler), cap) (learner/frozen_passes.py).
     # current: behaviour = the policy now (-0.25), so the old sampler's (-3) would give
     # w = min(e^2.75, 2) = 2; dropped, w = 1. behaviour: both from generation, w = e^-0.5
     from replayrl.algorithms.correction import truncated_is_weights

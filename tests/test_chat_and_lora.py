@@ -248,15 +248,17 @@ def test_lora_reference_is_the_base_with_adapters_disabled(
     assert sum(len(g["params"]) for g in learner.optimizer.param_groups) == len(adapters)
 
     base_before = {n: p.detach().clone() for n, p in policy.named_parameters() if n not in adapters}
-    ref0 = _flat(learner._per_rollout(learner.base_model, rollouts))
-    plain_lp = _flat(learner._per_rollout(plain, rollouts))
+    ref0 = _flat(learner.assembly.per_rollout(learner.base_model, rollouts))
+    plain_lp = _flat(learner.assembly.per_rollout(plain, rollouts))
     assert torch.allclose(ref0, plain_lp, atol=1e-6)  # reference = the base model
-    assert torch.allclose(_flat(learner._per_rollout(policy, rollouts)), plain_lp, atol=1e-6)
+    assert torch.allclose(
+        _flat(learner.assembly.per_rollout(policy, rollouts)), plain_lp, atol=1e-6
+    )
 
     metrics = learner.train_step(rollouts, np.random.default_rng(0), step=1)
     assert metrics["kl_coef_base"] == pytest.approx(0.1)
-    policy_lp = _flat(learner._per_rollout(policy, rollouts))
-    ref1 = _flat(learner._per_rollout(learner.base_model, rollouts))
+    policy_lp = _flat(learner.assembly.per_rollout(policy, rollouts))
+    ref1 = _flat(learner.assembly.per_rollout(learner.base_model, rollouts))
     assert torch.allclose(ref1, plain_lp, atol=1e-6)  # still the base after the update
     assert (policy_lp - plain_lp).abs().max() > 1e-3  # the adapted policy moved away
     for n, p in policy.named_parameters():  # only the adapters changed
@@ -272,26 +274,26 @@ def test_lora_frozen_policies_are_adapter_snapshots(
 ) -> None:
     convex = ("kl.beta=0.1", "kl.target=convex", "kl.schedule.start=0", "kl.schedule.every=1")
     learner, _ = _lora_learner(tiny_model_config, char_tokenizer, *LORA, *convex)
-    before = _flat(learner._per_rollout(learner.model, rollouts))
+    before = _flat(learner.assembly.per_rollout(learner.model, rollouts))
     learner.train_step(rollouts, np.random.default_rng(0), step=1)
     # pi_{k-1} for the next step: the policy this step started from, adapters copied
     assert isinstance(learner.prev_model, AdapterSnapshot)
-    assert torch.allclose(_flat(learner._per_rollout(learner.prev_model, rollouts)), before)
-    now = _flat(learner._per_rollout(learner.model, rollouts))
+    assert torch.allclose(_flat(learner.assembly.per_rollout(learner.prev_model, rollouts)), before)
+    now = _flat(learner.assembly.per_rollout(learner.model, rollouts))
     assert (now - before).abs().max() > 1e-4
     learner.reincarnate()
     assert isinstance(learner.base_model, AdapterSnapshot)
-    assert torch.allclose(_flat(learner._per_rollout(learner.base_model, rollouts)), now)
+    assert torch.allclose(_flat(learner.assembly.per_rollout(learner.base_model, rollouts)), now)
     learner.train_step(rollouts, np.random.default_rng(1), step=2)
-    moved = _flat(learner._per_rollout(learner.model, rollouts))
+    moved = _flat(learner.assembly.per_rollout(learner.model, rollouts))
     assert (moved - now).abs().max() > 1e-4
-    assert torch.allclose(_flat(learner._per_rollout(learner.base_model, rollouts)), now)
+    assert torch.allclose(_flat(learner.assembly.per_rollout(learner.base_model, rollouts)), now)
     state = learner.state_dict()  # round trip of the snapshots (resume)
     other, _ = _lora_learner(tiny_model_config, char_tokenizer, *LORA, *convex)
     other.model.load_state_dict(learner.model.state_dict())
     other.load_state_dict(state)
     assert isinstance(other.base_model, AdapterSnapshot)
-    assert torch.allclose(_flat(other._per_rollout(other.base_model, rollouts)), now)
+    assert torch.allclose(_flat(other.assembly.per_rollout(other.base_model, rollouts)), now)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from replayrl.learner.batching import TokenRows
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.frozen import (
     ADAPTERS_DISABLED,
@@ -117,5 +118,5 @@ def test_critic_starts_at_zero_in_float32_from_a_bf16_policy(tiny_model, tmp_pat
     emb = critic.backbone.get_input_embeddings().weight
     assert torch.equal(emb, tiny_model.get_input_embeddings().weight.to(torch.bfloat16).float())
     ids = torch.tensor([[3, 4, 5, 6]])
-    values = critic({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    values = critic(TokenRows(ids, torch.ones_like(ids), torch.ones(1, 3)))
     assert values.shape == (1, 3) and torch.equal(values, torch.zeros(1, 3))

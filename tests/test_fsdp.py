@@ -593,8 +593,8 @@ def _token_budget_rank(
     half = batch[rank::WORLD]
     lengths = [r.prompt_ids.numel() + r.completion_ids.numel() for r in half]
     # the micro-batches of the update (rows in shared-prompt order, as `_update` cuts them)
-    order = learner._shared_rows(half, range(len(half)))
-    parts = torch.tensor([len(learner._micro(order, lengths))])
+    order = learner.assembly.shared_rows(half, range(len(half)))
+    parts = torch.tensor([len(learner.assembly.micro(order, lengths))])
     counts = [torch.zeros_like(parts) for _ in range(WORLD)]
     torch.distributed.all_gather(counts, parts)
     m = learner.train_step(half, np.random.default_rng(rank), step=0)

@@ -56,13 +56,13 @@ def _max_diff(model, rollouts: list[Rollout], pad_id: int, temperature: float) -
     batch = collate(rollouts, pad_id)
     with torch.no_grad():
         logps, _ = token_logprobs(model, batch, temperature)
-    mask = batch["mask"].bool()
+    mask = batch.mask.bool()
     # the mask marks exactly the completion tokens, and the targets there are those tokens
     assert int(mask.sum()) == sum(r.completion_ids.numel() for r in rollouts)
-    targets = batch["input_ids"][:, 1:]
+    targets = batch.input_ids[:, 1:]
     expected = torch.cat([r.completion_ids for r in rollouts])
     assert torch.equal(targets[mask], expected)
-    return float((logps - batch["old_logprobs"])[mask].abs().max())
+    return float((logps - batch.old_logprobs)[mask].abs().max())
 
 
 def test_learner_recomputes_behaviour_logprobs(sampled, tiny_model, char_tokenizer):
@@ -201,13 +201,13 @@ def test_collate_layout_by_hand():
         group_mean_reward=0.75,
     )
     b = collate([r0, r1], pad_id=0)
-    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 1], [5, 9, 0, 0, 0]]
-    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
-    assert b["mask"].tolist() == [[0, 0, 1, 1], [1, 0, 0, 0]]
-    assert b["old_logprobs"].tolist() == [[0, 0, -0.5, -0.25], [-2.0, 0, 0, 0]]
-    assert b["advantages"].tolist() == [0.5, -0.5]
-    assert b["rewards"].tolist() == [1.0, 0.0]
-    assert b["baselines"].tolist() == [0.75, 0.75]
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 1], [5, 9, 0, 0, 0]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert b.mask.tolist() == [[0, 0, 1, 1], [1, 0, 0, 0]]
+    assert b.old_logprobs.tolist() == [[0, 0, -0.5, -0.25], [-2.0, 0, 0, 0]]
+    assert b.advantages.tolist() == [0.5, -0.5]
+    assert b.rewards.tolist() == [1.0, 0.0]
+    assert b.baselines.tolist() == [0.75, 0.75]
 
 
 def test_model_generation_config_does_not_truncate_sampling(tiny_model, char_tokenizer):

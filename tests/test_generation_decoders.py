@@ -99,9 +99,9 @@ def test_lean_sampled_logprobs_equal_a_full_forward(gqa_llama, char_tokenizer):
     batch = collate([to_rollout(s) for s in samples], char_tokenizer.pad_token_id)
     with torch.no_grad():
         logps, _ = token_logprobs(gqa_llama, batch, 0.8)
-    mask = batch["mask"].bool()
+    mask = batch.mask.bool()
     assert int(mask.sum()) > 200
-    assert float((logps - batch["old_logprobs"])[mask].abs().max()) < 1e-4
+    assert float((logps - batch.old_logprobs)[mask].abs().max()) < 1e-4
 
 
 def test_lean_equals_transformers_forward_under_lora(gqa_llama, char_tokenizer):

@@ -85,9 +85,10 @@ def test_collate_places_the_batch_on_the_given_device(char_tokenizer):
         step=0,
     )
     # 'meta' stands in for a GPU: a tensor left on the CPU would show here
-    batch = collate([r], pad_id=0, token_fields={"x": [torch.tensor([2.0])]}, device="meta")
-    assert {t.device.type for t in batch.values()} == {"meta"}
-    assert collate([r], pad_id=0)["input_ids"].device.type == "cpu"
+    batch = collate([r], pad_id=0, sampler_logprobs=[torch.tensor([2.0])], device="meta")
+    assert batch.sampler_logprobs is not None
+    assert {t.device.type for t in batch.tensors().values()} == {"meta"}
+    assert collate([r], pad_id=0).input_ids.device.type == "cpu"
 
 
 def _input_devices(module: torch.nn.Module, seen: list[torch.device]) -> None:
@@ -122,10 +123,11 @@ def test_every_model_input_follows_the_model_device(tmp_path):
     assert seen and set(seen) == {torch.device("cpu")}
     # the same calls with the learner's device pretended to be 'meta': inputs must follow
     # (the full-logits path: the lean one reads token ids on the host before its forward)
-    learner.device, learner.full_logprobs = torch.device("meta"), True
+    learner.ctx.device, learner.ctx.full_logprobs = torch.device("meta"), True
 
     def gae(rs: list) -> None:
-        learner._gae_fields(rs, *learner._collate(rs))
+        assert learner.critic_pass is not None
+        learner.critic_pass.gae_fields(rs, *learner.assembly.collate(rs))
 
     for call in (learner.current_logprobs, gae):
         seen.clear()

@@ -340,9 +340,10 @@ def test_learner_weighs_tokens_in_the_configured_is_mode(tmp_path):
         rollouts[0], extras={"sampler_logprobs": rollouts[0].behaviour_logprobs - 5.0}
     )
     batch = [far, rollouts[1]]
-    b, lengths = parts.learner._collate(batch)
-    parts.learner._frozen_fields(batch, b, lengths, [False, False], step=1)
-    w, mask = b["tis_weights"], b["mask"].bool()
+    b, lengths = parts.learner.assembly.collate(batch)
+    b = parts.learner.frozen.fields(batch, b, lengths, [False, False], step=1)
+    w, mask = b.tis_weights, b.mask.bool()
+    assert w is not None
     assert torch.equal(w[0][mask[0]], torch.zeros_like(far.behaviour_logprobs))
     assert torch.equal(w[1][mask[1]], torch.ones_like(rollouts[1].behaviour_logprobs))
     assert not bool(w[~mask].any())  # zero off the completion tokens

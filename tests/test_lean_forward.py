@@ -70,7 +70,7 @@ def _run(model, batch, lean: bool, temperature: float = 0.7, autocast=None):
     model.zero_grad(set_to_none=True)
     with lean_impl(lean):
         logps, ent = token_logprobs(model, batch, temperature, entropy_grad=True, autocast=autocast)
-    loss = -(logps * batch["mask"]).sum() - 0.1 * (ent * batch["mask"]).sum()
+    loss = -(logps * batch.mask).sum() - 0.1 * (ent * batch.mask).sum()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logps.detach(), ent.detach(), grads
@@ -81,7 +81,7 @@ def _compare(model, batch, atol: float = 1e-5, autocast=None) -> None:
     lp_lean, ent_lean, g_lean = _run(model, batch, True, autocast=autocast)
     with reference_impl():  # transformers' forward, full-vocabulary logits
         lp_ref, ent_ref, g_ref = _run(model, batch, False, autocast=autocast)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     assert float((lp_lean - lp_ref)[m].abs().max()) < atol
     assert float((ent_lean - ent_ref)[m].abs().max()) < atol
     assert bool((lp_lean[~m] == 0).all())
@@ -130,7 +130,7 @@ def test_lora_same_logprobs_and_gradients_and_adapters_off(share_min, monkeypatc
         with reference_impl():
             ref, _ = token_logprobs(model, batch, 1.0)
         with_adapters_ref, _ = token_logprobs(model.get_base_model(), batch, 1.0)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     assert float((off - ref)[m].abs().max()) < 1e-5
     assert float((off - with_adapters_ref)[m].abs().max()) < 1e-5
 
@@ -142,7 +142,7 @@ def test_bf16_autocast_agrees_with_transformers_autocast_and_cache_follows_weigh
     )
     model.train()
     batch = collate(_rollouts(), 0)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     with lean_impl(True), torch.no_grad():
         a, _ = token_logprobs(model, batch, 1.0, autocast=torch.bfloat16)
     with reference_impl(), torch.no_grad():
@@ -212,7 +212,7 @@ def test_a_lean_forward_that_disagrees_is_not_used(monkeypatch):
         got, _ = token_logprobs(model, batch, 1.0)
         with reference_impl():
             want, _ = token_logprobs(model, batch, 1.0)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     assert float((got - want)[m].abs().max()) < 1e-5
 
 
@@ -286,8 +286,8 @@ def test_qwen_and_mistral_take_the_lean_forward_and_match_their_logits(family):
     with torch.no_grad():
         states = lean_forward.completion_states(core, batch)
         mine = model.lm_head(states)
-        theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        theirs = theirs.logits[:, :-1][batch["mask"].bool()]
+        theirs = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        theirs = theirs.logits[:, :-1][batch.mask.bool()]
     assert mine.shape == theirs.shape
     torch.testing.assert_close(mine, theirs, atol=2e-5, rtol=1e-5)
     _compare(model, batch)  # log-probs, entropies and gradients
@@ -304,7 +304,7 @@ def test_rows_longer_than_the_sliding_window_take_the_models_own_attention():
         lp, _ = token_logprobs(model, batch, 1.0)
         with reference_impl():
             ref, _ = token_logprobs(model, batch, 1.0)
-    m = batch["mask"].bool()  # the full path fills every position
+    m = batch.mask.bool()  # the full path fills every position
     assert float((lp - ref)[m].abs().max()) < 1e-5
 
 
@@ -319,7 +319,7 @@ def test_a_soft_capped_head_takes_the_chunked_head():
         lp, ent = token_logprobs(model, batch, 0.7)
         with reference_impl():
             ref, ref_ent = token_logprobs(model, batch, 0.7)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     assert float((lp - ref)[m].abs().max()) < 1e-5
     assert float((ent - ref_ent)[m].abs().max()) < 1e-5
 
@@ -335,13 +335,13 @@ def test_rows_run_whole_are_packed_without_padding_with_the_padded_loss_and_grad
     batch = collate(_rollouts(), 0)
     lay = lean_forward._Layout(batch, pack=True)
     assert lay.segments is not None and lay.prompt_ids.shape[0] == 1  # one packed row
-    assert lay.prompt_ids.shape[1] == sum(lay.segments) < batch["input_ids"].numel()
+    assert lay.prompt_ids.shape[1] == sum(lay.segments) < batch.input_ids.numel()
     out = []
     for pack in (True, False):
         model.zero_grad(set_to_none=True)
         states = lean_forward.completion_states(model, batch, pack=pack)
         logps = torch.log_softmax(model.lm_head(states).float(), -1)
-        loss = -logps.gather(-1, batch["input_ids"][:, 1:][batch["mask"].bool()][:, None]).mean()
+        loss = -logps.gather(-1, batch.input_ids[:, 1:][batch.mask.bool()][:, None]).mean()
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         out.append((states.detach(), loss.detach(), grads))

@@ -110,7 +110,7 @@ def _seq_logprob(model, rollout: Rollout, pad_id: int) -> float:
     b = collate([rollout], pad_id)
     with torch.no_grad():
         logps, _ = token_logprobs(model, b, 1.0)
-    return float((logps * b["mask"]).sum())
+    return float((logps * b.mask).sum())
 
 
 @pytest.mark.parametrize("advantage", [1.0, -1.0])

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-import replayrl.learner.learner as learner_module
+import replayrl.learner.assembly as assembly_module
+import replayrl.learner.context as context_module
 from replayrl.config.schema import load_config
 from replayrl.data.buffer.replay import ReplayBuffer
 from replayrl.data.rollout import Rollout
-from replayrl.learner.batching import collate, take, token_micro_batches
+from replayrl.learner.batching import collate, token_micro_batches
 from replayrl.learner.learner import Learner
 from tiny import bf16_sampled_rollouts
 
@@ -44,34 +45,36 @@ def _grads(learner: Learner) -> torch.Tensor:
 
 def test_rows_of_the_step_batch_are_the_batch_of_those_rows(rollouts, char_tokenizer):
     pad = char_tokenizer.pad_token_id
-    extra = {"x": [torch.arange(r.completion_ids.numel(), dtype=torch.float32) for r in rollouts]}
-    full = collate(rollouts, pad, extra)
+    extra = [torch.arange(r.completion_ids.numel(), dtype=torch.float32) for r in rollouts]
+    full = collate(rollouts, pad, sampler_logprobs=extra)
     for rows in ([3, 0, 7], [11], list(range(12))):
         part = [rollouts[i] for i in rows]
-        alone = collate(part, pad, {"x": [extra["x"][i] for i in rows]})
+        alone = collate(part, pad, sampler_logprobs=[extra[i] for i in rows])
         width = max(r.prompt_ids.numel() + r.completion_ids.numel() for r in part)
-        taken = take(full, rows, width)
-        assert taken.keys() == alone.keys()
-        for k, v in alone.items():
+        taken = full.take(rows, width).tensors()
+        assert taken.keys() == alone.tensors().keys()
+        for k, v in alone.tensors().items():
             assert torch.equal(taken[k], v), k
     # each completion token's field sits where `mask` marks its target
+    assert full.sampler_logprobs is not None
     for i, r in enumerate(rollouts):
-        m = full["mask"][i].bool()
-        assert torch.equal(full["old_logprobs"][i][m], r.behaviour_logprobs)
-        assert torch.equal(full["x"][i][m], extra["x"][i])
+        m = full.mask[i].bool()
+        assert torch.equal(full.old_logprobs[i][m], r.behaviour_logprobs)
+        assert torch.equal(full.sampler_logprobs[i][m], extra[i])
 
 
 def test_collate_leaves_fields_on_the_device_they_are_on(rollouts, char_tokenizer):
     # frozen log-probs computed on the model's device stay there: no copy through the host
-    meta = {"x": [torch.empty(r.completion_ids.numel(), device="meta") for r in rollouts]}
-    b = collate(rollouts, char_tokenizer.pad_token_id, meta, device="meta")
-    assert all(v.device.type == "meta" for v in b.values())
+    meta = [torch.empty(r.completion_ids.numel(), device="meta") for r in rollouts]
+    b = collate(rollouts, char_tokenizer.pad_token_id, meta, meta, device="meta")
+    assert b.sampler_logprobs is not None
+    assert all(v.device.type == "meta" for v in b.tensors().values())
 
 
 def test_a_field_of_the_wrong_length_is_an_error(rollouts, char_tokenizer):
-    short = {"x": [torch.zeros(1) for _ in rollouts]}
-    with pytest.raises(ValueError, match="token field 'x'"):
-        collate(rollouts, char_tokenizer.pad_token_id, short)
+    short = [torch.zeros(1) for _ in rollouts]
+    with pytest.raises(ValueError, match="token field 'sampler_logprobs'"):
+        collate(rollouts, char_tokenizer.pad_token_id, sampler_logprobs=short)
 
 
 def test_token_micro_batches_pack_by_padded_tokens_with_a_row_cap():
@@ -92,13 +95,13 @@ def test_token_micro_batches_pack_by_padded_tokens_with_a_row_cap():
 
 def _count_forwards(monkeypatch) -> list[int]:
     rows: list[int] = []
-    inner = learner_module.token_logprobs
+    inner = context_module.token_logprobs
 
     def spy(model, batch, *args, **kwargs):
-        rows.append(int(batch["input_ids"].shape[0]))
+        rows.append(int(batch.input_ids.shape[0]))
         return inner(model, batch, *args, **kwargs)
 
-    monkeypatch.setattr(learner_module, "token_logprobs", spy)
+    monkeypatch.setattr(context_module, "token_logprobs", spy)
     return rows
 
 
@@ -155,9 +158,9 @@ def test_a_step_collates_once_and_resolves_the_loss_knobs_once(
         "algorithm.loss_type=mix_ppg",
     )
     collates, knobs = [], []
-    inner_collate, inner_knobs = learner_module.collate, learner.loss_knobs
+    inner_collate, inner_knobs = assembly_module.collate, learner.loss_knobs
     monkeypatch.setattr(
-        learner_module, "collate", lambda *a, **k: collates.append(1) or inner_collate(*a, **k)
+        assembly_module, "collate", lambda *a, **k: collates.append(1) or inner_collate(*a, **k)
     )
     monkeypatch.setattr(learner, "loss_knobs", lambda: knobs.append(1) or inner_knobs())
     batch = [copy.copy(r) for r in rollouts]

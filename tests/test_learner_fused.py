@@ -42,13 +42,13 @@ def _step(
     learner = Learner(copy.deepcopy(model), pad, cfg)
     learner.fuse_behaviour_recompute = fuse
     calls = []  # rows of each separate no-grad pass of the policy
-    inner = learner._logprobs_in
+    inner = learner.assembly.logprobs_in
 
     def spy(model, b, lengths, rows):
         calls.append(len(rows))
         return inner(model, b, lengths, rows)
 
-    learner._logprobs_in = spy  # type: ignore[method-assign]
+    learner.assembly.logprobs_in = spy  # type: ignore[method-assign]
     batch = [copy.deepcopy(r) for r in batch]
     metrics = learner.train_step(batch, np.random.default_rng(0))
     return learner, batch, metrics, calls

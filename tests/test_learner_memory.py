@@ -81,7 +81,7 @@ def _loss_grads(model, batch, entropy_grad: bool, full: bool):
     model.zero_grad(set_to_none=True)
     with reference_impl(full):
         logps, ent = token_logprobs(model, batch, 0.8, entropy_grad=entropy_grad)
-    m = batch["mask"]
+    m = batch.mask
     (-(logps * m).sum() - 0.1 * (ent * m).sum()).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logps.detach(), ent.detach(), grads
@@ -99,7 +99,7 @@ def test_head_keeps_no_logits_for_backward_and_gradients_are_unchanged(entropy_g
     assert counted.get("bytes", 0) == 0
     lp, ent, g = _loss_grads(model, batch, entropy_grad, full=False)
     lp_ref, ent_ref, g_ref = _loss_grads(model, batch, entropy_grad, full=True)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     assert float((lp - lp_ref)[m].abs().max()) < 1e-5
     assert float((ent - ent_ref)[m].abs().max()) < 1e-5
     assert g.keys() == g_ref.keys() and g
@@ -127,7 +127,7 @@ def test_frozen_lora_policies_take_the_chunked_path(monkeypatch):
         raise AssertionError("full-logits path taken")
 
     monkeypatch.setattr(lp_mod, "token_logprobs_full", no_full)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     for key, f in frozen.items():
         with torch.no_grad():
             got, _ = token_logprobs(f, batch, 1.0)
@@ -174,7 +174,7 @@ def test_lean_forward_can_be_switched_off(char_tokenizer, monkeypatch):
     logps, _ = token_logprobs(model, batch, 1.0)
     with reference_impl():
         ref, _ = token_logprobs(model, batch, 1.0)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     assert torch.allclose(logps[m], ref[m], atol=1e-5)
 
 
@@ -198,8 +198,8 @@ def _sdpa_calls(monkeypatch) -> list[dict]:
 def _states_match_and_sdpa_calls(model, batch, shared: bool, monkeypatch) -> list[dict]:
     """Lean completion states equal transformers' own; returns the SDPA calls they made."""
     with torch.no_grad():
-        ref = model.model(batch["input_ids"], attention_mask=batch["attention_mask"])
-        want = ref.last_hidden_state[:, :-1][batch["mask"].bool()]
+        ref = model.model(batch.input_ids, attention_mask=batch.attention_mask)
+        want = ref.last_hidden_state[:, :-1][batch.mask.bool()]
         calls = _sdpa_calls(monkeypatch)
         got = lean_forward.completion_states(model, batch, share=shared)
     assert torch.allclose(got, want, atol=1e-5)
@@ -215,7 +215,7 @@ def test_lean_attention_is_mask_free_without_padding(shared, monkeypatch):
     # by a real token); rows whole: one row length
     batch = _batch([6, 6, 6], [9, 4, 7] if shared else [7, 7, 7])
     if shared:  # three completions of one prompt
-        batch["input_ids"][1:, :6] = batch["input_ids"][0, :6]
+        batch.input_ids[1:, :6] = batch.input_ids[0, :6]
     calls = _states_match_and_sdpa_calls(model, batch, shared, monkeypatch)
     for c in calls:  # causal from the start (prompts) or from the end (completions)
         top_left = c["mask"] is None and c.get("is_causal")
@@ -230,7 +230,7 @@ def test_lean_attention_with_padding_expands_kv_heads(shared, monkeypatch):
     model.eval()
     batch = _batch([3, 7, 7, 5], [9, 4, 6, 8])
     if shared:
-        batch["input_ids"][2, :7] = batch["input_ids"][1, :7]
+        batch.input_ids[2, :7] = batch.input_ids[1, :7]
     calls = _states_match_and_sdpa_calls(model, batch, shared, monkeypatch)
     for c in calls:
         assert type(c["mask"]) is torch.Tensor and c["mask"].dtype == torch.bool
@@ -261,7 +261,7 @@ def test_causal_pass_expands_kv_heads_where_no_fused_kernel_takes_gqa(shared, mo
     # no padding: the prompt pass is causal from the start; shared, completions after it
     batch = _batch([6, 6, 6], [9, 4, 7] if shared else [7, 7, 7])
     if shared:
-        batch["input_ids"][1:, :6] = batch["input_ids"][0, :6]
+        batch.input_ids[1:, :6] = batch.input_ids[0, :6]
     calls = _states_match_and_sdpa_calls(model, batch, shared, monkeypatch)
     for c in calls:
         top_left = c["mask"] is None and c.get("is_causal")

@@ -51,7 +51,7 @@ def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def _check_equal(model: torch.nn.Module, batch, temperature: float) -> None:
-    mask = batch["mask"]
+    mask = batch.mask
     results = []
     for fast in (True, False):
         model.zero_grad(set_to_none=True)
@@ -94,7 +94,7 @@ def test_chunked_path_with_lora_adapters(tiny_model, batch):
     with torch.no_grad():
         got, _ = token_logprobs(base, batch, 1.0)
         want, _ = token_logprobs_full(tiny_model, batch, 1.0)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     assert torch.allclose(got[m], want[m], atol=1e-5)
 
 
@@ -130,7 +130,7 @@ def test_full_flag_is_the_full_logits_computation(tiny_model, batch):
         full, full_ent = token_logprobs(tiny_model, batch, 0.7, full=True)
         ref, ref_ent = token_logprobs_full(tiny_model, batch, 0.7)
         chunked, _ = token_logprobs(tiny_model, batch, 0.7)
-    m = batch["mask"].bool()
+    m = batch.mask.bool()
     assert torch.equal(full, ref) and torch.equal(full_ent, ref_ent)
     assert torch.allclose(chunked[m], ref[m], atol=1e-5)
 
@@ -151,7 +151,7 @@ def test_one_pass_log_softmax_matches_full_logits(tiny_model, batch, temperature
     its own backward): same log-probs, entropies and gradients as full logits."""
     model = copy.deepcopy(tiny_model)
     monkeypatch.setattr(lp_mod, "_CHUNK_ELEMENTS", 7 * len(model.lm_head.weight))
-    mask = batch["mask"]
+    mask = batch.mask
     results = []
     for fast in (True, False):
         model.zero_grad(set_to_none=True)

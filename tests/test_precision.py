@@ -147,17 +147,17 @@ def test_bf16_sampler_logprobs_refreshed_to_the_learners(tiny_model, char_tokeni
         b = collate(rs, pad)
         with torch.no_grad():
             lp, _ = token_logprobs(model, b, 1.0)
-        return unpad(lp, b["mask"])
+        return unpad(lp, b.mask)
 
     table = PiOld()
     stats = _refresh(rollouts, 4, table, recompute)
     assert stats["behaviour_mismatch_max"] > 1e-3  # bf16 sampling differs from the fp32 learner
     # afterwards the learner's ratio on fresh data is 1 to fp32 accuracy
-    b = collate(rollouts, pad, {"old_logprobs": [table.of(r) for r in rollouts]})
+    b = collate(rollouts, pad, [table.of(r) for r in rollouts])
     with torch.no_grad():
         lp, _ = token_logprobs(model, b, 1.0)
-    m = b["mask"].bool()
-    assert float((lp - b["old_logprobs"])[m].abs().max()) < 1e-5
+    m = b.mask.bool()
+    assert float((lp - b.old_logprobs)[m].abs().max()) < 1e-5
 
 
 def test_learner_autocast_step_refreshes_fresh_behaviour_logprobs(tiny_model, char_tokenizer):

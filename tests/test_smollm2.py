@@ -151,8 +151,8 @@ def test_lean_decoder_matches_transformers_on_smollm2(prepared: Path) -> None:
     batch = collate(rollouts, tok.pad_token_id)
     with torch.no_grad():
         logps, _ = token_logprobs(model, batch, 1.0)
-    mask = batch["mask"].bool()
-    assert float((logps - batch["old_logprobs"])[mask].abs().max()) < 1e-4
+    mask = batch.mask.bool()
+    assert float((logps - batch.old_logprobs)[mask].abs().max()) < 1e-4
 
 
 @needs_smollm2

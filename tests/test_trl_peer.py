@@ -171,7 +171,7 @@ def test_trl_gradient_equals_our_learners(tmp_path: Path, loss_agg: str) -> None
     with torch.no_grad():  # behaviour = current policy: ratio 1, as in TRL's single pass
         for r in rollouts:
             one = collate([r], tok.pad_token_id)
-            r.behaviour_logprobs = token_logprobs(ours, one, 1.0)[0][0][one["mask"][0].bool()]
+            r.behaviour_logprobs = token_logprobs(ours, one, 1.0)[0][0][one.mask[0].bool()]
     learner = Learner(ours, tok.pad_token_id, cfg)
     learner.optimizer.step = lambda *a, **k: None  # keep the gradient, skip the update
     learner.train_step(rollouts, np.random.default_rng(0))

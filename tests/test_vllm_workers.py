@@ -31,8 +31,8 @@ def mismatch(policy: torch.nn.Module, rollouts: list) -> float:
     batch = collate(rollouts, pad_id=0)
     with torch.no_grad():
         lp, _ = token_logprobs(policy, batch, 1.0)
-    mask = batch["mask"].bool()
-    return (lp[mask] - batch["old_logprobs"][mask]).abs().max().item()
+    mask = batch.mask.bool()
+    return (lp[mask] - batch.old_logprobs[mask]).abs().max().item()
 
 
 def moved(policy: torch.nn.Module, seed: int) -> torch.nn.Module:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import replayrl.learner.learner as learner_module
+import replayrl.learner.policy_pass as policy_pass_module
 from replayrl.algorithms import (
     AGGREGATIONS,
     POLICY_LOSSES,
@@ -31,6 +31,7 @@ from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.rollout import Rollout
 from replayrl.launch.entry import train
 from replayrl.learner.batching import collate, unpad
+from replayrl.learner.context import Ranks
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner, token_logprobs
 from replayrl.recipes.auto import resolve_design
@@ -83,13 +84,13 @@ def _flat(module) -> torch.Tensor:
 def _record_objective(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Record what the learner hands the objective (it still computes the real loss)."""
     calls: list[dict] = []
-    real = learner_module.policy_objective
+    real = policy_pass_module.policy_objective
 
     def recording(loss_type, logprobs, entropy, old, adv, mask, inputs, knobs, w, normaliser):
         calls.append({"inputs": dict(inputs), "adv": adv, "mask": mask, "old": old, "weights": w})
         return real(loss_type, logprobs, entropy, old, adv, mask, inputs, knobs, w, normaliser)
 
-    monkeypatch.setattr(learner_module, "policy_objective", recording)
+    monkeypatch.setattr(policy_pass_module, "policy_objective", recording)
     return calls
 
 
@@ -139,7 +140,7 @@ def test_mix_ppg_receives_the_clip_centre_of_stale_rollouts(
     # one mini-batch, one micro-batch, shuffled: match rows by their behaviour log-probs
     full = collate(batch, learner.pad_id)
     for row in range(len(batch)):
-        j = next(i for i in range(len(batch)) if torch.equal(full["old_logprobs"][i], old[row]))
+        j = next(i for i in range(len(batch)) if torch.equal(full.old_logprobs[i], old[row]))
         m = mask[row]
         if stale[j]:  # c = pi_k / pi_beh: anchor = log pi_k at the start of the step
             assert torch.allclose(anchor[row][m], current[j][m], atol=1e-5)
@@ -152,7 +153,7 @@ def _mean_entropy(learner: Learner, batch: list[Rollout]) -> float:
     b = collate(batch, learner.pad_id)
     with torch.no_grad():
         _, ent = token_logprobs(learner.model, b, 1.0)
-    return float((ent * b["mask"]).sum() / b["mask"].sum())
+    return float((ent * b.mask).sum() / b.mask.sum())
 
 
 def test_entropy_bonus_raises_entropy(rollouts, tiny_model, char_tokenizer) -> None:
@@ -205,9 +206,10 @@ def test_gae_returns_carry_the_outcome_reward_from_the_last_token(
         "critic.lam=1.0",
         critic=critic,
     )
-    b, lengths = learner._collate(rollouts)
-    learner._gae_fields(rollouts, b, lengths)
-    returns, values = unpad(b["returns"], b["mask"]), unpad(b["old_values"], b["mask"])
+    assert learner.critic_pass is not None
+    b, lengths = learner.assembly.collate(rollouts)
+    b = learner.critic_pass.gae_fields(rollouts, b, lengths)
+    returns, values = unpad(b.returns, b.mask), unpad(b.old_values, b.mask)
     assert any(r.reward for r in rollouts) and len(returns) == len(rollouts)
     for r, ret, v in zip(rollouts, returns, values, strict=True):
         c = r.completion_ids.numel()
@@ -424,9 +426,10 @@ def test_learner_normaliser_uses_the_rank_reducer(tiny_model, char_tokenizer, ro
     learner = _learner(tiny_model, char_tokenizer.pad_token_id)
     local = sum(r.completion_ids.numel() for r in rollouts[:4])
     assert learner.normaliser(rollouts[:4]) == local
-    learner.count_reducer, learner.world_size = (lambda c: 3 * c), 3  # 3 equal ranks
+    learner.join(Ranks(world_size=3, count_reducer=lambda c: 3 * c))  # 3 equal ranks
     assert learner.normaliser(rollouts[:4]) == pytest.approx(local)
-    learner.count_reducer = lambda c: c + 30  # the other ranks hold 30 more tokens
+    # the other ranks hold 30 more tokens
+    learner.join(Ranks(world_size=3, count_reducer=lambda c: c + 30))
     assert learner.normaliser(rollouts[:4]) == pytest.approx((local + 30) / 3)
 
 
@@ -456,9 +459,9 @@ def test_first_step_metrics_are_the_on_policy_values(rollouts, tiny_model, char_
     learner = _learner(tiny_model, char_tokenizer.pad_token_id, "kl.beta=0.1", "train.lr=0.003")
     b = collate(rollouts, learner.pad_id)
     _, ent = token_logprobs(learner.model, b, 1.0)
-    entropy = float((ent * b["mask"]).sum() / b["mask"].sum())
+    entropy = float((ent * b.mask).sum() / b.mask.sum())
     m = learner.train_step(rollouts, np.random.default_rng(0), step=1)
-    tokens = float(b["mask"].sum())
+    tokens = float(b.mask.sum())
     # the first on-policy pass: ratios 1 (behaviour log-probs are this policy's), nothing
     # clipped, KL to pi_base (= this policy) 0, every sequence weight equal
     assert m["on_policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
@@ -595,7 +598,7 @@ def test_critic_metrics_and_step_do_not_depend_on_micro_batching(
 def test_critic_gradients_reach_the_grad_hook(rollouts, tiny_model, char_tokenizer) -> None:
     learner = _critic_learner(tiny_model, char_tokenizer.pad_token_id)
     seen: list[list[torch.nn.Parameter]] = []
-    learner.grad_hook = seen.append  # data-parallel learners all-reduce through it
+    learner.join(Ranks(grad_hook=seen.append))  # data-parallel learners all-reduce through it
     learner.train_step(rollouts, np.random.default_rng(0), step=1)
     assert learner.critic is not None
     critic_ids = [id(p) for p in learner.critic.parameters()]
@@ -612,10 +615,10 @@ def _frozen_fields(
     learner: Learner, rollouts: list[Rollout], stale: list[bool], step: int
 ) -> dict[str, list[torch.Tensor]]:
     """The fields a step's frozen pass adds to its padded batch, per rollout."""
-    b, lengths = learner._collate(rollouts)
-    before = set(b)
-    learner._frozen_fields(rollouts, b, lengths, stale, step)
-    return {k: unpad(b[k], b["mask"]) for k in set(b) - before}
+    b, lengths = learner.assembly.collate(rollouts)
+    before = set(b.tensors())
+    after = learner.frozen.fields(rollouts, b, lengths, stale, step).tensors()
+    return {k: unpad(v, b.mask) for k, v in after.items() if k not in before}
 
 
 def test_frozen_forwards_run_only_for_terms_that_weigh(rollouts, tiny_model, char_tokenizer):

@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # torch is imported where used: the CLI's parser stays quick
     import torch
 
+    from replayrl.learner.batching import TrainBatch
+
 # transformers LlamaConfig values of HuggingFaceTB/SmolLM2-135M
 SMOLLM2_135M: dict[str, Any] = {
     "vocab_size": 49152,
@@ -148,13 +150,13 @@ def build_model(name: str, layers: int | None, device: str) -> torch.nn.Module:
     return model
 
 
-def make_batch(vocab: int, rows: int, tokens: int, device: str) -> dict[str, torch.Tensor]:
+def make_batch(vocab: int, rows: int, tokens: int, device: str) -> TrainBatch:
     """A collated batch of `rows` distinct 64-token prompts with `tokens` completion tokens."""
     from replayrl.bench.speed import random_rollouts
     from replayrl.learner.learner import collate
 
     batch = collate(random_rollouts(vocab, rows, _PROMPT, tokens), 0)
-    return {k: v.to(device) for k, v in batch.items()}
+    return batch.to(device)
 
 
 def _learner_step(model, batch, lora: bool) -> None:
@@ -165,7 +167,7 @@ def _learner_step(model, batch, lora: bool) -> None:
     from replayrl.learner.frozen import AdaptersDisabled
     from replayrl.learner.logprobs import token_logprobs
 
-    mask = batch["mask"]
+    mask = batch.mask
     adv = torch.where(torch.arange(mask.shape[0], device=mask.device) % 2 == 1, 1.0, -1.0)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-6)
@@ -247,7 +249,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     if spec["kind"] == "generation":
         batch = make_batch(vocab, spec["rows"], _GEN_TOKENS, device)
-        ids = batch["input_ids"][:, :_PROMPT]
+        ids = batch.input_ids[:, :_PROMPT]
         model.eval()
         base = _reset_peak(cuda)
         with torch.no_grad():
@@ -268,18 +270,18 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["kind"] == "lm-head":  # the head's function alone, on given final states
             from replayrl.learner.logprobs import head_logprobs
 
-            sel = batch["mask"].bool()
+            sel = batch.mask.bool()
             states = torch.randn(int(sel.sum()), CONFIGS[spec["model"]]["hidden_size"])
             states = states.to(device).requires_grad_(True)
             base = _reset_peak(cuda)
             logps, _ = head_logprobs(states, model.lm_head, batch, sel, 1.0, False)
-            (logps * batch["mask"]).sum().backward()
+            (logps * batch.mask).sum().backward()
         elif spec["kind"] == "head":  # embedding + final norm + head: the head's own memory
             from replayrl.learner.logprobs import token_logprobs
 
             full = spec.get("logprobs") == "full"  # the full-logits path, for comparison
             logps, _ = token_logprobs(model, batch, 1.0, full=full)
-            (logps * batch["mask"]).sum().backward()
+            (logps * batch.mask).sum().backward()
         else:
             _learner_step(model, batch, spec["kind"] == "lora")
     peak = _peak(cuda)

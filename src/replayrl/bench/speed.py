@@ -294,7 +294,7 @@ def lean_mismatch(model, rollouts: list[Rollout], pad_id: int) -> dict[str, floa
                 lean, _ = token_logprobs(model, b, 1.0)
             with logprobs.lean_impl(False):
                 ref, _ = token_logprobs(model, b, 1.0)
-            diffs.append((lean - ref)[b["mask"].bool()].abs())
+            diffs.append((lean - ref)[b.mask.bool()].abs())
     d = torch.cat(diffs)
     return {"tokens": int(d.numel()), "mean_abs": float(d.mean()), "max_abs": float(d.max())}
 
@@ -390,7 +390,7 @@ def measure_mismatch(
                 b = collate(rollouts[start : start + 8], pad_id)
                 with torch.no_grad():
                     lp, _ = token_logprobs(model, b, 1.0, autocast=ac)
-                diffs.extend(d.abs() for d in unpad(lp - b["old_logprobs"], b["mask"]))
+                diffs.extend(d.abs() for d in unpad(lp - b.old_logprobs, b.mask))
             d = torch.cat(diffs)
             outside = ((d.exp() > 1.2) | ((-d).exp() < 0.8)).float().mean()
             out.append(

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import socket
-from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from replayrl.learner.context import Ranks
 
 
 def free_port() -> int:
@@ -91,13 +92,12 @@ def max_over_ranks(n: int) -> int:
     return int(t.item())
 
 
-def data_parallel(learner: Any, world: int) -> None:
-    """Make a learner one of `world` data-parallel ranks: gradients averaged over ranks, and
-    the loss normalised by the count over all ranks (token_mean = the mean over every rank's
-    tokens, not an average of per-rank means; see algorithms.aggregation.batch_normaliser)."""
-    learner.grad_hook = average_gradients
-    learner.count_reducer = sum_over_ranks
-    learner.world_size = world
+def data_parallel_ranks(world: int) -> Ranks:
+    """How a data-parallel rank works with the others (a learner `join`s them): gradients
+    averaged over ranks, and the loss normalised by the count over all ranks (token_mean =
+    the mean over every rank's tokens, not an average of per-rank means; see
+    algorithms.aggregation.batch_normaliser)."""
+    return Ranks(world_size=world, grad_hook=average_gradients, count_reducer=sum_over_ranks)
 
 
 def weights_digest(model: torch.nn.Module) -> str:

@@ -52,14 +52,15 @@ from torch.distributed.tensor import DTensor
 
 from replayrl.distributed.ddp import average_gradients, max_over_ranks, sum_over_ranks
 from replayrl.learner import logprobs
+from replayrl.learner.context import Ranks
 from replayrl.learner.frozen import AdapterSnapshot, is_lora
-from replayrl.learner.lr_schedule import StepSchedule, warmup_steps
+from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
 
 _FULL = StateDictOptions(full_state_dict=True)
 
 
-def _unsupported(learner: Any) -> str | None:
+def _unsupported(learner: Learner) -> str | None:
     kl = learner.cfg.kl
     if learner.prev_model is not None or (kl.beta > 0 and kl.target != "reference"):
         return "KL-Convex's previous policy pi_{k-1} (kl.target=convex)"
@@ -144,7 +145,7 @@ def _replicated_mean(params: list[torch.nn.Parameter]) -> None:
         average_gradients(replicated)
 
 
-def shard_learner(learner: Any, world: int) -> None:
+def shard_learner(learner: Learner, world: int) -> None:
     """Make a learner one of `world` sharded ranks (the process group already joined; every
     rank calls it at once): its policy and, with kl.beta > 0, its frozen reference.
 
@@ -155,7 +156,7 @@ def shard_learner(learner: Any, world: int) -> None:
     what = _unsupported(learner)
     if what is not None:
         raise ValueError(f"train.sharding=fsdp does not support {what} yet")
-    if learner.world_size != 1:
+    if learner.ctx.ranks.world_size != 1:
         raise ValueError("train.sharding=fsdp: this learner is already one of several ranks")
     carried = learner.optimizer.state_dict() if learner.optimizer.state else None
     t = learner.cfg.train
@@ -179,28 +180,25 @@ def shard_learner(learner: Any, world: int) -> None:
         # no-grad forwards are collectives every rank joins in lockstep, as the policy's are.
         # LoRA's reference is the sharded policy itself with its adapters switched off.
         shard_policy(learner.base_model, mesh, dtype)
-    if dtype is not None:
-        # the gathered parameters are already in the compute dtype: autocast would only
-        # re-cast them (and cache whole frozen weights per rank)
-        learner.autocast = None
-    learner.optimizer = torch.optim.AdamW(
-        [p for p in learner.model.parameters() if p.requires_grad],
-        lr=t.lr,
-        weight_decay=t.weight_decay,
-    )
-    learner.lr_schedule = StepSchedule(
-        learner.optimizer,
-        t.lr_scheduler,
-        t.steps,
-        warmup_steps(t.steps, t.warmup_steps, t.warmup_ratio),
-    )
+    # FSDP replaced the parameters: the optimizer and its schedule are built anew over them;
+    # with a gather dtype the gathered parameters are already in the compute dtype, and
+    # autocast would only re-cast them (and cache whole frozen weights per rank)
+    learner.join(sharded_ranks(world), new_parameters=True, autocast=dtype is None)
     if carried is not None:
         load_full_optimizer_state(learner.model, learner.optimizer, carried)
-    learner.lockstep_forwards = True  # a forward one rank's data asks for runs on every rank
-    learner.grad_hook = _replicated_mean
-    learner.count_reducer = sum_over_ranks
-    learner.micro_count_sync = max_over_ranks
-    learner.world_size = world
+
+
+def sharded_ranks(world: int) -> Ranks:
+    """How a sharded rank works with the others: FSDP's reduce-scatter averages the policy's
+    gradients (`_replicated_mean` the critic's), the normaliser's count is summed over ranks,
+    and every forward and micro-batch runs on every rank in lockstep (each is a collective)."""
+    return Ranks(
+        world_size=world,
+        grad_hook=_replicated_mean,
+        count_reducer=sum_over_ranks,
+        micro_count_sync=max_over_ranks,
+        lockstep_forwards=True,
+    )
 
 
 @torch.no_grad()
@@ -336,7 +334,7 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: Any, state: Any
     set_optimizer_state_dict(model, optimizer, optim, options=_FULL)
 
 
-def full_learner_state(learner: Any) -> dict[str, object]:
+def full_learner_state(learner: Learner) -> dict[str, object]:
     """`learner.state_dict()` with the optimizer state (`full_optimizer_state`) and a frozen
     reference gathered: the same layout as an unsharded learner's, so
     `learner.load_state_dict` before `shard_learner` resumes it."""

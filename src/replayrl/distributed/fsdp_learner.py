@@ -20,34 +20,41 @@ asks every follower to join (`gather`) and gathers itself, in the same order on 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, TypeVar
 
 import torch
 
+from replayrl.config.schema import Config
 from replayrl.distributed import fsdp
-from replayrl.distributed.ddp import data_parallel
+from replayrl.distributed.ddp import data_parallel_ranks
 from replayrl.errors import RunFailed
 from replayrl.learner.frozen import is_lora
+from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
+
+_T = TypeVar("_T")
 
 # the collectives a follower joins, by name; rank 0 runs the same function in the same order
 _PARTS = ("model", "adapters", "optimizer")
 
 
-def is_sharded(cfg: Any) -> bool:
-    return bool(cfg.train.sharding == "fsdp")
+def is_sharded(cfg: Config) -> bool:
+    return cfg.train.sharding == "fsdp"
 
 
-def join_learners(learner: Any, world: int) -> None:
+def join_learners(learner: Learner, world: int) -> None:
     """Make `learner` one of `world` learner ranks (the process group joined): sharded under
-    `train.sharding: fsdp`, else a data-parallel replica. Every rank calls it at once."""
+    `train.sharding: fsdp` (its policy sharded in place, then it joins the sharded ranks),
+    else a data-parallel replica. Every rank calls it at once."""
     if is_sharded(learner.cfg):
         fsdp.shard_learner(learner, world)
     else:
-        data_parallel(learner, world)
+        learner.join(data_parallel_ranks(world))
 
 
-def follow_gather(learner: Any, parts: tuple[str, ...]) -> None:
+def follow_gather(learner: Learner, parts: tuple[str, ...]) -> None:
     """A follower's side of rank 0's gathers: the same collectives, the results dropped."""
     for part in parts:
         if part == "model":
@@ -66,10 +73,12 @@ GATHER_TIMEOUT_S = 600.0  # a gather is one collective: a lost rank must not han
 class ShardedLeader:
     """Rank 0's gathers: each one asks the followers to join, gathers, and waits for them."""
 
-    def __init__(self, learner: Any, followers: list[Any], ray: Any) -> None:
+    def __init__(self, learner: Learner, followers: Sequence[Any], ray: ModuleType) -> None:
+        # followers: Ray actor handles (FollowerActor in ray_runtime.py), whose `gather`
+        # joins this rank's collectives
         self.learner, self.followers, self.ray = learner, followers, ray
 
-    def _with_followers(self, part: str, gather: Any) -> Any:
+    def _with_followers(self, part: str, gather: Callable[[], _T]) -> _T:
         refs = [f.gather.remote((part,)) for f in self.followers]
         out = gather()
         try:

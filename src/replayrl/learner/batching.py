@@ -1,20 +1,106 @@
 """Rollouts -> one padded batch on the learner's device, and its micro-batches.
 
-A step collates its rollouts once (`collate`); every frozen per-token field (pi_old,
-reference and previous policies, critic values) is added to that batch, and each mini- and
-micro-batch is a row selection of it (`take`), trimmed to its own longest row, so no tensor
-crosses between host and device after the first copy.
+A step collates its rollouts once (`collate`) into a `TrainBatch`; every frozen per-token
+field (pi_old, reference and previous policies, critic values) is added to that batch, and
+each mini- and micro-batch is a row selection of it (`TrainBatch.take`), trimmed to its own
+longest row, so no tensor crosses between host and device after the first copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from replayrl.data.rollout import Rollout
 
-TokenFields = Mapping[str, Sequence[torch.Tensor]]
+
+@dataclass(frozen=True)
+class TokenRows:
+    """Right-padded [prompt + completion] rows: what a forward pass reads.
+
+    `mask` marks the completion tokens among the targets (`input_ids[:, 1:]`): 1 where the
+    logits at position t - 1 predict a completion token at t."""
+
+    input_ids: torch.Tensor  # [rows, width] token ids, padded on the right
+    attention_mask: torch.Tensor  # [rows, width] 1 on real tokens
+    mask: torch.Tensor  # [rows, width - 1] 1 on completion targets
+
+
+@dataclass(frozen=True)
+class TrainBatch(TokenRows):
+    """A step's padded batch: the rollouts' rows, per-rollout values ([rows]) and per-token
+    fields laid out like `mask` ([rows, width - 1], zero off the completion tokens).
+
+    The fields after `old_logprobs` are added by the learner's passes (`replace`): None until
+    a pass that needs them sets them. Frozen: a pass that adds a field makes a new batch;
+    the learner's pi_old refresh writes rows of `old_logprobs` in place."""
+
+    advantages: torch.Tensor  # [rows] the rollout's advantage (stored at generation)
+    rewards: torch.Tensor  # [rows]
+    baselines: torch.Tensor  # [rows] the group's mean reward
+    truncated: torch.Tensor  # [rows] 1 where the completion hit max_new_tokens without EOS
+    old_logprobs: torch.Tensor  # log pi_old: the sampler's, or the learner's refreshed values
+    sampler_logprobs: torch.Tensor | None = None  # the sampler's (truncated IS weighs them)
+    fuse: torch.Tensor | None = None  # 1 on rows whose log pi_old the first update sets
+    anchor_logprobs: torch.Tensor | None = None  # log pi_k: Mix-PPG's clip centre
+    base_logprobs: torch.Tensor | None = None  # log pi_base (KL)
+    prev_logprobs: torch.Tensor | None = None  # log pi_{k-1} (KL-Convex)
+    stale: torch.Tensor | None = None  # 1 on the tokens of rollouts of older weights
+    tis_weights: torch.Tensor | None = None  # truncated importance-sampling weights
+    token_advantages: torch.Tensor | None = None  # a critic's per-token advantages (GAE)
+    returns: torch.Tensor | None = None  # the critic's targets
+    old_values: torch.Tensor | None = None  # the critic's values before the step
+
+    @property
+    def rows(self) -> int:
+        return int(self.mask.shape[0])
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields that are set, by name (for row selection and device moves)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = v
+        return out
+
+    def replace(self, **changes: torch.Tensor | None) -> TrainBatch:
+        """This batch with `changes` (a pass's added fields, or None to drop one)."""
+        # callers set None only on the optional fields (mypy cannot tell which ones a call names)
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def take(self, rows: Sequence[int], width: int) -> TrainBatch:
+        """Rows `rows`, trimmed to `width` tokens (their longest row): the same tensors
+        `collate` builds from those rollouts alone, selected on the batch's device."""
+        index = torch.as_tensor(list(rows), dtype=torch.long, device=self.mask.device)
+        out = {}
+        for k, v in self.tensors().items():
+            v = v.index_select(0, index)
+            if v.dim() == 2:
+                v = v[:, : width if k in FULL_WIDTH else width - 1].contiguous()
+            out[k] = v
+        return dataclasses.replace(self, **out)
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        return dataclasses.replace(self, **{k: v.to(device) for k, v in self.tensors().items()})
+
+    def loss_inputs(self) -> dict[str, torch.Tensor | None]:
+        """The tensors a registered policy loss may declare (`losses.LOSS_INPUTS`) and the
+        KL term's references, under the names they are declared by: the one place where a
+        loss's declared inputs meet the batch's fields."""
+        return {
+            "anchor_logprobs": self.anchor_logprobs,
+            "base_logprobs": self.base_logprobs,
+            "prev_logprobs": self.prev_logprobs,
+            "rewards": self.rewards,
+            "baselines": self.baselines,
+            "stale": self.stale,
+        }
+
+
 # the [rows, width] tensors; the other token fields are [rows, width - 1] (targets' layout)
 FULL_WIDTH = ("input_ids", "attention_mask")
 
@@ -22,14 +108,15 @@ FULL_WIDTH = ("input_ids", "attention_mask")
 def collate(
     rollouts: Sequence[Rollout],
     pad_id: int,
-    token_fields: TokenFields | None = None,
+    old_logprobs: Sequence[torch.Tensor] | None = None,
+    sampler_logprobs: Sequence[torch.Tensor] | None = None,
     device: torch.device | str | None = None,
-) -> dict[str, torch.Tensor]:
+) -> TrainBatch:
     """Right-padded [prompt + completion] rows; `mask` marks completion tokens of `targets`.
 
-    Per-token fields (behaviour log-probs, and any `token_fields`: one 1-D tensor per rollout
-    over its completion tokens; an `old_logprobs` entry replaces the behaviour log-probs) are
-    laid out like `mask`. `device`: where the batch goes (the model's device); None keeps it
+    Per-token fields (one 1-D tensor per rollout over its completion tokens) are laid out
+    like `mask`: `old_logprobs` (default: the rollouts' behaviour log-probs) and, if given,
+    `sampler_logprobs`. `device`: where the batch goes (the model's device); None keeps it
     on the CPU. The rollouts' tensors are copied to it once; fields already there stay there.
     """
     n = len(rollouts)
@@ -58,49 +145,53 @@ def collate(
     attn[tok_pos] = 1
     mask = torch.zeros(n * (width - 1), dtype=torch.float32)
     mask[tgt_pos] = 1
-    host = {
-        "input_ids": ids.view(n, width),
-        "attention_mask": attn.view(n, width),
-        "mask": mask.view(n, width - 1),
-        "advantages": torch.tensor([r.advantage for r in rollouts], dtype=torch.float32),
-        "rewards": torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
-        "baselines": torch.tensor([r.group_mean_reward for r in rollouts], dtype=torch.float32),
+    fields = _TokenFields(n, width, tgt_pos, dev)
+    if old_logprobs is None:
+        old_logprobs = [r.behaviour_logprobs for r in rollouts]
+    old = fields.place("old_logprobs", old_logprobs)
+    sampler = None
+    if sampler_logprobs is not None:
+        sampler = fields.place("sampler_logprobs", sampler_logprobs)
+
+    def per_rollout(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32).to(dev)
+
+    return TrainBatch(
+        input_ids=ids.view(n, width).to(dev),
+        attention_mask=attn.view(n, width).to(dev),
+        mask=mask.view(n, width - 1).to(dev),
+        advantages=per_rollout([r.advantage for r in rollouts]),
+        rewards=per_rollout([r.reward for r in rollouts]),
+        baselines=per_rollout([r.group_mean_reward for r in rollouts]),
         # 1 where the completion hit max_new_tokens without EOS (mask_truncated_completions)
-        "truncated": torch.tensor([float(r.truncated) for r in rollouts], dtype=torch.float32),
-    }
-    batch = {k: v.to(dev) for k, v in host.items()}
-    fields = {"old_logprobs": [r.behaviour_logprobs for r in rollouts], **(token_fields or {})}
-    positions = {}  # the targets' positions, on each device a field lives on
-    for k, values in fields.items():
+        truncated=per_rollout([float(r.truncated) for r in rollouts]),
+        old_logprobs=old,
+        sampler_logprobs=sampler,
+    )
+
+
+class _TokenFields:
+    """Lays per-rollout 1-D values over the completion targets of a [n, width - 1] batch."""
+
+    def __init__(self, n: int, width: int, tgt_pos: torch.Tensor, dev: torch.device) -> None:
+        self.n, self.width, self.tgt_pos, self.dev = n, width, tgt_pos, dev
+        self.positions: dict[torch.device, torch.Tensor] = {}  # the targets', per device
+
+    def place(self, name: str, values: Sequence[torch.Tensor]) -> torch.Tensor:
+        n, dev = self.n, self.dev
         if len(values) != n:
-            raise ValueError(f"token field {k!r} has {len(values)} rows for {n} rollouts")
+            raise ValueError(f"token field {name!r} has {len(values)} rows for {n} rollouts")
         flat = torch.cat([v.reshape(-1) for v in values]).to(dev, torch.float32)
-        if flat.numel() != tgt_pos.numel():
+        if flat.numel() != self.tgt_pos.numel():
             raise ValueError(
-                f"token field {k!r} has {flat.numel()} values for {tgt_pos.numel()} "
+                f"token field {name!r} has {flat.numel()} values for {self.tgt_pos.numel()} "
                 "completion tokens"
             )
-        if dev not in positions:
-            positions[dev] = tgt_pos.to(dev)
-        placed = torch.zeros(n * (width - 1), dtype=torch.float32, device=dev)
-        placed[positions[dev]] = flat
-        batch[k] = placed.view(n, width - 1)
-    return batch
-
-
-def take(
-    batch: dict[str, torch.Tensor], rows: Sequence[int], width: int
-) -> dict[str, torch.Tensor]:
-    """Rows `rows` of a collated batch, trimmed to `width` tokens (their longest row): the
-    same tensors `collate` builds from those rollouts alone, selected on the batch's device."""
-    index = torch.as_tensor(list(rows), dtype=torch.long, device=batch["mask"].device)
-    out = {}
-    for k, v in batch.items():
-        v = v.index_select(0, index)
-        if v.dim() == 2:
-            v = v[:, : width if k in FULL_WIDTH else width - 1].contiguous()
-        out[k] = v
-    return out
+        if dev not in self.positions:
+            self.positions[dev] = self.tgt_pos.to(dev)
+        placed = torch.zeros(n * (self.width - 1), dtype=torch.float32, device=dev)
+        placed[self.positions[dev]] = flat
+        return placed.view(n, self.width - 1)
 
 
 def put_rows(

@@ -1,9 +1,21 @@
-"""PPO's value model: the policy's transformer backbone with a scalar head."""
+"""PPO's value model and the learner's critic pass: GAE fields before the updates, the
+clipped value loss's gradient per micro-batch, and the critic's optimizer step."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import MutableMapping, Sequence
+
 import torch
 from transformers import AutoModel
+
+from replayrl.algorithms.advantages import AdvantageSpec
+from replayrl.algorithms.objective import critic_objective
+from replayrl.data.rollout import Rollout
+from replayrl.learner.assembly import Assembly
+from replayrl.learner.batching import TokenRows, TrainBatch
+from replayrl.learner.context import LearnerContext
+from replayrl.models import precision
 
 
 def policy_frozen(step: int, warmup_steps: int, has_critic: bool) -> bool:
@@ -28,9 +40,90 @@ class ValueModel(torch.nn.Module):
         backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
         return cls(backbone, backbone.config.hidden_size)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, batch: TokenRows) -> torch.Tensor:
         """V(state before each target token), laid out like `mask`."""
         hidden = self.backbone(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask
         ).last_hidden_state
         return self.head(hidden[:, :-1].float()).squeeze(-1)
+
+
+class CriticPass:
+    """The critic and its optimizer: per-token advantages and returns of a step's batch
+    (`algorithm.advantage`'s token estimator on the critic's values), then its share of each
+    update."""
+
+    def __init__(
+        self, ctx: LearnerContext, critic: ValueModel, advantage: AdvantageSpec, assembly: Assembly
+    ) -> None:
+        self.ctx, self.critic, self.advantage, self.assembly = ctx, critic, advantage, assembly
+        self.optimizer = torch.optim.AdamW(critic.parameters(), lr=ctx.cfg.critic.lr)
+
+    def _values(self, mb: TrainBatch) -> torch.Tensor:
+        with precision.autocast(self.ctx.autocast, self.ctx.device):  # as the policy runs
+            return self.critic(mb)
+
+    def gae_fields(
+        self, rollouts: Sequence[Rollout], b: TrainBatch, lengths: Sequence[int]
+    ) -> TrainBatch:
+        """Critic values of the batch, then the registered token estimator's advantages and
+        returns per token (gae: whitened GAE, `algorithm.advantage`), added to `b`."""
+        assert self.advantage.token is not None
+        device, c = self.ctx.device, self.ctx.cfg.critic
+        self.critic.eval()
+        values = self.assembly.no_grad(
+            lambda mb: self._values(mb).float(), b, lengths, range(len(rollouts))
+        )
+        self.critic.train()
+        # the estimator runs along each completion: its tokens left-aligned, [n, longest]
+        comp = torch.tensor([r.completion_ids.numel() for r in rollouts], device=device)
+        width = int(comp.max())
+        msk = (torch.arange(width, device=device)[None, :] < comp[:, None]).float()
+        sel, left = b.mask.bool(), msk.bool()
+        val = torch.zeros_like(msk).masked_scatter(left, values[sel])
+        rew = torch.zeros_like(msk)
+        rows = torch.arange(len(rollouts), device=device)
+        has = comp > 0
+        rewards = torch.tensor([r.reward for r in rollouts], device=device)
+        rew[rows[has], comp[has] - 1] = rewards[has]  # outcome reward on the last token
+        adv, ret = self.advantage.token(rew, val, msk, c.gamma, c.lam)
+        zeros = torch.zeros_like(b.mask)
+        return b.replace(
+            token_advantages=zeros.masked_scatter(sel, adv[left]),
+            returns=zeros.masked_scatter(sel, ret[left]),
+            old_values=zeros.masked_scatter(sel, values[sel]),
+        )
+
+    def backward(self, b: TrainBatch, normaliser: float, sums: MutableMapping[str, float]) -> None:
+        """The clipped value loss's gradient on one micro-batch; its metrics into `sums`."""
+        assert b.old_values is not None and b.returns is not None  # set by `gae_fields`
+        values = self._values(b)
+        v_loss, v_metrics = critic_objective(
+            values.float(),
+            b.old_values,
+            b.returns,
+            b.mask,
+            self.ctx.cfg.critic.value_clip,
+            self.ctx.cfg.algorithm.loss_agg,
+            normaliser,
+        )
+        v_loss.backward()
+        sums["value_loss"] += v_loss.item()
+        part_tokens = float(b.mask.sum())
+        for k, v in v_metrics.items():
+            sums[k] += v * part_tokens
+
+    def step(self, sums: MutableMapping[str, float], tokens: int) -> dict[str, float]:
+        """Average over ranks, clip, step; the mini-batch's critic metrics (taken from
+        `sums`)."""
+        grad_hook = self.ctx.ranks.grad_hook
+        if grad_hook is not None:
+            grad_hook(list(self.critic.parameters()))
+        torch.nn.utils.clip_grad_norm_(
+            self.critic.parameters(), self.ctx.cfg.train.max_grad_norm or math.inf
+        )
+        self.optimizer.step()
+        out = {"value_loss": sums.pop("value_loss")}
+        for k in ("value_clip_frac", "value_mse"):
+            out[k] = sums.pop(k) / max(tokens, 1)
+        return out

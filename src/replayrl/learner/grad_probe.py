@@ -24,7 +24,6 @@ import torch
 
 from replayrl.algorithms.losses import call_policy_loss
 from replayrl.data.rollout import Rollout, is_stale
-from replayrl.learner import logprobs
 from replayrl.learner.batching import collate
 
 if TYPE_CHECKING:
@@ -79,20 +78,18 @@ def sample_gradients(
     try:
         for i, r in enumerate(rollouts):
             # log pi_old as a training step reads it (the learner's refreshed values if any)
-            old = {"old_logprobs": [learner.pi_old.of(r)]}
-            b = collate([r], learner.pad_id, old, device=learner.device)
-            logps, _ = logprobs.token_logprobs(
-                model, b, cfg.rollout.temperature, False, learner.autocast, learner.full_logprobs
-            )
-            # the Mix-PPG clip centre is the current policy: pi_k = pi_theta here
-            avail = {"anchor_logprobs": logps.detach(), "rewards": b["rewards"]}
-            avail["baselines"] = b["baselines"]
-            # an earlier policy's rollout, marked as a training step marks it (exgrpo)
+            b = collate([r], learner.pad_id, [learner.pi_old.of(r)], device=learner.device)
+            logps, _ = learner.ctx.logprobs(model, b)
             stale = float(is_stale(r, learner.version))
-            avail["stale"] = torch.full_like(b["mask"], stale, dtype=logps.dtype)
+            b = b.replace(
+                # the Mix-PPG clip centre is the current policy: pi_k = pi_theta here
+                anchor_logprobs=logps.detach(),
+                # an earlier policy's rollout, marked as a training step marks it (exgrpo)
+                stale=torch.full_like(b.mask, stale, dtype=logps.dtype),
+            )
             loss, _ = call_policy_loss(
-                learner.loss_type, logps, b["old_logprobs"], b["advantages"], b["mask"],
-                avail, knobs, cfg.algorithm.loss_agg, learner.normaliser([r]),
+                learner.loss_type, logps, b.old_logprobs, b.advantages, b.mask,
+                b.loss_inputs(), knobs, cfg.algorithm.loss_agg, learner.normaliser([r]),
             )  # fmt: skip
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             flat = torch.cat(

@@ -51,6 +51,7 @@ import torch.utils.checkpoint
 from torch.nn.attention.bias import causal_lower_right
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from replayrl.learner.batching import TokenRows
 from replayrl.models.loading import LEAN_ATTR
 from replayrl.rollout.generation.decoders import llama_core
 
@@ -144,11 +145,11 @@ def sharded() -> Iterator[None]:
         _sharded_depth -= 1
 
 
-def fits(core: torch.nn.Module, batch: dict[str, torch.Tensor]) -> bool:
+def fits(core: torch.nn.Module, batch: TokenRows) -> bool:
     """Whether `batch`'s rows fit the model's sliding window (a row no longer than the
     window attends to every earlier token, as full causal attention does)."""
     window = getattr(core.config, "sliding_window", None)
-    return window is None or batch["input_ids"].shape[1] <= int(window)
+    return window is None or batch.input_ids.shape[1] <= int(window)
 
 
 def lean_core(model: object) -> torch.nn.Module | None:
@@ -175,11 +176,9 @@ class _Layout:
         whole (`shared` False, no completion pass): packed into one row without padding when their
     lengths differ (`segments`), else one unpadded pass."""
 
-    def __init__(
-        self, batch: dict[str, torch.Tensor], share: bool | None = None, pack: bool = False
-    ) -> None:
-        ids = batch["input_ids"]
-        sel = batch["mask"].bool()
+    def __init__(self, batch: TokenRows, share: bool | None = None, pack: bool = False) -> None:
+        ids = batch.input_ids
+        sel = batch.mask.bool()
         device = ids.device
         n = ids.shape[0]
         lengths = sel.sum(1)
@@ -351,13 +350,13 @@ def _attention_masks(
 
 def completion_states(
     core: torch.nn.Module,
-    batch: dict[str, torch.Tensor],
+    batch: TokenRows,
     share: bool | None = None,
     pack: bool | None = None,
 ) -> torch.Tensor:
     """Final-normed hidden states that predict each completion token of `batch` (a `collate`
     batch: right-padded prompt + completion rows, `mask` on completion targets), shape
-    (completion tokens, hidden), in the order of `batch["mask"].bool()`. `share`: run shared
+    (completion tokens, hidden), in the order of `batch.mask.bool()`. `share`: run shared
     prompts once (None: when that saves enough tokens). `pack`: rows run whole are packed
     without padding (False: left-padded with a mask; None: `PACK_ROWS`)."""
     inner = core.model  # type: ignore[union-attr]
