@@ -58,12 +58,16 @@ class Learner:
     """The learner as the source sees it: a version and current log-probs. `drift(r, v)`: the
     per-token shift of rollout r's log-prob from its behaviour's at version v."""
 
-    def __init__(self, drift=lambda r, v: 0.0) -> None:
-        self.version, self.drift, self.asked = 0, drift, 0
+    def __init__(self, drift=lambda r, v: 0.0, refreshed=lambda r: 0.0) -> None:
+        self.version, self.drift, self.refreshed, self.asked = 0, drift, refreshed, 0
 
     def current_logprobs(self, rollouts):
         self.asked += len(rollouts)
         return [r.behaviour_logprobs + self.drift(r, self.version) for r in rollouts]
+
+    def behaviour_logprobs(self, rollouts):
+        # `refreshed(r)`: the learner's own log pi_old of r, off the sampler's by this much
+        return [r.behaviour_logprobs + self.refreshed(r) for r in rollouts]
 
 
 def source(learner: Learner | None = None, **kw) -> tuple[SignalReplaySource, Counters, Learner]:
@@ -189,6 +193,19 @@ def test_a_group_the_policy_has_moved_away_from_is_evicted_by_ess() -> None:
     keep, c0, lr0 = source(Learner(drift), target=1.0, min_ess=0.0)
     step(keep, c0, lr0, 0, [SIG, SIG])
     assert len(step(keep, c0, lr0, 1, [WRONG, WRONG])[1]) == 8 and lr0.asked == 0
+
+
+def test_ess_compares_with_the_learners_log_pi_old_not_the_samplers() -> None:
+    # the same spread as above, but it is the sampler's noise: the learner's own log pi_old
+    # (recomputed, as the loss's ratio uses it) matches its current log-probs, so ESS is 1
+    def spread(r: Rollout) -> float:
+        return (r.group_id % STRIDE) * (r.completion_ids[0].item() % 10) / 2.0
+
+    lr = Learner(lambda r, v: spread(r), refreshed=spread)
+    src, c, _ = source(lr, target=1.0, min_ess=0.9)
+    step(src, c, lr, 0, [SIG, SIG])
+    _, old = step(src, c, lr, 1, [WRONG, WRONG])
+    assert old == [0] * 8 and c.count("signal_evicted_ess") == 0
 
 
 def test_the_store_round_trips_through_a_checkpoint() -> None:

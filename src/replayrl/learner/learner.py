@@ -219,6 +219,11 @@ class Learner:
         """Per-token log-probs of each completion under the policy now (no gradient)."""
         return self.assembly.per_rollout(self.model, rollouts)
 
+    def behaviour_logprobs(self, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
+        """Each rollout's log pi_old as the loss sees it: the learner's recomputed values
+        where it refreshed them (reduced precision, another engine), else the sampler's."""
+        return [self.pi_old.of(r) for r in rollouts]
+
     def mean_entropies(self, rollouts: Sequence[Rollout]) -> list[float]:
         """Per rollout: the current policy's mean token entropy over its completion (ExGRPO's
         trajectory selection, arXiv 2510.02245 sec. 3.1), no grad."""

@@ -79,6 +79,11 @@ class LearnerPort(Protocol):
         """Each rollout's completion log-probs under the current policy."""
         ...
 
+    def behaviour_logprobs(self, rollouts: Sequence[Rollout]) -> list[torch.Tensor]:
+        """Each rollout's behaviour log-probs as the loss's importance ratio uses them (the
+        learner's recomputed log pi_old where it keeps one, else the sampler's)."""
+        ...
+
     def mean_entropies(self, rollouts: Sequence[Rollout]) -> list[float]:
         """Each rollout's mean token entropy under the current policy."""
         ...

@@ -234,11 +234,14 @@ class SignalReplaySource(GroupSource):
         with min_ess = 0, where it is never compared: no forward pass is spent on it)."""
         if self.learner is None or self.sr.min_ess == 0:
             return [1.0] * len(groups)
-        current = self.learner.current_logprobs(flatten(groups))
+        rows = flatten(groups)
+        current = self.learner.current_logprobs(rows)
+        # against the log pi_old Mix-PPG's ratio uses, so a reduced-precision sampler's noise
+        # is not read as the policy's drift
+        behaviour = self.learner.behaviour_logprobs(rows)
         out, at = [], 0
         for g in groups:
-            lp = current[at : at + len(g)]
-            out.append(group_ess(lp, [r.behaviour_logprobs for r in g.rollouts]))
+            out.append(group_ess(current[at : at + len(g)], behaviour[at : at + len(g)]))
             at += len(g)
         return out
 
