@@ -478,6 +478,8 @@ NOT_OBSERVED: dict[str, str] = {
     "train.device": "where tensors live, not what is computed (auto = cpu here): "
     "tests/test_gpu_contracts.py (placement, meta-device inputs) and tests/test_gpu_device.py",
     "train.logprobs_impl": "same log-probs by design: tests/test_logprobs.py",
+    "train.preflight": "whether a run that the plan says does not fit its GPU starts (not what "
+    "a step computes): tests/test_preflight.py sets error, warn and off",
     "train.sharding": "same step by design (oracle: a sharded Ray step == the single-learner "
     "step), tests/test_ray_fsdp.py and tests/test_fsdp.py",
     "critic.warmup_steps": "read by the session (policy frozen while step < N): "
