@@ -45,6 +45,13 @@ REPLAY = ("method.name=replay", "buffer.capacity=16")
 CONVEX = ("kl.beta=0.5", "kl.target=convex", "kl.schedule.start=0", "kl.schedule.every=1")
 GAE = ("algorithm.advantage=gae",)
 SIGNAL = ("method.name=signal_replay", "algorithm.loss_type=mix_ppg", "rollout.prompts_per_step=4")
+# the sharded learner's step as tests/test_fsdp_options.py runs it (its probes are shared)
+SHARDED = (
+    "rollout.prompts_per_step=3",
+    "train.lr=1e-4",
+    "runtime=ray",
+    "train.sharding=fsdp",
+)
 
 
 # -- observers --------------------------------------------------------------------------------
@@ -98,7 +105,11 @@ def observe_signal(cfg: Config, _: Any) -> Any:
             for r, a in zip(rollouts, age, strict=True)
         ]
 
-    learner = SimpleNamespace(version=0, current_logprobs=current)
+    learner = SimpleNamespace(
+        version=0,
+        current_logprobs=current,
+        behaviour_logprobs=lambda rs: [r.behaviour_logprobs for r in rs],
+    )
     first, later = [[1, 0, 1, 0]] * 3 + [[0] * 4], [[0] * 4, [0] * 4, [1] * 4]
     out = []
     for step in range(8):
@@ -259,6 +270,19 @@ def observe_model(cfg: Config, _: Any) -> Any:
     return model.config.to_dict(), sum(p.numel() for p in model.parameters())
 
 
+def observe_sharded(cfg: Config, _: Any) -> Any:
+    """One sharded step on `workers.learners` spawned gloo ranks (tests/sharded_probe.py):
+    each rank's mesh, local shard shapes, gathered and matmul dtypes, and its weights after."""
+    from sharded_probe import probe  # tests/sharded_probe.py
+
+    p = probe(cfg)
+    layout = [
+        (r["mesh_shape"], r["local_shapes"], r["gathered_dtypes"], r["matmul_dtypes"])
+        for r in p.ranks
+    ]
+    return layout, [torch.cat([v.flatten() for v in full.values()]) for full in p.full]
+
+
 OBSERVERS = {
     "data": observe_data,
     "signal": observe_signal,
@@ -267,6 +291,7 @@ OBSERVERS = {
     "design": observe_design,
     "eval": observe_eval,
     "model": observe_model,
+    "sharded": observe_sharded,
 }
 
 # key -> (observer, value to set, context overrides under which the key matters[, overrides
@@ -377,6 +402,10 @@ OBSERVED: dict[str, tuple[Any, ...]] = {
     "model.tiny.hidden_size": ("model", 64, ()),
     "model.tiny.num_heads": ("model", 2, ()),
     "model.tiny.intermediate_size": ("model", 256, ()),
+    # spawned gloo ranks (slow): fp32 -> bf16 gathered weights and matmuls, fp32 master
+    # weights (tests/test_fsdp_options.py asserts each); 4 ranks as 2 replicas x 2 shards
+    "train.sharding_param_dtype": ("sharded", "bfloat16", (*SHARDED, "workers.learners=2")),
+    "train.sharding_replicas": ("sharded", 2, (*SHARDED, "workers.learners=4")),
 }
 
 ELSEWHERE = "tested end to end in"
@@ -504,12 +533,8 @@ NOT_OBSERVED: dict[str, str] = {
     "train.device": "where tensors live, not what is computed (auto = cpu here): "
     "tests/test_gpu_contracts.py (placement, meta-device inputs) and tests/test_gpu_device.py",
     "train.logprobs_impl": "same log-probs by design: tests/test_logprobs.py",
-    "train.sharding_replicas": "HSDP's layout of the learner ranks: the same step by design "
-    "(replicas average what shards sum); it needs 4 ranks and no test runs it yet (its "
-    "divisibility check: tests/test_fsdp.py)",
-    "train.sharding_param_dtype": "the dtype sharded parameters are gathered in: auto is float32 "
-    "on CPU (the 1e-6 sharded == unsharded oracle, tests/test_fsdp.py); bfloat16 is run by "
-    "scripts/gpu_check.sh --sharded on a GPU",
+    "train.preflight": "whether a run that the plan says does not fit its GPU starts (not what "
+    "a step computes): tests/test_preflight.py sets error, warn and off",
     "train.sharding": "same step by design (oracle: a sharded Ray step == the single-learner "
     "step), tests/test_ray_fsdp.py and tests/test_fsdp.py",
     "critic.warmup_steps": "read by the session (policy frozen while step < N): "
@@ -638,7 +663,12 @@ def _override(key: str, value: Any) -> str:
     return f"{key}={json.dumps(value)}"
 
 
-@pytest.mark.parametrize("key", sorted(OBSERVED))
+def _table_param(key: str) -> Any:
+    # the sharded observer spawns processes: a minute or more per setting on 2 cores
+    return pytest.param(key, marks=pytest.mark.slow) if OBSERVED[key][0] == "sharded" else key
+
+
+@pytest.mark.parametrize("key", [_table_param(k) for k in sorted(OBSERVED)])
 def test_setting_a_key_changes_what_it_drives(
     key: str, learner_ctx, char_tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

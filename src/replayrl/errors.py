@@ -25,3 +25,8 @@ class RunStopped(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+class RunDoesNotFit(ValueError):
+    """The planned learner memory exceeds the learner GPU's free memory (`train.preflight`):
+    the message names the estimate, the memory available and the knobs that would fit."""

@@ -601,9 +601,10 @@ class ReplayTrainer:
         for note in self.notes:  # once, before anything runs
             self.log(f"note (differs from TRL): {note}")
         self._hf = None
+        run_dir = self._resume_folder(resume_from_checkpoint) if resume_from_checkpoint else None
+        self._preflight(run_dir)
         hooks.train_begin(self.config)
-        if resume_from_checkpoint:
-            run_dir = self._resume_folder(resume_from_checkpoint)
+        if run_dir is not None:
             self._check_resumable(run_dir)
             self._model = None  # the checkpoint's policy is trained, not a given object
             self._trained = True
@@ -627,6 +628,21 @@ class ReplayTrainer:
             self._hf[0].log_history = history
         hooks.train_end(summary)
         return summary
+
+    def _preflight(self, run_dir: Path | None) -> None:
+        """`train.preflight`: the planned learner memory against the learner GPU, before any
+        weights reach it (bench/preflight.py). A policy already loaded or handed over sits
+        where it is: its memory is taken, so it is not checked."""
+        from replayrl.bench.preflight import preflight
+
+        if run_dir is not None:
+            saved = run_dir / "config.yaml"
+            if saved.is_file():  # else resume says what is wrong with the folder
+                preflight(load_config(saved, self.args.override_strings()), self.log)
+        elif self._model is None:
+            preflight(self.config, self.log)
+        else:
+            self.log("train.preflight: the policy is already loaded; its memory is not checked")
 
     def save_state(self) -> Path:
         """transformers' `Trainer.save_state()`, which TRL scripts call after training:

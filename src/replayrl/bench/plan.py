@@ -11,7 +11,8 @@ Each learner rank and each generator worker owns one GPU. The learner GPU holds:
 - activations and the chunked output head of one micro-batch: `bench/memory.py`'s formula()
   terms (checked there against measured peaks), activations and vocab x hidden temporaries
   scaled to the compute dtype, the chunk's logits kept in fp32; with gradient checkpointing
-  the larger of the head's backward and a layer's recomputation, which do not overlap;
+  the larger of the head's backward and a layer's recomputation (its activations and the
+  MLP's gradient temporaries of its backward), which do not overlap;
 - the KL reference (kl.beta > 0, full fine-tuning: a frozen copy, sharded like the policy;
   LoRA: the base with adapters off, no copy);
 - PPO's critic (algorithm.advantage = gae): never sharded today, fp32 weights, gradients and
@@ -135,10 +136,21 @@ def _step_terms(cfg: Config, c: dict[str, Any], prompt: int, lora: bool) -> dict
         # rows, where the sum over-states 16 rows by 18%).
         layer = formula({**spec, "layers": 1, "checkpointing": False})["activations"]
         recompute = int(layer * scale) + int(head["weight_grad"] / 2 * scale)
+        # while the recomputed layer's activations are still held, its backward adds the
+        # MLP's gradients: at the down projection's input, then at the gate and up outputs
+        # (3 tokens x intermediate tensors) before the activations they replace are freed.
+        # It grows with rows x tokens, so it is what long rows peak on: without it the plan
+        # was 14% under the 2-rank probe at 8 x 1,024 tokens (BENCHMARKS.md).
+        recompute += int(3 * _tokens(spec) * c["intermediate_size"] * 4 * scale)
         acts = int((acts - layer) * scale) + max(0, recompute - head_bytes)
     else:
         acts = int(acts * scale)
     return {"activations": acts, "head": head_bytes, "rows": rows}
+
+
+def _tokens(spec: dict[str, Any]) -> int:
+    """Positions a micro-batch runs (formula()'s count: prompt + completion - 1 per row)."""
+    return int(spec["rows"] * (spec["prompt"] + spec["tokens"] - 1))
 
 
 def _compute_bytes(cfg: Config) -> int:

@@ -727,6 +727,20 @@ class TrainConfig(_Section):
         "replicas (e.g. one per node), each sharding the policy over its ranks; 1 = every "
         "rank holds 1 / workers.learners of it",
     )
+    preflight: Literal["error", "warn", "off"] = Field(
+        "error",
+        description="before a run loads weights on a GPU, `replayrl plan`'s per-GPU learner "
+        "estimate is compared with the learner GPU's free memory: error = refuse a run that "
+        "does not fit (naming the knobs that would make it fit), warn = log it and start, "
+        "off = skip; CPU runs and models without a local config.json are not checked",
+    )
+
+    @field_validator("preflight", mode="before")
+    @classmethod
+    def _preflight_off(cls, value: Any) -> Any:
+        # YAML reads a bare `off` (train.preflight=off) as false
+        return "off" if value is False else value
+
     # no silent non-training: this many steps in a row in which nothing could be trained (a
     # reward function failed on every call, every update was skipped as non-finite, or the
     # gradient was exactly 0 despite non-zero advantages) end the run with an error; 0 = never
