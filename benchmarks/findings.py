@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from replayrl.bench.findings import (
+from replayrl.bench.paper_findings import (
     Curve,
     at_x,
     finished_runs,

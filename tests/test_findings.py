@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.bench.findings import (
+from replayrl.bench.paper_findings import (
     at_x,
     finished_runs,
     gain,

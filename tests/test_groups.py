@@ -1,4 +1,4 @@
-"""Groups as buffer items (data/groups.py), TRL's scored group store (data/buffer/groups.py)
+"""Groups as buffer items (data/groups.py), TRL's scored group store (data/buffer/scored_groups.py)
 and the group batch sources (data/group_sources.py): DAPO's dynamic sampling (arXiv
 2503.14476) and TRL's former GRPO-with-replay-buffer. Values are hand-computed; the ledger
 checks use the run's real Counters and on-policy queue."""
@@ -14,7 +14,7 @@ import torch
 
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
-from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
+from replayrl.data.buffer.scored_groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, reward_std, split_groups
 from replayrl.data.rollout import Rollout
 from replayrl.methods.buffer import BufferSource

@@ -9,7 +9,7 @@ import yaml
 
 from replayrl.cli.main import main
 from replayrl.cli.simulate import measured, spec_from_run
-from replayrl.design.simulate import SystemSpec, simulate
+from replayrl.design.event_model import SystemSpec, simulate
 from replayrl.design.theory import gamma
 
 

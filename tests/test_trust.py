@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from replayrl.launch.entry import resume
-from replayrl.records.trust import RECORD
+from replayrl.records.run_record import RECORD
 from replayrl.storage.checkpoint import latest_checkpoint, load_state, manifest_value
-from replayrl.storage.trust import (
+from replayrl.storage.signing import (
     KEY_ENV,
     TrustKeyError,
     load_or_create_key,
@@ -306,7 +306,7 @@ def test_key_is_created_once_private_and_shared_by_concurrent_starts(tmp_path: P
 
 
 def test_key_location_follows_xdg_and_the_override(tmp_path: Path, monkeypatch):
-    from replayrl.storage.trust import key_path
+    from replayrl.storage.signing import key_path
 
     monkeypatch.delenv(KEY_ENV)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:  # the model (and SimPy) load when the command runs, not with the CLI
-    from replayrl.design.simulate import SimResult, SystemSpec
+    from replayrl.design.event_model import SimResult, SystemSpec
 
 
 def _read_run(run: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
@@ -41,7 +41,7 @@ def spec_from_run(run: Path, steps: int | None = None, seed: int = 0) -> SystemS
     config.yaml, and its costs from the roles' clocks in summary.json (generator seconds per
     rollout, learner seconds per trained rollout, the learner's per-step time besides
     training, and the spread of its step times)."""
-    from replayrl.design.simulate import SystemSpec
+    from replayrl.design.event_model import SystemSpec
 
     cfg, summary, rows = _read_run(run)
     roles = (summary.get("accounting") or {}).get("roles") or {}
@@ -109,7 +109,7 @@ def measured(run: Path) -> dict[str, float]:
 
 def predicted(spec: SystemSpec, seeds: int = 5) -> dict[str, float]:
     """The model's figures averaged over `seeds` random streams."""
-    from replayrl.design.simulate import simulate
+    from replayrl.design.event_model import simulate
 
     runs = [simulate(_with_seed(spec, spec.seed + i)) for i in range(seeds)]
     out: dict[str, float] = {}
@@ -160,7 +160,7 @@ def cluster_table(args: argparse.Namespace) -> str:
     `args.syncs`: y* and x* from mu (closed form, `args.alpha`, `args.rho`), W/T = mu / y* so
     that generation keeps pace with training, B = `args.per_learner_batch` x T,
     N = max(B, x* B / y*), and a learner's `args.learn_seconds` per trained rollout."""
-    from replayrl.design.simulate import SystemSpec, simulate
+    from replayrl.design.event_model import SystemSpec, simulate
     from replayrl.design.theory import design
 
     out = [
@@ -205,7 +205,7 @@ def cluster_table(args: argparse.Namespace) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from replayrl.design.simulate import SystemSpec, simulate
+    from replayrl.design.event_model import SystemSpec, simulate
 
     check_args(args)  # by flag name, before the model turns a bad number into a bad answer
     if args.cluster_table:

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from replayrl.config.schema import ConfigError
-from replayrl.records.trust import (
+from replayrl.records.run_record import (
     RECORD,
     Verdict,
     record_signature,
     sign_run_folder,
     verify_run_folder,
 )
-from replayrl.storage.trust import TrustKeyError, key_path
+from replayrl.storage.signing import TrustKeyError, key_path
 
 # run.folder and storage.checkpoint (torch, transformers) load only when `trust` runs, so
 # that `replayrl --help` stays fast

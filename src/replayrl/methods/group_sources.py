@@ -29,7 +29,7 @@ from pydantic import Field
 from replayrl.config.section import Section
 from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
-from replayrl.data.buffer.groups import ScoredGroupBuffer, trl_group_score
+from replayrl.data.buffer.scored_groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, flatten, split_groups
 from replayrl.data.rollout import Rollout
 from replayrl.methods.base import GROUP_STRIDE, SourceContext

@@ -30,7 +30,7 @@ from replayrl.methods.buffer import BatchSource
 from replayrl.models.device import is_out_of_memory, oom_phase, out_of_memory_message
 from replayrl.records.ledger import WALL_SECONDS_COVERS, format_accounting
 from replayrl.records.provenance import run_provenance
-from replayrl.records.trust import record_signature
+from replayrl.records.run_record import record_signature
 from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.producer import Production
 from replayrl.run.callbacks import RunHooks

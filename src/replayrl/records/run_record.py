@@ -3,7 +3,7 @@
 At a start (and after each resume) the run writes `run-record.json`: what it will execute
 (each reward reference naming code, with its file's SHA-256), the SHA-256 of `config.yaml`,
 the resolved config, the folder relative paths resolve against, and replayrl's version,
-signed with HMAC-SHA256 under this user's key (`replayrl.storage.trust`). A resume verifies
+signed with HMAC-SHA256 under this user's key (`replayrl.storage.signing`). A resume verifies
 it: a folder signed with this user's key runs the code its record names; a folder from
 another user (another key), an edited record or config.yaml, a changed reward file or a
 missing key are refused as an unsigned folder is, each with its reason. The model is
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replayrl.storage.trust import (
+from replayrl.storage.signing import (
     RecordError,
     TrustKeyError,
     file_sha256,
@@ -66,7 +66,7 @@ def code_version() -> str:
         version = importlib.metadata.version("replayrl")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    root = Path(__file__).resolve().parents[3]  # src/replayrl/records/trust.py -> the checkout
+    root = Path(__file__).resolve().parents[3]  # src/replayrl/records/run_record.py -> the checkout
     if not (root / ".git").exists():  # installed: not the commit of a repo it happens to sit in
         return version
     try:
