@@ -25,3 +25,9 @@ class RunStopped(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+class GenerationServerError(RunFailed):
+    """A generation server (rollout.backend=vllm_server) could not be reached, answered with
+    an error, served another model, or did not answer in time (the message says which, and
+    what to check)."""
