@@ -118,7 +118,9 @@ class StubServer:
                     "logprobs": {
                         "token_logprobs": lp,
                         "tokens": [f"{self.token_prefix}{t}" for t in ids],
-                        "top_logprobs": [{f"token_id:{t}": v} for t, v in zip(ids, lp)],
+                        "top_logprobs": [
+                            {f"token_id:{t}": v} for t, v in zip(ids, lp, strict=True)
+                        ],
                         "text_offset": [0] * len(ids),
                     },
                 }
@@ -385,8 +387,11 @@ def test_make_generator_builds_the_server_backend(stub, tmp_path, char_tokenizer
     with pytest.raises(GenerationServerError, match="not this run's model"):
         make_generator(cfg, tiny_model, char_tokenizer, str(tmp_path))
     named = cfg.model_copy(
-        update={"vllm": cfg.vllm.model_copy(update={"server": cfg.vllm.server.model_copy(
-            update={"model": NAME})})}  # fmt: skip
+        update={
+            "vllm": cfg.vllm.model_copy(
+                update={"server": cfg.vllm.server.model_copy(update={"model": NAME})}
+            )
+        }  # fmt: skip
     )
     gen = make_generator(named, tiny_model, char_tokenizer, str(tmp_path))
     assert isinstance(gen, VLLMServerGenerator) and gen.seed == 5
