@@ -324,7 +324,7 @@ class VLLMServerGenerator:
             prompt_ids=prompt_ids.clone(),
             completion_ids=completion,
             logprobs=torch.tensor(logprobs, dtype=torch.float32),
-            text=self.tokenizer.decode(completion, skip_special_tokens=True),
+            text=str(self.tokenizer.decode(completion, skip_special_tokens=True)),
             # "length": max_tokens reached; "stop": EOS or another stop token
             truncated=not hits and choice.get("finish_reason") != "stop",
             policy_version=self.policy_version,
