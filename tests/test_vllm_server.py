@@ -165,6 +165,29 @@ def test_pushed_weights_are_the_ones_it_samples_with(gen, served):
     assert max_gap(gen, model) < TOL
 
 
+def test_a_lora_policy_pushes_its_merged_weights(gen, served):
+    pytest.importorskip("peft")
+    from replayrl.models.loading import apply_lora, unwrap_model
+
+    _, _, model, _ = served
+    lora_cfg = ModelConfig.model_validate(
+        {"tiny": ENGINE_TINY, "lora": {"enabled": True, "r": 2, "alpha": 8}}
+    )
+    policy = apply_lora(copy.deepcopy(model), lora_cfg, seed=0)
+    with torch.no_grad():  # trained adapters: B != 0
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.5 * torch.randn_like(p))
+    assert max_gap(gen, policy) > 0.1
+    gen.lora_scaling = lora_cfg.lora.alpha / lora_cfg.lora.r
+    try:
+        gen.load_weights(unwrap_model(policy).named_parameters(), 1)
+        assert max_gap(gen, policy) < TOL
+    finally:
+        gen.lora_scaling = None
+        gen.load_weights(model.named_parameters(), 0)
+
+
 def test_a_push_drops_keys_and_values_cached_with_the_old_weights(gen, served):
     _, _, model, _ = served
     long = ["+".join(str(i) for i in range(50)) + "="]  # 140 tokens: a full block is cached

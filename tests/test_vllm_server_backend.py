@@ -257,6 +257,35 @@ def test_a_push_writes_the_weights_then_reloads_and_drops_the_cache(
     assert gen.policy_version == 7
 
 
+def test_a_lora_policy_pushes_plain_names_with_the_adapters_merged(
+    stub, char_tokenizer, tiny_model, tiny_model_config
+):
+    pytest.importorskip("peft")
+    import copy
+
+    from replayrl.models.loading import apply_lora, unwrap_model
+
+    lora_cfg = tiny_model_config.model_copy(
+        update={"lora": tiny_model_config.lora.model_copy(update={"enabled": True, "r": 2})}
+    )
+    policy = apply_lora(copy.deepcopy(tiny_model), lora_cfg, seed=0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p))
+    gen = VLLMServerGenerator(
+        char_tokenizer, server_cfg(stub.url), [NAME], lora_scaling=16 / 2, tied_head=True
+    )
+    gen.load_weights(unwrap_model(policy).named_parameters(), 1)
+    (state,) = stub.pushed
+    assert set(state) == {n for n, _ in tiny_model.named_parameters()} | {"lm_head.weight"}
+    merged = copy.deepcopy(policy).merge_and_unload()
+    for name, t in merged.named_parameters():
+        assert torch.allclose(state[name], t, atol=1e-6), name
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(state[q], dict(tiny_model.named_parameters())[q])
+
+
 def test_a_refused_cache_reset_is_an_error(stub, char_tokenizer, tiny_model, monkeypatch):
     monkeypatch.setattr(time, "sleep", lambda s: None)
     gen = generator(stub, char_tokenizer)
