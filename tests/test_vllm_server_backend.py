@@ -46,6 +46,7 @@ class StubServer:
         self.token_prefix = "token_id:"
         self.reset_success = True
         self.stop_after: int | None = None  # the completion ends with EOS at this position
+        self.root = "/models/stub"  # the folder the served model was loaded from
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -68,7 +69,7 @@ class StubServer:
                         return self._send(503, {"detail": "loading"})
                     return self._send(200, {})
                 if self.path == "/v1/models":
-                    card = {"id": NAME, "root": "/models/stub", "max_model_len": 64}
+                    card = {"id": NAME, "root": stub.root, "max_model_len": 64}
                     return self._send(200, {"object": "list", "data": [card]})
                 self._send(404, {"detail": "Not Found"})
 
@@ -407,12 +408,13 @@ def test_server_settings_are_checked(tmp_path):
         )
 
 
+def cfg_keys(stub: StubServer) -> list[str]:
+    return ["rollout.backend=vllm_server", f"vllm.server.base_url={stub.url}", "train.seed=5"]
+
+
 def test_make_generator_builds_the_server_backend(stub, tmp_path, char_tokenizer, tiny_model):
     """model.path's folder is what the server must serve (vllm.server.model unset)."""
-    cfg = load_config(
-        None,
-        ["rollout.backend=vllm_server", f"vllm.server.base_url={stub.url}", "train.seed=5"],
-    )
+    cfg = load_config(None, cfg_keys(stub))
     with pytest.raises(GenerationServerError, match="not this run's model"):
         make_generator(cfg, tiny_model, char_tokenizer, str(tmp_path))
     named = cfg.model_copy(
@@ -425,6 +427,13 @@ def test_make_generator_builds_the_server_backend(stub, tmp_path, char_tokenizer
     gen = make_generator(named, tiny_model, char_tokenizer, str(tmp_path))
     assert isinstance(gen, VLLMServerGenerator) and gen.seed == 5
     assert len(stub.pushed) == 1  # the policy's weights at start
+    # a resumed run loads its checkpoint's folder; the server serves the config's model.path
+    folder = tmp_path / "base"
+    tiny_model.save_pretrained(folder)
+    stub.root = str(folder)
+    resumed = load_config(None, [*cfg_keys(stub), f"model.path={folder}"])
+    make_generator(resumed, tiny_model, char_tokenizer, str(tmp_path / "ckpt" / "policy"))
+    assert len(stub.pushed) == 2
 
 
 def test_serve_vllm_prints_the_server_command(tmp_path, tiny_model, char_tokenizer, capsys):

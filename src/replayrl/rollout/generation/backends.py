@@ -108,8 +108,9 @@ def build_vllm_server(
     if is_adapter_folder(model_path):  # a LoRA policy's folder: the server holds its base
         model_path = resolve_model_path(adapter_base(Path(model_path)))
     expected = [cfg.vllm.server.model] if cfg.vllm.server.model else [model_path]
-    if not cfg.vllm.server.model and cfg.model.path and cfg.model.path != model_path:
-        expected.append(cfg.model.path)  # a resumed run: the config's model, not the checkpoint
+    if not cfg.vllm.server.model and cfg.model.path:
+        # a resumed run loads its checkpoint's folder: the server holds the config's model
+        expected.append(resolve_model_path(cfg.model.path))
     gen = VLLMServerGenerator(
         tokenizer,
         cfg.vllm,
