@@ -47,7 +47,8 @@ test-slow: $(STAMP)
 # project goes in. One engine per test module, tiny models with head size >= 32.
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.replayrl-installed
-VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_runs.py tests/test_vllm_workers.py
+VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_runs.py tests/test_vllm_workers.py \
+	tests/test_vllm_server.py
 $(VLLM_STAMP): pyproject.toml
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0

@@ -517,7 +517,8 @@ NOT_OBSERVED: dict[str, str] = {
     "rollout.reward_timeout_s": "only a slow reward shows it: tests/test_rewards.py",
     "rollout.reward_isolation": "only a reward that ends or hangs its process shows it: "
     "tests/test_faults_reliability.py (I1-I4, R3 with both values)",
-    "rollout.backend": "vLLM needs a CUDA GPU: tests/test_vllm_backend.py",
+    "rollout.backend": "vLLM needs a CUDA GPU: tests/test_vllm_backend.py; a vLLM server: "
+    "tests/test_vllm_server_backend.py (a stand-in), tests/test_vllm_server.py (the real one)",
     "rollout.generation_impl": "same samples by design (oracle: fast decode == generate), "
     "tests/test_generation_decoders.py",
     "train.steps": f"run length: {ELSEWHERE} tests/test_run.py",
@@ -610,6 +611,19 @@ NOT_OBSERVED: dict[str, str] = {
     },
     "vllm.truncated_is_cap": "vLLM engine (CUDA GPU): the learner's cap is observed in "
     "tests/test_gpu_contracts.py::test_vllm_truncated_is_is_on_by_default",
+    **{
+        f"vllm.server.{k}": "where the vLLM server is and how long to wait for it, not what is "
+        "trained: tests/test_vllm_server_backend.py (a stand-in server at that address, "
+        "unreachable and slow servers)"
+        for k in ("host", "port", "base_url", "request_timeout_s", "connect_timeout_s")
+    },
+    "vllm.server.model": "which served model the run accepts (a check, not training): "
+    "tests/test_vllm_server_backend.py::test_another_model_is_refused",
+    "vllm.server.weights_dir": "where pushed weights are written for the server (the same "
+    "weights either way): tests/test_vllm_server_backend.py::"
+    "test_a_push_writes_the_weights_then_reloads_and_drops_the_cache",
+    "vllm.server.max_concurrent_requests": "requests in flight (speed only; each prompt has its "
+    "own seed): tests/test_vllm_server_backend.py::test_requests_in_flight_are_bounded",
 }
 
 

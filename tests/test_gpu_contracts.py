@@ -432,7 +432,7 @@ def test_trl_use_cpu_and_vllm_arguments_are_mapped_or_refused():
     cap = translate({"vllm_importance_sampling_clip_max": 3.0}, {})
     assert cap.dotted["vllm.truncated_is_cap"] == 3.0
     for bad, hint in (
-        ({"vllm_mode": "server"}, "runtime='ray'"),
+        ({"vllm_mode": "server"}, "rollout__backend='vllm_server'"),
         ({"vllm_importance_sampling_mode": "sequence"}, "token_truncate, token_mask"),
         ({"vllm_importance_sampling_clip_min": 0.5}, "from above only"),
     ):

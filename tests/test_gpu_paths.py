@@ -317,8 +317,7 @@ def test_ported_trl_config_gets_trls_is_default_with_a_note_and_server_keys_are_
     assert "precision.importance_sampling_mode" not in translate({}, {}).dotted
     for bad in (
         {"vllm_model_impl": "transformers"},
-        {"vllm_server_base_url": "http://x:8000"},
-        {"vllm_server_port": 9000},
+        {"vllm_group_port": 9000},
     ):
         with pytest.raises(ConfigError, match="not supported"):
             translate(bad, {})

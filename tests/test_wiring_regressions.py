@@ -134,6 +134,10 @@ TRL_EXPECTED: dict[str, tuple[Any, str, Any]] = {
     "report_to": ("tensorboard", "logging.tensorboard", True),
     "disable_tqdm": (True, "logging.progress", False),
     "vllm_max_model_length": (640, "vllm.max_model_len", 640),
+    "vllm_server_host": ("10.1.2.3", "vllm.server.host", "10.1.2.3"),
+    "vllm_server_port": (8123, "vllm.server.port", 8123),
+    "vllm_server_base_url": ("http://gen:9000", "vllm.server.base_url", "http://gen:9000"),
+    "vllm_server_timeout": (99.0, "vllm.server.connect_timeout_s", 99.0),
 }
 # one-to-one names pinned elsewhere (tests/test_trl_api.py, tests/test_trl_parity.py)
 TRL_ELSEWHERE = {

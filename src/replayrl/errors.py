@@ -30,3 +30,9 @@ class RunStopped(KeyboardInterrupt):
 class RunDoesNotFit(ValueError):
     """The planned learner memory exceeds the learner GPU's free memory (`train.preflight`):
     the message names the estimate, the memory available and the knobs that would fit."""
+
+
+class GenerationServerError(RunFailed):
+    """A generation server (rollout.backend=vllm_server) could not be reached, answered with
+    an error, served another model, or did not answer in time (the message says which, and
+    what to check)."""

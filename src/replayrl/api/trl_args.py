@@ -58,6 +58,11 @@ DIRECT: dict[str, str] = {
     "vllm_gpu_memory_utilization": "vllm.gpu_memory_utilization",
     "vllm_tensor_parallel_size": "vllm.tensor_parallel_size",
     "vllm_max_model_length": "vllm.max_model_len",
+    # the address of the server that rollout.backend=vllm_server generates with
+    "vllm_server_host": "vllm.server.host",
+    "vllm_server_port": "vllm.server.port",
+    "vllm_server_base_url": "vllm.server.base_url",
+    "vllm_server_timeout": "vllm.server.connect_timeout_s",
 }
 # TRL 1.16's vllm_importance_sampling_cap default (its mode default: sequence_mask)
 TRL_IS_CAP = 3.0
@@ -146,10 +151,6 @@ NO_EFFECT = frozenset(
     activation_checkpointing_kwargs eval_delay""".split()
 )
 # refused unless at TRL's default (the first item): the message says what to use instead
-_NO_SERVER = (
-    "not supported: no vLLM server; the engine runs in the generating process (for GPUs of "
-    "their own use runtime='ray' with ray__generator_num_gpus)"
-)
 REFUSED: dict[str, tuple[Any, str]] = {
     "delta": (None, "not supported: two-sided clipping is not implemented (algorithm__epsilon)"),
     "top_entropy_quantile": (1.0, "not supported: every token is trained on"),
@@ -201,15 +202,15 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "vllm_structured_outputs_regex": (None, "not supported: no constrained decoding"),
     "vllm_mode": (
         "colocate",
-        "the engine runs in the generating process (colocate); for generator GPUs of their "
-        "own use runtime='ray' with ray__generator_num_gpus",
+        "server mode is rollout__backend='vllm_server' (start the server with `replayrl "
+        "serve-vllm`; vllm__server__* says where it is), colocate is rollout__backend='vllm'",
     ),
     "vllm_model_impl": ("vllm", "not supported: the engine uses vLLM's own model code"),
-    "vllm_server_base_url": (None, _NO_SERVER),
-    "vllm_server_host": ("0.0.0.0", _NO_SERVER),
-    "vllm_server_port": (8000, _NO_SERVER),
-    "vllm_server_timeout": (240.0, _NO_SERVER),
-    "vllm_group_port": (51216, _NO_SERVER),
+    "vllm_group_port": (
+        51216,
+        "not supported: weights reach a vLLM server as files in vllm__server__weights_dir, not "
+        "over an NCCL group",
+    ),
     "vllm_enable_sleep_mode": (False, "not supported: the engine stays loaded between steps"),
     "vllm_importance_sampling_clip_min": (
         None,

@@ -1,5 +1,5 @@
 """`replayrl` command line: train | eval | config show | presets | design | bench | report |
-prepare | export-merged | trust | plan."""
+prepare | export-merged | trust | plan | serve-vllm."""
 
 from __future__ import annotations
 
@@ -437,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     from replayrl.bench.plan import add_parser as add_plan_parser
 
     add_plan_parser(sub)
+    from replayrl.cli.serve_vllm import add_serve_vllm_parser
+
+    add_serve_vllm_parser(sub)
     return parser
 
 

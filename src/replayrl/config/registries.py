@@ -173,6 +173,8 @@ class BackendSpec:
     frames: path fragments of the code that runs its generation (and its device memory): an
         out-of-memory error raised in one of them is reported as generation's.
     memory_knobs: the settings that lower its memory, for that report.
+    check: `(Config) -> None`, raising ValueError for settings it cannot run with (the
+        runtime, the number of generator workers...); called when the config selects it.
     summary: one line for the docs and error messages.
     """
 
@@ -185,6 +187,7 @@ class BackendSpec:
     context_bound: Callable[[Any], bool] | None = None
     frames: tuple[str, ...] = ("/rollout/generation/",)
     memory_knobs: str = "rollout.decode_batch_size (generation)"
+    check: Callable[[Any], None] | None = None
     summary: str = ""
 
 

@@ -347,8 +347,52 @@ class RolloutConfig(_Section):
         return self
 
 
+class VLLMServerConfig(_Section):
+    """A vLLM server in a process of its own (rollout.backend = vllm_server; start it with
+    `replayrl serve-vllm`): where it listens, how long to wait for it, and the folder both
+    processes see that weight pushes go through (TRL's vllm_mode="server")."""
+
+    # the dev-mode endpoints the weight push uses (/collective_rpc) run any worker method:
+    # keep the server on a private interface
+    host: str = Field("127.0.0.1", description="the vLLM server's host")
+    port: int = Field(8000, ge=1, le=65535, description="the vLLM server's port")
+    base_url: str | None = Field(
+        None, description="the server's URL (http://host:port); wins over host and port"
+    )
+    # None: the run's model folder (model.path, or the built-in model's warm start), as
+    # `replayrl serve-vllm` serves it
+    model: str | None = Field(None, description="the model name the server must serve")
+    # None: a folder of the run's own in /dev/shm (a server on the same machine); a server on
+    # another machine needs a folder both see, under the same path
+    weights_dir: str | None = Field(
+        None, description="shared folder that pushed weights are written to for the server"
+    )
+    request_timeout_s: float = Field(
+        600.0, gt=0, description="seconds one request to the server may take"
+    )
+    connect_timeout_s: float = Field(
+        240.0, ge=0, description="seconds to wait for the server at start (TRL's 240)"
+    )
+    max_concurrent_requests: int = Field(
+        32, ge=1, description="prompts in flight to the server at once (one request each)"
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"vllm.server.base_url={v!r}: give a URL such as http://host:8000")
+        return v
+
+    @property
+    def url(self) -> str:
+        """The server's URL, without a trailing slash."""
+        return (self.base_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
 class VLLMConfig(_Section):
-    """vLLM engine settings (rollout.backend = vllm; GPU only)."""
+    """vLLM engine settings (rollout.backend = vllm; GPU only; vllm_server: the server's
+    address under `vllm.server`)."""
 
     gpu_memory_utilization: float = Field(
         0.3, gt=0, le=1, description="share of the GPU's memory vLLM reserves (weights + KV)"
@@ -369,6 +413,7 @@ class VLLMConfig(_Section):
     truncated_is_cap: float | None = Field(
         2.0, gt=0, description="with vLLM: truncated IS cap C for the engine/trainer mismatch"
     )
+    server: VLLMServerConfig = VLLMServerConfig()
 
     @field_validator("tensor_parallel_size", mode="before")
     @classmethod
@@ -961,6 +1006,9 @@ class Config(_Section):
             raise ValueError("rewards: at least one reward function is needed")
         self._check_loss_requirements()
         self._check_method()
+        backend_check = BACKENDS.get(self.rollout.backend).check
+        if backend_check is not None:
+            backend_check(self)  # the generation backend's own rules, next to its code
         self._check_signal()  # after the method's checks: theirs name the cause more precisely
         if not lockstep:
             self._check_async()

@@ -32,11 +32,23 @@ def load_policy(
     is not cached yet trains on `device` (the run's train.device); the policy comes back on
     the CPU, for the caller to place.
     """
+    path = policy_folder(cfg, task_cfg, log, device)
+    return load_pretrained_policy(path, cfg, adapter=adapter, seed=seed)
+
+
+def policy_folder(
+    cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    log: Callable[[str], object] = print,
+    device: torch.device | str = "cpu",
+) -> str:
+    """The folder (or hub id) a run's starting policy loads from: `model.path` resolved, or
+    its supervised warm-up's cached folder when `model.sft.steps` > 0, else the tiny model's
+    cached warm start (either built on `device` when not cached yet)."""
     device = torch.device(device)
     if not cfg.path:
-        path = str(ensure_warmstart(cfg, task_cfg, log, device))
-    else:
-        path = resolve_model_path(cfg.path)
-        if cfg.sft.steps:  # the supervised warm-up of model.path (cached)
-            path = str(ensure_sft_warmup(path, cfg, task_cfg, log, device))
-    return load_pretrained_policy(path, cfg, adapter=adapter, seed=seed)
+        return str(ensure_warmstart(cfg, task_cfg, log, device))
+    path = resolve_model_path(cfg.path)
+    if cfg.sft.steps:  # the supervised warm-up of model.path (cached)
+        path = str(ensure_sft_warmup(path, cfg, task_cfg, log, device))
+    return path

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from replayrl.config.registries import BACKENDS, BackendSpec
+from replayrl.config.registries import BACKENDS, RUNTIMES, BackendSpec
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
@@ -84,6 +84,56 @@ def build_vllm(
     return gen
 
 
+def build_vllm_server(
+    cfg: Config,
+    model: Any,
+    tokenizer: Any,
+    model_path: str,
+    *,
+    worker_offset: int,
+    stop_ids: Any,
+    **_: Any,
+) -> Generator:
+    """A vLLM server in a process of its own (`replayrl serve-vllm`), reached over HTTP: it
+    must serve the run's model (`vllm.server.model`, else the run's model folder or
+    `model.path`), and gets the policy's weights now (so a server that served another run or
+    an earlier checkpoint samples from this policy) and after every step."""
+    from pathlib import Path
+
+    from replayrl.models.loading import adapter_base, is_adapter_folder, resolve_model_path
+    from replayrl.rollout.generation.vllm_server import VLLMServerGenerator  # lazy: HTTP
+
+    lora = cfg.model.lora
+    scaling = lora.alpha / lora.r if lora.enabled else None
+    if is_adapter_folder(model_path):  # a LoRA policy's folder: the server holds its base
+        model_path = resolve_model_path(adapter_base(Path(model_path)))
+    expected = [cfg.vllm.server.model] if cfg.vllm.server.model else [model_path]
+    if not cfg.vllm.server.model and cfg.model.path:
+        # a resumed run loads its checkpoint's folder: the server holds the config's model
+        expected.append(resolve_model_path(cfg.model.path))
+    gen = VLLMServerGenerator(
+        tokenizer,
+        cfg.vllm,
+        expected,
+        seed=cfg.vllm.seed if cfg.vllm.seed is not None else cfg.train.seed + worker_offset,
+        stop_ids=stop_ids,
+        lora_scaling=scaling,
+        tied_head=bool(getattr(model.config, "tie_word_embeddings", False)),
+    )
+    gen.load_weights(model.named_parameters(), gen.policy_version)
+    return gen
+
+
+def check_vllm_server(cfg: Config) -> None:
+    """One server holds one copy of the policy: one generator pushes to it."""
+    if not RUNTIMES.get(cfg.runtime).lockstep and cfg.workers.generators > 1:
+        raise ValueError(
+            f"rollout.backend=vllm_server with workers.generators={cfg.workers.generators}: "
+            "every generator would push its own weights into the one server; use "
+            "workers.generators=1 (the server batches the prompts itself)"
+        )
+
+
 BACKENDS.add(
     "hf",
     BackendSpec(build_hf, summary="transformers on the policy's own device (CPU or GPU)"),
@@ -105,5 +155,22 @@ BACKENDS.add(
         memory_knobs="rollout.decode_batch_size (generation), vllm.gpu_memory_utilization "
         "(vLLM's share of the GPU)",
         summary="a vLLM engine on a GPU (the `vllm` extra; see `vllm`)",
+    ),
+)
+BACKENDS.add(
+    "vllm_server",
+    BackendSpec(
+        build_vllm_server,
+        # its own kernels and dtype, as the in-process engine: the learner recomputes log
+        # pi_old and corrects the mismatch with vllm.truncated_is_cap
+        own_logprobs=True,
+        truncated_is_cap=lambda cfg: cfg.vllm.truncated_is_cap,
+        owns_weights=True,
+        fallback="hf",  # a process that only trains evaluates with its own policy
+        memory_knobs="vllm.server.max_concurrent_requests (requests in flight); the server's "
+        "own --gpu-memory-utilization",
+        check=check_vllm_server,
+        summary="a vLLM server in a process of its own, over HTTP (`replayrl serve-vllm`; "
+        "TRL's vllm_mode=server)",
     ),
 )
