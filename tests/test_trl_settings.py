@@ -13,7 +13,7 @@ from replayrl.api.config import ReplayConfig
 from replayrl.api.settings import settings
 from replayrl.api.trainer import ReplayTrainer
 from replayrl.config.schema import ConfigError, ModelConfig
-from replayrl.learner.learner import Learner
+from replayrl.learner.policy_pass import PolicyPass
 from replayrl.models.loading import atomic_save_pretrained, build_char_tokenizer, build_tiny_model
 from replayrl.rollout.tasks import ArithmeticTask
 from tiny import TINY_MODEL
@@ -115,13 +115,13 @@ def test_max_steps_counts_optimizer_updates_of_the_presets_batch(tmp_path, monke
     2 in the first (the buffer holds R = 8 then), so TRL's max_steps=10 is 3 steps, and the
     learner takes 10 optimizer updates."""
     updates: list[int] = []
-    real = Learner._policy_step
+    real = PolicyPass.step
 
     def counted(self, *a, **k):
         updates.append(1)
         return real(self, *a, **k)
 
-    monkeypatch.setattr(Learner, "_policy_step", counted)
+    monkeypatch.setattr(PolicyPass, "step", counted)
     args = ReplayConfig(
         "replay",
         output_dir=str(tmp_path / "r"),
