@@ -185,6 +185,9 @@ class ShardedSession:
     """Rank 0's session methods that need the full policy when the learners are sharded
     (`sharded` set once the ranks are sharded); with `sharded` None they are the session's."""
 
+    # the session's (declared for this mixin's methods)
+    cfg: Config
+    learner: Learner
     sharded: ShardedLeader | None = None
     # a resumed sharded checkpoint's DCP folder, loaded by every rank once they are sharded
     pending_shards: Path | None = None
@@ -204,17 +207,17 @@ class ShardedSession:
         shards once the ranks are sharded (`shard_outputs`). Any other pairing is the
         session's: whole state loaded whole (sharded later, each rank keeping its part), or
         a sharded checkpoint loaded into an unsharded learner."""
-        cfg = self.cfg  # type: ignore[has-type]
+        cfg = self.cfg
         if not (is_sharded(cfg) and cfg.workers.learners > 1 and is_sharded_checkpoint(ckpt)):
             super().restore_learner(ckpt, state)  # type: ignore[misc]
             return
-        self.learner.load_state_dict(state)  # type: ignore[has-type]
+        self.learner.load_state_dict(state)
         self.pending_shards = ckpt / SHARDED_DIR
 
     def follower_state(self) -> dict[str, Any]:
         """What a resumed run's followers load before they shard: rank 0's learner state,
         less what every rank loads from the shards afterwards."""
-        learner = self.learner  # type: ignore[has-type]
+        learner = self.learner
         return sharded_learner_state(learner) if self.pending_shards else learner.state_dict()
 
     def write_learner_shards(self) -> Callable[[Path], None] | None:
@@ -229,7 +232,7 @@ class ShardedSession:
         gen = copy.copy(self.generator)  # type: ignore[has-type]
         # the HF model the generator takes (a LoRA policy's with its adapter layers active)
         full = unwrap_model(self.sharded.full_model())
-        gen.model = full.to(self.learner.device)  # type: ignore[attr-defined]
+        gen.model = full.to(self.learner.device)
         real, self.generator = self.generator, gen  # type: ignore[has-type]
         try:
             return super().evaluate()  # type: ignore[misc]
@@ -239,7 +242,7 @@ class ShardedSession:
     def _state(self) -> dict[str, Any]:
         state: dict[str, Any] = super()._state()  # type: ignore[misc]
         if self.sharded is not None:  # AdamW and the reference: every rank's DCP shards
-            state["learner"] = sharded_learner_state(self.learner)  # type: ignore[has-type]
+            state["learner"] = sharded_learner_state(self.learner)
         return state
 
     def checkpoint(self) -> Any:
