@@ -49,7 +49,9 @@ def sharded_adam(ckpt: Path) -> dict[str, dict[str, torch.Tensor]]:
 
     folder = str(ckpt / "learner_shards")
     keys = FileSystemReader(folder).read_metadata().state_dict_metadata
-    state = _load_state_dict_from_keys({k for k in keys if k.startswith("optim.state.")}, folder)
+    state = _load_state_dict_from_keys(
+        {k for k in keys if k.startswith("optim.state.")}, checkpoint_id=folder
+    )
     return state["optim"]["state"]
 
 
