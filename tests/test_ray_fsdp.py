@@ -1,7 +1,8 @@
 """Sharded learners on Ray (`train.sharding: fsdp`, distributed/fsdp_learner.py): a sharded
 step over two learner ranks (this process as rank 0, a follower actor as rank 1) equals the
 single-learner step, the generators receive full tensors, and a sharded run evaluates,
-checkpoints a full policy with its gathered AdamW state, and resumes with it."""
+checkpoints a full policy with every rank's AdamW shards, and resumes with them
+(tests/test_ray_fsdp_checkpoint.py: the shards themselves, and the resumed step's equality)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,20 @@ SHARDED = [
 
 def quiet(_: str) -> None:
     pass
+
+
+def sharded_adam(ckpt: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """A checkpoint's AdamW state by parameter name, read whole from every rank's DCP
+    shards (`learner_shards/`) in this one process."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    folder = str(ckpt / "learner_shards")
+    keys = FileSystemReader(folder).read_metadata().state_dict_metadata
+    state = _load_state_dict_from_keys(
+        {k for k in keys if k.startswith("optim.state.")}, checkpoint_id=folder
+    )
+    return state["optim"]["state"]
 
 
 @pytest.fixture(scope="module")
@@ -156,19 +171,18 @@ def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
     policy = AutoModelForCausalLM.from_pretrained(ckpt / "policy")
     assert policy.config.num_hidden_layers == 2
     params = dict(policy.named_parameters())
-    adam = load_state(ckpt)["learner"]["optimizer"]
-    names = list(params)
-    assert len(adam["state"]) == len(names)
-    for i, entries in adam["state"].items():
-        p = params[names[int(i)]]
-        assert entries["exp_avg"].shape == p.shape, names[int(i)]  # gathered, not a shard
+    assert load_state(ckpt)["learner"]["optimizer"] is None  # not gathered: DCP shards
+    adam = sharded_adam(ckpt)
+    assert set(adam) == set(params)
+    for name, entries in adam.items():
+        assert entries["exp_avg"].shape == params[name].shape, name  # every rank's shards
         assert float(entries["step"]) == 2.0
 
     resumed = resume(run, ["train.steps=3"], log=quiet)
     assert resumed["steps"] == 3
-    adam = load_state(latest_checkpoint(run))["learner"]["optimizer"]
+    adam = sharded_adam(latest_checkpoint(run))
     # the resumed AdamW went on from the checkpoint's state: its step count is 3, not 1
-    assert {float(s["step"]) for s in adam["state"].values()} == {3.0}
+    assert {float(s["step"]) for s in adam.values()} == {3.0}
 
 
 def test_a_sharded_lora_ray_run_checkpoints_the_adapters_and_resumes(
@@ -178,7 +192,7 @@ def test_a_sharded_lora_ray_run_checkpoints_the_adapters_and_resumes(
 
     from replayrl.launch.entry import resume, train
     from replayrl.models.loading import is_adapter_folder
-    from replayrl.storage.checkpoint import latest_checkpoint, load_state
+    from replayrl.storage.checkpoint import latest_checkpoint
 
     reward = tmp_path / "length.py"  # varies within a group, so advantages are not all zero
     reward.write_text(
@@ -208,18 +222,18 @@ def test_a_sharded_lora_ray_run_checkpoints_the_adapters_and_resumes(
     adapters = load_file(str(ckpt / "policy" / "adapter_model.safetensors"))
     assert adapters and all(".lora_" in n for n in adapters)
     assert any(t.abs().max() > 0 for n, t in adapters.items() if "lora_B" in n)  # it trained
-    adam = load_state(ckpt)["learner"]["optimizer"]
-    assert len(adam["state"]) == len(adapters)  # q and v of 2 layers, A and B each
+    adam = sharded_adam(ckpt)
+    assert len(adam) == len(adapters)  # q and v of 2 layers, A and B each
     shapes = sorted(tuple(t.shape) for t in adapters.values())
-    assert sorted(tuple(s["exp_avg"].shape) for s in adam["state"].values()) == shapes
-    assert {float(s["step"]) for s in adam["state"].values()} == {2.0}
+    assert sorted(tuple(s["exp_avg"].shape) for s in adam.values()) == shapes
+    assert {float(s["step"]) for s in adam.values()} == {2.0}
 
     resumed = resume(run, ["train.steps=3"], log=quiet)
     assert resumed["steps"] == 3
     again = latest_checkpoint(run)
-    adam = load_state(again)["learner"]["optimizer"]
+    adam = sharded_adam(again)
     # the adapter folder loaded, sharded again, and AdamW went on from its state
-    assert {float(s["step"]) for s in adam["state"].values()} == {3.0}
+    assert {float(s["step"]) for s in adam.values()} == {3.0}
     moved = load_file(str(again / "policy" / "adapter_model.safetensors"))
     assert set(moved) == set(adapters)
     assert any(not torch.equal(moved[n], adapters[n]) for n in adapters)

@@ -5,7 +5,9 @@ The driver (`replayrl train runtime=ray`) starts or joins Ray, places a learner 
 async-local; its generators are actors placed by `ray.generator_num_cpus/gpus`, its buffer
 an actor (`ray.buffer_num_cpus`). Weights travel through Ray's object store as one object
 per sync, or by a broadcast between GPUs (`ray.weight_sync`, distributed/weight_sync.py).
-The run folder must be on a filesystem the learner's node can write.
+The run folder must be on a filesystem the learner's node can write (sharded learners,
+`train.sharding: fsdp`: one every learner node shares, as each rank writes its own
+checkpoint shards there).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from replayrl.distributed.fsdp_learner import (
     follow_gather,
     is_sharded,
     join_learners,
+    load_learner_shards,
+    save_learner_shards,
 )
 from replayrl.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
 from replayrl.distributed.placement import alive_nodes, check_placement
@@ -254,6 +258,14 @@ class FollowerActor:
     def gather(self, parts: tuple[str, ...]) -> None:
         """Join rank 0's gather of the full weights or optimizer state (sharded learners)."""
         follow_gather(self.learner, parts)
+
+    def save_shards(self, folder: str) -> None:
+        """Write this rank's shards into a checkpoint being written (sharded learners)."""
+        save_learner_shards(self.learner, Path(folder))
+
+    def load_shards(self, folder: str) -> None:
+        """Load this rank's shards of a resumed checkpoint, once sharded."""
+        load_learner_shards(self.learner, Path(folder))
 
     def train_step(self, shard: Any, n: int, version: int, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -500,7 +512,7 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
         policy = str(ckpt / "policy") if ckpt is not None else None
         self.followers = [cls.remote(config_to_yaml(cfg), r, T, policy) for r in range(1, T)]
         if self.counters.step:  # resumed: the optimizer state too (sharding keeps it)
-            state = self.learner.state_dict()
+            state = self.follower_state()  # less the shards every rank loads once joined
             _get([f.load_learner_state.remote(state) for f in self.followers], "a learner rank")
         address, port = ray.util.get_node_ip_address(), free_port()
         joins = [f.join.remote(address, port) for f in self.followers]

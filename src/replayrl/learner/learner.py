@@ -430,13 +430,17 @@ class Learner:
         return state
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        # None, and no "base_model": a sharded checkpoint's, whose AdamW state and frozen
+        # reference are DCP shards each rank loads once sharded (storage/sharded_checkpoint.py)
+        if state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
         for group in self.optimizer.param_groups:  # the saved groups carry the old run's
             group["weight_decay"] = self.cfg.train.weight_decay  # value: a resume sets it anew
         self.version = int(state["version"])  # type: ignore[call-overload]
         self.policy.updates = int(state["updates"])  # type: ignore[call-overload]
         f = self.frozen
-        f.base_model = restore_frozen(self.model, f.base_model, state.get("base_model"))
+        if "base_model" in state:
+            f.base_model = restore_frozen(self.model, f.base_model, state["base_model"])
         f.prev_model = restore_frozen(self.model, f.prev_model, state.get("prev_model"))
         self.pi_old.load_state_dict(state.get("pi_old") or {"sampler": [], "learner": []})  # type: ignore[arg-type]
         if self.critic_pass is not None:

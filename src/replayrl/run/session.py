@@ -48,6 +48,7 @@ from replayrl.storage.checkpoint import (
     set_rng_state,
 )
 from replayrl.storage.io import atomic_write_json, atomic_write_text
+from replayrl.storage.sharded_checkpoint import SHARDED_DIR, is_sharded_checkpoint, load_sharded
 
 Log = Callable[[str], None]
 
@@ -146,7 +147,7 @@ class Session:
 
     def _restore(self, ckpt: Path) -> None:
         state = load_state(ckpt)
-        self.learner.load_state_dict(state["learner"])
+        self.restore_learner(ckpt, state["learner"])
         assert self.source is not None
         self.source.load_state_dict(state)  # a ReMix source reads a missing window as None
         self.parts.prompt_rng.bit_generator.state = state["prompt_rng"]
@@ -159,6 +160,26 @@ class Session:
             f"resumed from {ckpt} at step {self.counters.step}, version {self.learner.version}"
         )
 
+    def restore_learner(self, ckpt: Path, state: dict[str, Any]) -> None:
+        """The learner's part of a resume. A checkpoint of sharded learners keeps AdamW's
+        state (and a frozen reference) as DCP shards: this whole learner loads them all."""
+        self.learner.load_state_dict(state)
+        if is_sharded_checkpoint(ckpt):
+            self.log(f"loading the sharded learner state of {ckpt} into one unsharded learner")
+            ref = self.learner.base_model
+            load_sharded(
+                ckpt / SHARDED_DIR,
+                self.learner.model,
+                self.learner.optimizer,
+                restore_rng=False,  # this process's generators come from the state file
+                reference=ref if isinstance(ref, torch.nn.Module) else None,
+            )
+
+    def write_learner_shards(self) -> Callable[[Path], None] | None:
+        """What writes the learner's shards into a checkpoint's temp folder (sharded
+        learners: `ShardedSession`); None: the state file holds the whole learner."""
+        return None
+
     def checkpoint(self) -> Path:
         path = save_checkpoint(
             self.run_dir,
@@ -169,6 +190,7 @@ class Session:
             keep_last=self.cfg.checkpoint.keep_last,
             config=self.cfg.model_dump(mode="json"),  # resume checks against this record
             record_signature=record_signature(self.run_dir),  # the signed run record's
+            extra=self.write_learner_shards(),
         )
         self.hooks.checkpointed(self.counters.step, path)
         return path

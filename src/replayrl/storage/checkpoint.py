@@ -160,10 +160,13 @@ def save_checkpoint(
     keep_last: int = 2,
     config: dict[str, Any] | None = None,
     record_signature: str | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically; `config`: the run's config (recorded in the
     manifest, so a resume checks its settings against the checkpoint's own record);
-    `record_signature`: the HMAC of the run's signed record it was written under."""
+    `record_signature`: the HMAC of the run's signed record it was written under; `extra`:
+    writes more files into the temp folder (sharded learners: every rank's DCP shards)
+    before the manifest, which then lists and hashes them with the rest."""
     root = run_dir / "checkpoints"
     name = f"step_{step:06d}"
     dest = root / name
@@ -174,6 +177,8 @@ def save_checkpoint(
         model.save_pretrained(tmp / "policy")
         tokenizer.save_pretrained(tmp / "policy")
         save_state(tmp, "state", {**state, "rng": rng_state(), "step": step})
+        if extra is not None:
+            extra(tmp)
         _fsync_tree(tmp)
         manifest: dict[str, Any] = {
             "format": 1,

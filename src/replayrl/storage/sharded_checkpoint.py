@@ -6,7 +6,11 @@ Layout of `folder`: DCP's files (`.metadata` and one `__<rank>_0.distcp` per ran
 `rng/rank_<r>.{json,safetensors}`, each rank's random generators (Python, numpy, torch),
 so that a resume at the same number of ranks draws what the uninterrupted run would have.
 Nothing is unpickled on load: DCP's tensors are read by its own reader and the RNG states
-are safe_state files. Every function here is a collective: every rank calls it.
+are safe_state files. `save_sharded` and `load_sharded` are collectives: every rank calls them.
+
+In a run's checkpoint (storage/checkpoint.py) this folder is `step_NNNNNN/learner_shards/`
+(`SHARDED_DIR`), written into the checkpoint's temp folder before its manifest, so the
+manifest lists and hashes every rank's files and the rename publishes them all at once.
 
 The Hugging Face folder of a checkpoint comes from `gathered_state`: one parameter at a
 time all-gathered and moved to rank 0's CPU, so no device ever holds the whole model.
@@ -31,18 +35,41 @@ from torch.distributed.tensor import DTensor
 from replayrl.storage.checkpoint import rng_state, set_rng_state
 from replayrl.storage.safe_state import load_state_files, save_state
 
+SHARDED_DIR = "learner_shards"  # a checkpoint's sharded learner state (policy + AdamW shards)
+
+
+def is_sharded_checkpoint(ckpt: Path) -> bool:
+    """Whether checkpoint `ckpt` keeps its learner's tensors as DCP shards (`SHARDED_DIR`)
+    instead of whole in its state file."""
+    return (ckpt / SHARDED_DIR / ".metadata").is_file()
+
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def save_sharded(folder: Path, model: torch.nn.Module, optimizer: Any) -> None:
-    """Each rank writes its shards of `model` and `optimizer`'s state, and its RNG states."""
-    folder.mkdir(parents=True, exist_ok=True)
+def _state(
+    model: torch.nn.Module, optimizer: Any, reference: torch.nn.Module | None
+) -> dict[str, Any]:
     state = {
         "model": get_model_state_dict(model),
         "optim": get_optimizer_state_dict(model, optimizer),
     }
+    if reference is not None:  # kl.beta > 0's frozen reference, sharded like the policy
+        state["reference"] = get_model_state_dict(reference)
+    return state
+
+
+def save_sharded(
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: Any,
+    reference: torch.nn.Module | None = None,
+) -> None:
+    """Each rank writes its shards of `model`, `optimizer`'s state and the frozen `reference`
+    (if any), and its RNG states."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = _state(model, optimizer, reference)
     dcp.save(state, checkpoint_id=str(folder))
     (folder / "rng").mkdir(exist_ok=True)
     save_state(folder / "rng", f"rank_{_rank()}", rng_state())
@@ -51,18 +78,22 @@ def save_sharded(folder: Path, model: torch.nn.Module, optimizer: Any) -> None:
 
 
 def load_sharded(
-    folder: Path, model: torch.nn.Module, optimizer: Any, restore_rng: bool = True
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: Any,
+    restore_rng: bool = True,
+    reference: torch.nn.Module | None = None,
 ) -> bool:
-    """Load a `save_sharded` folder into `model` and `optimizer` as they are now (sharded over
-    any number of ranks, or whole); returns whether this rank's RNG states were restored
-    (only where the saving run had this rank: at another rank count they cannot match)."""
-    state = {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, optimizer),
-    }
+    """Load a `save_sharded` folder into `model`, `optimizer` and `reference` as they are now
+    (sharded over any number of ranks, or whole); returns whether this rank's RNG states were
+    restored (only where the saving run had this rank: at another rank count they cannot
+    match)."""
+    state = _state(model, optimizer, reference)
     dcp.load(state, checkpoint_id=str(folder))
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
+    if reference is not None:
+        set_model_state_dict(reference, state["reference"])
     saved = folder / "rng" / f"rank_{_rank()}.json"
     if restore_rng and saved.exists():
         set_rng_state(load_state_files(folder / "rng", f"rank_{_rank()}"))
