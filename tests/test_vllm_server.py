@@ -105,7 +105,7 @@ def learner_logprobs(model: torch.nn.Module, samples: list[Sample]) -> list[torc
     batch = collate(as_rollouts(samples, [0.0] * len(samples)), pad_id=0)
     with torch.no_grad():
         lp, _ = token_logprobs(model, batch, 1.0)
-    mask = batch["mask"].bool()
+    mask = batch.mask.bool()
     return [lp[i][mask[i]] for i in range(len(samples))]
 
 
