@@ -490,3 +490,14 @@ def test_cli_reports_an_unreachable_server_in_one_line(tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "cannot reach the vLLM server" in lines[0]
     assert "Traceback" not in err
+
+
+def test_a_completion_is_cut_after_its_first_stop_token() -> None:
+    from replayrl.rollout.generation.stops import cut_at_stop
+
+    assert cut_at_stop([5, 2, 7, 2], [-0.1, -0.2, -0.3, -0.4], [2, 9]) == (
+        [5, 2],
+        [-0.1, -0.2],
+        True,
+    )
+    assert cut_at_stop([5, 7], [-0.1, -0.3], [2]) == ([5, 7], [-0.1, -0.3], False)

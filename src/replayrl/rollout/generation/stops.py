@@ -24,3 +24,15 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
         if tok not in out:
             out.append(tok)
     return out
+
+
+def cut_at_stop(
+    token_ids: list[int], logprobs: list[float], stop_ids: list[int]
+) -> tuple[list[int], list[float], bool]:
+    """Token ids and log-probs up to and including the first stop token, and whether one
+    was met (vLLM stops on a stop token and keeps it; a completion is cut there anyway)."""
+    stop = set(stop_ids)
+    for i, tok in enumerate(token_ids):
+        if tok in stop:
+            return token_ids[: i + 1], logprobs[: i + 1], True
+    return token_ids, logprobs, False

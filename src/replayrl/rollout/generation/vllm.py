@@ -41,6 +41,7 @@ from transformers import PreTrainedTokenizerBase
 from replayrl.config.schema import VLLMConfig
 from replayrl.models.lora_merge import merged_lora_tensors
 from replayrl.rollout.generation.base import Sample, SamplingParams
+from replayrl.rollout.generation.stops import cut_at_stop
 
 
 def _import_vllm() -> Any:
@@ -297,10 +298,7 @@ class VLLMGenerator:
             raise RuntimeError("vLLM returned no per-token log-probs (logprobs=0 was requested)")
         # one dict per position, {token id: Logprob}; with logprobs=0 it holds the sampled token
         logprobs = [comp.logprobs[i][tok].logprob for i, tok in enumerate(token_ids)]
-        # vLLM stops on a stop token and keeps it in token_ids; cut at the first one anyway
-        hits = [i for i, tok in enumerate(token_ids) if tok in self.stop_ids]
-        if hits:
-            token_ids, logprobs = token_ids[: hits[0] + 1], logprobs[: hits[0] + 1]
+        token_ids, logprobs, stopped = cut_at_stop(token_ids, logprobs, self.stop_ids)
         completion = torch.tensor(token_ids, dtype=torch.long)
         return Sample(
             prompt_index=prompt_index,
@@ -309,7 +307,7 @@ class VLLMGenerator:
             logprobs=torch.tensor(logprobs, dtype=torch.float32),
             text=self.tokenizer.decode(completion, skip_special_tokens=True),
             # "length": max_tokens reached; "stop": EOS or another stop token of the model
-            truncated=not hits and comp.finish_reason != "stop",
+            truncated=not stopped and comp.finish_reason != "stop",
             policy_version=self.policy_version,
         )
 

@@ -46,6 +46,7 @@ from replayrl.config.schema import VLLMConfig
 from replayrl.errors import GenerationServerError
 from replayrl.models.lora_merge import merged_lora_tensors
 from replayrl.rollout.generation.base import Sample, SamplingParams
+from replayrl.rollout.generation.stops import cut_at_stop
 from replayrl.rollout.generation.vllm import (
     full_tensors,
     request_seed,
@@ -314,10 +315,7 @@ class VLLMServerGenerator:
         logprobs: list[float],
         choice: dict[str, Any],
     ) -> Sample:
-        # vLLM keeps the stop token in token_ids; cut at the first one anyway
-        hits = [i for i, tok in enumerate(token_ids) if tok in self.stop_ids]
-        if hits:
-            token_ids, logprobs = token_ids[: hits[0] + 1], logprobs[: hits[0] + 1]
+        token_ids, logprobs, stopped = cut_at_stop(token_ids, logprobs, self.stop_ids)
         completion = torch.tensor(token_ids, dtype=torch.long)
         return Sample(
             prompt_index=index,
@@ -326,7 +324,7 @@ class VLLMServerGenerator:
             logprobs=torch.tensor(logprobs, dtype=torch.float32),
             text=str(self.tokenizer.decode(completion, skip_special_tokens=True)),
             # "length": max_tokens reached; "stop": EOS or another stop token
-            truncated=not hits and choice.get("finish_reason") != "stop",
+            truncated=not stopped and choice.get("finish_reason") != "stop",
             policy_version=self.policy_version,
         )
 
