@@ -75,7 +75,7 @@ def _timeless(key: str) -> bool:
 
 def record(out: Path, names: list[str], extra_overrides: list[str] | None = None) -> None:
     from replayrl.config.schema import load_config
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     out.mkdir(parents=True, exist_ok=True)
     for name in names:

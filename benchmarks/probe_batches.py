@@ -8,7 +8,7 @@ each choice.
         [--suite heldout] [--variant replay-auto-mu5.3] [--batches 3]
 
 Replays the probe of the suite's `variant` on TASK with design.probe_batches = `batches`
-(recipes/design_probe.py: design.warmup_steps updates, each on its own warm-up batch, and
+(run/loops/design_probe.py: design.warmup_steps updates, each on its own warm-up batch, and
 `batches` measured batches at every policy), takes the per-sample gradients of the trained
 batches too, and restores the weights. Estimates (data/staleness.py) on:
   trained: the batch each update trained on, plus one fresh batch (the probe's design until
@@ -28,7 +28,7 @@ import numpy as np
 from replayrl.bench.suite import load_suite, variant_config
 from replayrl.design.staleness import MIN_SIGNAL, estimate_alpha_rho
 from replayrl.learner.grad_probe import sample_gradients
-from replayrl.recipes.probe import WarmupProbe
+from replayrl.run.loops.probe import WarmupProbe
 from replayrl.run.session import Session
 
 

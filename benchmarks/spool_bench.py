@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from replayrl.data.rollout import Rollout
-from replayrl.recipes.pool import Delivery
+from replayrl.data.rollout_record import Rollout
+from replayrl.run.loops.pool import Delivery
 from replayrl.storage.safe_state import dumps_single, loads_single
 
 

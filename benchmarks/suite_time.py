@@ -65,7 +65,7 @@ def profile(task: str) -> None:
 
 
 def precision(task: str, steps: int) -> None:
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     settings = {
         "fp32": [],

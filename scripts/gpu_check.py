@@ -75,9 +75,9 @@ def sharded_step(device: str, rows: int, tokens: int, shape: dict[str, Any]) -> 
 
     from replayrl.bench.speed import random_rollouts
     from replayrl.config.schema import load_config
-    from replayrl.distributed import fsdp
-    from replayrl.distributed.ddp import free_port, init_group
     from replayrl.learner.learner import Learner
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import free_port, init_group
 
     init_group(0, 1, "127.0.0.1", free_port(), device=device)
     torch.manual_seed(0)

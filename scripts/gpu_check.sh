@@ -36,7 +36,7 @@ export PYTHONPATH="$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 GPU_TESTS=$(grep -l "^@pytest.mark.gpu" tests/test_*.py | sort)
 echo "== collecting the GPU-marked tests:" $GPU_TESTS
 "$PY" -m pytest -q --collect-only -m gpu -p no:cacheprovider $GPU_TESTS >/dev/null
-"$PY" -c "import replayrl.cli.main, replayrl.launch.entry"
+"$PY" -c "import replayrl.cli.main, replayrl.run.start"
 
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'; \
 print(torch.cuda.get_device_name(0), 'torch', torch.__version__, 'CUDA', torch.version.cuda)"

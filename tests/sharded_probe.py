@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from replayrl.config.schema import Config, ModelConfig
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import build_char_tokenizer, build_tiny_model
 from replayrl.rollout.generation import HFGenerator, SamplingParams
@@ -97,8 +97,8 @@ def _layout(learner: Learner) -> dict[str, Any]:
 def _rank(rank: int, world: int, port: int, cfg: Config, setup_: tuple[Any, ...], out: str) -> None:
     from safetensors.torch import save_file
 
-    from replayrl.distributed import fsdp
-    from replayrl.distributed.ddp import init_group
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group
 
     torch.set_num_threads(1)
     init_group(rank, world, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
@@ -136,7 +136,7 @@ _PROBES: dict[str, Probe] = {}
 def _probe(world: int, cfg: Config) -> Probe:
     from safetensors.torch import load_file
 
-    from replayrl.distributed.ddp import free_port
+    from replayrl.run.distributed.ddp import free_port
 
     with tempfile.TemporaryDirectory() as out:
         args = (world, free_port(), cfg, setup(), out)

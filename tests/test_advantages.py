@@ -21,7 +21,7 @@ from replayrl.algorithms.advantages import (
     whitened_gae,
 )
 from replayrl.config.schema import load_config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
 from replayrl.rollout.generation import HFGenerator, SamplingParams

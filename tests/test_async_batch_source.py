@@ -12,9 +12,9 @@ import torch
 
 from replayrl.config.schema import load_config
 from replayrl.data.buffer import make_buffer
-from replayrl.data.rollout import Rollout
-from replayrl.launch.entry import train
+from replayrl.data.rollout_record import Rollout
 from replayrl.methods.remix import RemixSource
+from replayrl.run.start import train
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from tiny import TINY_RUN
 

@@ -1,4 +1,4 @@
-"""The asynchronous loop (recipes/asynchronous.py) driven in one process: a GeneratorPool
+"""The asynchronous loop (run/loops/asynchronous.py) driven in one process: a GeneratorPool
 stand-in generates with the session's own producer when polled, with hand-set clocks, so the
 real `run_async` ingests, paces, trains, publishes and accounts without worker processes.
 Fast enough for `make mutate` (the async-local tests that spawn workers are not), and exact:
@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
-from replayrl.recipes.pool import Delivery
+from replayrl.run.loops.asynchronous import AsyncSession, run_async, staleness_bounded
+from replayrl.run.loops.pool import Delivery
 
 
 class InProcessPool:
@@ -195,7 +195,7 @@ def test_staleness_bounded_takes_the_tighter_bound():
 
 
 def test_role_clocks_restore_from_a_saved_run_and_default_to_zero():
-    from replayrl.recipes.asynchronous import _clock
+    from replayrl.run.loops.asynchronous import _clock
 
     saved = {"busy_s": 1.5, "idle_s": 0.5, "rollouts": 64.0, "tokens": 900.0, "batches": 2.0}
     c = _clock({**saved, "restarts": 1.0})

@@ -16,13 +16,13 @@ import torch
 
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import make_buffer
-from replayrl.data.rollout import Rollout
-from replayrl.distributed.weights import SharedWeights, load_trainable, trainable_state
-from replayrl.launch.entry import train
+from replayrl.data.rollout_record import Rollout
 from replayrl.methods.buffer import BufferSource
-from replayrl.recipes.asynchronous import AsyncSession
-from replayrl.recipes.pool import Delivery
-from replayrl.records.ledger import ledger_stats, role_summary, rollout_ledger
+from replayrl.run.distributed.weights import SharedWeights, load_trainable, trainable_state
+from replayrl.run.loops.asynchronous import AsyncSession
+from replayrl.run.loops.pool import Delivery
+from replayrl.run.records.ledger import ledger_stats, role_summary, rollout_ledger
+from replayrl.run.start import train
 from replayrl.run.state import Counters, summarize
 from replayrl.storage.checkpoint import load_state
 from tiny import TINY_RUN
@@ -283,7 +283,7 @@ def test_ray_driver_stops_on_ctrl_c_even_if_started_with_sigint_ignored(
     # a background job of a non-interactive shell (a CI script) starts with SIGINT ignored:
     # the Ray driver then ignored Ctrl-C and ran to its last step, where sync and async-local
     # runs (their own SIGINT handler) stopped with a checkpoint
-    from replayrl.distributed import ray_runtime
+    from replayrl.run.distributed import ray_runtime
 
     fake = _FakeRay()
     monkeypatch.setattr(ray_runtime, "_ray", lambda: fake)
@@ -478,7 +478,7 @@ def test_a_generator_killed_mid_poll_never_blocks_the_learners_stop_flag() -> No
     import multiprocessing as mp
     import threading
 
-    from replayrl.distributed.local import StopFlag
+    from replayrl.run.distributed.local import StopFlag
 
     ctx = mp.get_context("fork")
     flag = StopFlag(ctx)
@@ -501,7 +501,7 @@ def test_ray_followers_trained_rollouts_and_tokens_are_counted(monkeypatch) -> N
     """With T learners each rank trains B / T: the run's trained rollouts and tokens (the
     summary's, its compute estimate's and bench/targets.py's) are every rank's, not rank
     0's share alone."""
-    from replayrl.distributed import ray_runtime
+    from replayrl.run.distributed import ray_runtime
 
     class Call:
         def __init__(self, result: dict[str, float]) -> None:

@@ -796,7 +796,7 @@ def test_a_finished_auto_run_is_reused_whatever_design_it_resolved(
 
     from replayrl.bench.suite import finished_run
     from replayrl.config.schema import config_to_yaml
-    from replayrl.recipes.auto import resolve_design
+    from replayrl.run.loops.auto import resolve_design
 
     cfg = load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])
     run_dir = tmp_path / "replay-auto-s0"

@@ -27,7 +27,7 @@ from replayrl.data.buffer import (
     uniform,
 )
 from replayrl.data.buffer.samplers import num_reserved
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 PROPS = settings(
     max_examples=40,

@@ -13,8 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from replayrl.config.schema import ConfigError, ModelConfig, TaskConfig, load_config
-from replayrl.data.rollout import Rollout
-from replayrl.launch.entry import resume, train
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.learner import AdaptersDisabled, AdapterSnapshot, Learner
 from replayrl.models.export import export_merged
 from replayrl.models.loading import apply_lora, build_char_tokenizer, build_tiny_model
@@ -22,6 +21,7 @@ from replayrl.rollout.generation import HFGenerator, SamplingParams
 from replayrl.rollout.prompts import render_plain, render_prompt
 from replayrl.rollout.tasks import ArithmeticTask
 from replayrl.run.policy import load_policy
+from replayrl.run.start import resume, train
 from tiny import TINY_MODEL, tiny_config
 
 needs_peft = pytest.mark.skipif(

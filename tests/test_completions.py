@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from replayrl.config.schema import load_config
-from replayrl.data.rollout import Rollout
-from replayrl.launch.entry import train
+from replayrl.data.rollout_record import Rollout
 from replayrl.run.completions import (
     FILE,
     CompletionsLog,
@@ -18,6 +17,7 @@ from replayrl.run.completions import (
     format_table,
     read_completions,
 )
+from replayrl.run.start import train
 from tiny import TINY_RUN
 
 
@@ -161,7 +161,7 @@ def test_trl_log_completions_and_count_map_to_the_key():
 
 
 def test_a_sync_run_says_what_wall_seconds_covers_and_no_mu(logged_run: Path):
-    from replayrl.records.ledger import format_accounting
+    from replayrl.run.records.ledger import format_accounting
 
     said = (logged_run.parent / "said.txt").read_text()
     assert "accounting (seconds busy / idle" in said and "measured mu" not in said

@@ -137,7 +137,7 @@ def test_build_producer_without_a_generator_makes_one_on_the_models_weights(tmp_
 def test_remix_window_draws_from_the_runs_seed():
     import torch
 
-    from replayrl.data.rollout import Rollout
+    from replayrl.data.rollout_record import Rollout
     from replayrl.methods.remix import remix_window
 
     def window(seed: int):

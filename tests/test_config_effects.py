@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import torch
 
-import replayrl.recipes.auto as design_auto
+import replayrl.run.loops.auto as design_auto
 from replayrl.algorithms import ADVANTAGES, group_advantages
 from replayrl.api.config import config_keys
 from replayrl.config.schema import Config, load_config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner
 from replayrl.methods.remix import remix_window

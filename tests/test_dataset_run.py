@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from replayrl.config.schema import ConfigError, load_config
-from replayrl.launch.entry import train
 from replayrl.run.metrics import read_metrics
+from replayrl.run.start import train
 
 
 def test_dataset_task_with_local_model_and_file_reward(

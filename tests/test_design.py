@@ -499,7 +499,7 @@ def test_cli_design_prints_the_feasible_decision(capsys):
 
 
 def test_auto_run_never_resolves_a_buffer_smaller_than_a_step(tmp_path):
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
     from tiny import tiny_config
 
     for bar in (0.0, 0.99):  # 0.99: no design saves that much, so the run stays on-policy
@@ -544,7 +544,7 @@ def test_half_auto_is_refused(half: list[str]) -> None:
     load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])  # both: fine
 
 
-# -- alpha and rho measured on the run's own warm-up (recipes/design_probe.py) -----------------
+# -- alpha and rho measured on the run's own warm-up (run/loops/design_probe.py) -----------------
 def _auto_cli(tmp_path, name: str, *extra: str) -> tuple[dict, str]:
     """A tiny `auto` run through the CLI: R = 8 prompts x 4 = 32, one training step; the
     digits_format reward varies within groups even for a barely warm-started model (the
@@ -633,7 +633,7 @@ def _auto_session(tmp_path, *extra):
 def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
     import torch
 
-    from replayrl.recipes.probe import WarmupProbe
+    from replayrl.run.loops.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
@@ -649,7 +649,7 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
     assert s.learner.version == 0 and s.learner.updates == 0
     assert s.learner.optimizer.state_dict()["state"] == {}  # no Adam moments carried over
     # the whole warm-up: only the first (version 0) batch goes on into the buffer
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     _, warmup, record = design_auto.auto_design(s)
     assert len(warmup) == 32 and {r.policy_version for r in warmup} == {0}
@@ -662,7 +662,7 @@ def test_the_probe_leaves_the_policy_and_learner_as_they_were(tmp_path):
 def test_the_probe_updates_at_the_learning_rate_after_the_lr_warm_up(tmp_path):
     # inside a 5-step LR warm-up the first probe update would have lr 0 (staleness 0 and 1
     # from one policy) and the second 0.2 lr: the probe takes steps 6, 7 instead (full lr)
-    from replayrl.recipes.probe import WarmupProbe, probe_lr_steps
+    from replayrl.run.loops.probe import WarmupProbe, probe_lr_steps
     from replayrl.run.session import Session
     from tiny import tiny_config
 
@@ -704,7 +704,7 @@ def test_the_probe_updates_at_the_learning_rate_after_the_lr_warm_up(tmp_path):
 )
 def test_a_probe_update_at_learning_rate_zero_blocks_the_measurement(extra, steps, blocked):
     from replayrl.config.schema import load_config
-    from replayrl.recipes.probe import probe_blocker, probe_lr_steps
+    from replayrl.run.loops.probe import probe_blocker, probe_lr_steps
 
     cfg = load_config("replay", ["train.steps=10", "design.warmup_steps=2", *extra])
     assert probe_lr_steps(cfg) == steps
@@ -727,8 +727,8 @@ def test_feasible_design_is_bounded_by_the_run_length():
 
 def _replace_produce(monkeypatch, fn) -> None:
     """Every caller of the step's generation (the warm-up, the probe) gets `fn()` instead."""
-    import replayrl.recipes.auto as design_auto
-    import replayrl.recipes.probe as design_probe
+    import replayrl.run.loops.auto as design_auto
+    import replayrl.run.loops.probe as design_probe
 
     for module in (design_auto, design_probe):
         monkeypatch.setattr(module, "produce_fresh", lambda *parts: fn())
@@ -741,7 +741,7 @@ def test_the_probe_counts_its_generation_time_without_reward_time(tmp_path, monk
     # seconds
     import time
 
-    from replayrl.recipes.probe import WarmupProbe
+    from replayrl.run.loops.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     produce = functools.partial(produce_fresh_of, s)
@@ -786,7 +786,7 @@ def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path
     # the restored learner holds no gradients (None, as a fresh optimizer's zero_grad leaves)
     import time
 
-    from replayrl.recipes.probe import WarmupProbe
+    from replayrl.run.loops.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     loads: list[tuple[list[str], int]] = []
@@ -819,7 +819,7 @@ def test_the_probe_keeps_an_engine_copy_in_step_and_leaves_no_gradients(tmp_path
 
 def test_probe_blocker_says_why_in_full():
     from replayrl.config.schema import load_config
-    from replayrl.recipes.probe import probe_blocker
+    from replayrl.run.loops.probe import probe_blocker
 
     short = load_config("replay", ["design.warmup_steps=1"])
     assert probe_blocker(short, advantage_at_generation=True) == (
@@ -848,7 +848,7 @@ def test_probe_blocker_says_why_in_full():
 
 
 def test_auto_design_refuses_when_every_warm_up_rollout_was_dropped(tmp_path, monkeypatch):
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     s = _auto_session(tmp_path, "design.alpha=0.25", "design.rho=0.5")
     _replace_produce(monkeypatch, lambda: ([], {}))
@@ -868,7 +868,7 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
     # coordinate subset of train.seed, of the measured batches only (design.probe_batches at
     # each policy, never the batches the updates trained on); staleness = last version - the
     # rollout's version; one cluster per (batch, group) pair (batches reuse group ids 0..)
-    from replayrl.recipes import probe as design_probe
+    from replayrl.run.loops import probe as design_probe
 
     s = _auto_session(
         tmp_path,
@@ -924,7 +924,7 @@ def test_the_probe_hands_the_estimator_staleness_clusters_and_the_runs_seed(tmp_
 def test_probe_batches_are_counted_as_generated_and_not_kept(tmp_path):
     # design.probe_batches = 2 at W = 2: (W + 1) x 2 measured batches plus the second warm-up
     # batch are generated and discarded; only the first warm-up batch (version 0) is kept
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     s = _auto_session(tmp_path, "design.warmup_steps=2", "design.probe_batches=2")
     _, warmup, record = design_auto.auto_design(s)
@@ -939,7 +939,7 @@ def test_a_probe_whose_measured_batches_all_come_back_empty_falls_back(tmp_path,
     # rho fall back with the reason instead of an error, and the policy is still restored
     import torch
 
-    from replayrl.recipes.probe import WarmupProbe
+    from replayrl.run.loops.probe import WarmupProbe
 
     s = _auto_session(tmp_path, "design.warmup_steps=2")
     before = {k: v.clone() for k, v in s.learner.model.state_dict().items()}
@@ -958,7 +958,7 @@ def test_a_probe_whose_measured_batches_all_come_back_empty_falls_back(tmp_path,
 def test_the_probe_is_reproducible(tmp_path):
     # two sessions from the same config measure the same alpha / rho, bit for bit: the probe's
     # shuffle generator is seeded from train.seed (not fresh entropy)
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     records = []
     for name in ("a", "b"):
@@ -972,7 +972,7 @@ def test_the_probe_is_reproducible(tmp_path):
 def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_path, monkeypatch):
     import time
 
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     s = _auto_session(tmp_path, "design.alpha=0.25", "design.rho=0.5", "design.warmup_steps=3")
     produce, backward = functools.partial(produce_fresh_of, s), s.learner.measure_backward
@@ -1004,7 +1004,7 @@ def test_warm_up_mu_is_generation_less_reward_time_over_the_timed_backward(tmp_p
 
 
 def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     # measured: the probe's seconds are recorded and its discarded rollouts add to the counter
     s = _auto_session(tmp_path / "m", "design.warmup_steps=2")
@@ -1051,7 +1051,7 @@ def test_auto_design_record_and_the_bounds_it_passes_on(tmp_path, monkeypatch):
 
 def test_a_given_mu_replaces_the_measured_one_and_both_are_recorded(tmp_path):
     from replayrl.design.theory import feasible_design
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     fixed = ("design.alpha=0.25", "design.rho=0.5", "design.min_saving=0")
     # measured (the default): the design's mu is the warm-up's
@@ -1069,7 +1069,7 @@ def test_a_given_mu_replaces_the_measured_one_and_both_are_recorded(tmp_path):
 
 
 def test_on_fallback_values_auto_stays_on_policy_unless_told_to_reuse(tmp_path):
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     # one warm-up step cannot measure alpha (fallback 0.25); rho given (0.5); mu = 5.3 given;
     # no saving bar: the design on those values reuses (by hand for R = 32, B > N allowed:
@@ -1151,7 +1151,7 @@ def test_design_confidence_counts_the_draws_under_which_the_buffer_saves():
 def _measured_probe(monkeypatch, alpha, rho, draws):
     """The probe measures (alpha, rho) and its bootstrap returns `draws` (None: failed)."""
     from replayrl.design.staleness import AlphaRhoEstimate
-    from replayrl.recipes import probe as design_probe
+    from replayrl.run.loops import probe as design_probe
 
     est = AlphaRhoEstimate(alpha, rho, (1.0, 2.0, 3.0), (1.0, 1.1, 1.2), 96)
     boot = [
@@ -1173,7 +1173,7 @@ def test_a_measured_design_reuses_only_when_its_saving_survives_the_bootstrap(
     tmp_path, monkeypatch
 ):
     from replayrl.design.theory import feasible_design
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     # at mu = 5.3, alpha = 0.1, rho = 0.1 the design reuses; 9 of 10 draws agree, 1 does not
     sure = [(0.1, 0.1)] * 9 + [(0.45, 1.0)]
@@ -1206,7 +1206,7 @@ def test_a_measured_design_reuses_only_when_its_saving_survives_the_bootstrap(
 
 
 def test_a_given_alpha_or_rho_stays_fixed_in_every_bootstrap_draw(tmp_path, monkeypatch):
-    from replayrl.recipes import auto as design_auto
+    from replayrl.run.loops import auto as design_auto
 
     # rho given as 0.1: draws that measured rho = 1.0 are judged at rho = 0.1 (they save)
     _measured_probe(monkeypatch, 0.1, 1.0, [(0.1, 1.0)] * 10)

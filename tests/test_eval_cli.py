@@ -10,7 +10,7 @@ import yaml
 
 from replayrl.cli.main import main
 from replayrl.config.schema import load_config
-from replayrl.launch.entry import train
+from replayrl.run.start import train
 from tiny import TINY_RUN
 
 

@@ -199,7 +199,7 @@ def test_run_record_is_small_and_keeps_curve_and_provenance(tmp_path: Path) -> N
 
 
 def test_pinned_warmstart_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from replayrl.records.provenance import weights_sha256
+    from replayrl.run.records.provenance import weights_sha256
     from replayrl.run.warmstart import pinned_warmstart
     from test_provenance import TINY_WARMSTART as tiny
 

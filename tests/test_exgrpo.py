@@ -18,7 +18,7 @@ from replayrl.algorithms.exgrpo_loss import exgrpo_loss, policy_shaping
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.groups import Group
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.methods.exgrpo import (
     ExgrpoConfig,
     ExgrpoSource,

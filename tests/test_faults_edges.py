@@ -31,9 +31,9 @@ import pytest
 
 from replayrl.cli.main import main
 from replayrl.config.schema import load_config
-from replayrl.distributed.placement import actor_requests, check_placement, shortfall
-from replayrl.launch.entry import train
+from replayrl.run.distributed.placement import actor_requests, check_placement, shortfall
 from replayrl.run.metrics import read_metrics
+from replayrl.run.start import train
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from test_faults import args, cli, env, one_error_line, resume_under_file_size_limit
 

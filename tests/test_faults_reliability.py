@@ -55,9 +55,9 @@ import pytest
 
 from replayrl.cli.main import main
 from replayrl.errors import RewardFunctionFailed
-from replayrl.records.folder import lock_path, run_lock
 from replayrl.rollout.rewards import WeightedReward, score
 from replayrl.run.metrics import read_metrics
+from replayrl.run.records.folder import lock_path, run_lock
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from test_faults import cli, one_error_line
 from tiny import TINY_RUN
@@ -812,9 +812,9 @@ def test_reward_worker_keeps_no_copy_of_memory_the_trainer_writes():  # I5
 def test_runs_fork_the_reward_server_before_the_model_loads(tmp_path: Path, monkeypatch):  # I5
     import torch
 
-    from replayrl.distributed import worker
     from replayrl.rollout.rewards.isolation import live_servers
     from replayrl.run import components
+    from replayrl.run.distributed import worker
     from tiny import tiny_config
 
     rewards = tmp_path / "mine.py"
@@ -978,7 +978,7 @@ def test_async_reward_failure_keeps_its_type_and_message(tmp_path: Path, capsys)
 def test_async_pool_raises_the_workers_reward_failure(tmp_path: Path):  # A1 (unit)
     from types import SimpleNamespace
 
-    from replayrl.distributed.local import LocalGeneratorPool
+    from replayrl.run.distributed.local import LocalGeneratorPool
 
     pool = LocalGeneratorPool.__new__(LocalGeneratorPool)
     pool.spool = tmp_path
@@ -993,7 +993,7 @@ def test_async_pool_raises_the_workers_reward_failure(tmp_path: Path):  # A1 (un
 def test_sigterm_to_a_ray_driver_exits_143(tmp_path: Path, capsys, monkeypatch):  # Y1
     """The Ray driver through the CLI with a stand-in for `ray` (a real cluster does not fit
     a test here): the stop asked for by SIGTERM ends with 143, like sync and async-local."""
-    from replayrl.distributed import ray_runtime
+    from replayrl.run.distributed import ray_runtime
     from test_async_runtime import _FakeRay
 
     class _TermRay(_FakeRay):

@@ -1,4 +1,4 @@
-"""Sharded learners (distributed/fsdp.py) on CPU with gloo and 2 spawned ranks: one sharded
+"""Sharded learners (run/distributed/fsdp.py) on CPU with gloo and 2 spawned ranks: one sharded
 step equals the unsharded step on the whole batch, the gathered weights and optimizer state
 are full tensors, and a resume from them is exact."""
 
@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from replayrl.config.schema import ModelConfig, load_config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.frozen import frozen_copy
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import (
@@ -90,8 +90,8 @@ def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -
     from safetensors.torch import save_file
     from torch.distributed.tensor import DTensor
 
-    from replayrl.distributed import fsdp
-    from replayrl.distributed.ddp import init_group
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group
 
     torch.set_num_threads(1)
     init_group(rank, WORLD, "127.0.0.1", port)
@@ -152,7 +152,7 @@ def test_sharded_step_equals_unsharded_and_resumes_exactly(
 ):
     from safetensors.torch import load_file
 
-    from replayrl.distributed.ddp import free_port
+    from replayrl.run.distributed.ddp import free_port
 
     pad = char_tokenizer.pad_token_id
     batches = [rollouts[:12], rollouts[12:]]  # two steps' batches of 12
@@ -238,11 +238,11 @@ def _lora_rank(rank: int, port: int, base, policy, tok, batch, out: str) -> None
     then a learner resumed from that checkpoint is sharded again and holds the same shards."""
     from safetensors.torch import save_file
 
-    from replayrl.distributed import fsdp
-    from replayrl.distributed.ddp import init_group
-    from replayrl.distributed.fsdp_learner import follow_gather
-    from replayrl.distributed.weights import trainable_state
     from replayrl.models.precision import choose_for
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group
+    from replayrl.run.distributed.fsdp_learner import follow_gather
+    from replayrl.run.distributed.weights import trainable_state
     from replayrl.storage.checkpoint import load_state, save_checkpoint
 
     torch.set_num_threads(1)
@@ -299,8 +299,8 @@ def test_a_sharded_lora_step_equals_the_unsharded_one(
 ):
     from safetensors.torch import load_file
 
-    from replayrl.distributed.ddp import free_port
-    from replayrl.distributed.weights import trainable_state
+    from replayrl.run.distributed.ddp import free_port
+    from replayrl.run.distributed.weights import trainable_state
     from replayrl.storage.checkpoint import load_state
 
     batch = rollouts[:12]
@@ -388,9 +388,9 @@ def _kl_rank(
     from safetensors.torch import save_file
     from torch.distributed.tensor import DTensor
 
-    from replayrl.distributed import fsdp
-    from replayrl.distributed.ddp import init_group
-    from replayrl.distributed.fsdp_learner import follow_gather
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group
+    from replayrl.run.distributed.fsdp_learner import follow_gather
 
     torch.set_num_threads(1)
     init_group(rank, WORLD, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
@@ -441,7 +441,7 @@ def test_a_sharded_step_with_a_kl_reference_equals_the_unsharded_one(
 ):
     from safetensors.torch import load_file
 
-    from replayrl.distributed.ddp import free_port
+    from replayrl.run.distributed.ddp import free_port
 
     policy, overrides = (lora_policy, [*KL, *LORA]) if lora else (model, KL)
     reference = None if lora else reference
@@ -518,8 +518,8 @@ def _one_rank_pass(rank: int, port: int, model, pad_id: int, batch, overrides, o
     """Rank `rank` of a sharded learner at version 1: one step on its half of `batch`."""
     from safetensors.torch import save_file
 
-    from replayrl.distributed import fsdp
-    from replayrl.distributed.ddp import init_group
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group
 
     torch.set_num_threads(1)
     init_group(rank, WORLD, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
@@ -548,7 +548,7 @@ def test_a_pass_one_ranks_rows_ask_for_runs_on_every_rank(
 
     from safetensors.torch import load_file
 
-    from replayrl.distributed.ddp import free_port
+    from replayrl.run.distributed.ddp import free_port
 
     overrides, even = ONE_RANK_PASSES[case]
     pad = char_tokenizer.pad_token_id
@@ -582,8 +582,8 @@ def _token_budget_rank(
     (saved), and the step must still pair every rank's collectives."""
     from safetensors.torch import save_file
 
-    from replayrl.distributed import fsdp
-    from replayrl.distributed.ddp import init_group
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group
 
     torch.set_num_threads(1)
     init_group(rank, WORLD, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
@@ -616,7 +616,7 @@ def test_a_sharded_step_under_a_token_budget_equals_the_unsharded_one(
     collective), and the step equals the unsharded one."""
     from safetensors.torch import load_file
 
-    from replayrl.distributed.ddp import free_port
+    from replayrl.run.distributed.ddp import free_port
 
     pad = char_tokenizer.pad_token_id
     by_length = sorted(rollouts, key=lambda r: r.prompt_ids.numel() + r.completion_ids.numel())

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.learner import collate, token_logprobs
 from replayrl.rollout.generation import HFGenerator, Sample, SamplingParams
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.learner import collate, token_logprobs
 from replayrl.rollout.generation import HFGenerator, SamplingParams
 from replayrl.rollout.generation.decoders import HFDecoder, LlamaDecoder, llama_core, make_decoder

@@ -71,7 +71,7 @@ def test_cli_train_on_cuda_without_cuda_exits_with_one_line(tmp_path, capsys):
 
 
 def test_collate_places_the_batch_on_the_given_device(char_tokenizer):
-    from replayrl.data.rollout import Rollout
+    from replayrl.data.rollout_record import Rollout
 
     r = Rollout(
         prompt_ids=torch.tensor([3, 4]),
@@ -245,7 +245,7 @@ def test_engine_start_keeps_the_trainers_rng_and_threads(monkeypatch, char_token
 
 
 def test_worker_engines_get_distinct_seeds(monkeypatch, tmp_path):
-    from replayrl.distributed.worker import GeneratorWorker, worker_seed
+    from replayrl.run.distributed.worker import GeneratorWorker, worker_seed
 
     fake_vllm.install(monkeypatch)
     cfg = tiny_config(tmp_path, "rollout.backend=vllm", "train.seed=123", "train.device=cpu")
@@ -323,7 +323,7 @@ def test_signature_script_reads_a_wheel_by_ast(tmp_path):
 
 
 def test_process_group_backend_follows_the_parameters_not_the_machine(monkeypatch):
-    from replayrl.distributed.ddp import process_group_backend
+    from replayrl.run.distributed.ddp import process_group_backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine
     assert process_group_backend(torch.device("cpu")) == "gloo"  # CPU learners on it
@@ -331,7 +331,7 @@ def test_process_group_backend_follows_the_parameters_not_the_machine(monkeypatc
 
 
 def test_cpu_learners_on_a_gpu_machine_join_a_gloo_group(monkeypatch):
-    from replayrl.distributed import ddp
+    from replayrl.run.distributed import ddp
 
     seen = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -346,7 +346,7 @@ def test_cpu_learners_on_a_gpu_machine_join_a_gloo_group(monkeypatch):
 
 
 def test_async_local_workers_get_their_own_gpu():
-    from replayrl.distributed.gpus import generator_device
+    from replayrl.run.distributed.gpus import generator_device
 
     assert generator_device("cpu", 0, 8) == "cpu"
     # learner on cuda:0 of 4 GPUs: workers on 1, 2, 3, then round again
@@ -363,7 +363,7 @@ def test_async_local_workers_get_their_own_gpu():
 def test_local_pool_writes_each_workers_device_into_its_config(tmp_path, tiny_model, monkeypatch):
     import yaml
 
-    from replayrl.distributed.local import LocalGeneratorPool
+    from replayrl.run.distributed.local import LocalGeneratorPool
 
     cfg = tiny_config(tmp_path, "runtime=async-local", "workers.generators=2")
     pool = LocalGeneratorPool(cfg, tmp_path, tiny_model, log=lambda _: None)
@@ -377,7 +377,7 @@ def test_local_pool_writes_each_workers_device_into_its_config(tmp_path, tiny_mo
 def test_ray_actor_given_no_gpu_sees_none(monkeypatch):
     import os
 
-    from replayrl.distributed.gpus import hide_gpus_unless_given
+    from replayrl.run.distributed.gpus import hide_gpus_unless_given
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     hide_gpus_unless_given([])
@@ -392,7 +392,7 @@ def test_a_learner_fed_by_workers_builds_no_engine(monkeypatch, tmp_path):
     parts = build_components(cfg, log=lambda _: None, engine=False)
     assert fake_vllm.LLM.instances == []  # no engine, no GPU share, no process group
     assert isinstance(parts.generator, HFGenerator)  # evaluates with its own policy
-    from replayrl.recipes.asynchronous import AsyncSession
+    from replayrl.run.loops.asynchronous import AsyncSession
     from replayrl.run.session import Session
 
     assert Session.builds_engine and not AsyncSession.builds_engine

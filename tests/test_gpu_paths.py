@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from replayrl.distributed.ddp import weights_digest
+from replayrl.run.distributed.ddp import weights_digest
 from tiny import tiny_config
 
 
@@ -37,7 +37,7 @@ def test_grad_probe_moves_device_gradients_to_the_host(monkeypatch, tiny_model, 
     import copy
 
     from replayrl.config.schema import load_config
-    from replayrl.data.rollout import Rollout
+    from replayrl.data.rollout_record import Rollout
     from replayrl.learner.grad_probe import sample_gradients
     from replayrl.learner.learner import Learner
 
@@ -62,7 +62,7 @@ def test_ray_followers_freeze_the_policy_when_rank_zero_does(monkeypatch):
     from types import SimpleNamespace
 
     from replayrl.config.schema import load_config
-    from replayrl.distributed import ray_runtime
+    from replayrl.run.distributed import ray_runtime
 
     cfg = load_config(None, ["algorithm.advantage=gae", "critic.warmup_steps=2"])
     calls: list[bool] = []
@@ -134,9 +134,9 @@ def test_each_async_local_engine_sees_only_its_own_gpu(monkeypatch, tmp_path, ch
     what the engine sees. Pinning maps through the GPUs the parent already sees."""
     import fake_vllm
     from replayrl.config.schema import VLLMConfig
-    from replayrl.distributed.gpus import pin_process_to
-    from replayrl.distributed.local import pinned_to_own_gpu
     from replayrl.rollout.generation.vllm import VLLMGenerator
+    from replayrl.run.distributed.gpus import pin_process_to
+    from replayrl.run.distributed.local import pinned_to_own_gpu
 
     fake_vllm.install(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
@@ -167,7 +167,7 @@ def test_an_engine_beside_a_policy_on_another_gpu_is_refused(monkeypatch, char_t
 
 
 def test_ray_gpu_requests_take_one_gpu_per_actor_or_refuse():
-    from replayrl.distributed.gpus import ray_gpu_requests
+    from replayrl.run.distributed.gpus import ray_gpu_requests
 
     lines: list[str] = []
 
@@ -195,7 +195,7 @@ def test_ray_run_asks_for_the_gpus_it_trains_on(monkeypatch, tmp_path):
 
     import yaml
 
-    from replayrl.distributed import ray_runtime
+    from replayrl.run.distributed import ray_runtime
 
     class Started(Exception):
         pass
@@ -418,8 +418,8 @@ def test_broadcast_and_object_store_syncs_give_generators_identical_weights(dtyp
     path serialises a host copy. Both send the generation dtype and leave the same weights."""
     import copy
 
-    from replayrl.distributed.broadcast import broadcast_sync_figures, object_store_sync
-    from replayrl.distributed.weights import trainable_state
+    from replayrl.run.distributed.broadcast import broadcast_sync_figures, object_store_sync
+    from replayrl.run.distributed.weights import trainable_state
 
     torch.manual_seed(0)
     learner = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
@@ -447,7 +447,7 @@ def test_broadcast_and_object_store_syncs_give_generators_identical_weights(dtyp
 def test_ray_weight_sync_sends_the_generation_dtype(tmp_path):
     from types import SimpleNamespace
 
-    from replayrl.distributed import ray_runtime
+    from replayrl.run.distributed import ray_runtime
 
     put: list[dict] = []
     pool = ray_runtime.RayGeneratorPool.__new__(ray_runtime.RayGeneratorPool)
@@ -460,8 +460,8 @@ def test_ray_weight_sync_sends_the_generation_dtype(tmp_path):
     assert {t.dtype for t in put[0].values()} == {torch.bfloat16}
     assert torch.equal(put[0]["weight"], model.weight.detach().to(torch.bfloat16))
     # the broadcast path snapshots the same version, packed, in the same dtype
-    from replayrl.distributed.broadcast import unpack
-    from replayrl.distributed.weight_sync import BroadcastSender
+    from replayrl.run.distributed.broadcast import unpack
+    from replayrl.run.distributed.weight_sync import BroadcastSender
 
     pool.sync_path, pool.sender = "broadcast", BroadcastSender(pool.ray, 1)
     pool.publish(model, 5)

@@ -16,7 +16,7 @@ from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.buffer.scored_groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, reward_std, split_groups
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.methods.buffer import BufferSource
 from replayrl.methods.group_sources import (
     DynamicSamplingConfig,
@@ -521,7 +521,7 @@ def test_dynamic_sampling_batch_larger_than_the_queue_is_refused() -> None:
     ],
 )
 def test_group_state_keys_are_fixed_on_resume(preset: str, override: str) -> None:
-    from replayrl.records.folder import check_resume_config
+    from replayrl.run.records.folder import check_resume_config
 
     saved = load_config(preset)
     check_resume_config(saved, load_config(preset))  # unchanged: accepted
@@ -530,7 +530,7 @@ def test_group_state_keys_are_fixed_on_resume(preset: str, override: str) -> Non
 
 
 def test_a_record_without_the_method_keys_resumes_with_their_defaults() -> None:
-    from replayrl.records.folder import check_resume_config
+    from replayrl.run.records.folder import check_resume_config
 
     saved = load_config("grpo")
     saved_dump = saved.model_dump(mode="json")

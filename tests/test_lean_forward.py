@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner import lean_forward
 from replayrl.learner import logprobs as lp_mod
 from replayrl.learner.batching import collate, shared_prompt_order

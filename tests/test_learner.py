@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from replayrl.config.schema import load_config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.learner import Learner, collate, token_logprobs
 from replayrl.rollout.generation import HFGenerator, SamplingParams
 

@@ -15,7 +15,7 @@ import replayrl.learner.assembly as assembly_module
 import replayrl.learner.context as context_module
 from replayrl.config.schema import load_config
 from replayrl.data.buffer.replay import ReplayBuffer
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.batching import collate, token_micro_batches
 from replayrl.learner.learner import Learner
 from tiny import bf16_sampled_rollouts

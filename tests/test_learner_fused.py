@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from replayrl.config.schema import load_config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.learner import Learner
 from tiny import bf16_sampled_rollouts
 

@@ -15,7 +15,7 @@ from torch.nn.attention.bias import CausalBias
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from replayrl.config.schema import LoraConfig, ModelConfig
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner import lean_forward
 from replayrl.learner import logprobs as lp_mod
 from replayrl.learner.batching import collate

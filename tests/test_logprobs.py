@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from replayrl.config.schema import ModelConfig
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner import logprobs as lp_mod
 from replayrl.learner.learner import AdaptersDisabled, collate
 from replayrl.learner.logprobs import reference_impl, token_logprobs, token_logprobs_full

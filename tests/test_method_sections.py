@@ -16,7 +16,7 @@ import yaml
 
 from replayrl.api.config import ReplayConfig
 from replayrl.config.schema import ConfigError, build_config, config_to_yaml, load_config
-from replayrl.records.folder import check_resume_config
+from replayrl.run.records.folder import check_resume_config
 
 OLD = Path(__file__).parent / "data" / "old_configs"
 

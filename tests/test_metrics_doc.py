@@ -10,9 +10,9 @@ import pytest
 
 from replayrl.api.trl_compat import TRL_LOG_KEYS
 from replayrl.config.registries import METHODS
-from replayrl.launch.entry import train
 from replayrl.run import metric_keys
 from replayrl.run.metrics import read_metrics
+from replayrl.run.start import train
 from scripts_loader import load_script
 from tiny import tiny_config
 

@@ -53,7 +53,7 @@ def test_a_plugin_backend_is_validated_and_sets_what_the_learner_asks(
 
 
 def test_a_plugin_backend_generates_a_tiny_run(recording_backend, tmp_path: Path) -> None:
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     summary = train(
         tiny_config(tmp_path, "rollout.backend=recorded", "train.steps=1"), log=lambda _: None
@@ -66,7 +66,7 @@ def twin_runtimes():
     """`recorded_sync`: the synchronous loop, recording its start; `detached`: a runtime
     whose generators run beside the learner (never started here)."""
     from replayrl.config.registries import RUNTIMES, RuntimeSpec
-    from replayrl.launch.runtimes import start_sync
+    from replayrl.run.runtimes import start_sync
 
     started: list[str] = []
 
@@ -103,7 +103,7 @@ def test_a_plugin_runtime_is_checked_by_what_it_supports(twin_runtimes) -> None:
 
 
 def test_a_plugin_runtime_runs_a_tiny_run(twin_runtimes, tmp_path: Path) -> None:
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     cfg = tiny_config(tmp_path, "runtime=recorded_sync", "train.steps=1")
     summary = train(cfg, log=lambda _: None)
@@ -159,7 +159,7 @@ def test_a_plugin_sampler_sizes_the_buffer(half_reserve) -> None:
 
 
 def test_a_plugin_sampler_trains_a_tiny_run(half_reserve, tmp_path: Path) -> None:
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     summary = train(tiny_config(tmp_path, *REPLAY, "train.steps=2"), log=lambda _: None)
     assert summary["steps"] == 2 and summary["rollouts_generated"] == 16
@@ -167,7 +167,7 @@ def test_a_plugin_sampler_trains_a_tiny_run(half_reserve, tmp_path: Path) -> Non
 
 def test_a_plugin_reward_is_named_in_the_config_and_scores_a_tiny_run(tmp_path: Path) -> None:
     from replayrl.config.registries import REWARDS
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     scored: list[int] = []
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from replayrl.config.schema import load_config
-from replayrl.data.rollout import Rollout
-from replayrl.launch.entry import train
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.learner import collate, token_logprobs, unpad
 from replayrl.learner.pi_old import PiOld, fresh_rollouts, refresh_counts
 from replayrl.models import precision
 from replayrl.rollout.generation import HFGenerator, SamplingParams
+from replayrl.run.start import train
 from tiny import tiny_config
 
 

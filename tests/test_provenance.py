@@ -6,7 +6,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from replayrl.records.provenance import cpu_info, git_state, machine_id, weights_sha256
+from replayrl.run.records.provenance import cpu_info, git_state, machine_id, weights_sha256
 
 TINY_WARMSTART = [  # a warm start built in a second
     "model.tiny.num_layers=1",
@@ -74,7 +74,7 @@ def test_machine_id_changes_with_the_cpu() -> None:
 
 def test_a_runs_summary_names_its_code_machine_and_warm_start(tmp_path: Path) -> None:
     from replayrl.config.schema import load_config
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     cfg = load_config(
         "grpo",

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from replayrl.config.schema import load_config
-from replayrl.launch.entry import train
+from replayrl.run.start import train
 from tiny import TINY_RUN
 
 pytestmark = pytest.mark.ray
@@ -89,7 +89,7 @@ def _audit_writes() -> None:
 
 
 def _worker_hook() -> None:
-    from replayrl.distributed import ray_runtime, worker
+    from replayrl.run.distributed import ray_runtime, worker
 
     _audit_writes()
     set_weights, publish = worker.GeneratorWorker.set_weights, ray_runtime.RayGeneratorPool.publish
@@ -99,7 +99,7 @@ def _worker_hook() -> None:
         set_weights(self, state, version)
 
     def publish_(self: Any, model: Any, version: int) -> None:
-        from replayrl.distributed.weights import trainable_state
+        from replayrl.run.distributed.weights import trainable_state
 
         _record("published", version=version, digest=_digest(trainable_state(model)))
         publish(self, model, version)

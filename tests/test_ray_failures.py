@@ -29,7 +29,7 @@ import test_ray_cluster
 from replayrl.cli.main import main
 from replayrl.config.schema import load_config
 from replayrl.errors import RunFailed
-from replayrl.launch.entry import resume, train
+from replayrl.run.start import resume, train
 from replayrl.storage.checkpoint import find_checkpoints, load_state
 from test_ray_cluster import CLUSTER, _audit, _record, _run, _wait_for, _worker_hook
 
@@ -202,7 +202,7 @@ def test_killed_buffer_actor_fails_the_run_and_resume_restores_the_buffer(
 ) -> None:
     import ray
 
-    from replayrl.distributed.ray_runtime import RayDriver
+    from replayrl.run.distributed.ray_runtime import RayDriver
 
     run = (tmp_path / "demo").resolve()
     wait = RayDriver._wait
@@ -276,7 +276,7 @@ def test_buffer_calls_are_bounded_and_a_dead_buffer_is_a_run_failure(
 
     import ray
 
-    from replayrl.distributed import ray_runtime
+    from replayrl.run.distributed import ray_runtime
 
     asked: list[float | None] = []
     raised: list[Exception] = [

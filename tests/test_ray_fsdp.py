@@ -1,4 +1,4 @@
-"""Sharded learners on Ray (`train.sharding: fsdp`, distributed/fsdp_learner.py): a sharded
+"""Sharded learners on Ray (`train.sharding: fsdp`, run/distributed/fsdp_learner.py): a sharded
 step over two learner ranks (this process as rank 0, a follower actor as rank 1) equals the
 single-learner step, the generators receive full tensors, and a sharded run evaluates,
 checkpoints a full policy with every rank's AdamW shards, and resumes with them
@@ -72,17 +72,17 @@ def test_a_sharded_ray_step_equals_the_single_learner_step_and_publishes_full_we
 ) -> None:
     import torch.distributed as dist
 
-    from replayrl.distributed.ddp import free_port, init_group
-    from replayrl.distributed.fsdp_learner import FullWeightsPool, ShardedLeader, join_learners
-    from replayrl.distributed.ray_runtime import (
+    from replayrl.learner.learner import Learner
+    from replayrl.run.components import build_learner
+    from replayrl.run.distributed.ddp import free_port, init_group
+    from replayrl.run.distributed.fsdp_learner import FullWeightsPool, ShardedLeader, join_learners
+    from replayrl.run.distributed.ray_runtime import (
         BufferActor,
         FollowerActor,
         RayGeneratorPool,
         _per_rank,
     )
-    from replayrl.distributed.weights import load_trainable
-    from replayrl.learner.learner import Learner
-    from replayrl.run.components import build_learner
+    from replayrl.run.distributed.weights import load_trainable
 
     ray = local_ray
     cfg = load_config(None, [*TINY_RUN, *LAYERS, *SHARDED, "train.lr=1e-4"])
@@ -146,8 +146,8 @@ def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from replayrl.launch.entry import resume, train
     from replayrl.run.metrics import read_metrics
+    from replayrl.run.start import resume, train
     from replayrl.storage.checkpoint import latest_checkpoint, load_state
 
     cfg = load_config(
@@ -190,8 +190,8 @@ def test_a_sharded_lora_ray_run_checkpoints_the_adapters_and_resumes(
 ) -> None:
     from safetensors.torch import load_file
 
-    from replayrl.launch.entry import resume, train
     from replayrl.models.loading import is_adapter_folder
+    from replayrl.run.start import resume, train
     from replayrl.storage.checkpoint import latest_checkpoint
 
     reward = tmp_path / "length.py"  # varies within a group, so advantages are not all zero

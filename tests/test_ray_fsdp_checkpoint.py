@@ -1,4 +1,4 @@
-"""Sharded learners' checkpoints on Ray (`train.sharding: fsdp`, distributed/fsdp_learner.py):
+"""Sharded learners' checkpoints on Ray (`train.sharding: fsdp`, run/distributed/fsdp_learner.py):
 every learner rank writes its own DCP shards of the policy and AdamW into the checkpoint and
 loads them back on resume; AdamW's state is never gathered to one rank for a checkpoint.
 
@@ -72,8 +72,8 @@ class _Ranks:
     """Rank 0 here and rank 1 a follower actor, joined into one sharded learner."""
 
     def __init__(self, ray: Any, cfg: Any, model: Any, folder: Path, pad: int) -> None:
-        from replayrl.distributed.ray_runtime import FollowerActor, _per_rank
         from replayrl.run.components import build_learner
+        from replayrl.run.distributed.ray_runtime import FollowerActor, _per_rank
 
         self.ray = ray
         self.follower = ray.remote(num_cpus=0.5)(FollowerActor).remote(
@@ -82,8 +82,8 @@ class _Ranks:
         self.learner = build_learner(_per_rank(cfg, 2), copy.deepcopy(model), pad, "")
 
     def join(self, state: dict[str, Any] | None = None) -> Any:
-        from replayrl.distributed.ddp import free_port, init_group
-        from replayrl.distributed.fsdp_learner import ShardedLeader, join_learners
+        from replayrl.run.distributed.ddp import free_port, init_group
+        from replayrl.run.distributed.fsdp_learner import ShardedLeader, join_learners
 
         if state is not None:  # what `_start_followers` hands a resumed run's ranks
             self.learner.load_state_dict(state)
@@ -97,7 +97,7 @@ class _Ranks:
         return self.leader
 
     def step(self, halves: list[Any], step: int) -> None:
-        from replayrl.distributed.ray_runtime import BufferActor
+        from replayrl.run.distributed.ray_runtime import BufferActor
 
         shard = self.ray.remote(num_cpus=0.1)(BufferActor).remote("onpolicy", None, {})
         self.ray.get(shard.call.remote("push", halves[1]))
@@ -107,7 +107,7 @@ class _Ranks:
 
     def full(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The gathered policy and AdamW state (after the comparison's last step)."""
-        from replayrl.distributed import fsdp
+        from replayrl.run.distributed import fsdp
 
         weights = self.leader.full_model().state_dict()
         adam = self.leader._with_followers(
@@ -127,7 +127,7 @@ class _Ranks:
 def test_every_rank_writes_its_shards_and_a_resume_takes_the_uninterrupted_step(
     char_tokenizer, local_ray, tmp_path: Path
 ) -> None:
-    from replayrl.distributed.fsdp_learner import sharded_learner_state
+    from replayrl.run.distributed.fsdp_learner import sharded_learner_state
     from replayrl.storage.sharded_checkpoint import is_sharded_checkpoint
 
     cfg = load_config(None, [*TINY_RUN, *LAYERS, *SHARDED, "train.lr=1e-3"])
@@ -191,7 +191,7 @@ def test_every_rank_writes_its_shards_and_a_resume_takes_the_uninterrupted_step(
 def test_a_sharded_ray_run_checkpoints_shards_per_rank_and_resumes_from_them(
     local_ray, tmp_path: Path
 ) -> None:
-    from replayrl.launch.entry import resume, train
+    from replayrl.run.start import resume, train
     from replayrl.storage.checkpoint import check_checkpoint, latest_checkpoint, load_state
     from replayrl.storage.sharded_checkpoint import SHARDED_DIR
 

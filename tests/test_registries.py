@@ -125,7 +125,7 @@ def test_each_source_declares_metrics_the_run_counts() -> None:
 
 
 def test_resume_keys_come_from_the_registry_entry() -> None:
-    from replayrl.records.folder import check_resume_config
+    from replayrl.run.records.folder import check_resume_config
 
     saved = load_config("repo")
     # RePO's prompt pool is drawn once and its pass order is checkpointed
@@ -153,8 +153,8 @@ def test_resume_keys_come_from_the_registry_entry() -> None:
 
 
 def test_a_task_names_its_own_resume_keys() -> None:
-    from replayrl.records.folder import check_resume_config
     from replayrl.rollout.tasks import ArithmeticConfig, ArithmeticTask
+    from replayrl.run.records.folder import check_resume_config
 
     spec = TaskSpec(
         lambda t: None,
@@ -181,7 +181,7 @@ def test_a_task_names_its_own_resume_keys() -> None:
 def test_a_plugin_sources_counters_reach_the_ledger_and_the_summary() -> None:
     """A source's counter lives in `Counters.source_counts`; a declared ledger term makes the
     ledger balance and is printed in the end-of-run report."""
-    from replayrl.records.ledger import format_accounting
+    from replayrl.run.records.ledger import format_accounting
     from replayrl.run.state import ledger, summarize
 
     echoed = SourceCounter("rollouts_echoed", "echoed", ledger=("echoed", "echoed away"))
@@ -374,7 +374,7 @@ def test_a_plugin_task_is_built_by_name() -> None:
 def _rollouts(n: int, version: int) -> list:
     import torch
 
-    from replayrl.data.rollout import Rollout
+    from replayrl.data.rollout_record import Rollout
 
     return [
         Rollout(
@@ -452,7 +452,7 @@ def test_a_run_reports_every_counter_its_source_declares(name: str, tmp_path: Pa
     import json
     import warnings
 
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
     from replayrl.storage.checkpoint import latest_checkpoint, load_state
     from tiny import tiny_config
 
@@ -476,7 +476,7 @@ def test_a_run_reports_every_counter_its_source_declares(name: str, tmp_path: Pa
 
 
 def test_a_run_whose_source_counts_an_undeclared_name_fails_naming_it(tmp_path: Path) -> None:
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
     from tiny import tiny_config
 
     class Sloppy(BufferSource):

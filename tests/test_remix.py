@@ -12,9 +12,9 @@ from replayrl.algorithms.advantages import gae
 from replayrl.algorithms.kl import kl_convex, kl_convex_lambda, kl_estimate
 from replayrl.algorithms.losses import clipped_value_loss, get_policy_loss
 from replayrl.config.schema import load_config
-from replayrl.launch.entry import train
 from replayrl.learner.learner import Learner
 from replayrl.run.metrics import read_metrics
+from replayrl.run.start import train
 from replayrl.storage.checkpoint import load_state
 from tiny import tiny_config
 

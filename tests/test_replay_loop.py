@@ -9,8 +9,8 @@ import pytest
 
 from replayrl.cli.main import main
 from replayrl.config.schema import load_config
-from replayrl.launch.entry import resume, train
 from replayrl.run.metrics import read_metrics
+from replayrl.run.start import resume, train
 from replayrl.storage.checkpoint import load_state
 from tiny import tiny_config
 

@@ -14,7 +14,7 @@ import pytest
 
 from replayrl.config.registries import METHODS
 from replayrl.config.schema import ConfigError, load_config
-from replayrl.launch.entry import resume, train
+from replayrl.run.start import resume, train
 from tiny import TINY_RUN
 
 # settings under which a source's state fills within two steps of the tiny run, so that a

@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from replayrl.config.schema import Config, ConfigError, load_config
 from replayrl.errors import RunFailed
-from replayrl.launch.entry import resume, train
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import build_tiny_model
 from replayrl.rollout import rewards as rewards_module
@@ -23,6 +22,7 @@ from replayrl.rollout.producer import MAX_EMPTY_STEPS
 from replayrl.rollout.tasks import ArithmeticTask
 from replayrl.run.metrics import read_metrics
 from replayrl.run.session import Session
+from replayrl.run.start import resume, train
 from replayrl.run.warmstart import ensure_warmstart
 from replayrl.storage.checkpoint import latest_checkpoint, load_state
 from tiny import TINY_MODEL

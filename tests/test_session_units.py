@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.errors import RunStopped
 from replayrl.run.session import (
     STOP_SIGNALS,
@@ -143,7 +143,7 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path,
     import time
 
     from replayrl.design.theory import cost_ratio
-    from replayrl.recipes.sync import sync_step
+    from replayrl.run.loops.sync import sync_step
     from replayrl.run.metrics import Progress
     from replayrl.run.session import Session
     from tiny import tiny_config
@@ -154,7 +154,7 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path,
     (tmp_path / "run").mkdir()
     s = Session(cfg, tmp_path / "run", log=lambda _: None)
     s.start()
-    import replayrl.recipes.sync as sync_recipe
+    import replayrl.run.loops.sync as sync_recipe
     from tiny import produce_fresh_of
 
     calls, ends = [], []
@@ -198,7 +198,7 @@ def test_sync_step_times_generation_without_reward_time_and_records_mu(tmp_path,
 
 def test_resolve_design_samples_with_replacement_only_when_b_exceeds_n():
     from replayrl.config.schema import load_config
-    from replayrl.recipes.auto import resolve_design
+    from replayrl.run.loops.auto import resolve_design
 
     auto = load_config("replay", ["buffer.capacity=auto", "train.batch_size=auto"])
     assert not auto.buffer.with_replacement
@@ -277,7 +277,7 @@ def _session(tmp_path, *extra: str, config: str | None = None):
 def test_policy_frozen_only_during_a_critics_warmup(tmp_path, preset, frozen):
     # critic.warmup_steps = 2: PPO trains only its critic for the first two steps; a run
     # without a critic (GRPO) never freezes its policy, whatever the key says
-    from replayrl.recipes.sync import sync_step
+    from replayrl.run.loops.sync import sync_step
     from replayrl.run.metrics import Progress
 
     s = _session(tmp_path, "critic.warmup_steps=2", "train.steps=3", config=preset)
@@ -318,7 +318,7 @@ def test_learn_with_nothing_to_train_still_makes_one_new_version(tmp_path):
 
 
 def test_a_steps_checks_and_signal_get_the_steps_own_number(tmp_path):
-    from replayrl.recipes.sync import sync_step
+    from replayrl.run.loops.sync import sync_step
     from replayrl.run.metrics import Progress
 
     s = _session(tmp_path, "train.steps=2")
@@ -350,7 +350,7 @@ def test_produce_reports_reward_timeouts_and_evaluate_renders_like_training(tmp_
 
 
 def test_a_run_without_held_out_prompts_trains_and_logs_without_accuracy(tmp_path):
-    from replayrl.recipes.sync import run_sync
+    from replayrl.run.loops.sync import run_sync
 
     s = _session(tmp_path, "task.eval_size=0", "train.steps=2")
     assert s.eval_rows == []

@@ -40,8 +40,8 @@ def rollouts(model, char_tokenizer):
 def _rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> None:
     from safetensors.torch import save_file
 
-    from replayrl.distributed import fsdp
-    from replayrl.distributed.ddp import init_group
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group
     from replayrl.storage.sharded_checkpoint import gathered_state, load_sharded, save_sharded
 
     torch.set_num_threads(1)
@@ -84,7 +84,7 @@ def test_a_sharded_checkpoint_resumes_exactly_and_loads_at_one_rank(
 ):
     from safetensors.torch import load_file
 
-    from replayrl.distributed.ddp import free_port
+    from replayrl.run.distributed.ddp import free_port
     from replayrl.storage.sharded_checkpoint import load_sharded
 
     pad = char_tokenizer.pad_token_id

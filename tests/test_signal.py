@@ -78,7 +78,7 @@ def test_a_run_without_reward_variance_says_so(tmp_path) -> None:
     so every reward is 0: the start warning, per-step metrics and the K-step warning."""
     import json
 
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
     from tiny import tiny_config
 
     cfg = tiny_config(
@@ -120,7 +120,7 @@ def test_an_async_run_feeds_the_monitor_its_fresh_deliveries(tmp_path) -> None:
     """async-local: the rollouts delivered since the last learner step are one step's."""
     import json
 
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
     from tiny import tiny_config
 
     cfg = tiny_config(

@@ -14,7 +14,7 @@ import torch
 from replayrl.config.schema import ConfigError, load_config
 from replayrl.data.buffer import OnPolicyQueue
 from replayrl.data.groups import Group
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.methods.signal_replay import (
     SignalReplayConfig,
     SignalReplaySource,

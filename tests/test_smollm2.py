@@ -80,7 +80,7 @@ def test_prepared_folder_loads_and_generates(prepared: Path) -> None:
 
 @needs_smollm2
 def test_one_lora_step_of_the_preset(prepared: Path, tmp_path: Path) -> None:
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     root = Path(__file__).resolve().parents[1]
     reward = resolve_preset("smollm2-gsm").parent / "rewards" / "answer_format.py"
@@ -113,7 +113,7 @@ def test_lean_decoder_matches_transformers_on_smollm2(prepared: Path) -> None:
     greedy tokens, and sampled log-probs within 1e-4 of a full forward."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from replayrl.data.rollout import Rollout
+    from replayrl.data.rollout_record import Rollout
     from replayrl.learner.learner import collate, token_logprobs
     from replayrl.rollout.generation import HFGenerator, SamplingParams
     from replayrl.rollout.generation.decoders import llama_core

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "replayrl"
-# a path (`recipes/probe.py`) or a bare file name (`probe.py`) of a source, doc or script
+# a path (`run/loops/probe.py`) or a bare file name (`probe.py`) of a source, doc or script
 REF = re.compile(r"(?<![\w/.\-])((?:[\w.-]+/)*[\w-]+\.(?:py|md|sh))\b")
 # not ours: placeholders for a user's reward file, another repository's files quoted by name
 NOT_OURS = {
@@ -68,9 +68,9 @@ def missing_refs(text: str, files: list[str]) -> list[str]:
 
 
 def test_a_moved_file_is_caught_and_a_placeholder_is_not() -> None:
-    files = ["src/replayrl/recipes/probe.py", "src/replayrl/design/theory.py", "README.md"]
-    text = "see recipes/design_probe.py and design/theory.py, probe.py, design_probe.py"
-    assert missing_refs(text, files) == ["recipes/design_probe.py", "design_probe.py"]
+    files = ["src/replayrl/run/loops/probe.py", "src/replayrl/design/theory.py", "README.md"]
+    text = "see run/loops/design_probe.py and design/theory.py, probe.py, design_probe.py"
+    assert missing_refs(text, files) == ["run/loops/design_probe.py", "design_probe.py"]
     assert missing_refs("(path/to/file.py:fn, `rewards.py`, README.md)", files) == []
     comment = "x = 1  # the warm-up (design/auto.py)\n"
     assert list(comments_and_docstrings('"""Doc: data/design.py."""\n' + comment)) == [

@@ -137,7 +137,7 @@ def test_sample_gradients_are_each_rollouts_own_policy_gradient(tiny_model, char
     import torch
 
     from replayrl.config.schema import load_config
-    from replayrl.data.rollout import Rollout
+    from replayrl.data.rollout_record import Rollout
     from replayrl.learner.grad_probe import sample_gradients
     from replayrl.learner.learner import Learner
     from replayrl.rollout.generation import HFGenerator, SamplingParams
@@ -164,7 +164,7 @@ def test_sample_gradients_are_each_rollouts_own_policy_gradient(tiny_model, char
 def test_measured_values_replace_only_the_keys_that_ask_for_them():
     from replayrl.config.schema import load_config
     from replayrl.design.staleness import AlphaRhoEstimate
-    from replayrl.recipes.probe import resolve_alpha_rho
+    from replayrl.run.loops.probe import resolve_alpha_rho
 
     est = AlphaRhoEstimate(0.1, 0.2, (1.0, 2.0, 3.0), (1.0, 1.1, 1.2), 96)
     both = load_config(None, [])
@@ -208,7 +208,7 @@ def test_sample_gradients_serve_every_registered_loss_and_mark_stale_rollouts(
 
     from replayrl.algorithms.losses import POLICY_LOSSES
     from replayrl.config.schema import load_config
-    from replayrl.data.rollout import Rollout
+    from replayrl.data.rollout_record import Rollout
     from replayrl.learner.grad_probe import sample_gradients
     from replayrl.learner.learner import Learner
     from replayrl.rollout.generation import HFGenerator, SamplingParams

@@ -147,7 +147,7 @@ def test_shipped_presets_and_suites_use_the_sections() -> None:
 
 
 def test_a_checkpoint_record_in_the_flat_layout_is_compared_in_the_new_one() -> None:
-    from replayrl.records.folder import in_current_layout
+    from replayrl.run.records.folder import in_current_layout
 
     record = {"task": {"name": "reasoning", "op": "sub", "digits": 4, "terms": 4}, "x": 1}
     now = in_current_layout(record)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from replayrl.config.schema import load_config
-from replayrl.launch import entry
 from replayrl.learner.learner import Learner
 from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
+from replayrl.run import start
 from replayrl.run.metrics import read_metrics
 from tiny import tiny_config
 
@@ -42,7 +42,7 @@ def test_the_learning_rate_in_metrics_follows_the_schedule(tmp_path: Path) -> No
         "train.threads=1",
         "logging.name=lin",
     )
-    entry.train(cfg, log=lambda _: None)
+    start.train(cfg, log=lambda _: None)
     steps = [r for r in read_metrics(tmp_path / "lin" / "metrics.jsonl") if r["step"] > 0]
     lrs = [r["train/lr"] for r in steps]
     # warm-up step 0, then (4 - i) / 3 of 1e-3
@@ -52,7 +52,7 @@ def test_the_learning_rate_in_metrics_follows_the_schedule(tmp_path: Path) -> No
 def test_presets_keep_a_constant_rate(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path, "train.steps=2", "train.threads=1", "logging.name=c")
     assert cfg.train.lr_scheduler == "constant"
-    entry.train(cfg, log=lambda _: None)
+    start.train(cfg, log=lambda _: None)
     steps = [r for r in read_metrics(tmp_path / "c" / "metrics.jsonl") if r["step"] > 0]
     assert [r["train/lr"] for r in steps] == [cfg.train.lr] * 2
 

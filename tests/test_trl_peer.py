@@ -118,7 +118,7 @@ def test_trl_gradient_equals_our_learners(tmp_path: Path, loss_agg: str) -> None
     import torch
     from transformers import TrainerCallback
 
-    from replayrl.data.rollout import Rollout
+    from replayrl.data.rollout_record import Rollout
     from replayrl.learner.learner import Learner, collate, token_logprobs
     from replayrl.rollout.tasks import make_task
     from replayrl.run.metrics import MetricsLogger

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from replayrl.launch.entry import resume
-from replayrl.records.run_record import RECORD
+from replayrl.run.records.run_record import RECORD
+from replayrl.run.start import resume
 from replayrl.storage.checkpoint import latest_checkpoint, load_state, manifest_value
 from replayrl.storage.signing import (
     KEY_ENV,

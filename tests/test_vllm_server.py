@@ -204,8 +204,8 @@ def test_a_push_drops_keys_and_values_cached_with_the_old_weights(gen, served):
 def test_a_run_samples_from_the_learners_policy_after_every_push(served, tmp_path):
     """A 3-step GRPO run on the server's model: the learner's recomputed log pi_old of each
     step's fresh rollouts equals the server's log-probs, so each push reached the server."""
-    from replayrl.launch.entry import train
     from replayrl.run.metrics import read_metrics
+    from replayrl.run.start import train
 
     cfg_v, folder, _, _ = served
 

@@ -299,7 +299,7 @@ def test_a_refused_cache_reset_is_an_error(stub, char_tokenizer, tiny_model, mon
 def test_the_backend_pushes_at_start_and_after_every_step(stub, tmp_path):
     """A 2-step run: one push when the generator is built (the server may hold another run's
     weights), one after each update; the last one is the trained policy."""
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     cfg = tiny_config(
         tmp_path / "runs",

@@ -15,9 +15,9 @@ import torch
 pytest.importorskip("vllm", reason="the real-engine tier needs vllm (make test-vllm)")
 
 from replayrl.config.schema import load_config  # noqa: E402
-from replayrl.distributed.weights import SharedWeights, trainable_state  # noqa: E402
 from replayrl.learner.batching import collate  # noqa: E402
 from replayrl.learner.logprobs import token_logprobs  # noqa: E402
+from replayrl.run.distributed.weights import SharedWeights, trainable_state  # noqa: E402
 from replayrl.run.policy import load_policy  # noqa: E402
 
 # the run overrides, and the autouse fixture that keeps each engine small and frees it
@@ -48,7 +48,7 @@ def moved(policy: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_worker_feeds_its_engine_and_keeps_no_policy_copy(lora, tmp_path):
-    from replayrl.distributed.worker import GeneratorWorker
+    from replayrl.run.distributed.worker import GeneratorWorker
 
     extra = ["model.lora.enabled=true", "model.lora.r=2", "model.lora.alpha=8"] if lora else []
     over = [*VLLM_RUN, f"logging.run_dir={tmp_path}", "rollout.reward_isolation=thread", *extra]
@@ -80,7 +80,7 @@ def test_worker_feeds_its_engine_and_keeps_no_policy_copy(lora, tmp_path):
 
 
 def test_async_local_run_trains_with_an_engine_per_worker(tmp_path):
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     over = [
         *VLLM_RUN,

@@ -1,5 +1,5 @@
-"""The learner -> generator weight paths of the Ray runtime (distributed/weight_sync.py) and
-the two-rank broadcast group they use (distributed/broadcast.py: PairGroup); the path on a
+"""The learner -> generator weight paths of the Ray runtime (run/distributed/weight_sync.py) and
+the two-rank broadcast group they use (run/distributed/broadcast.py: PairGroup); the path on a
 two-node cluster is in tests/test_ray_cluster.py."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from replayrl.config.schema import load_config
-from replayrl.distributed.broadcast import PairGroup, layout_of, pack, receive_flat
-from replayrl.distributed.ddp import free_port
-from replayrl.distributed.weight_sync import weight_sync_path
+from replayrl.run.distributed.broadcast import PairGroup, layout_of, pack, receive_flat
+from replayrl.run.distributed.ddp import free_port
+from replayrl.run.distributed.weight_sync import weight_sync_path
 
 
 def _receiver(port: int, layout, out) -> None:

@@ -28,17 +28,17 @@ from replayrl.algorithms import (
     register_policy_loss,
 )
 from replayrl.config.schema import ConfigError, load_config
-from replayrl.data.rollout import Rollout
-from replayrl.launch.entry import train
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.batching import collate, unpad
 from replayrl.learner.context import Ranks
 from replayrl.learner.critic import ValueModel
 from replayrl.learner.learner import Learner, token_logprobs
-from replayrl.recipes.auto import resolve_design
-from replayrl.recipes.sync import sync_step
 from replayrl.rollout.generation import HFGenerator, SamplingParams
+from replayrl.run.loops.auto import resolve_design
+from replayrl.run.loops.sync import sync_step
 from replayrl.run.metrics import Progress, read_metrics
 from replayrl.run.session import Session
+from replayrl.run.start import train
 from tiny import tiny_config
 
 

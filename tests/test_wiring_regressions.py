@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import torch
 
-import replayrl.recipes.auto as design_auto
+import replayrl.run.loops.auto as design_auto
 from replayrl.api.config import ReplayConfig
 from replayrl.api.trl_args import DIRECT, SPECIAL
 from replayrl.config.schema import Config, load_config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.design.theory import closed_form_power_law
 from replayrl.methods.remix import remix_window
 from replayrl.rollout.generation import HFGenerator, SamplingParams

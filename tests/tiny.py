@@ -48,9 +48,9 @@ def crash_and_resume(
     import pytest
 
     from replayrl.api.trainer import ReplayConfig, ReplayTrainer
-    from replayrl.launch.entry import resume
     from replayrl.run.metrics import read_metrics
     from replayrl.run.session import Session
+    from replayrl.run.start import resume
 
     def trainer(name: str) -> ReplayTrainer:
         # steps, not TRL's max_steps (optimizer updates: epochs or mini-batches in
@@ -87,15 +87,15 @@ def crash_and_resume(
 
 
 def produce_fresh_of(s: Any) -> tuple[list[Any], dict[str, float]]:
-    """`recipes.steps.produce_fresh` on a session's parts, as the loops call it."""
-    from replayrl.recipes.steps import produce_fresh
+    """`loops.steps.produce_fresh` on a session's parts, as the loops call it."""
+    from replayrl.run.loops.steps import produce_fresh
 
     return produce_fresh(s.producer, s.source, s.counters, s.learner.version)
 
 
 def learn_on(s: Any, *step: Any) -> float:
-    """`recipes.steps.learn(batch, epochs, fresh, stats)` on a session's parts."""
-    from replayrl.recipes.steps import learn
+    """`loops.steps.learn(batch, epochs, fresh, stats)` on a session's parts."""
+    from replayrl.run.loops.steps import learn
 
     parts = {
         "cfg": s.cfg,
@@ -126,7 +126,7 @@ def bf16_sampled_rollouts(
 def as_rollouts(samples: list[Any], advantages: list[float]) -> list[Any]:
     """Version-0 rollouts of generator samples, with made-up rewards (alternating 0 / 1)
     and the given advantages."""
-    from replayrl.data.rollout import Rollout
+    from replayrl.data.rollout_record import Rollout
 
     return [
         Rollout(

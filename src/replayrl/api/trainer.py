@@ -592,7 +592,7 @@ class ReplayTrainer:
         tokens_generated, wall_seconds, run_dir and evals (every evaluation). A callback that
         stops the run early leaves `steps` below the configured `train.steps`.
         """
-        from replayrl.launch import entry as run
+        from replayrl.run import start as run
 
         hooks = self._hooks()
         table = self.settings_table()

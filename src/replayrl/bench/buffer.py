@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from replayrl.data.buffer import ReplayBuffer, make_buffer
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 PROMPT_LEN, COMPLETION_LEN = 32, 64
 

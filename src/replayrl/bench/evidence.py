@@ -85,7 +85,7 @@ def apply_claims(
 
 def block_of(summary: dict[str, Any]) -> tuple[str, str]:
     """(machine, commit) a run ran on: the CPU model and the id of its kernels' inputs
-    (records/provenance.py), `unknown` for runs written without provenance; a commit with
+    (run/records/provenance.py), `unknown` for runs written without provenance; a commit with
     uncommitted edits is marked `+dirty`."""
     p = summary.get("provenance") or {}
     commit = p.get("commit") or "unknown"

@@ -27,7 +27,7 @@ before the measured work and read after it, minus the RSS before the model was b
 - generation: weights + KV cache (2 x layers x kv x rows x length) + a few rows x vocab logits.
 
 With `--ranks N` (N >= 2) each measurement runs on N processes joined over gloo (CPU) or NCCL,
-the model sharded with FSDP2 as sharded learners shard it (distributed/fsdp.py: a group per
+the model sharded with FSDP2 as sharded learners shard it (run/distributed/fsdp.py: a group per
 decoder layer, the root group, gradient checkpointing on, the chunked head); each rank
 measures its own peak and the row shows the largest. The formula describes one unsharded
 process and is printed beside sharded rows only as a reference.
@@ -185,9 +185,9 @@ def _shard(model: torch.nn.Module, spec: dict[str, Any]) -> None:
     """Join the ranks' group and shard `model` as a sharded learner does (in place)."""
     import torch
 
-    from replayrl.distributed import fsdp
-    from replayrl.distributed.ddp import init_group
     from replayrl.learner import logprobs
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group
 
     device = torch.device(spec["device"])
     init_group(spec["rank"], spec["ranks"], "127.0.0.1", spec["port"], device=device)
@@ -352,7 +352,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     ranks = spec.get("ranks", 1)
     if ranks <= 1:
         return _child(spec)[0]
-    from replayrl.distributed.ddp import free_port
+    from replayrl.run.distributed.ddp import free_port
 
     port = free_port()
     results = _child(*[{**spec, "rank": r, "port": port} for r in range(ranks)])

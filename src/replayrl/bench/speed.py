@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from replayrl.config.schema import ModelConfig, load_config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner import logprobs
 from replayrl.learner.batching import shared_prompt_order
 from replayrl.learner.learner import Learner, collate, token_logprobs, unpad
@@ -689,8 +689,8 @@ def bench_weight_sync(model_path: str, threads: int, repeats: int) -> dict[str, 
     """Bytes and seconds per weight sync, object store vs broadcast (gloo here, NCCL between
     GPUs), in the generation dtype `precision: auto` picks (and in fp32)."""
     from replayrl.config.schema import load_config
-    from replayrl.distributed.broadcast import weight_sync_figures
     from replayrl.models.precision import choose_for
+    from replayrl.run.distributed.broadcast import weight_sync_figures
     from replayrl.run.policy import load_policy
 
     torch.set_num_threads(threads)

@@ -224,7 +224,7 @@ def run_one(cfg, peer: str | None, run_dir: Path, log: Log) -> dict[str, Any]:
         return run_trl_grpo(cfg, run_dir, log=log)
     if peer is not None:
         raise ConfigError(f"unknown peer {peer!r} (known: trl)")
-    from replayrl.launch.entry import train
+    from replayrl.run.start import train
 
     return train(cfg, log=log)
 

@@ -31,21 +31,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from replayrl.api.config import config_keys
     from replayrl.api.trl_args import check_override_keys
     from replayrl.bench.preflight import preflight
-    from replayrl.launch import entry
+    from replayrl.run import start
 
     check_override_keys([o.split("=", 1)[0].strip() for o in args.overrides], config_keys())
     if args.resume:
         if args.config:
             raise ConfigError("--resume takes the run's own config.yaml; drop --config")
         saved = Path(args.resume) / "config.yaml"
-        if saved.is_file():  # else entry.resume says what is wrong with the folder
+        if saved.is_file():  # else start.resume says what is wrong with the folder
             preflight(load_config(saved, args.overrides), log=print)
-        with entry.trusting_run_code(args.trust_run_code):
-            summary = entry.resume(args.resume, args.overrides)
+        with start.trusting_run_code(args.trust_run_code):
+            summary = start.resume(args.resume, args.overrides)
     else:
         cfg = load_config(args.config, args.overrides)
         preflight(cfg, log=print)  # before any weights reach a GPU
-        summary = entry.train(cfg)
+        summary = start.train(cfg)
     keys = (
         "initial_eval_accuracy",
         "final_eval_accuracy",

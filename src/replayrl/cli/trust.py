@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from replayrl.config.schema import ConfigError
-from replayrl.records.run_record import (
+from replayrl.run.records.run_record import (
     RECORD,
     Verdict,
     record_signature,
@@ -96,7 +96,7 @@ def _confirm() -> bool:
 
 
 def cmd_trust(args: argparse.Namespace) -> int:
-    from replayrl.records.folder import is_run_folder, run_code
+    from replayrl.run.records.folder import is_run_folder, run_code
 
     run_dir = Path(args.run_dir)
     if not is_run_folder(run_dir):

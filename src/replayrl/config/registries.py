@@ -240,7 +240,7 @@ REWARDS: Registry[Callable[..., Any]] = Registry(
     ("replayrl.rollout.rewards.builtin",),
     hint="; or give your own as path/to/file.py:function",
 )
-RUNTIMES: Registry[RuntimeSpec] = Registry("runtime", "runtime", ("replayrl.launch.runtimes",))
+RUNTIMES: Registry[RuntimeSpec] = Registry("runtime", "runtime", ("replayrl.run.runtimes",))
 
 
 def runtimes_with(feature: str) -> str:

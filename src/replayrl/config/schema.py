@@ -512,7 +512,7 @@ DESIGN_FALLBACK = {"alpha": 0.25, "rho": 0.5}
 
 class DesignConfig(_Section):
     """Inputs of paper 1's cost model, used when capacity or batch size is `auto`
-    (experimental: replayrl/recipes/auto.py measures them on the run's warm-up)."""
+    (experimental: replayrl/run/loops/auto.py measures them on the run's warm-up)."""
 
     # power-law exponent of sigma(x) and correlation between buffer items: a number, or
     # `measured` on the warm-up's per-sample gradients at staleness 0 .. warmup_steps
@@ -529,7 +529,7 @@ class DesignConfig(_Section):
     warmup_steps: int = Field(2, ge=1)  # measured steps to estimate mu (and alpha, rho)
     # alpha / rho measured: batches generated at each warm-up policy and at the last one only
     # for their per-sample gradients, never trained on (an update shrinks the gradients of
-    # the batch it took, median 0.13x: recipes/probe.py); more batches, less noise, more cost
+    # the batch it took, median 0.13x: run/loops/probe.py); more batches, less noise, more cost
     probe_batches: int = Field(1, ge=1)
     # the feasible set `auto` searches: N >= R always; B >= R unless this is true
     allow_y_below_one: bool = False
@@ -908,7 +908,7 @@ class RayConfig(_Section):
         description="seconds to wait for the cluster to provide the actors' resources "
         "(None: refuse at once a run it cannot place)",
     )
-    # how weights reach the generator actors (distributed/weight_sync.py); auto: a broadcast
+    # how weights reach the generator actors (run/distributed/weight_sync.py); auto: a broadcast
     # (NCCL) where learner and generators hold GPUs, the object store otherwise
     weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
         "auto", description="learner -> generator weight path: auto, object_store or broadcast"
@@ -1063,7 +1063,7 @@ class Config(_Section):
             spec.check(self)  # the method's own rules, next to its code
 
     def _check_sharding(self) -> None:
-        """train.sharding=fsdp: what the sharded learners (distributed/fsdp.py) run."""
+        """train.sharding=fsdp: what the sharded learners (run/distributed/fsdp.py) run."""
         t, why = self.train, None
         if not RUNTIMES.get(self.runtime).multi_learner or self.workers.learners < 2:
             why = (

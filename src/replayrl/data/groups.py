@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 
 def reward_std(rewards: Sequence[float]) -> float:

@@ -3,8 +3,8 @@ ratio B / R minimise compute for a target quality, given the generation/training
 
 - `theory`: the closed form and the feasible design (`replayrl design`): the stable core.
 - `staleness`: alpha and rho from per-sample gradients at several staleness levels
-  (**experimental**: `buffer.capacity=auto`, whose warm-up is recipes/probe.py and whose
-  decision is recipes/auto.py).
+  (**experimental**: `buffer.capacity=auto`, whose warm-up is run/loops/probe.py and whose
+  decision is run/loops/auto.py).
 
 Imports nothing else from replayrl: the ledger, the run state and the loops all read it.
 """

@@ -1,7 +1,7 @@
 """The asynchronous system of experience replay (arXiv 2604.08706, Section 2) as a
 discrete-event model: W generators and T data-parallel learners around one FIFO buffer.
 
-It follows the asynchronous loop's rules (`replayrl.recipes.asynchronous`):
+It follows the asynchronous loop's rules (`replayrl.run.loops.asynchronous`):
 
 - a generator takes the newest published weights when it starts a batch (paying the weight
   load), generates R rollouts, and delivers them tagged with the version it held;

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.batching import (
     TrainBatch,
     collate,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 
 @dataclass(frozen=True)

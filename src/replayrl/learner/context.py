@@ -24,8 +24,8 @@ from replayrl.learner.logprobs import token_logprobs
 class Ranks:
     """How a learner works with the other learner ranks (the default: alone).
 
-    Data-parallel ranks (distributed/ddp.py) average gradients and sum the loss normaliser's
-    count over ranks; sharded ones (distributed/fsdp.py) also run every forward in lockstep,
+    Data-parallel ranks (run/distributed/ddp.py) average gradients and sum the loss normaliser's
+    count over ranks; sharded ones (run/distributed/fsdp.py) also run every forward in lockstep,
     since each is a collective.
     """
 

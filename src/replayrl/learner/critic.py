@@ -11,7 +11,7 @@ from transformers import AutoModel
 
 from replayrl.algorithms.advantages import AdvantageSpec
 from replayrl.algorithms.objective import critic_objective
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.assembly import Assembly
 from replayrl.learner.batching import TokenRows, TrainBatch
 from replayrl.learner.context import LearnerContext

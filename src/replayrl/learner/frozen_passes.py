@@ -21,7 +21,7 @@ from replayrl.algorithms.correction import importance_weights
 from replayrl.algorithms.kl import kl_convex_lambda
 from replayrl.config.registries import BackendSpec
 from replayrl.config.schema import Config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.assembly import Assembly
 from replayrl.learner.batching import TrainBatch, unpad
 from replayrl.learner.context import LearnerContext

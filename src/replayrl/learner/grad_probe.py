@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from replayrl.algorithms.losses import call_policy_loss
-from replayrl.data.rollout import Rollout, is_stale
+from replayrl.data.rollout_record import Rollout, is_stale
 from replayrl.learner.batching import collate
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ model's gradient checkpointing on (`model.gradient_checkpointing`), each decoder
 under `torch.utils.checkpoint`: backward keeps only the layers' inputs.
 
 Sharded policies (FSDP2): each decoder layer runs as a forward method of its shard group
-(`replayrl_run`, distributed/fsdp.py), so its weights are gathered around it as around
+(`replayrl_run`, run/distributed/fsdp.py), so its weights are gathered around it as around
 `layer(...)`, and no frozen weight is cached (a cast copy of a gathered weight would be a
 whole layer kept on every rank).
 

@@ -32,7 +32,7 @@ from replayrl.algorithms.correction import weight_stats
 from replayrl.algorithms.objective import ObjectiveWeights
 from replayrl.config.registries import BACKENDS
 from replayrl.config.schema import Config, config_value
-from replayrl.data.rollout import Rollout, is_stale
+from replayrl.data.rollout_record import Rollout, is_stale
 from replayrl.learner import logprobs
 from replayrl.learner.assembly import Assembly, micro_batch
 from replayrl.learner.batching import TrainBatch, collate, put_rows, unpad
@@ -191,7 +191,7 @@ class Learner:
         return self.frozen.prev_model
 
     def join(self, ranks: Ranks, *, new_parameters: bool = False, autocast: bool = True) -> None:
-        """Become one of `ranks.world_size` learner ranks (distributed/fsdp_learner.py's
+        """Become one of `ranks.world_size` learner ranks (run/distributed/fsdp_learner.py's
         `join_learners`; every rank at once). `new_parameters`: sharding replaced the policy's
         parameters, so its optimizer and schedule are built anew over them; `autocast=False`:
         the forwards run without autocast (sharded parameters are gathered in the compute

@@ -24,7 +24,7 @@ with a warning that names it. A frozen-policy wrapper (learner/frozen.py: LoRA's
 an adapter snapshot) lends its policy module through `run_with`, so it takes the same path;
 any other object that is not a module takes the full path.
 
-Sharded policies (FSDP2, distributed/fsdp.py) take the same paths: the whole computation runs
+Sharded policies (FSDP2, run/distributed/fsdp.py) take the same paths: the whole computation runs
 as a forward method of the root shard group (its weights gathered around it), and the checks
 above run once on the whole model before it is sharded (`prepare`); a sharded model never
 checked takes the full path (`model(...)`, which FSDP's hooks cover).
@@ -153,7 +153,7 @@ def _is_sharded(module: torch.nn.Module) -> bool:
 
 def prepare(model: object) -> None:
     """Decide, on the whole model, which path `token_logprobs` takes for it (the chunked head,
-    the lean forward): what sharding (distributed/fsdp.py) needs before it splits the
+    the lean forward): what sharding (run/distributed/fsdp.py) needs before it splits the
     weights. The same checks `token_logprobs` would make at its first call."""
     if _split(model) is not None:
         _lean_core(model)
@@ -161,7 +161,7 @@ def prepare(model: object) -> None:
 
 def _sharded_root(model: object) -> torch.nn.Module | None:
     """The root shard group of a sharded model (the module FSDP's root hooks sit on, with the
-    `replayrl_run` forward method distributed/fsdp.py gives it), else None."""
+    `replayrl_run` forward method run/distributed/fsdp.py gives it), else None."""
     if isinstance(model, torch.nn.Module) and callable(getattr(model, "replayrl_run", None)):
         return model
     return None

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from replayrl.data.rollout import Rollout, is_stale
+from replayrl.data.rollout_record import Rollout, is_stale
 
 
 def _content(sampler: torch.Tensor) -> bytes:

@@ -72,7 +72,7 @@ class PolicyPass:
 
     def renew_optimizer(self) -> None:
         """A new optimizer and schedule over the policy's parameters now (sharding replaced
-        them: distributed/fsdp.py)."""
+        them: run/distributed/fsdp.py)."""
         self.optimizer, self.lr_schedule = self._optimizer()
 
     def backward(

@@ -4,9 +4,9 @@ Each method is one module here holding its config section, its check, its builde
 counts it keeps; the lines below register them (`replayrl.config.registries.METHODS`) with
 what the rest of the run reads from the entry alone: the buffer its rollouts go through, the
 loss and advantage it needs, the keys of its section a resume may not change
-(`frozen_on_resume`, read by `replayrl.records.folder`), the run counters it adds to
+(`frozen_on_resume`, read by `replayrl.run.records.folder`), the run counters it adds to
 (`metrics`: their meaning, summary key and rollout-ledger term, read by `replayrl.run.state`
-and `replayrl.records.ledger`) and its budget rule (read by the benchmarks). The schema, the
+and `replayrl.run.records.ledger`) and its budget rule (read by the benchmarks). The schema, the
 run, the resume check, the ledger, `replayrl presets` and docs/metrics.md read them from the
 registry; nothing outside this package names a method.
 """

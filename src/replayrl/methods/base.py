@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from replayrl.data.buffer import Buffer
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 if TYPE_CHECKING:
     import torch

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from replayrl.data.buffer import Buffer
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 if TYPE_CHECKING:
     from replayrl.methods.base import LearnerPort, SourceContext

@@ -31,7 +31,7 @@ from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.buffer.scored_groups import ScoredGroupBuffer, trl_group_score
 from replayrl.data.groups import Group, flatten, split_groups
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.methods.base import GROUP_STRIDE, SourceContext
 from replayrl.methods.grouped import GroupCounters, GroupSource, Production
 

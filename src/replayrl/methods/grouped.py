@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from replayrl.data.buffer import Buffer
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.methods.base import LearnerPort, Production
 from replayrl.methods.buffer import BufferSource, Log
 

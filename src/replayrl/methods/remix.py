@@ -17,7 +17,7 @@ from replayrl.config.registries import RUNTIMES, runtimes_with
 from replayrl.config.section import Section
 from replayrl.data.buffer import Buffer, make_buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.methods.base import LearnerPort, SourceContext
 from replayrl.methods.buffer import BufferSource, Counters, Log
 

@@ -45,7 +45,7 @@ from replayrl.config.section import Section
 from replayrl.data.buffer import Buffer
 from replayrl.data.buffer.base import decode_rollouts, encode_rollouts
 from replayrl.data.groups import Group, flatten, split_groups
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.methods.base import SourceContext
 from replayrl.methods.grouped import GroupSource
 

@@ -18,7 +18,7 @@ import torch
 from replayrl.algorithms import ADVANTAGES
 from replayrl.algorithms.advantages import group_means
 from replayrl.config.schema import Config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.errors import RunFailed
 from replayrl.rollout.generation import Generator, Sample, SamplingParams
 from replayrl.rollout.prompts import PromptRenderer, is_conversational, prompt_fits

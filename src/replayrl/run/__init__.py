@@ -1,4 +1,7 @@
-"""One training run's session: its components, state, accounting, metrics, callbacks, run
-folder and checkpoints, and the starting policy. The loops that drive a session are
-recipes/; launch/ picks the runtime.
-Data flow: launch -> recipes -> run -> (rollout, data, learner) -> (algorithms, models, storage)."""
+"""A run's life, in one wing: `start` checks the run folder and hands the run to its
+runtime (`runtimes`: the sync loop, local generator processes, or Ray actors in
+`distributed/`); `loops/` are the training loops as plain functions over a `Session`;
+`session` and its parts (components, state, metrics, callbacks, the starting policy) are one
+run in memory; `records/` is what it leaves on disk (folder, ledger, signed record).
+Data flow: start -> runtimes -> distributed -> loops -> session -> (methods, rollout, data,
+learner) -> (algorithms, models, storage)."""

@@ -1,7 +1,7 @@
 """A run's services around its loop: set-up from components, evaluation, the no-signal and
 no-training guards, step metrics, checkpoints, resume, and the final summary.
 
-The loops themselves (recipes/sync.py, recipes/asynchronous.py) are plain functions over a
+The loops themselves (run/loops/sync.py, run/loops/asynchronous.py) are plain functions over a
 session's components (producer, batch source, learner); nothing here generates, decides what
 the next batch is or trains.
 """
@@ -24,19 +24,21 @@ import torch
 from replayrl.config.registries import BACKENDS, RUNTIMES
 from replayrl.config.schema import Config, config_to_yaml
 from replayrl.data.buffer import Buffer
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.errors import RunFailed, RunStopped
+from replayrl.learner.learner import Learner
 from replayrl.methods.buffer import BatchSource
 from replayrl.models.device import is_out_of_memory, oom_phase, out_of_memory_message
-from replayrl.records.ledger import WALL_SECONDS_COVERS, format_accounting
-from replayrl.records.provenance import run_provenance
-from replayrl.records.run_record import record_signature
 from replayrl.rollout.evaluation import evaluate_policy
+from replayrl.rollout.generation.base import Generator
 from replayrl.rollout.producer import Production
 from replayrl.run.callbacks import RunHooks
 from replayrl.run.completions import CompletionsLog
 from replayrl.run.components import Components, build_batch_source, build_buffer, build_components
 from replayrl.run.metrics import MetricsLogger, Progress
+from replayrl.run.records.ledger import WALL_SECONDS_COVERS, format_accounting
+from replayrl.run.records.provenance import run_provenance
+from replayrl.run.records.run_record import record_signature
 from replayrl.run.signal import RewardSignalMonitor, start_accuracy_warning
 from replayrl.run.state import Counters, accounting, declared_counters, summarize
 from replayrl.storage.checkpoint import (
@@ -53,11 +55,49 @@ from replayrl.storage.sharded_checkpoint import SHARDED_DIR, is_sharded_checkpoi
 Log = Callable[[str], None]
 
 
+class WholeLearner:
+    """How a session reads its learner for checkpoints, evaluation and resume when one
+    process holds the whole policy. Sharded learners plug in their own
+    (`distributed.fsdp_learner.ShardedOutputs`): the session asks, never swaps its fields."""
+
+    def restore(self, learner: Learner, ckpt: Path, state: dict[str, Any], log: Log) -> None:
+        """The learner's part of a resume. A checkpoint of sharded learners keeps AdamW's
+        state (and a frozen reference) as DCP shards: this whole learner loads them all."""
+        learner.load_state_dict(state)
+        if is_sharded_checkpoint(ckpt):
+            log(f"loading the sharded learner state of {ckpt} into one unsharded learner")
+            ref = learner.base_model
+            load_sharded(
+                ckpt / SHARDED_DIR,
+                learner.model,
+                learner.optimizer,
+                restore_rng=False,  # this process's generators come from the state file
+                reference=ref if isinstance(ref, torch.nn.Module) else None,
+            )
+
+    def learner_state(self, learner: Learner) -> dict[str, Any]:
+        """The learner's part of a checkpoint's state file."""
+        return learner.state_dict()
+
+    def shard_writer(self) -> Callable[[Path], None] | None:
+        """What writes the learner's shards into a checkpoint's temp folder; None: the state
+        file holds the whole learner."""
+        return None
+
+    def policy_to_save(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The policy a checkpoint's HF folder is written from."""
+        return model
+
+    def eval_generator(self, generator: Generator, learner: Learner) -> Generator:
+        """The generator an evaluation samples with."""
+        return generator
+
+
 class Session:
     """One run: its components, counters, metrics log and checkpoints."""
 
     # this process generates the rollouts it trains on (a vLLM engine here if configured);
-    # False for learners fed by generator workers (recipes/asynchronous.py)
+    # False for learners fed by generator workers (run/loops/asynchronous.py)
     builds_engine = True
 
     def __init__(
@@ -67,9 +107,12 @@ class Session:
         log: Log = print,
         resume: bool = False,
         hooks: RunHooks | None = None,
+        outputs: WholeLearner | None = None,
     ):
-        """`hooks`: objects and callbacks from the Python API (sync runs only)."""
+        """`hooks`: objects and callbacks from the Python API (sync runs only). `outputs`:
+        how checkpoints, evaluation and resume read the learner (default: whole)."""
         self.cfg, self.run_dir, self.log = cfg, run_dir, log
+        self.outputs = outputs if outputs is not None else WholeLearner()
         self.hooks = hooks if hooks is not None else RunHooks()
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -137,7 +180,7 @@ class Session:
     def _state(self) -> dict[str, Any]:
         assert self.source is not None
         return {
-            "learner": self.learner.state_dict(),
+            "learner": self.outputs.learner_state(self.learner),
             **self.source.state_dict(),  # "buffer" (and ReMix's "window")
             "prompt_rng": self.parts.prompt_rng.bit_generator.state,
             "shuffle_rng": self.parts.shuffle_rng.bit_generator.state,
@@ -147,7 +190,7 @@ class Session:
 
     def _restore(self, ckpt: Path) -> None:
         state = load_state(ckpt)
-        self.restore_learner(ckpt, state["learner"])
+        self.outputs.restore(self.learner, ckpt, state["learner"], self.log)
         assert self.source is not None
         self.source.load_state_dict(state)  # a ReMix source reads a missing window as None
         self.parts.prompt_rng.bit_generator.state = state["prompt_rng"]
@@ -160,37 +203,17 @@ class Session:
             f"resumed from {ckpt} at step {self.counters.step}, version {self.learner.version}"
         )
 
-    def restore_learner(self, ckpt: Path, state: dict[str, Any]) -> None:
-        """The learner's part of a resume. A checkpoint of sharded learners keeps AdamW's
-        state (and a frozen reference) as DCP shards: this whole learner loads them all."""
-        self.learner.load_state_dict(state)
-        if is_sharded_checkpoint(ckpt):
-            self.log(f"loading the sharded learner state of {ckpt} into one unsharded learner")
-            ref = self.learner.base_model
-            load_sharded(
-                ckpt / SHARDED_DIR,
-                self.learner.model,
-                self.learner.optimizer,
-                restore_rng=False,  # this process's generators come from the state file
-                reference=ref if isinstance(ref, torch.nn.Module) else None,
-            )
-
-    def write_learner_shards(self) -> Callable[[Path], None] | None:
-        """What writes the learner's shards into a checkpoint's temp folder (sharded
-        learners: `ShardedSession`); None: the state file holds the whole learner."""
-        return None
-
     def checkpoint(self) -> Path:
         path = save_checkpoint(
             self.run_dir,
             self.counters.step,
-            self.model,
+            self.outputs.policy_to_save(self.model),
             self.tokenizer,
             self._state(),
             keep_last=self.cfg.checkpoint.keep_last,
             config=self.cfg.model_dump(mode="json"),  # resume checks against this record
             record_signature=record_signature(self.run_dir),  # the signed run record's
-            extra=self.write_learner_shards(),
+            extra=self.outputs.shard_writer(),
         )
         self.hooks.checkpointed(self.counters.step, path)
         return path
@@ -208,7 +231,8 @@ class Session:
         self.counters.account(p)
 
     def evaluate(self) -> dict[str, float]:
-        return evaluate_policy(self.cfg, self.generator, self.task, self.eval_rows, self.render)
+        gen = self.outputs.eval_generator(self.generator, self.learner)
+        return evaluate_policy(self.cfg, gen, self.task, self.eval_rows, self.render)
 
     def timed_eval(self) -> dict[str, float]:
         c = self.counters

@@ -10,7 +10,7 @@ from typing import Any
 from replayrl.config.registries import METHODS, RUNTIMES
 from replayrl.config.schema import Config
 from replayrl.design.theory import estimate_mu
-from replayrl.records.ledger import (
+from replayrl.run.records.ledger import (
     RoleClock,
     ledger_stats,
     role_summary,
@@ -51,7 +51,7 @@ class Counters:
     rollouts_sampled: int = 0  # rollouts drawn from the buffer (async replay-ratio pacing)
     rollouts_lost_worker_died: int = 0  # async: the batch a killed generator was producing
     retired_buffer_stats: list[dict[str, float]] = field(default_factory=list)
-    # `auto` design's alpha / rho probe: batches of the policies it undoes (recipes/probe.py)
+    # `auto` design's alpha / rho probe: batches of the policies it undoes (run/loops/probe.py)
     rollouts_discarded_probe: int = 0
     roles: dict[str, dict[str, float]] = field(default_factory=dict)  # async role clocks
     source_counts: dict[str, int] = field(default_factory=dict)

@@ -30,10 +30,10 @@ from replayrl.models.loading import (
     is_adapter_folder,
     load_pretrained,
 )
-from replayrl.records.provenance import weights_sha256
 from replayrl.rollout.prompts import PromptRenderer
 from replayrl.rollout.tasks import task_from_config
 from replayrl.rollout.tasks.base import Row
+from replayrl.run.records.provenance import weights_sha256
 from replayrl.storage.io import atomic_write_json
 
 _CPU = torch.device("cpu")

@@ -1,7 +1,7 @@
 """Peer implementations of the same experiment in other libraries, logged in replayrl's format.
 
 Each peer trains the same warm start on the same task and reward and writes `metrics.jsonl`
-and `summary.json` like `replayrl.launch.entry`, so it can sit in the same benchmark table.
+and `summary.json` like `replayrl.run.start`, so it can sit in the same benchmark table.
 The peers' libraries are optional (`pip install 'replayrl[bench]'`); importing this package
 does not import them.
 """

@@ -57,8 +57,6 @@ from transformers import TrainerCallback
 from replayrl.config.method_sections import DEFAULT_METHOD
 from replayrl.config.schema import Config, config_to_yaml, config_value, load_config
 from replayrl.design.theory import cost_ratio, estimate_mu
-from replayrl.records.folder import new_run_folder
-from replayrl.records.provenance import run_provenance
 from replayrl.rollout.evaluation import evaluate_policy, held_out_rows
 from replayrl.rollout.generation import HFGenerator
 from replayrl.rollout.producer import completion_for_reward
@@ -68,6 +66,8 @@ from replayrl.rollout.rewards.math import completion_text
 from replayrl.rollout.tasks import task_from_config
 from replayrl.run.metrics import MetricsLogger, Progress
 from replayrl.run.policy import load_policy
+from replayrl.run.records.folder import new_run_folder
+from replayrl.run.records.provenance import run_provenance
 from replayrl.storage.io import atomic_write_json, quiet_transformers
 
 Log = Callable[[str], None]

@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 __all__ = ["Buffer", "SeedLike", "rollout_from_dict", "rollout_to_dict"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 __all__ = ["batch_stats"]
 

@@ -14,7 +14,7 @@ from replayrl.data.buffer.base import (
     decode_rollouts,
     encode_rollouts,
 )
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 __all__ = ["OnPolicyQueue"]
 

@@ -23,7 +23,7 @@ from replayrl.data.buffer.base import (
     encode_rollouts,
 )
 from replayrl.data.buffer.samplers import Sampler, draw_indices, make_sampler
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 __all__ = ["ReplayBuffer"]
 

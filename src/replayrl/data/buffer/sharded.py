@@ -11,7 +11,7 @@ from typing import Any
 from replayrl.data.buffer.base import STAT_KEYS, SeedLike, check_n, make_rng
 from replayrl.data.buffer.onpolicy import OnPolicyQueue
 from replayrl.data.buffer.replay import ReplayBuffer
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 
 __all__ = ["ShardedBuffer"]
 

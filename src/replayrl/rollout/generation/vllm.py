@@ -159,7 +159,7 @@ def check_engine_device(device: torch.device | None) -> None:
     """The engine runs on the first GPU its process sees (vLLM's in-process executor takes
     local rank 0, vllm/v1/executor/uniproc_executor.py), so a policy on cuda:N, N > 0, in
     the same process would get its engine on GPU 0: refused with the fix. Worker processes
-    are pinned to their GPU before CUDA starts (distributed/gpus.py), so they see cuda:0."""
+    are pinned to their GPU before CUDA starts (run/distributed/gpus.py), so they see cuda:0."""
     if device is not None and device.type == "cuda" and (device.index or 0) != 0:
         raise ValueError(
             f"rollout.backend=vllm builds its engine on this process's first GPU, not "

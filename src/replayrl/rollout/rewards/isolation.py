@@ -9,7 +9,7 @@ counted like any failing call, and a function failing on every call ends the run
 `train.failure_patience` steps (RewardFunctionFailed). The next call starts a new worker.
 
 How. A small fork server (`ForkServer`) is forked from the trainer when the reward set is
-built, before the model loads (run/components.py, distributed/worker.py); each function's
+built, before the model loads (run/components.py, run/distributed/worker.py); each function's
 worker is forked from that server at the function's first call (the `fork` start method: a
 callable passed through the Python API, a closure or a lambda, needs no pickling) and kept
 for the next calls, so state the function keeps in globals lives on in the worker, not in

@@ -13,8 +13,8 @@ from typing import Any
 
 from replayrl.config.schema import Config
 from replayrl.design.theory import cost_ratio
-from replayrl.recipes.auto import auto_design
-from replayrl.recipes.steps import learn, produce_fresh
+from replayrl.run.loops.auto import auto_design
+from replayrl.run.loops.steps import learn, produce_fresh
 from replayrl.run.metrics import Progress
 from replayrl.run.session import Session, StopOnSignal
 

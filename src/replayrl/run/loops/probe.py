@@ -1,6 +1,6 @@
 """`design.alpha` / `design.rho` = measured: the warm-up probe that measures them.
 
-The `auto` warm-up (recipes/auto.py: auto_design) generates `design.warmup_steps` batches to
+The `auto` warm-up (run/loops/auto.py: auto_design) generates `design.warmup_steps` batches to
 time mu. To see staleness it also needs policy updates, so when alpha or rho is `measured` the
 warm-up takes one on-policy update after each of its batches (the run's own loss; the learning
 rate of the schedule's first steps after its LR warm-up, `probe_lr_steps`; a separate shuffle
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from replayrl.config.schema import DESIGN_FALLBACK, Config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.design.staleness import (
     MIN_LEVELS,
     AlphaRhoEstimate,
@@ -49,7 +49,7 @@ from replayrl.design.staleness import (
 )
 from replayrl.learner.grad_probe import sample_gradients
 from replayrl.learner.lr_schedule import lr_multiplier, warmup_steps
-from replayrl.recipes.steps import produce_fresh, push_engine_weights
+from replayrl.run.loops.steps import produce_fresh, push_engine_weights
 from replayrl.run.session import Session
 
 MEASURED = "measured"

@@ -23,7 +23,7 @@ def start_sync(
     cfg: Config, run_dir: Path, log: Log, resume: bool, hooks: RunHooks | None = None
 ) -> Loop:
     """One process: generate, then train, each step."""
-    from replayrl.recipes.sync import run_sync
+    from replayrl.run.loops.sync import run_sync
     from replayrl.run.session import Session
 
     session = Session(cfg, run_dir, log=log, resume=resume, hooks=hooks)
@@ -34,8 +34,8 @@ def start_async_local(
     cfg: Config, run_dir: Path, log: Log, resume: bool, hooks: RunHooks | None = None
 ) -> Loop:
     """Generator processes on this machine, training concurrently with the learner."""
-    from replayrl.distributed.local import local_pool
-    from replayrl.recipes.asynchronous import AsyncSession, run_async
+    from replayrl.run.distributed.local import local_pool
+    from replayrl.run.loops.asynchronous import AsyncSession, run_async
 
     s = AsyncSession(cfg, run_dir, local_pool, log=log, resume=resume)
     return lambda: run_async(s)
@@ -45,7 +45,7 @@ def start_ray(
     cfg: Config, run_dir: Path, log: Log, resume: bool, hooks: RunHooks | None = None
 ) -> Loop:
     """Generators, the buffer and learners as Ray actors."""
-    from replayrl.distributed.ray_runtime import RayDriver
+    from replayrl.run.distributed.ray_runtime import RayDriver
 
     return RayDriver(cfg, run_dir, log=log, resume=resume).run
 

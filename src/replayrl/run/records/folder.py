@@ -35,7 +35,7 @@ from replayrl.config.method_sections import place_method_keys
 from replayrl.config.registries import METHODS, TASKS
 from replayrl.config.schema import Config, ConfigError, TaskConfig, config_to_yaml, load_config
 from replayrl.errors import RunFailed
-from replayrl.records.run_record import Verdict, reward_refs, sign_or_warn, verify_run_folder
+from replayrl.run.records.run_record import Verdict, reward_refs, sign_or_warn, verify_run_folder
 from replayrl.storage.checkpoint import CheckpointWriteError, find_checkpoints, manifest_config
 from replayrl.storage.io import atomic_write_text
 
@@ -336,7 +336,7 @@ def _file_target(spec: str) -> str | None:
     return target if target.endswith(".py") or "/" in target or "\\\\" in target else None
 
 
-_SHIPPED = Path(__file__).resolve().parents[1]  # the replayrl package (preset reward files)
+_SHIPPED = Path(__file__).resolve().parents[2]  # the replayrl package (preset reward files)
 
 
 def code_specs(cfg: Config) -> list[str]:

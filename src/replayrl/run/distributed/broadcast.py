@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from replayrl.distributed.ddp import free_port, process_group_backend
-from replayrl.distributed.weights import load_trainable, trainable_state
+from replayrl.run.distributed.ddp import free_port, process_group_backend
+from replayrl.run.distributed.weights import load_trainable, trainable_state
 
 Layout = list[tuple[str, torch.Size, int]]  # (name, shape, numel) in buffer order
 

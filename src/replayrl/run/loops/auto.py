@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from replayrl.config.schema import Config
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.design.theory import (
     FeasibleDesign,
     cost_ratio,
@@ -22,14 +22,14 @@ from replayrl.design.theory import (
     feasible_design,
     on_policy_design,
 )
-from replayrl.recipes.probe import (
+from replayrl.run.loops.probe import (
     MEASURED,
     WarmupProbe,
     measured_keys,
     probe_blocker,
     resolve_alpha_rho,
 )
-from replayrl.recipes.steps import produce_fresh
+from replayrl.run.loops.steps import produce_fresh
 from replayrl.run.session import Session
 
 
@@ -40,7 +40,7 @@ def auto_design(s: Session) -> tuple[Config, list[Rollout], dict[str, Any]]:
     Returns the resolved config (the session's own is not changed), the warm-up rollouts
     (real, version 0: they go into the buffer) and the design record. The training passes
     used for timing take no optimizer step; the alpha / rho probe's updates are undone
-    (recipes/probe.py).
+    (run/loops/probe.py).
     """
     cfg, R = s.cfg, s.cfg.rollouts_per_step
     probe, why_not = _start_probe(s)

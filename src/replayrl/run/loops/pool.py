@@ -1,7 +1,7 @@
 """What the asynchronous learner and its generators exchange, wherever the generators run
-(local processes: distributed/local.py; Ray actors: distributed/ray_runtime.py): a
+(local processes: run/distributed/local.py; Ray actors: run/distributed/ray_runtime.py): a
 `Delivery` is one batch a generator hands over, a `GeneratorPool` what the learner's loop
-(recipes/asynchronous.py) asks of the generators. The learner's loop and both transports
+(run/loops/asynchronous.py) asks of the generators. The learner's loop and both transports
 import it, so the loop needs nothing of a transport's: the runtimes sit above the loop.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from replayrl.data.buffer.base import rollout_from_dict, rollout_to_dict
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.storage.io import atomic_write_with
 from replayrl.storage.safe_state import dumps_single, loads_single
 

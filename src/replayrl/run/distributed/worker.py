@@ -16,13 +16,13 @@ import torch
 
 from replayrl.config.registries import BACKENDS
 from replayrl.config.schema import Config
-from replayrl.distributed.weights import SharedWeights, load_trainable
 from replayrl.models.device import resolve_device
 from replayrl.models.loading import unwrap_model
-from replayrl.recipes.pool import Delivery
 from replayrl.rollout.prompts import PromptRenderer
 from replayrl.rollout.tasks import task_from_config
 from replayrl.run.components import build_generator, build_producer, reward_set
+from replayrl.run.distributed.weights import SharedWeights, load_trainable
+from replayrl.run.loops.pool import Delivery
 from replayrl.run.policy import load_policy
 
 Log = Callable[[str], None]
@@ -41,7 +41,7 @@ class GeneratorWorker:
         torch.set_num_threads(cfg.workers.generator_threads)
         seed = worker_seed(cfg, worker_id, incarnation)
         rewards = reward_set(cfg)  # before the model: see run.components.reward_set
-        # train.device of this worker (its own GPU: see distributed/gpus.py)
+        # train.device of this worker (its own GPU: see run/distributed/gpus.py)
         device = resolve_device(cfg.train.device)
         self.model, tokenizer, path = load_policy(
             cfg.model, cfg.task, log=log, seed=cfg.train.seed, device=device

@@ -66,7 +66,8 @@ def code_version() -> str:
         version = importlib.metadata.version("replayrl")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    root = Path(__file__).resolve().parents[3]  # src/replayrl/records/run_record.py -> the checkout
+    # src/replayrl/run/records/run_record.py -> the checkout
+    root = Path(__file__).resolve().parents[4]
     if not (root / ".git").exists():  # installed: not the commit of a repo it happens to sit in
         return version
     try:

@@ -13,7 +13,7 @@ import numpy as np
 
 from replayrl.config.schema import Config
 from replayrl.data.buffer import batch_stats
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.learner.critic import policy_frozen
 from replayrl.learner.learner import Learner
 from replayrl.methods.base import GROUP_STRIDE

@@ -1,7 +1,7 @@
 """Sharded learners on Ray (`train.sharding: fsdp`, `workers.learners` = T >= 2).
 
 Every learner rank (rank 0 in the learner actor, ranks 1..T-1 in follower actors) shards the
-policy, its gradients and its AdamW state with FSDP2 (distributed/fsdp.py) and trains on its
+policy, its gradients and its AdamW state with FSDP2 (run/distributed/fsdp.py) and trains on its
 own buffer shard's B / T rollouts, as the data-parallel learners do.
 
 What leaves the learners needs the full weights, and gathering them is a collective: rank 0
@@ -25,6 +25,8 @@ before sharded checkpoints) still resumes: it is loaded whole and split over the
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,12 +36,14 @@ from typing import Any, TypeVar
 import torch
 
 from replayrl.config.schema import Config
-from replayrl.distributed import fsdp
-from replayrl.distributed.ddp import data_parallel_ranks
 from replayrl.errors import RunFailed
 from replayrl.learner.frozen import is_lora
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
+from replayrl.rollout.generation.base import Generator
+from replayrl.run.distributed import fsdp
+from replayrl.run.distributed.ddp import data_parallel_ranks
+from replayrl.run.session import WholeLearner
 from replayrl.storage.sharded_checkpoint import (
     SHARDED_DIR,
     is_sharded_checkpoint,
@@ -108,6 +112,7 @@ def sharded_learner_state(learner: Learner) -> dict[str, object]:
 
 
 GATHER_TIMEOUT_S = 600.0  # a gather is one collective: a lost rank must not hang rank 0
+_POLL_S = 0.5  # how often rank 0 looks at the followers while it waits in a collective
 
 
 class ShardedLeader:
@@ -120,14 +125,52 @@ class ShardedLeader:
         self.gathered: Counter[str] = Counter()  # the gathers run so far, by part
 
     def _all_ranks(self, what: str, call: Callable[[Any], Any], here: Callable[[], _T]) -> _T:
-        """`call(follower)` on every follower while this rank runs `here` (one collective)."""
-        refs = [call(f) for f in self.followers]
-        out = here()
+        """`call(follower)` on every follower while this rank runs `here` (one collective).
+
+        `here` runs in a thread while this one watches the followers: a follower that fails
+        before it joins the collective (a full disk, an unwritable folder, a lost actor)
+        would leave `here` waiting for it until the process group's timeout, so its error
+        ends the run at once, naming the rank, instead of after minutes of silence."""
+        refs = {call(f): rank for rank, f in enumerate(self.followers, start=1)}
+        mine: dict[str, Any] = {}
+        device = self.learner.device
+
+        def run_here() -> None:
+            if device.type == "cuda":  # the CUDA device is per thread
+                torch.cuda.set_device(device)
+            try:
+                mine["out"] = here()
+            except BaseException as exc:  # handed to the watching thread
+                mine["error"] = exc
+
+        thread = threading.Thread(target=run_here, name=f"rank 0: {what}", daemon=True)
+        thread.start()
+        pending, deadline = list(refs), time.monotonic() + GATHER_TIMEOUT_S
+        while pending:
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=_POLL_S)
+            for ref in ready:
+                self._check(ref, refs[ref], what)
+            if time.monotonic() > deadline:
+                ranks = sorted(refs[r] for r in pending)
+                raise RunFailed(
+                    f"sharded learner rank(s) {ranks} did not finish {what} in "
+                    f"{GATHER_TIMEOUT_S:.0f} s"
+                )
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            raise RunFailed(f"rank 0 did not finish {what} in {GATHER_TIMEOUT_S:.0f} s")
+        if "error" in mine:
+            raise mine["error"]
+        return mine["out"]
+
+    def _check(self, ref: Any, rank: int, what: str) -> None:
+        """A follower's finished part of a collective: its error ends the run."""
         try:
-            self.ray.get(refs, timeout=GATHER_TIMEOUT_S)
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError) as exc:
-            raise RunFailed(f"a sharded learner rank was lost in {what}") from exc
-        return out
+            self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as exc:
+            raise RunFailed(f"sharded learner rank {rank} was lost in {what}") from exc
+        except self.ray.exceptions.RayError as exc:
+            raise RunFailed(f"sharded learner rank {rank} failed in {what}: {exc}") from exc
 
     def _with_followers(self, part: str, gather: Callable[[], _T]) -> _T:
         self.gathered[part] += 1
@@ -181,77 +224,62 @@ class FullWeightsPool:
         return getattr(self.pool, name)
 
 
-class ShardedSession:
-    """Rank 0's session methods that need the full policy when the learners are sharded
-    (`sharded` set once the ranks are sharded); with `sharded` None they are the session's."""
+class ShardedOutputs(WholeLearner):
+    """Rank 0's reading of sharded learners (`leader` set once the ranks are sharded):
+    checkpoints, evaluation and publishing gather the full policy, and every rank writes and
+    loads its own DCP shards of AdamW and the reference. Before the ranks are sharded (and
+    on a run whose ranks never shard) it reads the learner whole."""
 
-    # the session's (declared for this mixin's methods)
-    cfg: Config
-    learner: Learner
-    sharded: ShardedLeader | None = None
-    # a resumed sharded checkpoint's DCP folder, loaded by every rank once they are sharded
-    pending_shards: Path | None = None
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.leader: ShardedLeader | None = None
+        # a resumed sharded checkpoint's DCP folder, loaded by every rank once they are sharded
+        self.pending_shards: Path | None = None
 
-    def shard_outputs(self, leader: ShardedLeader) -> None:
-        """From now on publishing, evaluation and checkpoints gather the full policy; a
-        resumed checkpoint's shards are loaded by every rank now."""
-        self.sharded = leader
-        inner = self.pool_factory  # type: ignore[has-type]
-        self.pool_factory = lambda s: FullWeightsPool(inner(s), leader)
+    def shard(self, leader: ShardedLeader) -> None:
+        """From now on evaluation and checkpoints gather the full policy; a resumed
+        checkpoint's shards are loaded by every rank now."""
+        self.leader = leader
         if self.pending_shards is not None:
             leader.load_shards(self.pending_shards)
             self.pending_shards = None
 
-    def restore_learner(self, ckpt: Path, state: dict[str, Any]) -> None:
+    def restore(self, learner: Learner, ckpt: Path, state: dict[str, Any], log: Any) -> None:
         """Sharded learners resuming a sharded checkpoint: the state file's part now, the
-        shards once the ranks are sharded (`shard_outputs`). Any other pairing is the
-        session's: whole state loaded whole (sharded later, each rank keeping its part), or
-        a sharded checkpoint loaded into an unsharded learner."""
+        shards once the ranks are sharded (`shard`). Any other pairing is the whole
+        learner's: whole state loaded whole (sharded later, each rank keeping its part), or a
+        sharded checkpoint loaded into an unsharded learner."""
         cfg = self.cfg
         if not (is_sharded(cfg) and cfg.workers.learners > 1 and is_sharded_checkpoint(ckpt)):
-            super().restore_learner(ckpt, state)  # type: ignore[misc]
+            super().restore(learner, ckpt, state, log)
             return
-        self.learner.load_state_dict(state)
+        learner.load_state_dict(state)
         self.pending_shards = ckpt / SHARDED_DIR
 
-    def follower_state(self) -> dict[str, Any]:
+    def follower_state(self, learner: Learner) -> dict[str, Any]:
         """What a resumed run's followers load before they shard: rank 0's learner state,
         less what every rank loads from the shards afterwards."""
-        learner = self.learner
         return sharded_learner_state(learner) if self.pending_shards else learner.state_dict()
 
-    def write_learner_shards(self) -> Callable[[Path], None] | None:
-        if self.sharded is None:
-            return super().write_learner_shards()  # type: ignore[misc]
-        leader = self.sharded
+    def learner_state(self, learner: Learner) -> dict[str, Any]:
+        if self.leader is None:
+            return super().learner_state(learner)
+        return sharded_learner_state(learner)  # AdamW and the reference: the ranks' shards
+
+    def shard_writer(self) -> Callable[[Path], None] | None:
+        leader = self.leader
+        if leader is None:
+            return super().shard_writer()
         return lambda tmp: leader.save_shards(tmp / SHARDED_DIR)
 
-    def evaluate(self) -> dict[str, float]:
-        if self.sharded is None:
-            return super().evaluate()  # type: ignore[misc]
-        gen = copy.copy(self.generator)  # type: ignore[has-type]
+    def policy_to_save(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The full policy, gathered one tensor at a time to rank 0's CPU."""
+        return model if self.leader is None else self.leader.full_model()
+
+    def eval_generator(self, generator: Generator, learner: Learner) -> Generator:
+        if self.leader is None:
+            return generator
+        gen = copy.copy(generator)
         # the HF model the generator takes (a LoRA policy's with its adapter layers active)
-        full = unwrap_model(self.sharded.full_model())
-        gen.model = full.to(self.learner.device)
-        real, self.generator = self.generator, gen  # type: ignore[has-type]
-        try:
-            return super().evaluate()  # type: ignore[misc]
-        finally:
-            self.generator = real
-
-    def _state(self) -> dict[str, Any]:
-        state: dict[str, Any] = super()._state()  # type: ignore[misc]
-        if self.sharded is not None:  # AdamW and the reference: every rank's DCP shards
-            state["learner"] = sharded_learner_state(self.learner)
-        return state
-
-    def checkpoint(self) -> Any:
-        """The full policy's HF folder, the run state (`_state`) and every rank's shards
-        (`write_learner_shards`)."""
-        if self.sharded is None:
-            return super().checkpoint()  # type: ignore[misc]
-        real, self.model = self.model, self.sharded.full_model()  # type: ignore[has-type]
-        try:
-            return super().checkpoint()  # type: ignore[misc]
-        finally:
-            self.model = real
+        gen.model = unwrap_model(self.leader.full_model()).to(learner.device)  # type: ignore[attr-defined]
+        return gen

@@ -4,7 +4,7 @@ The driver (`replayrl train runtime=ray`) starts or joins Ray, places a learner 
 `ray.learner_num_cpus/gpus`, and waits. The learner actor runs the same AsyncTrainer loop as
 async-local; its generators are actors placed by `ray.generator_num_cpus/gpus`, its buffer
 an actor (`ray.buffer_num_cpus`). Weights travel through Ray's object store as one object
-per sync, or by a broadcast between GPUs (`ray.weight_sync`, distributed/weight_sync.py).
+per sync, or by a broadcast between GPUs (`ray.weight_sync`, run/distributed/weight_sync.py).
 The run folder must be on a filesystem the learner's node can write (sharded learners,
 `train.sharding: fsdp`: one every learner node shares, as each rank writes its own
 checkpoint shards there).
@@ -25,30 +25,31 @@ import torch
 import yaml
 
 from replayrl.config.schema import Config, build_config, config_to_yaml
-from replayrl.distributed.broadcast import Layout, PairGroup, receive_flat
-from replayrl.distributed.ddp import free_port, init_group, weights_digest
-from replayrl.distributed.fsdp_learner import (
+from replayrl.errors import RunFailed, RunStopped
+from replayrl.learner.critic import policy_frozen
+from replayrl.models.device import model_device, resolve_device
+from replayrl.models.precision import choose_for
+from replayrl.run.components import buffer_kwargs, build_learner
+from replayrl.run.distributed.broadcast import Layout, PairGroup, receive_flat
+from replayrl.run.distributed.ddp import free_port, init_group, weights_digest
+from replayrl.run.distributed.fsdp_learner import (
+    FullWeightsPool,
     ShardedLeader,
-    ShardedSession,
+    ShardedOutputs,
     follow_gather,
     is_sharded,
     join_learners,
     load_learner_shards,
     save_learner_shards,
 )
-from replayrl.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
-from replayrl.distributed.placement import alive_nodes, check_placement
-from replayrl.distributed.weight_sync import BroadcastSender, weight_sync_path
-from replayrl.distributed.weights import trainable_state
-from replayrl.distributed.worker import GeneratorWorker
-from replayrl.errors import RunFailed, RunStopped
-from replayrl.learner.critic import policy_frozen
-from replayrl.models.device import model_device, resolve_device
-from replayrl.models.precision import choose_for
-from replayrl.recipes.asynchronous import AsyncSession, run_async, staleness_bounded
-from replayrl.recipes.pool import Delivery
-from replayrl.records.ledger import RoleClock, format_accounting
-from replayrl.run.components import buffer_kwargs, build_learner
+from replayrl.run.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
+from replayrl.run.distributed.placement import alive_nodes, check_placement
+from replayrl.run.distributed.weight_sync import BroadcastSender, weight_sync_path
+from replayrl.run.distributed.weights import trainable_state
+from replayrl.run.distributed.worker import GeneratorWorker
+from replayrl.run.loops.asynchronous import AsyncSession, run_async, staleness_bounded
+from replayrl.run.loops.pool import Delivery
+from replayrl.run.records.ledger import RoleClock, format_accounting
 from replayrl.run.session import StopOnSignal, signal_name
 from replayrl.storage.checkpoint import latest_checkpoint
 from replayrl.storage.io import quiet_transformers
@@ -343,7 +344,7 @@ class RayGeneratorPool:
 
     def publish(self, model: Any, version: int) -> None:
         # in the generation dtype: what the generators sample in (a bf16 sampler: half the
-        # bytes through the object store; distributed/broadcast.py is the collective path)
+        # bytes through the object store; run/distributed/broadcast.py is the collective path)
         dtype = choose_for(self.cfg.precision, model).generation
         if self.sync_path == "broadcast":
             self.sender.snapshot(model, dtype)  # sent to each generator before its next batch
@@ -443,11 +444,20 @@ class RayGeneratorPool:
         return {"path": "object_store"}
 
 
-class RayAsyncTrainer(ShardedSession, AsyncSession):
-    """An AsyncSession with a buffer actor and generator actors (runs inside LearnerActor)."""
+class RayAsyncTrainer(AsyncSession):
+    """An AsyncSession with a buffer actor and generator actors (runs inside LearnerActor);
+    with sharded learners, checkpoints and evaluation read them through `ShardedOutputs`."""
 
     def __init__(self, cfg: Config, run_dir: Path, log: Log = print, resume: bool = False):
-        super().__init__(cfg, run_dir, lambda s: RayGeneratorPool(cfg, log), log=log, resume=resume)
+        self.sharded_outputs = ShardedOutputs(cfg)
+        super().__init__(
+            cfg,
+            run_dir,
+            lambda s: RayGeneratorPool(cfg, log),
+            log=log,
+            resume=resume,
+            outputs=self.sharded_outputs,
+        )
         self.external_stop = threading.Event()
         self.followers: list[Any] = []
 
@@ -488,7 +498,9 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
         sync_figures = getattr(self.pool, "sync_figures", None)  # a sharded run wraps the pool
         if sync_figures is not None:
             out["weight_sync"] = sync_figures()
-        if self.followers and self.sharded is None:  # data parallelism: identical replicas
+        if (
+            self.followers and self.sharded_outputs.leader is None
+        ):  # data parallelism: identical replicas
             digests = {weights_digest(self.model)} | set(
                 _get([f.digest.remote() for f in self.followers], "a data-parallel learner")
             )
@@ -512,7 +524,9 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
         policy = str(ckpt / "policy") if ckpt is not None else None
         self.followers = [cls.remote(config_to_yaml(cfg), r, T, policy) for r in range(1, T)]
         if self.counters.step:  # resumed: the optimizer state too (sharding keeps it)
-            state = self.follower_state()  # less the shards every rank loads once joined
+            state = self.sharded_outputs.follower_state(
+                self.learner
+            )  # less the shards every rank loads once joined
             _get([f.load_learner_state.remote(state) for f in self.followers], "a learner rank")
         address, port = ray.util.get_node_ip_address(), free_port()
         joins = [f.join.remote(address, port) for f in self.followers]
@@ -521,7 +535,10 @@ class RayAsyncTrainer(ShardedSession, AsyncSession):
         join_learners(self.learner, T)
         _get(joins, "a learner rank joining the process group")
         if is_sharded(cfg):
-            self.shard_outputs(ShardedLeader(self.learner, self.followers, ray))
+            leader = ShardedLeader(self.learner, self.followers, ray)
+            self.sharded_outputs.shard(leader)
+            inner = self.pool_factory  # publishing gathers the full weights from now on
+            self.pool_factory = lambda s: FullWeightsPool(inner(s), leader)
             self.log(f"{T} sharded learners (FSDP2), one buffer shard each")
         else:
             self.log(f"{T} data-parallel learners (torch.distributed), one buffer shard each")

@@ -24,15 +24,15 @@ from typing import Any
 
 from replayrl.config.schema import Config
 from replayrl.data.buffer import Buffer
-from replayrl.data.rollout import Rollout
+from replayrl.data.rollout_record import Rollout
 from replayrl.design.theory import cost_ratio
-from replayrl.recipes.pool import Delivery, GeneratorPool
-from replayrl.recipes.steps import learn
-from replayrl.records.ledger import RoleClock
 from replayrl.rollout.producer import Production
 from replayrl.run.components import build_buffer
+from replayrl.run.loops.pool import Delivery, GeneratorPool
+from replayrl.run.loops.steps import learn
 from replayrl.run.metrics import Progress
-from replayrl.run.session import Session, StopOnSignal
+from replayrl.run.records.ledger import RoleClock
+from replayrl.run.session import Session, StopOnSignal, WholeLearner
 from replayrl.storage.io import atomic_write_json
 
 Log = Callable[[str], None]
@@ -76,8 +76,9 @@ class AsyncSession(Session):
         pool_factory: Callable[[AsyncSession], GeneratorPool],
         log: Log = print,
         resume: bool = False,
+        outputs: WholeLearner | None = None,
     ) -> None:
-        super().__init__(cfg, run_dir, log=log, resume=resume)
+        super().__init__(cfg, run_dir, log=log, resume=resume, outputs=outputs)
         self.pool_factory = pool_factory
         self.pool: GeneratorPool | None = None
         c = self.counters

@@ -12,7 +12,8 @@ from typing import Any
 
 from replayrl.config.registries import RUNTIMES, runtimes_with
 from replayrl.config.schema import Config, ConfigError, load_config
-from replayrl.records.folder import (
+from replayrl.run.callbacks import RunHooks
+from replayrl.run.records.folder import (
     check_layout,
     check_resume_code,
     check_resume_config,
@@ -23,7 +24,6 @@ from replayrl.records.folder import (
     sign_run,
     write_config,
 )
-from replayrl.run.callbacks import RunHooks
 from replayrl.run.session import InterruptOnSignal
 from replayrl.storage.checkpoint import clean_leftovers
 from replayrl.storage.io import atomic_write_text, quiet_transformers

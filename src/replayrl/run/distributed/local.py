@@ -24,12 +24,12 @@ import torch
 import yaml
 
 from replayrl.config.schema import Config, build_config, config_to_yaml
-from replayrl.distributed.gpus import generator_device, pin_process_to
-from replayrl.distributed.weights import SharedWeights
-from replayrl.distributed.worker import GeneratorWorker
 from replayrl.errors import RewardFunctionFailed, RunFailed
 from replayrl.models.device import model_device
-from replayrl.recipes.pool import Delivery
+from replayrl.run.distributed.gpus import generator_device, pin_process_to
+from replayrl.run.distributed.weights import SharedWeights
+from replayrl.run.distributed.worker import GeneratorWorker
+from replayrl.run.loops.pool import Delivery
 from replayrl.storage.io import quiet_transformers
 
 Log = Callable[[str], None]
@@ -157,7 +157,7 @@ class LocalGeneratorPool:
 
     def worker_config(self, worker_id: int) -> str:
         """The run's config for one worker, with its own device (one GPU per worker where
-        the machine has more than the learner's; distributed/gpus.py)."""
+        the machine has more than the learner's; run/distributed/gpus.py)."""
         device = generator_device(self.learner_device, worker_id, torch.cuda.device_count())
         if device == "cpu" and self.learner_device.type == "cpu":
             return self.cfg_yaml  # CPU runs: the worker reads the run's config as it is

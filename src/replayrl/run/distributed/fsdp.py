@@ -50,12 +50,12 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from replayrl.distributed.ddp import average_gradients, max_over_ranks, sum_over_ranks
 from replayrl.learner import logprobs
 from replayrl.learner.context import Ranks
 from replayrl.learner.frozen import AdapterSnapshot, is_lora
 from replayrl.learner.learner import Learner
 from replayrl.models.loading import unwrap_model
+from replayrl.run.distributed.ddp import average_gradients, max_over_ranks, sum_over_ranks
 
 _FULL = StateDictOptions(full_state_dict=True)
 
@@ -274,7 +274,7 @@ def full_trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def adapters_model(model: torch.nn.Module) -> torch.nn.Module:
     """A sharded LoRA policy's unsharded peft model with only its adapters gathered, the base
     left on the meta device (no memory, never read): what a weight sync sends from, since a
-    LoRA sync carries the adapters only (distributed/weights.py), so the frozen base is not
+    LoRA sync carries the adapters only (run/distributed/weights.py), so the frozen base is not
     all-gathered at every sync."""
     if not is_lora(model):
         raise ValueError("adapters_model: the policy has no LoRA adapters")

@@ -2,7 +2,7 @@
 
 `object_store`: one host copy per sync in the generation dtype, put in Ray's object store and
 handed to each generator with its next `generate` call (deserialised there, copied in).
-`broadcast`: a collective over a two-rank group per generator (distributed/broadcast.py,
+`broadcast`: a collective over a two-rank group per generator (run/distributed/broadcast.py,
 `PairGroup`): NCCL between GPUs, as OpenRLHF and verl sync, gloo on CPU. The learner keeps
 one packed snapshot of each published version (the version a generator is told it holds is
 the one it gets, even while the learner trains on) and sends it to a generator just before
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from replayrl.config.schema import Config
-from replayrl.distributed.broadcast import Layout, PairGroup, layout_of, pack
-from replayrl.distributed.ddp import free_port, process_group_backend
+from replayrl.run.distributed.broadcast import Layout, PairGroup, layout_of, pack
+from replayrl.run.distributed.ddp import free_port, process_group_backend
 
 
 def weight_sync_path(cfg: Config) -> str:
