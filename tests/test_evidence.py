@@ -422,7 +422,7 @@ def test_the_next_block_is_set_up_as_the_rule_says(tmp_path: Path) -> None:
         t: variant_config(held, "remix-grpo", 0, tmp_path, False, t).task.reasoning.op
         for t in held["tasks"]
     }
-    assert list(ops)[:4] == ["add6", "sub6", "sub5m2", "add5m2h"] and len(ops) == 10
+    assert list(ops)[:4] == ["add6", "sub6", "sub5m2", "add5m2h"] and len(ops) == 14
     assert set(list(ops.values())[4:]) == {"add", "sub", "chain"}
     # the no-reuse control: ReMix's shape and lr, 4 updates a step, no rollout seen twice
     fresh = variant_config(held, "grpo-fresh-updates", 0, tmp_path, False, "add6")

@@ -7,6 +7,7 @@ import statistics
 import numpy as np
 import pytest
 
+from replayrl.config.overrides import ConfigError
 from replayrl.config.schema import load_config
 from replayrl.rollout.rewards.builtin import final_answer, final_answer_reward
 from replayrl.rollout.tasks import task_from_config
@@ -98,6 +99,9 @@ def test_bad_knobs_are_clear_errors_and_config_builds_the_task() -> None:
         ReasoningTask("add", digits=2, min_digits=3)
     with pytest.raises(ValueError, match="eval_size"):
         ReasoningTask("add", digits=1, eval_size=60)
+    # the config refuses what the task cannot build, before any warm start or run starts
+    with pytest.raises(ConfigError, match="task.reasoning.digits"):
+        load_config("configs/reasoning-add.yaml", ["task.reasoning.digits=7"])
     cfg = load_config("configs/reasoning-add.yaml")
     task = task_from_config(cfg.task)
     assert isinstance(task, ReasoningTask) and task.op == "add" and task.digits == 3

@@ -46,8 +46,8 @@ class ReasoningConfig(Section):
     min_digits..digits; terms: the length of a chain)."""
 
     op: Literal["add", "sub", "chain"] = Field("add", description="reasoning: the operation")
-    digits: int = Field(2, ge=1, le=9, description="reasoning: longest operand (digits)")
-    min_digits: int = Field(1, ge=1, le=9, description="reasoning: shortest operand (digits)")
+    digits: int = Field(2, ge=1, le=6, description="reasoning: longest operand (digits)")
+    min_digits: int = Field(1, ge=1, le=6, description="reasoning: shortest operand (digits)")
     terms: int = Field(4, ge=3, le=8, description="reasoning, op chain: terms in the chain")
 
 
