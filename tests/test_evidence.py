@@ -423,6 +423,11 @@ def test_the_next_block_is_set_up_as_the_rule_says(tmp_path: Path) -> None:
         for t in held["tasks"]
     }
     assert list(ops)[:4] == ["add6", "sub6", "sub5m2", "add5m2h"] and len(ops) == 14
+    # ... the first four exactly as the 2026-12-04 block ran them (suite `heldout`)
+    old = load_suite("heldout")
+    for task in list(ops)[:4]:
+        assert held["tasks"][task] == old["tasks"][task], task
+    assert held["overrides"] == old["overrides"]
     assert set(list(ops.values())[4:]) == {"add", "sub", "chain"}
     # the no-reuse control: ReMix's shape and lr, 4 updates a step, no rollout seen twice
     fresh = variant_config(held, "grpo-fresh-updates", 0, tmp_path, False, "add6")
