@@ -188,6 +188,14 @@ def test_every_rank_writes_its_shards_and_a_resume_takes_the_uninterrupted_step(
             )
 
 
+def _rank_shuffle(cfg: Any, rank: int, steps: int) -> dict[str, Any]:
+    """Learner rank `rank`'s shuffle generator after `steps` full steps of B / T rows."""
+    rng = np.random.default_rng(cfg.train.seed + 1 + rank)
+    for _ in range(steps * cfg.train.epochs):
+        rng.permutation(cfg.train.batch_size // cfg.workers.learners)
+    return dict(rng.bit_generator.state)
+
+
 def test_a_sharded_ray_run_checkpoints_shards_per_rank_and_resumes_from_them(
     local_ray, tmp_path: Path
 ) -> None:
@@ -209,9 +217,14 @@ def test_a_sharded_ray_run_checkpoints_shards_per_rank_and_resumes_from_them(
     assert {f"{SHARDED_DIR}/__0_0.distcp", f"{SHARDED_DIR}/__1_0.distcp"} <= set(manifest["files"])
     assert {float(s["step"]) for s in sharded_adam(ckpt).values()} == {2.0}
 
+    # rank 1 shuffles its own mini-batches: its generator is kept, one draw a step and epoch
+    assert load_state(ckpt)["follower_shuffle_rng"] == [_rank_shuffle(cfg, 1, steps=2)]
+
     assert resume(run, ["train.steps=3"], log=quiet)["steps"] == 3
     again = latest_checkpoint(run)
     assert again is not None and again.name == "step_000003"
+    # the resumed rank went on from its kept generator, not from its seed
+    assert load_state(again)["follower_shuffle_rng"] == [_rank_shuffle(cfg, 1, steps=3)]
     # every rank loaded its shards: the resumed AdamW went on from step 2, not from 0
     assert {float(s["step"]) for s in sharded_adam(again).values()} == {3.0}
     (again / SHARDED_DIR / "__1_0.distcp").unlink()  # a lost rank's file: not complete

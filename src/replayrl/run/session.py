@@ -188,7 +188,9 @@ class Session:
             "reward_signal": self.reward_signal.state_dict(),
         }
 
-    def _restore(self, ckpt: Path) -> None:
+    def _restore(self, ckpt: Path) -> dict[str, Any]:
+        """Load a checkpoint into this session; returns its state (runtimes read their own
+        parts of it)."""
         state = load_state(ckpt)
         self.outputs.restore(self.learner, ckpt, state["learner"], self.log)
         assert self.source is not None
@@ -202,6 +204,7 @@ class Session:
         self.log(
             f"resumed from {ckpt} at step {self.counters.step}, version {self.learner.version}"
         )
+        return state
 
     def checkpoint(self) -> Path:
         path = save_checkpoint(

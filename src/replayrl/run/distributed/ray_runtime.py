@@ -287,6 +287,15 @@ class FollowerActor:
             "tokens": sum(r.completion_ids.numel() for r in batch) * self.epochs,
         }
 
+    def shuffle_state(self) -> dict[str, Any]:
+        """This rank's mini-batch shuffle generator, for a checkpoint."""
+        return dict(self.rng.bit_generator.state)
+
+    def load_shuffle_state(self, state: dict[str, Any]) -> None:
+        """A resumed run's shuffle generator: the rank's mini-batches go on as they would
+        have, not from the seed again."""
+        self.rng.bit_generator.state = state
+
     def digest(self) -> str:
         return weights_digest(self.model)
 
@@ -450,6 +459,8 @@ class RayAsyncTrainer(AsyncSession):
 
     def __init__(self, cfg: Config, run_dir: Path, log: Log = print, resume: bool = False):
         self.sharded_outputs = ShardedOutputs(cfg)
+        # ranks 1..T-1's shuffle generators as a resumed checkpoint kept them (`_restore`)
+        self.resumed_shuffles: list[dict[str, Any]] | None = None
         super().__init__(
             cfg,
             run_dir,
@@ -487,6 +498,19 @@ class RayAsyncTrainer(AsyncSession):
             for r in range(T)
         ]
         return shards[0] if T == 1 else ShardedRemoteBuffer(shards)
+
+    def _state(self) -> dict[str, Any]:
+        state = super()._state()
+        if self.followers:  # ranks 1..T-1 shuffle their own mini-batches
+            state["follower_shuffle_rng"] = _get(
+                [f.shuffle_state.remote() for f in self.followers], "a learner rank"
+            )
+        return state
+
+    def _restore(self, ckpt: Path) -> dict[str, Any]:
+        state = super()._restore(ckpt)
+        self.resumed_shuffles = state.get("follower_shuffle_rng")  # older checkpoints: none
+        return state
 
     def run(self) -> dict[str, Any]:
         if self.cfg.workers.learners > 1:
@@ -528,6 +552,7 @@ class RayAsyncTrainer(AsyncSession):
                 self.learner
             )  # less the shards every rank loads once joined
             _get([f.load_learner_state.remote(state) for f in self.followers], "a learner rank")
+            self._restore_shuffles()
         address, port = ray.util.get_node_ip_address(), free_port()
         joins = [f.join.remote(address, port) for f in self.followers]
         init_group(0, T, address, port, device=self.learner.device)
@@ -542,6 +567,20 @@ class RayAsyncTrainer(AsyncSession):
             self.log(f"{T} sharded learners (FSDP2), one buffer shard each")
         else:
             self.log(f"{T} data-parallel learners (torch.distributed), one buffer shard each")
+
+    def _restore_shuffles(self) -> None:
+        """The followers' shuffle generators from the checkpoint, when it kept one per rank."""
+        saved = self.resumed_shuffles
+        if saved is None:
+            self.log("note: the checkpoint keeps no learner ranks' shuffle state (older run)")
+        elif len(saved) != len(self.followers):
+            self.log(
+                f"note: the checkpoint kept {len(saved) + 1} learner ranks' shuffle state, this "
+                f"run has {len(self.followers) + 1}: ranks 1.. shuffle from their seeds"
+            )
+        else:
+            pairs = zip(self.followers, saved, strict=True)
+            _get([f.load_shuffle_state.remote(s) for f, s in pairs], "a learner rank")
 
     def learner_step(self, B: int) -> None:
         if not self.followers:
