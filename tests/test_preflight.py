@@ -136,3 +136,26 @@ def test_train_refuses_before_writing_a_run_folder(
     with pytest.raises(RunDoesNotFit, match="cuda:0 has 40.0 GiB free"):
         trainer.train()
     assert not (tmp_path / "api").exists()
+
+
+def test_a_colocated_vllm_engine_counts_its_share_of_the_gpu(model_dir) -> None:
+    fits = ["model.gradient_checkpointing=true"]
+    need = preflight(_cfg(model_dir, *fits), print, GPU(80))
+    assert need is not None
+    free = need / GIB + 10  # 10 GiB to spare beside the learner alone
+    # the same GPU with vLLM in the learner's process: its 0.3 x 80 GiB do not fit beside it
+    vllm = [*fits, "rollout.backend=vllm", "vllm.gpu_memory_utilization=0.3"]
+    with pytest.raises(RunDoesNotFit) as caught:
+        preflight(_cfg(model_dir, *vllm), print, GPU(free))
+    msg = str(caught.value)
+    assert "beside the 24.0 GiB the vLLM engine in the same process reserves" in msg
+    share = float(re.search(r"vllm\.gpu_memory_utilization=(0\.\d+) \(its weights", msg).group(1))
+    assert share == 0.12  # 10 GiB of 80, rounded down
+    assert preflight(_cfg(model_dir, *vllm, f"vllm.gpu_memory_utilization={share}"), print,
+                     GPU(free)) == need  # fmt: skip
+    # an engine elsewhere takes nothing from the learner's GPU: generator actors on Ray, a server
+    assert preflight(_cfg(model_dir, *fits, "rollout.backend=hf"), print, GPU(free)) == need
+    elsewhere = [*fits, "runtime=ray", "rollout.backend=vllm", "vllm.gpu_memory_utilization=0.3"]
+    assert preflight(_cfg(model_dir, *elsewhere), print, GPU(free)) == need
+    server = [*fits, "rollout.backend=vllm_server", "vllm.gpu_memory_utilization=0.3"]
+    assert preflight(_cfg(model_dir, *server), print, GPU(free)) == need

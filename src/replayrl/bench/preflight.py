@@ -4,9 +4,11 @@ memory of the GPU(s) the learners will use. A run that does not fit is refused
 (`train.preflight=error`, the default) with the estimate, the memory available and the
 single changes that the plan says would fit; `warn` logs the same and starts; `off` skips.
 
-What is checked: the learner GPU only (not a vLLM engine sharing it), at the plan's prompt
-length (`vllm.max_model_len - rollout.max_new_tokens` when set, else the plan's default of
-256 tokens). Not checked (a debug note says why): CPU runs, the built-in tiny model and models
+What is checked: the learner GPU, with the share a vLLM engine in the same process reserves
+on it (a backend that runs only on a GPU, in a lockstep runtime: `vllm.gpu_memory_utilization`
+x the GPU's memory, which vLLM takes whole at start), at the plan's prompt length
+(`vllm.max_model_len - rollout.max_new_tokens` when set, else the plan's default of 256
+tokens). Not checked (a debug note says why): CPU runs, the built-in tiny model and models
 without a local config.json. Free memory is read by `torch.cuda.mem_get_info` in a short child
 process, so the run's own process creates no CUDA context before it forks or hands GPUs to
 Ray; with runtime=ray every GPU this machine sees is read and the smallest counts (one learner
@@ -24,12 +26,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from replayrl.bench.plan import GIB, learner_terms, micro_rows, model_shape
-from replayrl.config.registries import RUNTIMES
+from replayrl.config.registries import BACKENDS, RUNTIMES
 from replayrl.config.schema import Config
 from replayrl.errors import RunDoesNotFit
 
 _log = logging.getLogger(__name__)
 DEFAULT_PROMPT_TOKENS = 256  # `replayrl plan --prompt-tokens`' default
+MIN_ENGINE_SHARE = 0.05  # below this a colocated engine is not worth suggesting
 
 
 class DeviceMemory(NamedTuple):
@@ -76,6 +79,13 @@ def prompt_tokens(cfg: Config) -> int:
     if cfg.vllm.max_model_len is not None:
         return max(1, cfg.vllm.max_model_len - cfg.rollout.max_new_tokens)
     return DEFAULT_PROMPT_TOKENS
+
+
+def engine_reservation(cfg: Config, device: DeviceMemory) -> int:
+    """Bytes a vLLM engine colocated with the learner reserves on `device` (module
+    docstring); 0 where generation runs elsewhere or needs no GPU."""
+    colocated = BACKENDS.get(cfg.rollout.backend).needs_gpu and RUNTIMES.get(cfg.runtime).lockstep
+    return int(cfg.vllm.gpu_memory_utilization * device.total) if colocated else 0
 
 
 def _changed(cfg: Any, values: dict[str, Any]) -> Any:
@@ -139,12 +149,23 @@ def _overrides(change: dict[str, Any], seq: int) -> str:
     return text
 
 
-def suggestions(cfg: Config, shape: dict[str, Any], prompt: int, free: int) -> str:
-    """Per knob, the least change the plan says fits in `free` bytes; where no single knob
-    does, each knob's largest change with its estimate."""
+def suggestions(
+    cfg: Config, shape: dict[str, Any], prompt: int, free: int, device: DeviceMemory | None = None
+) -> str:
+    """Per knob, the least change the plan says fits in `free` bytes (what the learner has
+    beside a colocated engine's reservation on `device`); where no single knob does, each
+    knob's largest change with its estimate. With a colocated engine, the largest
+    `vllm.gpu_memory_utilization` beside the learner as it is is a knob too."""
     now = _estimate(cfg, shape, prompt)
     seq = prompt + cfg.rollout.max_new_tokens
     fitting, closest = [], []
+    if device is not None and engine_reservation(cfg, device):
+        share = int((device.free - now) / device.total * 100) / 100  # rounded down
+        if share >= MIN_ENGINE_SHARE:
+            fitting.append(
+                f"vLLM's share: vllm.gpu_memory_utilization={share:.2f} (its weights and KV "
+                "cache must fit in it)"
+            )
     for name, changes in _knobs(cfg, prompt).items():
         estimates = [(c, _estimate(_changed(cfg, c), shape, prompt)) for c in changes]
         estimates = [(c, e) for c, e in estimates if e < now]  # e.g. checkpointing already on
@@ -164,11 +185,18 @@ def _message(cfg: Config, shape: dict[str, Any], prompt: int, device: DeviceMemo
     terms = learner_terms(cfg, shape, prompt)
     need = sum(terms.values())
     parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in terms.items() if v >= GIB // 10)
-    advice = suggestions(cfg, shape, prompt, device.free)
+    engine = engine_reservation(cfg, device)
+    advice = suggestions(cfg, shape, prompt, device.free - engine, device)
+    beside = (
+        f", beside the {engine / GIB:.1f} GiB the vLLM engine in the same process reserves "
+        f"(vllm.gpu_memory_utilization={cfg.vllm.gpu_memory_utilization:g} of the GPU)"
+        if engine
+        else ""
+    )
     return (
         f"the learner does not fit: `replayrl plan` estimates {need / GIB:.1f} GiB per learner "
         f"GPU ({parts} GiB; {prompt} prompt + {cfg.rollout.max_new_tokens} completion tokens "
-        f"per row) but {device.name} has {device.free / GIB:.1f} GiB free of "
+        f"per row){beside} but {device.name} has {device.free / GIB:.1f} GiB free of "
         f"{device.total / GIB:.1f} GiB. {advice} The estimate is a plan, not a measurement: "
         "train.preflight=warn starts anyway, train.preflight=off skips the check"
     )
@@ -201,8 +229,9 @@ def preflight(
         return None
     prompt = prompt_tokens(cfg)
     need = _estimate(cfg, shape, prompt)
-    smallest = min(devices, key=lambda d: d.free)
-    if need <= smallest.free:
+    # the GPU with the least room for the learner beside a colocated engine's reservation
+    smallest = min(devices, key=lambda d: d.free - engine_reservation(cfg, d))
+    if need + engine_reservation(cfg, smallest) <= smallest.free:
         _log.debug(
             "train.preflight: %.1f GiB fits in %.1f GiB free", need / GIB, smallest.free / GIB
         )
