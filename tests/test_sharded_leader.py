@@ -131,6 +131,22 @@ def test_rank_0s_own_error_is_raised_as_is() -> None:
         leader._all_ranks("a checkpoint's write", leader._call, here)
 
 
+def test_rank_0s_error_ends_it_while_a_follower_still_waits_in_the_collective(
+    monkeypatch,
+) -> None:
+    # the follower waits for rank 0, which failed: its call would end only at the timeout
+    monkeypatch.setattr(fsdp_learner, "GATHER_TIMEOUT_S", 60.0)
+    waiting = Ref(ready=False)
+    leader, _ = _leader([waiting], FakeRay())
+
+    def here() -> None:
+        raise ValueError("rank 0's own write failed")
+
+    with pytest.raises(ValueError, match="rank 0's own write failed"):
+        leader._all_ranks("a checkpoint's write", leader._call, here)
+    waiting.ready.set()
+
+
 def test_a_follower_that_never_answers_times_out_naming_it(monkeypatch) -> None:
     monkeypatch.setattr(fsdp_learner, "GATHER_TIMEOUT_S", 0.3)
     leader, _ = _leader([Ref(), Ref(ready=False)], FakeRay())

@@ -43,7 +43,7 @@ from replayrl.models.loading import unwrap_model
 from replayrl.rollout.generation.base import Generator
 from replayrl.run.distributed import fsdp
 from replayrl.run.distributed.ddp import data_parallel_ranks
-from replayrl.run.session import WholeLearner
+from replayrl.run.session import Log, WholeLearner
 from replayrl.storage.sharded_checkpoint import (
     SHARDED_DIR,
     is_sharded_checkpoint,
@@ -150,6 +150,8 @@ class ShardedLeader:
             ready, pending = self.ray.wait(pending, num_returns=1, timeout=_POLL_S)
             for ref in ready:
                 self._check(ref, refs[ref], what)
+            if "error" in mine:  # rank 0 failed: the followers would wait for it in vain
+                raise mine["error"]
             if time.monotonic() > deadline:
                 ranks = sorted(refs[r] for r in pending)
                 raise RunFailed(
@@ -244,7 +246,7 @@ class ShardedOutputs(WholeLearner):
             leader.load_shards(self.pending_shards)
             self.pending_shards = None
 
-    def restore(self, learner: Learner, ckpt: Path, state: dict[str, Any], log: Any) -> None:
+    def restore(self, learner: Learner, ckpt: Path, state: dict[str, Any], log: Log) -> None:
         """Sharded learners resuming a sharded checkpoint: the state file's part now, the
         shards once the ranks are sharded (`shard`). Any other pairing is the whole
         learner's: whole state loaded whole (sharded later, each rank keeping its part), or a
