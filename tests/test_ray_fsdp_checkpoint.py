@@ -20,29 +20,12 @@ import torch
 from replayrl.config.schema import ModelConfig, config_to_yaml, load_config
 from replayrl.models.loading import build_tiny_model
 from replayrl.rollout.generation import HFGenerator, SamplingParams
-from test_ray_fsdp import sharded_adam
+
+# the sharded layout and the AdamW reader are the sharded Ray tests'
+from test_ray_fsdp import LAYERS, SHARDED, quiet, sharded_adam
 from tiny import TINY_RUN, as_rollouts
 
 pytestmark = pytest.mark.ray
-
-LAYERS = ["model.tiny.num_layers=2"]
-SHARDED = [
-    "runtime=ray",
-    "workers.learners=2",
-    "train.sharding=fsdp",
-    "method.name=replay",
-    "buffer.capacity=32",
-    "train.batch_size=16",
-    "train.threads=1",
-    "workers.max_staleness=3",
-    "ray.num_cpus=2",
-    "ray.generator_num_cpus=0.5",
-    "ray.learner_num_cpus=0.5",
-]
-
-
-def quiet(_: str) -> None:
-    pass
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Sharded learners beside a vLLM generator, on Ray and the real engine (CPU build,
 `make test-vllm`; skipped where vLLM or Ray is not installed): `runtime=ray`, two learner
-ranks under `train.sharding=fsdp`, one generator actor whose vLLM engine keeps no HF copy.
+ranks under `train.sharding=fsdp`, one generator actor with a vLLM engine (that it keeps
+no HF copy is tests/test_vllm_workers.py's check).
 
 What is checked is what a user of this layout relies on: every rollout the engine sampled
 after a weight push carries the log-probs of the policy the learners had at that version
