@@ -80,6 +80,8 @@ def test_sharded_learners_push_their_gathered_weights_into_a_vllm_generator(tmp_
     folder = run_dir / cfg.logging.name
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["runtime"] == "ray"
+    ledger = summary["accounting"]["ledger"]  # every generated rollout accounted for
+    assert ledger["balanced"] and ledger["generated"] >= STEPS * 8
 
     checkpoints = sorted((folder / "checkpoints").glob("step_*"))
     assert [int(c.name.split("_")[1]) for c in checkpoints] == list(range(1, STEPS + 1))
