@@ -98,7 +98,7 @@ def _rank(rank: int, world: int, port: int, cfg: Config, setup_: tuple[Any, ...]
     from safetensors.torch import save_file
 
     from replayrl.run.distributed import fsdp
-    from replayrl.run.distributed.ddp import init_group
+    from replayrl.run.distributed.ddp import init_group, leave_group
 
     torch.set_num_threads(1)
     init_group(rank, world, "127.0.0.1", port, timeout_s=GROUP_TIMEOUT_S)
@@ -120,7 +120,7 @@ def _rank(rank: int, world: int, port: int, cfg: Config, setup_: tuple[Any, ...]
     full = fsdp.full_state(learner.model)  # gathered over this rank's shard group
     save_file({k: v.clone() for k, v in full.items()}, f"{out}/full{rank}.safetensors")
     Path(f"{out}/rank{rank}.json").write_text(json.dumps(record))
-    torch.distributed.destroy_process_group()
+    leave_group()
 
 
 @dataclass(frozen=True)

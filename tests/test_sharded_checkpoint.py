@@ -41,7 +41,7 @@ def _rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> None:
     from safetensors.torch import save_file
 
     from replayrl.run.distributed import fsdp
-    from replayrl.run.distributed.ddp import init_group
+    from replayrl.run.distributed.ddp import init_group, leave_group
     from replayrl.storage.sharded_checkpoint import gathered_state, load_sharded, save_sharded
 
     torch.set_num_threads(1)
@@ -76,7 +76,7 @@ def _rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> None:
         save_file({k: v.clone() for k, v in final.items()}, f"{out}/final.safetensors")
     else:
         assert step1 == {}  # gathered to rank 0 only
-    torch.distributed.destroy_process_group()
+    leave_group()
 
 
 def test_a_sharded_checkpoint_resumes_exactly_and_loads_at_one_rank(

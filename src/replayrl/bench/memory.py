@@ -286,7 +286,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             _learner_step(model, batch, spec["kind"] == "lora")
     peak = _peak(cuda)
     if sharded:
-        torch.distributed.destroy_process_group()
+        from replayrl.run.distributed.ddp import leave_group
+
+        leave_group()
     return {
         **spec,
         "seconds": round(time.perf_counter() - t0, 1),

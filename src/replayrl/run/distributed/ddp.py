@@ -56,6 +56,14 @@ def init_group(
     )
 
 
+def leave_group() -> None:
+    """Leave the default group once every rank is done with it: a rank that shuts its gloo
+    pairs down while a peer is still finishing a collective can abort either process at exit
+    ("terminate called without an active exception") after all its work succeeded."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def average_gradients(params: list[torch.nn.Parameter]) -> None:
     """Mean of every rank's gradient (a missing gradient counts as zeros), in one bucket."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
