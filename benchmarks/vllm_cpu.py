@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from replayrl.config.schema import VLLMConfig
 from replayrl.rollout.generation import SamplingParams
 from replayrl.rollout.generation.hf import HFGenerator
+from replayrl.rollout.generation.vllm_settings import VLLMConfig
 
 SMOLLM2_135M = dict(
     vocab_size=49152,

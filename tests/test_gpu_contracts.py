@@ -230,7 +230,7 @@ def test_recording_run_engine_arguments(monkeypatch, tmp_path):
 
 def test_engine_start_keeps_the_trainers_rng_and_threads(monkeypatch, char_tokenizer):
     fake_vllm.install(monkeypatch)
-    from replayrl.config.schema import VLLMConfig
+    from replayrl.rollout.generation.vllm_settings import VLLMConfig
 
     torch.set_num_threads(2)
     try:

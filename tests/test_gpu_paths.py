@@ -133,8 +133,8 @@ def test_each_async_local_engine_sees_only_its_own_gpu(monkeypatch, tmp_path, ch
     engine, which takes the first GPU it sees, runs on GPU 2, not GPU 0; the stand-in records
     what the engine sees. Pinning maps through the GPUs the parent already sees."""
     import fake_vllm
-    from replayrl.config.schema import VLLMConfig
     from replayrl.rollout.generation.vllm import VLLMGenerator
+    from replayrl.rollout.generation.vllm_settings import VLLMConfig
     from replayrl.run.distributed.gpus import pin_process_to
     from replayrl.run.distributed.local import pinned_to_own_gpu
 
@@ -157,8 +157,8 @@ def test_each_async_local_engine_sees_only_its_own_gpu(monkeypatch, tmp_path, ch
 def test_an_engine_beside_a_policy_on_another_gpu_is_refused(monkeypatch, char_tokenizer):
     """Sync mode with train.device=cuda:1: the engine would take GPU 0; refused with the fix."""
     import fake_vllm
-    from replayrl.config.schema import VLLMConfig
     from replayrl.rollout.generation.vllm import VLLMGenerator
+    from replayrl.rollout.generation.vllm_settings import VLLMConfig
 
     fake_vllm.install(monkeypatch)
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES=1 and train.device=cuda"):

@@ -494,3 +494,69 @@ def test_a_run_whose_source_counts_an_undeclared_name_fails_naming_it(tmp_path: 
             train(cfg, log=lambda _: None)
     finally:
         METHODS.remove("sloppy")
+
+
+class _EngineConfig(Section):
+    slots: int = Field(4, ge=1, description="engine slots")
+
+
+class _OtherEngineConfig(Section):
+    slots: int = 1
+
+
+def test_a_backend_and_a_runtime_own_their_top_level_sections() -> None:
+    """The vLLM backends declare `vllm` and the Ray runtime `ray`: the schema names neither,
+    every config holds both at their defaults, and the config reference lists their keys."""
+    from replayrl.api.config import config_keys
+    from replayrl.config.registries import BACKENDS, RUNTIMES, owned_sections
+    from replayrl.config.schema import Config
+    from replayrl.rollout.generation.vllm_settings import VLLMConfig, vllm_settings
+    from replayrl.run.distributed.ray_settings import RayConfig, ray_settings
+
+    assert BACKENDS.get("vllm").section == ("vllm", VLLMConfig)
+    assert BACKENDS.get("vllm_server").section == ("vllm", VLLMConfig)
+    assert RUNTIMES.get("ray").section == ("ray", RayConfig)
+    assert owned_sections() == {"vllm": VLLMConfig, "ray": RayConfig}
+    assert not set(Config.model_fields) & {"vllm", "ray"}  # nothing central names them
+    cfg = load_config("grpo", ["vllm.server.port=9001", "ray.learner_num_cpus=2"])
+    assert vllm_settings(cfg).server.port == 9001 and ray_settings(cfg).learner_num_cpus == 2
+    assert vllm_settings(load_config("grpo")) == VLLMConfig()  # defaults where not given
+    dumped = cfg.model_dump(mode="json")
+    assert dumped["vllm"]["server"]["port"] == 9001 and dumped["ray"]["learner_num_cpus"] == 2
+    assert Config.model_validate(dumped) == cfg  # config.yaml reads back as the same config
+    assert {"vllm.server.port", "ray.weight_sync"} <= set(config_keys())
+    with pytest.raises(ConfigError, match=r"vllm\.server\.prot: Extra inputs"):
+        load_config("grpo", ["vllm.server.prot=1"])
+    with pytest.raises(ConfigError, match=r"ray\.learner_num_cpus: Input should be"):
+        load_config("grpo", ["ray.learner_num_cpus=-1"])
+    with pytest.raises(ConfigError, match=r"rayy: Extra inputs are not permitted"):
+        load_config("grpo", ["rayy.address=auto"])
+
+
+def test_a_plugin_backend_brings_its_section_with_one_registration() -> None:
+    """A backend registered from outside the package declares a section: it is validated,
+    defaulted and read back with no edit to the schema; one name with two models is refused."""
+    from replayrl.api.config import config_keys
+    from replayrl.config.registries import BACKENDS, BackendSpec, owned_sections
+
+    BACKENDS.add("engine", BackendSpec(lambda *a, **k: None, section=("engine", _EngineConfig)))
+    try:
+        cfg = load_config("grpo", ["rollout.backend=engine", "engine.slots=8"])
+        assert cfg.section("engine", _EngineConfig).slots == 8
+        assert load_config("grpo").section("engine", _EngineConfig).slots == 4
+        assert "engine.slots" in config_keys()
+        with pytest.raises(ConfigError, match=r"engine\.slots"):
+            load_config("grpo", ["engine.slots=0"])
+        with pytest.raises(KeyError, match="no section 'engine' of type _OtherEngineConfig"):
+            cfg.section("engine", _OtherEngineConfig)
+        clash = BackendSpec(lambda *a, **k: None, section=("engine", _OtherEngineConfig))
+        BACKENDS.add("engine2", clash)
+        try:
+            with pytest.raises(TypeError, match="one section, one model"):
+                owned_sections()
+        finally:
+            BACKENDS.remove("engine2")
+    finally:
+        BACKENDS.remove("engine")
+    with pytest.raises(ConfigError, match="engine: Extra inputs are not permitted"):
+        load_config("grpo", ["engine.slots=8"])

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 import torch
 
-from replayrl.config.schema import ConfigError, VLLMConfig, load_config
+from replayrl.config.schema import ConfigError, load_config
 from replayrl.models.loading import build_tiny_model
 from replayrl.rollout.generation import HFGenerator, SamplingParams, make_generator
 from replayrl.rollout.generation.vllm import VLLMGenerator
+from replayrl.rollout.generation.vllm_settings import VLLMConfig
 
 ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # char tokenizer ids: "</s>"=1, "+"=5, "0"=6, "1"=7, "2"=8, "3"=9, "9"=15, "="=16

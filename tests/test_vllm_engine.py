@@ -17,12 +17,13 @@ import torch
 
 pytest.importorskip("vllm", reason="the real-engine tier needs vllm (make test-vllm)")
 
-from replayrl.config.schema import ModelConfig, VLLMConfig  # noqa: E402
+from replayrl.config.schema import ModelConfig  # noqa: E402
 from replayrl.learner.batching import collate  # noqa: E402
 from replayrl.learner.logprobs import token_logprobs  # noqa: E402
 from replayrl.models.loading import build_tiny_model  # noqa: E402
 from replayrl.rollout.generation import Sample, SamplingParams  # noqa: E402
 from replayrl.rollout.generation.vllm import VLLMGenerator, write_weights_folder  # noqa: E402
+from replayrl.rollout.generation.vllm_settings import VLLMConfig  # noqa: E402
 from tiny import as_rollouts  # noqa: E402
 
 pytestmark = pytest.mark.vllm

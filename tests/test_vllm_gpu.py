@@ -15,9 +15,9 @@ def test_weight_push_reaches_the_engine(tmp_path, tiny_model, char_tokenizer):
     pytest.importorskip("vllm")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from replayrl.config.schema import VLLMConfig
     from replayrl.rollout.generation import SamplingParams
     from replayrl.rollout.generation.vllm import VLLMGenerator
+    from replayrl.rollout.generation.vllm_settings import VLLMConfig
 
     tiny_model.save_pretrained(tmp_path / "m")
     char_tokenizer.save_pretrained(tmp_path / "m")

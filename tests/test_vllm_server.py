@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("vllm", reason="the real-engine tier needs vllm (make test-vllm)")
 
-from replayrl.config.schema import ModelConfig, VLLMConfig, load_config  # noqa: E402
+from replayrl.config.schema import ModelConfig, load_config  # noqa: E402
 from replayrl.learner.batching import collate  # noqa: E402
 from replayrl.learner.logprobs import token_logprobs  # noqa: E402
 from replayrl.models.loading import build_tiny_model  # noqa: E402
@@ -28,6 +28,7 @@ from replayrl.rollout.generation.vllm_server import (  # noqa: E402
     VLLMServerGenerator,
     server_command,
 )
+from replayrl.rollout.generation.vllm_settings import VLLMConfig  # noqa: E402
 from tiny import TINY_RUN, as_rollouts  # noqa: E402
 
 pytestmark = pytest.mark.vllm

@@ -20,11 +20,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from replayrl.config.schema import ConfigError, VLLMConfig, load_config
+from replayrl.config.schema import ConfigError, load_config
 from replayrl.errors import GenerationServerError, RunFailed
 from replayrl.rollout.generation import SamplingParams, make_generator
 from replayrl.rollout.generation.vllm import request_seed
 from replayrl.rollout.generation.vllm_server import VLLMServerGenerator
+from replayrl.rollout.generation.vllm_settings import VLLMConfig
 from tiny import tiny_config
 
 NAME = "stub-model"

@@ -23,11 +23,11 @@ from replayrl.config.schema import Config, section_fields
 
 def _comments() -> dict[tuple[str, str], str]:
     """(class name, field name) -> the comment beside the field, or the block just above it,
-    in config/schema.py and in the modules of the registered methods' and tasks' own
-    sections."""
+    in config/schema.py and in the modules of the registered methods', tasks', backends' and
+    runtimes' own sections."""
     modules = {schema} | {
         inspect.getmodule(sub)
-        for owner in (schema.MethodConfig, schema.TaskConfig)
+        for owner in (schema.MethodConfig, schema.TaskConfig, Config)
         for sub in section_fields(owner).values()
         if isinstance(sub, type) and issubclass(sub, BaseModel)
     }

@@ -34,6 +34,7 @@ from typing import Any
 from replayrl.algorithms.advantages import ADVANTAGES
 from replayrl.bench.memory import SHAPES, formula
 from replayrl.config.schema import Config
+from replayrl.rollout.generation.vllm_settings import vllm_settings
 
 GIB = 1 << 30
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -199,12 +200,12 @@ def learner_terms(cfg: Config, c: dict[str, Any], prompt: int) -> dict[str, int]
 def generator_terms(cfg: Config, c: dict[str, Any], prompt: int, gpu: float) -> dict[str, int]:
     """Bytes per generator GPU: vLLM's reservation and what the engine needs inside it."""
     _, _, _, layers, kv = _dims(c)
-    seq = cfg.vllm.max_model_len or prompt + cfg.rollout.max_new_tokens
+    seq = vllm_settings(cfg).max_model_len or prompt + cfg.rollout.max_new_tokens
     rows = min(
         cfg.rollout.decode_batch_size, math.ceil(cfg.rollouts_per_step / cfg.workers.generators)
     )
     return {
-        "reserved": int(cfg.vllm.gpu_memory_utilization * gpu * GIB),
+        "reserved": int(vllm_settings(cfg).gpu_memory_utilization * gpu * GIB),
         "weights": 2 * param_counts(c)["total"],
         "kv_cache": 2 * layers * kv * rows * seq * 2,
         "rows": rows,

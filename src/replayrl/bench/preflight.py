@@ -29,6 +29,7 @@ from replayrl.bench.plan import GIB, learner_terms, micro_rows, model_shape
 from replayrl.config.registries import BACKENDS, RUNTIMES
 from replayrl.config.schema import Config
 from replayrl.errors import RunDoesNotFit
+from replayrl.rollout.generation.vllm_settings import vllm_settings
 
 _log = logging.getLogger(__name__)
 DEFAULT_PROMPT_TOKENS = 256  # `replayrl plan --prompt-tokens`' default
@@ -76,8 +77,9 @@ def cuda_memory(cfg: Config) -> list[DeviceMemory]:
 
 def prompt_tokens(cfg: Config) -> int:
     """The prompt length the estimate assumes (module docstring)."""
-    if cfg.vllm.max_model_len is not None:
-        return max(1, cfg.vllm.max_model_len - cfg.rollout.max_new_tokens)
+    longest = vllm_settings(cfg).max_model_len
+    if longest is not None:
+        return max(1, longest - cfg.rollout.max_new_tokens)
     return DEFAULT_PROMPT_TOKENS
 
 
@@ -85,7 +87,7 @@ def engine_reservation(cfg: Config, device: DeviceMemory) -> int:
     """Bytes a vLLM engine colocated with the learner reserves on `device` (module
     docstring); 0 where generation runs elsewhere or needs no GPU."""
     colocated = BACKENDS.get(cfg.rollout.backend).needs_gpu and RUNTIMES.get(cfg.runtime).lockstep
-    return int(cfg.vllm.gpu_memory_utilization * device.total) if colocated else 0
+    return int(vllm_settings(cfg).gpu_memory_utilization * device.total) if colocated else 0
 
 
 def _changed(cfg: Any, values: dict[str, Any]) -> Any:
@@ -189,7 +191,7 @@ def _message(cfg: Config, shape: dict[str, Any], prompt: int, device: DeviceMemo
     advice = suggestions(cfg, shape, prompt, device.free - engine, device)
     beside = (
         f", beside the {engine / GIB:.1f} GiB the vLLM engine in the same process reserves "
-        f"(vllm.gpu_memory_utilization={cfg.vllm.gpu_memory_utilization:g} of the GPU)"
+        f"(vllm.gpu_memory_utilization={vllm_settings(cfg).gpu_memory_utilization:g} of the GPU)"
         if engine
         else ""
     )

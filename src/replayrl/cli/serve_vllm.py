@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from replayrl.config.schema import load_config
+from replayrl.rollout.generation.vllm_settings import vllm_settings
 
 
 def add_serve_vllm_parser(sub: Any) -> None:
@@ -61,8 +62,9 @@ def serve_vllm_command(
         path = resolve_model_path(adapter_base(Path(path)))
     gen = cfg.precision.generation
     dtype = gen if gen != "auto" else cfg.model.dtype  # what the trainer's weights are in
-    seed = cfg.vllm.seed if cfg.vllm.seed is not None else cfg.train.seed
-    return server_command(cfg.vllm, path, dtype, seed, python=python)
+    settings = vllm_settings(cfg)
+    seed = settings.seed if settings.seed is not None else cfg.train.seed
+    return server_command(settings, path, dtype, seed, python=python)
 
 
 def _cmd_serve_vllm(args: argparse.Namespace) -> int:

@@ -8,7 +8,9 @@ entries are added by the layers that implement them (`replayrl.methods`,
 provider packages by name the first time it is asked (`replayrl.registry`, which also loads
 installed plugins' entry points), so a config is never checked against a half-filled registry.
 
-A task declares its settings the same way, under `task.<name>`.
+A task declares its settings the same way, under `task.<name>`. Generation backends and
+runtimes declare theirs as top-level sections (`vllm`, `ray`: `BackendSpec.section`,
+`RuntimeSpec.section`), so nothing central names an engine or a cluster.
 
 A new reuse method is one module that defines its config section (a `Section`), its check
 over the whole config, its builder and its counters, and one `METHODS.add(...)` line.
@@ -175,6 +177,10 @@ class BackendSpec:
     memory_knobs: the settings that lower its memory, for that report.
     check: `(Config) -> None`, raising ValueError for settings it cannot run with (the
         runtime, the number of generator workers...); called when the config selects it.
+    section: `(name, model)`, its settings as a top-level section of the config (`vllm`),
+        validated by `model` (a `Section`) in every config, selected or not, so a preset
+        can carry them; backends that share one section give the same pair. None: it has
+        no settings of its own.
     summary: one line for the docs and error messages.
     """
 
@@ -188,6 +194,7 @@ class BackendSpec:
     frames: tuple[str, ...] = ("/rollout/generation/",)
     memory_knobs: str = "rollout.decode_batch_size (generation)"
     check: Callable[[Any], None] | None = None
+    section: tuple[str, type[Section]] | None = None
     summary: str = ""
 
 
@@ -204,6 +211,8 @@ class RuntimeSpec:
     hooks: it takes objects from the Python API (a model, a dataset, reward callables,
         callbacks); otherwise its workers build their own from files and names.
     multi_learner: it runs workers.learners > 1 data-parallel learners.
+    section: `(name, model)`, its settings as a top-level section of the config (`ray`), as
+        `BackendSpec.section`.
     summary: one line for the docs and error messages.
     """
 
@@ -211,6 +220,7 @@ class RuntimeSpec:
     lockstep: bool = False
     hooks: bool = False
     multi_learner: bool = False
+    section: tuple[str, type[Section]] | None = None
     summary: str = ""
 
 
@@ -241,6 +251,26 @@ REWARDS: Registry[Callable[..., Any]] = Registry(
     hint="; or give your own as path/to/file.py:function",
 )
 RUNTIMES: Registry[RuntimeSpec] = Registry("runtime", "runtime", ("replayrl.run.runtimes",))
+
+
+def owned_sections() -> dict[str, type[Section]]:
+    """The top-level config sections the registered backends and runtimes declare (`vllm`,
+    `ray`), by name; TypeError for one name declared with two models."""
+    out: dict[str, type[Section]] = {}
+    owners: dict[str, str] = {}
+    entries = [(f"rollout.backend={n}", s.section) for n, s in BACKENDS.items()]
+    entries += [(f"runtime={n}", s.section) for n, s in RUNTIMES.items()]
+    for owner, section in entries:
+        if section is None:
+            continue
+        name, model = section
+        if out.setdefault(name, model) is not model:
+            raise TypeError(
+                f"{owner} declares the config section {name!r} with {model.__name__}, but "
+                f"{owners[name]} declares it with {out[name].__name__}: one section, one model"
+            )
+        owners.setdefault(name, owner)
+    return out
 
 
 def runtimes_with(feature: str) -> str:

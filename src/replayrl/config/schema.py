@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -37,11 +37,14 @@ from replayrl.config.registries import (
     RUNTIMES,
     SAMPLERS,
     TASKS,
+    owned_sections,
     runtimes_with,
 )
 from replayrl.config.section import Section as _Section  # every section's base
 from replayrl.config.section import nested_errors
 from replayrl.config.task_sections import place_task_keys
+
+SectionT = TypeVar("SectionT", bound=BaseModel)
 
 
 def config_value(cfg: BaseModel, key: str) -> Any:
@@ -347,85 +350,6 @@ class RolloutConfig(_Section):
         return self
 
 
-class VLLMServerConfig(_Section):
-    """A vLLM server in a process of its own (rollout.backend = vllm_server; start it with
-    `replayrl serve-vllm`): where it listens, how long to wait for it, and the folder both
-    processes see that weight pushes go through (TRL's vllm_mode="server")."""
-
-    # the dev-mode endpoints the weight push uses (/collective_rpc) run any worker method:
-    # keep the server on a private interface
-    host: str = Field("127.0.0.1", description="the vLLM server's host")
-    port: int = Field(8000, ge=1, le=65535, description="the vLLM server's port")
-    base_url: str | None = Field(
-        None, description="the server's URL (http://host:port); wins over host and port"
-    )
-    # None: the run's model folder (model.path, or the built-in model's warm start), as
-    # `replayrl serve-vllm` serves it
-    model: str | None = Field(None, description="the model name the server must serve")
-    # None: a folder of the run's own in /dev/shm (a server on the same machine); a server on
-    # another machine needs a folder both see, under the same path
-    weights_dir: str | None = Field(
-        None, description="shared folder that pushed weights are written to for the server"
-    )
-    request_timeout_s: float = Field(
-        600.0, gt=0, description="seconds one request to the server may take"
-    )
-    connect_timeout_s: float = Field(
-        240.0, ge=0, description="seconds to wait for the server at start (TRL's 240)"
-    )
-    max_concurrent_requests: int = Field(
-        32, ge=1, description="prompts in flight to the server at once (one request each)"
-    )
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError(f"vllm.server.base_url={v!r}: give a URL such as http://host:8000")
-        return v
-
-    @property
-    def url(self) -> str:
-        """The server's URL, without a trailing slash."""
-        return (self.base_url or f"http://{self.host}:{self.port}").rstrip("/")
-
-
-class VLLMConfig(_Section):
-    """vLLM engine settings (rollout.backend = vllm; GPU only; vllm_server: the server's
-    address under `vllm.server`)."""
-
-    gpu_memory_utilization: float = Field(
-        0.3, gt=0, le=1, description="share of the GPU's memory vLLM reserves (weights + KV)"
-    )
-    # one GPU per engine: the in-process weight push reaches a single worker's model only
-    tensor_parallel_size: int = Field(1, ge=1, le=1, description="1 (TP > 1 is not supported)")
-    # CUDA graphs stay valid across weight pushes: load_weights copies into the captured
-    # parameters in place (TRL's colocate mode does the same with graphs on)
-    enforce_eager: bool = Field(False, description="no CUDA graph capture (slower decoding)")
-    # None: the longest kept prompt + rollout.max_new_tokens (a small KV reservation)
-    max_model_len: int | None = Field(None, ge=1, description="engine context length")
-    # None: train.seed + the generator worker's index (each seed of a sweep and each worker
-    # draws its own sampling noise)
-    seed: int | None = Field(None, description="engine sampling seed; None: train.seed + worker")
-    # truncated importance sampling of the engine / trainer mismatch (precision.
-    # truncated_is_cap): with vLLM the sampler's kernels differ from the learner's, so this
-    # cap applies unless precision.truncated_is_cap is set; null: off
-    truncated_is_cap: float | None = Field(
-        2.0, gt=0, description="with vLLM: truncated IS cap C for the engine/trainer mismatch"
-    )
-    server: VLLMServerConfig = VLLMServerConfig()
-
-    @field_validator("tensor_parallel_size", mode="before")
-    @classmethod
-    def _single_gpu_engine(cls, v: Any) -> Any:
-        if isinstance(v, int) and v > 1:
-            raise ValueError(
-                f"vllm.tensor_parallel_size={v}: only 1 is supported (policy weights are pushed "
-                "into one in-process engine worker); use a model that fits one GPU, or LoRA"
-            )
-        return v
-
-
 class BufferConfig(_Section):
     """The buffer the method's rollouts go through; its kind (onpolicy: the freshest,
     removed once trained on; replay: a FIFO of N sampled each step, arXiv 2604.08706) is
@@ -694,8 +618,11 @@ class MethodConfig(_Section):
 
 def section_fields(model: type[BaseModel]) -> dict[str, Any]:
     """A section's sub-fields by name -> annotation (a model for nested sections), with the
-    registered methods' own sections under `method` and the tasks' under `task`."""
+    registered methods' own sections under `method`, the tasks' under `task`, and the
+    backends' and runtimes' at the top level."""
     fields: dict[str, Any] = {n: f.annotation for n, f in model.model_fields.items()}
+    if model is Config:
+        fields |= owned_sections()
     registry: Any = {MethodConfig: METHODS, TaskConfig: TASKS}.get(model)
     for name in registry or ():
         section = registry.get(name).config
@@ -880,42 +807,13 @@ class WorkersConfig(_Section):
     startup_timeout: float = Field(600.0, gt=0)  # seconds for a worker to load its model
 
 
-class RayConfig(_Section):
-    """`runtime: ray`: where and how the actors are placed."""
-
-    address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join
-    num_cpus: int | None = Field(None, ge=1)  # local instance only; None = all cores
-    generator_num_cpus: float = Field(1.0, ge=0, description="CPUs per generator actor")
-    generator_num_gpus: float = Field(0.0, ge=0, description="GPUs per generator actor")
-    learner_num_cpus: float = Field(1.0, ge=0, description="CPUs per learner actor")
-    learner_num_gpus: float = Field(0.0, ge=0, description="GPUs per learner actor")
-    buffer_num_cpus: float = Field(0.0, ge=0, description="CPUs of the buffer actor")
-    # custom Ray resources per role (`ray start --resources='{"gen": 4}'`): pin roles to nodes
-    generator_resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources per generator actor"
-    )
-    learner_resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources per learner actor"
-    )
-    buffer_resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources per buffer shard actor"
-    )
-    # a run the cluster's nodes cannot hold is refused at start, naming what is missing;
-    # with a value the driver waits up to that long for nodes to join (an autoscaler)
-    placement_timeout: float | None = Field(
-        None,
-        ge=0,
-        description="seconds to wait for the cluster to provide the actors' resources "
-        "(None: refuse at once a run it cannot place)",
-    )
-    # how weights reach the generator actors (run/distributed/weight_sync.py); auto: a broadcast
-    # (NCCL) where learner and generators hold GPUs, the object store otherwise
-    weight_sync: Literal["auto", "object_store", "broadcast"] = Field(
-        "auto", description="learner -> generator weight path: auto, object_store or broadcast"
-    )
-
-
 class Config(_Section):
+    """A whole run's settings. Besides the sections below, the top-level sections that the
+    registered generation backends and runtimes declare (`vllm`, `ray`; `owned_sections`),
+    validated by their own models and read with `section`."""
+
+    model_config = ConfigDict(extra="allow")
+
     # sync: one process, generate then train; async-local: generator processes on this
     # machine train concurrently with the learner; ray: generators, buffer, learners as actors
     # (or a runtime a plugin registers: `RUNTIMES`)
@@ -940,8 +838,6 @@ class Config(_Section):
     logging: LoggingConfig = LoggingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     workers: WorkersConfig = WorkersConfig()
-    ray: RayConfig = RayConfig()
-    vllm: VLLMConfig = VLLMConfig()
     precision: PrecisionConfig = PrecisionConfig()
 
     @property
@@ -969,8 +865,34 @@ class Config(_Section):
     @model_validator(mode="before")
     @classmethod
     def _method_section(cls, data: Any) -> Any:
-        """The method's keys in `method` (older configs' remix, groups, buffer.kind moved)."""
-        return place_method_keys(data)
+        """The method's keys in `method` (older configs' remix, groups, buffer.kind moved),
+        and the backends' and runtimes' own sections validated (their defaults where not
+        given); a top-level key that neither the schema nor a registered entry declares is
+        an error."""
+        data = place_method_keys(data)
+        if not isinstance(data, dict):
+            return data
+        owned = owned_sections()
+        for key in data:
+            if key not in cls.model_fields and key not in owned:
+                raise ValueError(
+                    f"{key}: Extra inputs are not permitted (the config's sections: "
+                    f"{', '.join([*cls.model_fields, *owned])})"
+                )
+        for name, model in owned.items():
+            given = data.get(name, {})
+            try:
+                data[name] = given if isinstance(given, model) else model.model_validate(given)
+            except ValidationError as exc:
+                raise ValueError(nested_errors(name, exc)) from None
+        return data
+
+    def section(self, name: str, model: type[SectionT]) -> SectionT:
+        """The top-level section `name` that a backend or runtime declares, as `model`."""
+        value = (self.model_extra or {}).get(name)
+        if not isinstance(value, model):
+            raise KeyError(f"the config has no section {name!r} of type {model.__name__}")
+        return value
 
     @property
     def method_spec(self) -> Any:
@@ -1161,10 +1083,11 @@ class Config(_Section):
 def _format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        key = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
-        if key != "<root>" and msg.startswith(key + "."):
-            lines.append(f"  {msg}")  # a registered section's own error, naming its key
+        if not key or msg.startswith(key + "."):
+            # a rule over the whole config, or a registered section's: it names its keys
+            lines.append(f"  {msg}")
             continue
         value = e.get("input")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"

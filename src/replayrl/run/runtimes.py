@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replayrl.config.registries import RUNTIMES, RuntimeSpec
+from replayrl.run.distributed.ray_settings import SECTION, RayConfig
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
@@ -64,6 +65,9 @@ RUNTIMES.add(
 RUNTIMES.add(
     "ray",
     RuntimeSpec(
-        start_ray, multi_learner=True, summary="generators, buffer, learners as Ray actors"
+        start_ray,
+        multi_learner=True,
+        section=(SECTION, RayConfig),
+        summary="generators, buffer, learners as Ray actors",
     ),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from replayrl.config.registries import BACKENDS, RUNTIMES, BackendSpec
+from replayrl.rollout.generation.vllm_settings import SECTION, VLLMConfig, vllm_settings
 
 if TYPE_CHECKING:
     from replayrl.config.schema import Config
@@ -66,11 +67,12 @@ def build_vllm(
     # has it, under precision: auto), never silently in fp32
     chosen = choose_for(cfg.precision, model).generation
     dtype = str(chosen or next(model.parameters()).dtype).removeprefix("torch.")
-    seed = cfg.vllm.seed if cfg.vllm.seed is not None else cfg.train.seed + worker_offset
+    settings = vllm_settings(cfg)
+    seed = settings.seed if settings.seed is not None else cfg.train.seed + worker_offset
     gen = VLLMGenerator(
         model_path,
         tokenizer,
-        cfg.vllm,
+        settings,
         max_prompt_len=max_prompt_len,
         max_new_tokens=cfg.rollout.max_new_tokens,
         dtype=dtype,
@@ -107,15 +109,16 @@ def build_vllm_server(
     scaling = lora.alpha / lora.r if lora.enabled else None
     if is_adapter_folder(model_path):  # a LoRA policy's folder: the server holds its base
         model_path = resolve_model_path(adapter_base(Path(model_path)))
-    expected = [cfg.vllm.server.model] if cfg.vllm.server.model else [model_path]
-    if not cfg.vllm.server.model and cfg.model.path:
+    settings = vllm_settings(cfg)
+    expected = [settings.server.model] if settings.server.model else [model_path]
+    if not settings.server.model and cfg.model.path:
         # a resumed run loads its checkpoint's folder: the server holds the config's model
         expected.append(resolve_model_path(cfg.model.path))
     gen = VLLMServerGenerator(
         tokenizer,
-        cfg.vllm,
+        settings,
         expected,
-        seed=cfg.vllm.seed if cfg.vllm.seed is not None else cfg.train.seed + worker_offset,
+        seed=settings.seed if settings.seed is not None else cfg.train.seed + worker_offset,
         stop_ids=stop_ids,
         lora_scaling=scaling,
         tied_head=bool(getattr(model.config, "tie_word_embeddings", False)),
@@ -146,14 +149,15 @@ BACKENDS.add(
         # log pi_old and corrects for the mismatch (on by default, as TRL's
         # vllm_importance_sampling_correction)
         own_logprobs=True,
-        truncated_is_cap=lambda cfg: cfg.vllm.truncated_is_cap,
+        truncated_is_cap=lambda cfg: vllm_settings(cfg).truncated_is_cap,
         owns_weights=True,
         needs_gpu=True,
         fallback="hf",
-        context_bound=lambda cfg: cfg.vllm.max_model_len is None,
+        context_bound=lambda cfg: vllm_settings(cfg).max_model_len is None,
         frames=("/rollout/generation/", "/vllm/"),
         memory_knobs="rollout.decode_batch_size (generation), vllm.gpu_memory_utilization "
         "(vLLM's share of the GPU)",
+        section=(SECTION, VLLMConfig),
         summary="a vLLM engine on a GPU (the `vllm` extra; see `vllm`)",
     ),
 )
@@ -164,12 +168,13 @@ BACKENDS.add(
         # its own kernels and dtype, as the in-process engine: the learner recomputes log
         # pi_old and corrects the mismatch with vllm.truncated_is_cap
         own_logprobs=True,
-        truncated_is_cap=lambda cfg: cfg.vllm.truncated_is_cap,
+        truncated_is_cap=lambda cfg: vllm_settings(cfg).truncated_is_cap,
         owns_weights=True,
         fallback="hf",  # a process that only trains evaluates with its own policy
         memory_knobs="vllm.server.max_concurrent_requests (requests in flight); the server's "
         "own --gpu-memory-utilization",
         check=check_vllm_server,
+        section=(SECTION, VLLMConfig),  # the server's address under vllm.server
         summary="a vLLM server in a process of its own, over HTTP (`replayrl serve-vllm`; "
         "TRL's vllm_mode=server)",
     ),

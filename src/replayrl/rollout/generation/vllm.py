@@ -38,10 +38,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from replayrl.config.schema import VLLMConfig
 from replayrl.models.lora_merge import merged_lora_tensors
 from replayrl.rollout.generation.base import Sample, SamplingParams
 from replayrl.rollout.generation.stops import cut_at_stop
+from replayrl.rollout.generation.vllm_settings import VLLMConfig
 
 
 def _import_vllm() -> Any:

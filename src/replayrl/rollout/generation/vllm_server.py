@@ -42,7 +42,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from replayrl.config.schema import VLLMConfig
 from replayrl.errors import GenerationServerError
 from replayrl.models.lora_merge import merged_lora_tensors
 from replayrl.rollout.generation.base import Sample, SamplingParams
@@ -53,6 +52,7 @@ from replayrl.rollout.generation.vllm import (
     with_tied_head,
     write_weights_folder,
 )
+from replayrl.rollout.generation.vllm_settings import VLLMConfig
 
 # the token strings of `return_tokens_as_token_ids` (vLLM's format_token_id_placeholder)
 TOKEN_ID_PREFIX = "token_id:"

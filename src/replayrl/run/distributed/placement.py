@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replayrl.config.schema import Config
+from replayrl.run.distributed.ray_settings import ray_settings
 
 Resources = dict[str, float]
 _EPS = 1e-9  # fractional requests (0.25 CPU) add up with rounding error
@@ -23,7 +24,7 @@ _EPS = 1e-9  # fractional requests (0.25 CPU) add up with rounding error
 
 def actor_requests(cfg: Config) -> list[tuple[str, Resources]]:
     """(role, resources) of every actor the run starts: learners, buffer shards, generators."""
-    rc, learners, generators = cfg.ray, cfg.workers.learners, cfg.workers.generators
+    rc, learners, generators = ray_settings(cfg), cfg.workers.learners, cfg.workers.generators
 
     def ask(cpus: float, gpus: float, custom: dict[str, float]) -> Resources:
         wanted = {"CPU": cpus, "GPU": gpus, **custom}
@@ -100,7 +101,7 @@ def check_placement(
     `ray.placement_timeout` wait up to that long for the cluster to grow, saying so."""
     actors = actor_requests(cfg)
     why = shortfall(actors, nodes())
-    timeout = cfg.ray.placement_timeout
+    timeout = ray_settings(cfg).placement_timeout
     if why is None:
         return
     if not timeout:

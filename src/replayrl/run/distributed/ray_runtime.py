@@ -44,6 +44,7 @@ from replayrl.run.distributed.fsdp_learner import (
 )
 from replayrl.run.distributed.gpus import hide_gpus_unless_given, ray_gpu_requests
 from replayrl.run.distributed.placement import alive_nodes, check_placement
+from replayrl.run.distributed.ray_settings import ray_settings
 from replayrl.run.distributed.weight_sync import BroadcastSender, weight_sync_path
 from replayrl.run.distributed.weights import trainable_state
 from replayrl.run.distributed.worker import GeneratorWorker
@@ -318,7 +319,7 @@ class RayGeneratorPool:
         self.cfg, self.log = cfg, log
         self.ray = _ray()
         self.cfg_yaml = config_to_yaml(cfg)
-        rc = cfg.ray
+        rc = ray_settings(cfg)
         self.actor_cls = self.ray.remote(
             num_cpus=rc.generator_num_cpus,
             num_gpus=rc.generator_num_gpus,
@@ -477,9 +478,8 @@ class RayAsyncTrainer(AsyncSession):
         cfg = staleness_bounded(cfg)
         b, T = cfg.buffer, cfg.workers.learners
         kind = cfg.method_spec.buffer  # the method's kind of buffer
-        cls = _ray().remote(num_cpus=cfg.ray.buffer_num_cpus, resources=cfg.ray.buffer_resources)(
-            BufferActor
-        )
+        rc = ray_settings(cfg)
+        cls = _ray().remote(num_cpus=rc.buffer_num_cpus, resources=rc.buffer_resources)(BufferActor)
         kwargs = buffer_kwargs(cfg)
         shards = [
             RemoteBuffer(
@@ -540,10 +540,11 @@ class RayAsyncTrainer(AsyncSession):
         """Ranks 1..T-1 as actors; rank 0 (this actor) joins the same process group."""
         ray, cfg, T = _ray(), self.cfg, self.cfg.workers.learners
         ckpt = latest_checkpoint(self.run_dir) if self.counters.step else None
+        rc = ray_settings(cfg)
         cls = ray.remote(
-            num_cpus=cfg.ray.learner_num_cpus,
-            num_gpus=cfg.ray.learner_num_gpus,
-            resources=cfg.ray.learner_resources,
+            num_cpus=rc.learner_num_cpus,
+            num_gpus=rc.learner_num_gpus,
+            resources=rc.learner_resources,
         )(FollowerActor)
         policy = str(ckpt / "policy") if ckpt is not None else None
         self.followers = [cls.remote(config_to_yaml(cfg), r, T, policy) for r in range(1, T)]
@@ -642,7 +643,7 @@ class RayDriver:
 
     def run(self) -> dict[str, Any]:
         ray = _ray()
-        rc = self.cfg.ray
+        rc = ray_settings(self.cfg)
         started = not ray.is_initialized()
         if started:
             ray.init(
@@ -658,7 +659,7 @@ class RayDriver:
             self.cfg = self._with_gpu_requests(ray.cluster_resources().get("GPU", 0))
             # before any actor: a run no node can hold is refused, not queued forever
             check_placement(self.cfg, lambda: alive_nodes(ray), self.log)
-            rc = self.cfg.ray
+            rc = ray_settings(self.cfg)
             actor = (
                 ray.remote(
                     num_cpus=rc.learner_num_cpus,
@@ -691,7 +692,7 @@ class RayDriver:
 
     def _with_gpu_requests(self, cluster_gpus: float) -> Config:
         """The run's config with the GPUs its actors ask for (`ray_gpu_requests`)."""
-        cfg, rc = self.cfg, self.cfg.ray
+        cfg, rc = self.cfg, ray_settings(self.cfg)
         learner, generator = ray_gpu_requests(
             cfg.train.device, cfg.rollout.backend, cfg.workers.learners, cfg.workers.generators,
             (rc.learner_num_gpus, rc.generator_num_gpus), cluster_gpus, self.log,

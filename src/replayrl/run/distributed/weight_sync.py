@@ -24,11 +24,12 @@ import torch
 from replayrl.config.schema import Config
 from replayrl.run.distributed.broadcast import Layout, PairGroup, layout_of, pack
 from replayrl.run.distributed.ddp import free_port, process_group_backend
+from replayrl.run.distributed.ray_settings import ray_settings
 
 
 def weight_sync_path(cfg: Config) -> str:
     """`object_store` or `broadcast`, as `ray.weight_sync` says (`auto`: see the module)."""
-    rc = cfg.ray
+    rc = ray_settings(cfg)
     if rc.weight_sync != "auto":
         return rc.weight_sync
     if cfg.train.sharding != "none":  # sharded learners gather to the host
