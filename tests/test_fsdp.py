@@ -644,3 +644,123 @@ def test_a_sharded_step_under_a_token_budget_equals_the_unsharded_one(
         torch.testing.assert_close(step[k], v, atol=1e-6, rtol=0)
         moved = max(moved, float((v - model.state_dict()[k]).abs().max()))
     assert moved > 5e-5
+
+
+# PPO: per-token GAE advantages from the critic (rewards alternate 0 / 1 in these rollouts)
+PPO = ["algorithm.advantage=gae", "algorithm.loss_type=grpo_clip", "critic.lr=1e-4"]
+
+
+def _ppo_learner(model, pad_id: int, cfg) -> Learner:
+    from replayrl.learner.critic import ValueModel
+
+    critic = ValueModel(copy.deepcopy(unwrap_model(model).model), model.config.hidden_size)
+    torch.nn.init.normal_(critic.head.weight, std=0.1, generator=torch.Generator().manual_seed(3))
+    return Learner(copy.deepcopy(model), pad_id, cfg, critic=critic)
+
+
+def _ppo_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> None:
+    """A sharded PPO learner: the critic is sharded like the policy; two steps, then the
+    second step again from the gathered state (a whole-state resume) and from this rank's
+    DCP shards (a sharded checkpoint's resume)."""
+    from safetensors.torch import save_file
+    from torch.distributed.tensor import DTensor
+
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group, leave_group
+    from replayrl.run.distributed.fsdp_learner import (
+        load_learner_shards,
+        save_learner_shards,
+        sharded_learner_state,
+    )
+
+    torch.set_num_threads(1)
+    init_group(rank, WORLD, "127.0.0.1", port)
+    cfg = load_config(None, [*OVERRIDES, *PPO])
+    half = [b[rank::WORLD] for b in batches]
+
+    def sharded(policy, state=None) -> Learner:
+        learner = _ppo_learner(policy, pad_id, cfg)
+        if state is not None:
+            learner.load_state_dict(state)
+        fsdp.shard_learner(learner, WORLD)
+        return learner
+
+    def both(learner: Learner) -> dict[str, torch.Tensor]:
+        assert learner.critic is not None
+        critic = {f"critic.{k}": v for k, v in fsdp.full_state(learner.critic).items()}
+        return {**fsdp.full_state(learner.model), **critic}
+
+    learner = sharded(model)
+    assert learner.critic is not None
+    params = dict(learner.critic.named_parameters())
+    assert all(isinstance(p, DTensor) for p in params.values())  # nothing replicated
+    embed = params["backbone.embed_tokens.weight"]
+    assert 0 < embed.to_local().shape[0] < embed.shape[0]  # this rank's part only
+    losses = [learner.train_step(half[0], np.random.default_rng(rank), step=0)["value_loss"]]
+    policy1 = copy.deepcopy(model)
+    policy1.load_state_dict(fsdp.full_state(learner.model))
+    whole = fsdp.full_learner_state(learner)  # what a checkpoint of whole state keeps
+    partial = sharded_learner_state(learner)  # a sharded checkpoint's state file ...
+    assert "critic" not in partial and partial["optimizer"] is None
+    save_learner_shards(learner, Path(out) / "shards")  # ... and its shards
+    losses.append(learner.train_step(half[1], np.random.default_rng(rank), step=1)["value_loss"])
+    final = both(learner)
+    for how, resumed in (
+        ("whole", lambda: sharded(policy1, whole)),
+        ("shards", lambda: sharded(model, partial)),
+    ):
+        again = resumed()
+        if how == "shards":
+            load_learner_shards(again, Path(out) / "shards")
+        again.train_step(half[1], np.random.default_rng(rank), step=1)
+        for k, v in both(again).items():
+            assert torch.equal(v, final[k]), (how, rank, k)  # the resume is exact
+    value_loss = torch.tensor(losses, dtype=torch.float64)
+    torch.distributed.all_reduce(value_loss)  # each rank's loss is over its own rows
+    value_loss /= WORLD
+    if rank == 0:
+        save_file({k: v.clone() for k, v in final.items()}, f"{out}/final.safetensors")
+        save_file({"value_loss": value_loss}, f"{out}/loss.safetensors")
+    leave_group()
+
+
+def test_a_sharded_ppo_step_shards_the_critic_equals_the_unsharded_one_and_resumes(
+    model, rollouts, char_tokenizer, tmp_path: Path
+):
+    """PPO's critic under train.sharding=fsdp: sharded over the ranks like the policy (each
+    rank holds its part of every critic tensor), two steps equal the unsharded learner's
+    on the whole batch (policy and critic weights, value loss), and a resume from whole
+    state or from the ranks' DCP shards takes the same second step."""
+    from safetensors.torch import load_file
+
+    from replayrl.run.distributed.ddp import free_port
+
+    pad = char_tokenizer.pad_token_id
+    batches = [rollouts[:12], rollouts[12:]]
+    mp.spawn(
+        _ppo_rank, args=(free_port(), model, pad, batches, str(tmp_path)), nprocs=WORLD, join=True
+    )
+    ref = _ppo_learner(model, pad, load_config(None, [*REFERENCE, *PPO]))
+    whole = [b[0::WORLD] + b[1::WORLD] for b in batches]
+    losses = [
+        ref.train_step(whole[s], np.random.default_rng(0), step=s)["value_loss"] for s in (0, 1)
+    ]
+    got = load_file(str(tmp_path / "loss.safetensors"))
+    assert min(losses) > 1e-4  # the critic has something to learn
+    torch.testing.assert_close(
+        got["value_loss"], torch.tensor(losses, dtype=torch.float64), atol=1e-6, rtol=0
+    )
+    final = load_file(str(tmp_path / "final.safetensors"))
+    assert ref.critic is not None
+    expected = {
+        **ref.model.state_dict(),
+        **{f"critic.{k}": v for k, v in ref.critic.state_dict().items()},
+    }
+    assert set(final) == set(expected)
+    start = _ppo_learner(model, pad, load_config(None, [*REFERENCE, *PPO])).critic
+    assert start is not None
+    for k, v in start.state_dict().items():  # the critic trained: every tensor moved
+        assert not torch.equal(final[f"critic.{k}"], v), k
+    # the policy too: its GAE advantages are whitened over both ranks' rows, as over the batch
+    for k, v in final.items():
+        torch.testing.assert_close(v, expected[k], atol=1e-6, rtol=0, msg=k)

@@ -9,6 +9,7 @@ producer calls it (RLOO below is registered exactly so).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -103,31 +104,53 @@ def gae(
     return adv, adv + values
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+# sums a number over the learner ranks (each holds its share of the step's batch)
+SumOverRanks = Callable[[float], float]
+
+
+def whiten(
+    x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, reduce_sum: SumOverRanks | None = None
+) -> torch.Tensor:
     """(x - mean) / std over masked entries: PPO's advantage normalisation of GAE advantages
-    (as in ReMix-PPO's PPO set-up, arXiv 2507.06892)."""
+    (as in ReMix-PPO's PPO set-up, arXiv 2507.06892). With `reduce_sum` (several learner
+    ranks) the mean and the (unbiased) std are those of every rank's entries together, as one
+    learner holding the whole batch computes them: two passes, each one sum over the ranks."""
     m = mask.bool()
     vals = x[m]
-    if vals.numel() < 2:
+    if reduce_sum is None:
+        if vals.numel() < 2:
+            return x * mask
+        return ((x - vals.mean()) / (vals.std() + eps)) * mask
+    n = reduce_sum(float(vals.numel()))  # every rank calls each sum, whatever it holds
+    mean = reduce_sum(float(vals.double().sum())) / max(n, 1.0)
+    squares = reduce_sum(float(((vals.double() - mean) ** 2).sum()))
+    if n < 2:
         return x * mask
-    return ((x - vals.mean()) / (vals.std() + eps)) * mask
+    return ((x - mean) / (math.sqrt(squares / (n - 1)) + eps)) * mask
 
 
 def whitened_gae(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    reduce_sum: SumOverRanks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's token estimator: `gae` advantages, whitened over the batch (`whiten`); returns
-    (advantages, returns) with the returns of the unwhitened advantages (the critic's target)."""
+    """PPO's token estimator: `gae` advantages, whitened over the batch (`whiten`; over every
+    learner rank's share with `reduce_sum`); returns (advantages, returns) with the returns of
+    the unwhitened advantages (the critic's target)."""
     adv, ret = gae(rewards, values, mask, gamma, lam)
-    return whiten(adv, mask), ret
+    return whiten(adv, mask, reduce_sum=reduce_sum), ret
 
 
 # (rewards (N,), group ids (N,), scale_rewards) -> advantages (N,)
 GroupEstimator = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
-# (rewards, values, mask: (B, T), gamma, lam) -> (advantages, returns), both (B, T)
-TokenEstimator = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor]
-]
+# (rewards, values, mask: (B, T), gamma, lam) -> (advantages, returns), both (B, T). A learner
+# that is one of several ranks also passes `reduce_sum=` (a sum over the ranks, which every
+# rank calls the same number of times) for statistics over the whole step's batch; an
+# estimator that keeps none may take it as **kwargs
+TokenEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)

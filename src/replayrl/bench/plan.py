@@ -15,8 +15,8 @@ Each learner rank and each generator worker owns one GPU. The learner GPU holds:
   MLP's gradient temporaries of its backward), which do not overlap;
 - the KL reference (kl.beta > 0, full fine-tuning: a frozen copy, sharded like the policy;
   LoRA: the base with adapters off, no copy);
-- PPO's critic (algorithm.advantage = gae): never sharded today, fp32 weights, gradients and
-  AdamW state plus its activations, on every learner GPU.
+- PPO's critic (algorithm.advantage = gae): fp32 weights, gradients and AdamW state, sharded
+  over the learners like the policy, plus its activations.
 
 A generator GPU holds vLLM's reservation, `vllm.gpu_memory_utilization` x the GPU; the plan
 also says what the engine needs inside it: bf16 weights plus the KV cache of its share of a
@@ -189,9 +189,9 @@ def learner_terms(cfg: Config, c: dict[str, Any], prompt: int) -> dict[str, int]
         terms["reference"] = math.ceil(counts["total"] * store / n)
     if ADVANTAGES.get(
         cfg.algorithm.advantage
-    ).needs_critic:  # unsharded fp32: weights, grads, AdamW
-        terms["critic"] = 16 * (
-            counts["total"] - counts["root"] + c["vocab_size"] * c["hidden_size"]
+    ).needs_critic:  # fp32 weights, grads, AdamW, sharded like the policy
+        terms["critic"] = math.ceil(
+            16 * (counts["total"] - counts["root"] + c["vocab_size"] * c["hidden_size"]) / n
         )
         terms["critic"] += int(step["activations"] * 4 / _compute_bytes(cfg))
     return terms
@@ -257,8 +257,7 @@ def format_plan(p: dict[str, Any]) -> str:
         "|---|---|---|",
     ]
     for term, value in p["learner"].items():
-        note = " (unsharded today)" if term == "critic" and value else ""
-        lines.append(f"| learner | {term}{note} | {value / GIB:,.2f} |")
+        lines.append(f"| learner | {term} | {value / GIB:,.2f} |")
     lines.append(f"| learner | **total** | **{p['learner_total'] / GIB:,.2f}** |")
     lines.append(f"| generator | vLLM reservation | {g['reserved'] / GIB:,.2f} |")
     lines.append(f"| generator | of which weights (bf16) | {g['weights'] / GIB:,.2f} |")

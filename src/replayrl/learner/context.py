@@ -32,7 +32,8 @@ class Ranks:
     world_size: int = 1
     # averages gradients over ranks before clipping (every rank, same parameter order)
     grad_hook: Callable[[list[torch.nn.Parameter]], None] | None = None
-    # sums the loss normaliser's count over ranks (token_mean over all ranks' tokens)
+    # sums a number over ranks: the loss normaliser's count (token_mean over all ranks' tokens),
+    # PPO's advantage whitening statistics
     count_reducer: Reducer | None = None
     # sharded: the most micro-batches any rank has (each rank runs that many, idle ones after)
     micro_count_sync: Callable[[int], int] | None = None

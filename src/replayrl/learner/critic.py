@@ -45,7 +45,11 @@ class ValueModel(torch.nn.Module):
         hidden = self.backbone(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask
         ).last_hidden_state
-        return self.head(hidden[:, :-1].float()).squeeze(-1)
+        # fp32 states into an fp32 head; a sharded critic's head is gathered in the compute
+        # dtype (train.sharding_param_dtype), so the states meet it in that dtype
+        head_dtype = self.head.weight.dtype
+        states = hidden[:, :-1].to(torch.float32 if head_dtype == torch.float32 else head_dtype)
+        return self.head(states).squeeze(-1)
 
 
 class CriticPass:
@@ -58,6 +62,11 @@ class CriticPass:
     ) -> None:
         self.ctx, self.critic, self.advantage, self.assembly = ctx, critic, advantage, assembly
         self.optimizer = torch.optim.AdamW(critic.parameters(), lr=ctx.cfg.critic.lr)
+
+    def renew_optimizer(self) -> None:
+        """A new optimizer over the critic's parameters now (sharding replaced them:
+        run/distributed/fsdp.py)."""
+        self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.ctx.cfg.critic.lr)
 
     def _values(self, mb: TrainBatch) -> torch.Tensor:
         with precision.autocast(self.ctx.autocast, self.ctx.device):  # as the policy runs
@@ -86,7 +95,10 @@ class CriticPass:
         has = comp > 0
         rewards = torch.tensor([r.reward for r in rollouts], device=device)
         rew[rows[has], comp[has] - 1] = rewards[has]  # outcome reward on the last token
-        adv, ret = self.advantage.token(rew, val, msk, c.gamma, c.lam)
+        # statistics over the whole step's batch: with several ranks, over all their rows
+        reduce_sum = self.ctx.ranks.count_reducer
+        ranks = {"reduce_sum": reduce_sum} if reduce_sum is not None else {}
+        adv, ret = self.advantage.token(rew, val, msk, c.gamma, c.lam, **ranks)
         zeros = torch.zeros_like(b.mask)
         return b.replace(
             token_advantages=zeros.masked_scatter(sel, adv[left]),

@@ -199,6 +199,8 @@ class Learner:
         self.ctx.ranks = ranks
         if new_parameters:
             self.policy.renew_optimizer()
+            if self.critic_pass is not None:
+                self.critic_pass.renew_optimizer()
         if not autocast:
             self.ctx.autocast = None
 
@@ -443,6 +445,7 @@ class Learner:
             f.base_model = restore_frozen(self.model, f.base_model, state["base_model"])
         f.prev_model = restore_frozen(self.model, f.prev_model, state.get("prev_model"))
         self.pi_old.load_state_dict(state.get("pi_old") or {"sampler": [], "learner": []})  # type: ignore[arg-type]
-        if self.critic_pass is not None:
+        if self.critic_pass is not None and "critic" in state:
+            # no "critic": a sharded checkpoint's, whose critic is DCP shards as well
             self.critic_pass.critic.load_state_dict(state["critic"])  # type: ignore[arg-type]
             self.critic_pass.optimizer.load_state_dict(state["critic_optimizer"])  # type: ignore[arg-type]

@@ -66,13 +66,14 @@ class WholeLearner:
         learner.load_state_dict(state)
         if is_sharded_checkpoint(ckpt):
             log(f"loading the sharded learner state of {ckpt} into one unsharded learner")
-            ref = learner.base_model
+            ref, critic = learner.base_model, learner.critic_pass
             load_sharded(
                 ckpt / SHARDED_DIR,
                 learner.model,
                 learner.optimizer,
                 restore_rng=False,  # this process's generators come from the state file
                 reference=ref if isinstance(ref, torch.nn.Module) else None,
+                critic=(critic.critic, critic.optimizer) if critic is not None else None,
             )
 
     def learner_state(self, learner: Learner) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 from replayrl.storage.checkpoint import rng_state, set_rng_state
 from replayrl.storage.safe_state import load_state_files, save_state
 
-SHARDED_DIR = "learner_shards"  # a checkpoint's sharded learner state (policy + AdamW shards)
+SHARDED_DIR = "learner_shards"  # a checkpoint's sharded learner state (policy, AdamW, critic)
 
 
 def is_sharded_checkpoint(ckpt: Path) -> bool:
@@ -48,8 +48,15 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+# PPO's value model and its optimizer, sharded like the policy
+Critic = tuple[torch.nn.Module, Any]
+
+
 def _state(
-    model: torch.nn.Module, optimizer: Any, reference: torch.nn.Module | None
+    model: torch.nn.Module,
+    optimizer: Any,
+    reference: torch.nn.Module | None,
+    critic: Critic | None,
 ) -> dict[str, Any]:
     state = {
         "model": get_model_state_dict(model),
@@ -57,6 +64,9 @@ def _state(
     }
     if reference is not None:  # kl.beta > 0's frozen reference, sharded like the policy
         state["reference"] = get_model_state_dict(reference)
+    if critic is not None:
+        state["critic"] = get_model_state_dict(critic[0])
+        state["critic_optim"] = get_optimizer_state_dict(critic[0], critic[1])
     return state
 
 
@@ -65,11 +75,12 @@ def save_sharded(
     model: torch.nn.Module,
     optimizer: Any,
     reference: torch.nn.Module | None = None,
+    critic: Critic | None = None,
 ) -> None:
-    """Each rank writes its shards of `model`, `optimizer`'s state and the frozen `reference`
-    (if any), and its RNG states."""
+    """Each rank writes its shards of `model`, `optimizer`'s state, the frozen `reference`
+    and the `critic` with its optimizer (if any), and its RNG states."""
     folder.mkdir(parents=True, exist_ok=True)
-    state = _state(model, optimizer, reference)
+    state = _state(model, optimizer, reference, critic)
     dcp.save(state, checkpoint_id=str(folder))
     (folder / "rng").mkdir(exist_ok=True)
     save_state(folder / "rng", f"rank_{_rank()}", rng_state())
@@ -83,17 +94,21 @@ def load_sharded(
     optimizer: Any,
     restore_rng: bool = True,
     reference: torch.nn.Module | None = None,
+    critic: Critic | None = None,
 ) -> bool:
-    """Load a `save_sharded` folder into `model`, `optimizer` and `reference` as they are now
-    (sharded over any number of ranks, or whole); returns whether this rank's RNG states were
-    restored (only where the saving run had this rank: at another rank count they cannot
-    match)."""
-    state = _state(model, optimizer, reference)
+    """Load a `save_sharded` folder into `model`, `optimizer`, `reference` and `critic` as
+    they are now (sharded over any number of ranks, or whole); returns whether this rank's
+    RNG states were restored (only where the saving run had this rank: at another rank count
+    they cannot match)."""
+    state = _state(model, optimizer, reference, critic)
     dcp.load(state, checkpoint_id=str(folder))
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
     if reference is not None:
         set_model_state_dict(reference, state["reference"])
+    if critic is not None:
+        set_model_state_dict(critic[0], state["critic"])
+        set_optimizer_state_dict(critic[0], critic[1], state["critic_optim"])
     saved = folder / "rng" / f"rank_{_rank()}.json"
     if restore_rng and saved.exists():
         set_rng_state(load_state_files(folder / "rng", f"rank_{_rank()}"))

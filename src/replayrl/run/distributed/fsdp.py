@@ -9,7 +9,8 @@ sharded step equals the unsharded step on the whole batch (tests/test_fsdp.py). 
 layer is one shard group (all-gathered for its forward and backward, then freed); the
 embeddings, final norm and output head form the root group. A LoRA policy is sharded with its
 frozen base (what sharding saves there), and AdamW holds its adapters only. With kl.beta > 0
-the frozen reference is sharded the same way (LoRA's is the policy with adapters off).
+the frozen reference is sharded the same way (LoRA's is the policy with adapters off), and
+so is PPO's critic (`shard_critic`), its gradients and AdamW state with it.
 
 The learner's forward is the unsharded one: the chunked output head (no rows x tokens x
 vocabulary logits) and, for the architectures it covers, the lean forward. Both read weights
@@ -137,9 +138,33 @@ def shard_policy(
     hook_calls(model)
 
 
+def shard_critic(
+    critic: torch.nn.Module, mesh: DeviceMesh | None = None, dtype: torch.dtype | None = None
+) -> None:
+    """FSDP2 over PPO's value model as over the policy: one group per backbone layer, the
+    rest (embeddings, final norm, value head) in the root group, gathered in `dtype`,
+    gradients reduced in fp32. In place. Its forward is a plain module call, so FSDP's own
+    hooks gather it."""
+    layers = getattr(getattr(critic, "backbone", None), "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"train.sharding=fsdp: the critic {type(critic).__name__} has no backbone.layers "
+            "(decoder layers) to shard"
+        )
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    # the root's input is a batch of token rows, not tensors to cast: its embeddings make
+    # the first states, in the gathered dtype
+    root = MixedPrecisionPolicy(
+        param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False
+    )
+    fully_shard(critic, mesh=mesh, mp_policy=root)
+
+
 def _replicated_mean(params: list[torch.nn.Parameter]) -> None:
-    """The data-parallel mean of the parameters FSDP does not reduce (the critic's); the
-    policy's sharded gradients are already averaged by FSDP's reduce-scatter."""
+    """The data-parallel mean of parameters FSDP does not reduce (none today: the policy,
+    its reference and the critic are sharded, and FSDP's reduce-scatter averages theirs)."""
     replicated = [p for p in params if not isinstance(p, DTensor)]
     if replicated:
         average_gradients(replicated)
@@ -159,13 +184,23 @@ def shard_learner(learner: Learner, world: int) -> None:
     if learner.ctx.ranks.world_size != 1:
         raise ValueError("train.sharding=fsdp: this learner is already one of several ranks")
     carried = learner.optimizer.state_dict() if learner.optimizer.state else None
+    critic = learner.critic
+    critic_carried = None
+    if critic is not None and learner.critic_pass is not None:
+        opt = learner.critic_pass.optimizer
+        critic_carried = opt.state_dict() if opt.state else None
     t = learner.cfg.train
     m = learner.cfg.model
     if m.gradient_checkpointing or "gradient_checkpointing" not in m.model_fields_set:
         # on by default where sharding is: what is sharded is large; an explicit false wins
+        checkpointing = {"use_reentrant": False}
         unwrap_model(learner.model).gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False}
+            gradient_checkpointing_kwargs=checkpointing
         )
+        if critic is not None:
+            critic.backbone.gradient_checkpointing_enable(  # type: ignore[operator]
+                gradient_checkpointing_kwargs=checkpointing
+            )
     # which log-prob path each model takes, decided on the whole model (the checks run
     # transformers' forward, which sharded modules run only through their hooks)
     logprobs.prepare(learner.model)
@@ -180,17 +215,23 @@ def shard_learner(learner: Learner, world: int) -> None:
         # no-grad forwards are collectives every rank joins in lockstep, as the policy's are.
         # LoRA's reference is the sharded policy itself with its adapters switched off.
         shard_policy(learner.base_model, mesh, dtype)
-    # FSDP replaced the parameters: the optimizer and its schedule are built anew over them;
-    # with a gather dtype the gathered parameters are already in the compute dtype, and
-    # autocast would only re-cast them (and cache whole frozen weights per rank)
+    if critic is not None:  # PPO's value model, sharded like the policy
+        shard_critic(critic, mesh, dtype)
+    # FSDP replaced the parameters: the optimizers and the schedule are built anew over
+    # them; with a gather dtype the gathered parameters are already in the compute dtype,
+    # and autocast would only re-cast them (and cache whole frozen weights per rank)
     learner.join(sharded_ranks(world), new_parameters=True, autocast=dtype is None)
     if carried is not None:
         load_full_optimizer_state(learner.model, learner.optimizer, carried)
+    if critic is not None and critic_carried is not None:
+        assert learner.critic_pass is not None
+        load_full_optimizer_state(critic, learner.critic_pass.optimizer, critic_carried)
 
 
 def sharded_ranks(world: int) -> Ranks:
     """How a sharded rank works with the others: FSDP's reduce-scatter averages the policy's
-    gradients (`_replicated_mean` the critic's), the normaliser's count is summed over ranks,
+    gradients (`_replicated_mean` any that are not sharded), the normaliser's count is summed
+    over ranks,
     and every forward and micro-batch runs on every rank in lockstep (each is a collective)."""
     return Ranks(
         world_size=world,
@@ -344,4 +385,9 @@ def full_learner_state(learner: Learner) -> dict[str, object]:
     }
     if isinstance(learner.base_model, torch.nn.Module):  # a sharded frozen reference
         state["base_model"] = full_state(learner.base_model)
+    if learner.critic is not None and learner.critic_pass is not None:  # the sharded critic
+        state["critic"] = full_state(learner.critic)
+        state["critic_optimizer"] = full_optimizer_state(
+            learner.critic, learner.critic_pass.optimizer
+        )
     return state

@@ -90,24 +90,45 @@ def _reference(learner: Learner) -> torch.nn.Module | None:
     return ref if isinstance(ref, torch.nn.Module) else None
 
 
+def critic_of(learner: Learner) -> tuple[torch.nn.Module, Any] | None:
+    """PPO's critic and its optimizer (algorithm.advantage = gae), else None."""
+    p = learner.critic_pass
+    return (p.critic, p.optimizer) if p is not None else None
+
+
 def save_learner_shards(learner: Learner, folder: Path) -> None:
-    """This rank's shards of the policy, AdamW and reference into `folder` (a collective)."""
-    save_sharded(folder, learner.model, learner.optimizer, reference=_reference(learner))
+    """This rank's shards of the policy, AdamW, the reference and the critic into `folder`
+    (a collective)."""
+    save_sharded(
+        folder,
+        learner.model,
+        learner.optimizer,
+        reference=_reference(learner),
+        critic=critic_of(learner),
+    )
 
 
 def load_learner_shards(learner: Learner, folder: Path) -> None:
     """This rank's shards from a `save_learner_shards` folder, and its RNG states (a
     collective, once the ranks are sharded)."""
-    load_sharded(folder, learner.model, learner.optimizer, reference=_reference(learner))
+    load_sharded(
+        folder,
+        learner.model,
+        learner.optimizer,
+        reference=_reference(learner),
+        critic=critic_of(learner),
+    )
 
 
 def sharded_learner_state(learner: Learner) -> dict[str, object]:
     """What a sharded learner's checkpoint keeps in its state file: `learner.state_dict()`
-    less AdamW's state (None) and the frozen reference, which are DCP shards."""
+    less AdamW's state (None), the frozen reference and the critic, which are DCP shards."""
     state = learner.state_dict()
     state["optimizer"] = None
     if _reference(learner) is not None:
         del state["base_model"]
+    state.pop("critic", None)
+    state.pop("critic_optimizer", None)
     return state
 
 
