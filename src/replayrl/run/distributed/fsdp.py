@@ -112,6 +112,42 @@ def make_mesh(world: int, replicas: int, device: torch.device) -> DeviceMesh:
     )
 
 
+def _decoder_layers(owner: torch.nn.Module, path: str, what: str) -> torch.nn.ModuleList:
+    """`owner.<path>.layers`: the decoder layers, one shard group each."""
+    layers = getattr(getattr(owner, path, None), "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"train.sharding=fsdp: {what} {type(owner).__name__} has no {path}.layers (decoder "
+            "layers) to shard"
+        )
+    return layers  # type: ignore[no-any-return]
+
+
+def _shard_groups(
+    layers: torch.nn.ModuleList,
+    root: torch.nn.Module,
+    mesh: DeviceMesh | None,
+    dtype: torch.dtype | None,
+    *,
+    hooked: bool,
+) -> None:
+    """One FSDP2 group per layer, the rest of `root` in the root group; gathered in `dtype`,
+    gradients reduced in fp32. `hooked`: each group also gets `replayrl_run` (`hook_calls`)
+    for code that reads its weights directly; otherwise the root's inputs are left as they
+    are (a batch of token rows, not tensors to cast)."""
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+        if hooked:
+            hook_calls(layer)
+    top = MixedPrecisionPolicy(
+        param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=hooked
+    )
+    fully_shard(root, mesh=mesh, mp_policy=top)
+    if hooked:
+        hook_calls(root)
+
+
 def shard_policy(
     model: torch.nn.Module,
     mesh: DeviceMesh | None = None,
@@ -123,43 +159,19 @@ def shard_policy(
 
     A LoRA policy (peft) is sharded as it is: each layer's group holds its frozen base weights
     and its adapters, and FSDP reduces gradients only for the parameters that train."""
-    inner = unwrap_model(model)
-    layers = getattr(getattr(inner, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(
-            f"train.sharding=fsdp: {type(inner).__name__} has no model.layers (decoder "
-            "layers) to shard"
-        )
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-        hook_calls(layer)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
-    hook_calls(model)
+    layers = _decoder_layers(unwrap_model(model), "model", "the policy")
+    _shard_groups(layers, model, mesh, dtype, hooked=True)
 
 
 def shard_critic(
     critic: torch.nn.Module, mesh: DeviceMesh | None = None, dtype: torch.dtype | None = None
 ) -> None:
     """FSDP2 over PPO's value model as over the policy: one group per backbone layer, the
-    rest (embeddings, final norm, value head) in the root group, gathered in `dtype`,
-    gradients reduced in fp32. In place. Its forward is a plain module call, so FSDP's own
-    hooks gather it."""
-    layers = getattr(getattr(critic, "backbone", None), "layers", None)
-    if layers is None:
-        raise ValueError(
-            f"train.sharding=fsdp: the critic {type(critic).__name__} has no backbone.layers "
-            "(decoder layers) to shard"
-        )
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    # the root's input is a batch of token rows, not tensors to cast: its embeddings make
-    # the first states, in the gathered dtype
-    root = MixedPrecisionPolicy(
-        param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False
+    rest (embeddings, final norm, value head) in the root group. In place. Its forward is a
+    plain module call, so FSDP's own hooks gather it."""
+    _shard_groups(
+        _decoder_layers(critic, "backbone", "the critic"), critic, mesh, dtype, hooked=False
     )
-    fully_shard(critic, mesh=mesh, mp_policy=root)
 
 
 def _replicated_mean(params: list[torch.nn.Parameter]) -> None:

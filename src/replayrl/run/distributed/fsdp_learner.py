@@ -99,25 +99,20 @@ def critic_of(learner: Learner) -> tuple[torch.nn.Module, Any] | None:
 def save_learner_shards(learner: Learner, folder: Path) -> None:
     """This rank's shards of the policy, AdamW, the reference and the critic into `folder`
     (a collective)."""
-    save_sharded(
-        folder,
-        learner.model,
-        learner.optimizer,
-        reference=_reference(learner),
-        critic=critic_of(learner),
-    )
+    save_sharded(folder, learner.model, learner.optimizer, *_frozen_and_critic(learner))
 
 
 def load_learner_shards(learner: Learner, folder: Path) -> None:
     """This rank's shards from a `save_learner_shards` folder, and its RNG states (a
     collective, once the ranks are sharded)."""
-    load_sharded(
-        folder,
-        learner.model,
-        learner.optimizer,
-        reference=_reference(learner),
-        critic=critic_of(learner),
-    )
+    ref, critic = _frozen_and_critic(learner)
+    load_sharded(folder, learner.model, learner.optimizer, reference=ref, critic=critic)
+
+
+def _frozen_and_critic(
+    learner: Learner,
+) -> tuple[torch.nn.Module | None, tuple[torch.nn.Module, Any] | None]:
+    return _reference(learner), critic_of(learner)
 
 
 def sharded_learner_state(learner: Learner) -> dict[str, object]:
