@@ -764,3 +764,54 @@ def test_a_sharded_ppo_step_shards_the_critic_equals_the_unsharded_one_and_resum
     # the policy too: its GAE advantages are whitened over both ranks' rows, as over the batch
     for k, v in final.items():
         torch.testing.assert_close(v, expected[k], atol=1e-6, rtol=0, msg=k)
+
+
+def _ppo_replica_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> None:
+    """A data-parallel PPO learner (whole replicas, gradients averaged): two steps."""
+    from safetensors.torch import save_file
+
+    from replayrl.run.distributed.ddp import data_parallel_ranks, init_group, leave_group
+
+    torch.set_num_threads(1)
+    init_group(rank, WORLD, "127.0.0.1", port)
+    learner = _ppo_learner(model, pad_id, load_config(None, [*OVERRIDES, *PPO]))
+    learner.join(data_parallel_ranks(WORLD))
+    for s, batch in enumerate(batches):
+        learner.train_step(batch[rank::WORLD], np.random.default_rng(rank), step=s)
+    assert learner.critic is not None
+    if rank == 0:
+        critic = {f"critic.{k}": v for k, v in learner.critic.state_dict().items()}
+        weights = {**learner.model.state_dict(), **critic}
+        save_file({k: v.detach().clone() for k, v in weights.items()}, f"{out}/final.safetensors")
+    leave_group()
+
+
+def test_data_parallel_ppo_whitens_over_both_replicas_and_equals_the_whole_batch_step(
+    model, rollouts, char_tokenizer, tmp_path: Path
+):
+    """Data-parallel PPO (`workers.learners=2` without sharding): the GAE advantages are
+    whitened over both replicas' rows, so two steps equal one learner's on the whole batch."""
+    from safetensors.torch import load_file
+
+    from replayrl.run.distributed.ddp import free_port
+
+    pad = char_tokenizer.pad_token_id
+    batches = [rollouts[:12], rollouts[12:]]
+    mp.spawn(
+        _ppo_replica_rank,
+        args=(free_port(), model, pad, batches, str(tmp_path)),
+        nprocs=WORLD,
+        join=True,
+    )
+    ref = _ppo_learner(model, pad, load_config(None, [*REFERENCE, *PPO]))
+    for s, b in enumerate(batches):
+        ref.train_step(b[0::WORLD] + b[1::WORLD], np.random.default_rng(0), step=s)
+    assert ref.critic is not None
+    expected = {
+        **ref.model.state_dict(),
+        **{f"critic.{k}": v for k, v in ref.critic.state_dict().items()},
+    }
+    final = load_file(str(tmp_path / "final.safetensors"))
+    assert set(final) == set(expected)
+    for k, v in final.items():
+        torch.testing.assert_close(v, expected[k], atol=1e-6, rtol=0, msg=k)
