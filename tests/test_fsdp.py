@@ -672,6 +672,7 @@ def _ppo_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> No
         save_learner_shards,
         sharded_learner_state,
     )
+    from replayrl.storage.sharded_checkpoint import save_sharded
 
     torch.set_num_threads(1)
     init_group(rank, WORLD, "127.0.0.1", port)
@@ -703,15 +704,21 @@ def _ppo_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -> No
     partial = sharded_learner_state(learner)  # a sharded checkpoint's state file ...
     assert "critic" not in partial and partial["optimizer"] is None
     save_learner_shards(learner, Path(out) / "shards")  # ... and its shards
+    # a sharded checkpoint written before critics were sharded: the critic whole in the
+    # state file, the DCP shards without it
+    old = {**partial, "critic": whole["critic"], "critic_optimizer": whole["critic_optimizer"]}
+    save_sharded(Path(out) / "old", learner.model, learner.optimizer)
     losses.append(learner.train_step(half[1], np.random.default_rng(rank), step=1)["value_loss"])
     final = both(learner)
+    # each resume loads its own copy, as from disk (a learner trains the tensors it loads)
     for how, resumed in (
-        ("whole", lambda: sharded(policy1, whole)),
-        ("shards", lambda: sharded(model, partial)),
+        ("whole", lambda: sharded(policy1, copy.deepcopy(whole))),
+        ("shards", lambda: sharded(model, copy.deepcopy(partial))),
+        ("old", lambda: sharded(model, copy.deepcopy(old))),
     ):
         again = resumed()
-        if how == "shards":
-            load_learner_shards(again, Path(out) / "shards")
+        if how != "whole":
+            load_learner_shards(again, Path(out) / how)
         again.train_step(half[1], np.random.default_rng(rank), step=1)
         for k, v in both(again).items():
             assert torch.equal(v, final[k]), (how, rank, k)  # the resume is exact
@@ -815,3 +822,63 @@ def test_data_parallel_ppo_whitens_over_both_replicas_and_equals_the_whole_batch
     assert set(final) == set(expected)
     for k, v in final.items():
         torch.testing.assert_close(v, expected[k], atol=1e-6, rtol=0, msg=k)
+
+
+def _ppo_budget_rank(rank: int, port: int, model, pad_id: int, batch, budget, out: str) -> None:
+    """Sharded PPO under a token budget, the ranks packing different numbers of micro-batches:
+    a critic warm-up step (the policy frozen), then a full step."""
+    from safetensors.torch import save_file
+
+    from replayrl.run.distributed import fsdp
+    from replayrl.run.distributed.ddp import init_group, leave_group
+
+    torch.set_num_threads(1)
+    init_group(rank, WORLD, "127.0.0.1", port, timeout_s=120)  # a mismatch fails, not hangs
+    learner = _ppo_learner(model, pad_id, load_config(None, [*OVERRIDES, *PPO, *budget]))
+    fsdp.shard_learner(learner, WORLD)
+    half = batch[rank::WORLD]
+    learner.train_step(half, np.random.default_rng(rank), step=0, policy_frozen=True)
+    learner.train_step(half, np.random.default_rng(rank), step=1)
+    assert learner.critic is not None
+    critic = {f"critic.{k}": v for k, v in fsdp.full_state(learner.critic).items()}
+    weights = {**fsdp.full_state(learner.model), **critic}
+    if rank == 0:
+        save_file({k: v.clone() for k, v in weights.items()}, f"{out}/final.safetensors")
+    leave_group()
+
+
+def test_sharded_ppo_ranks_with_fewer_micro_batches_join_the_critics_passes(
+    model, rollouts, char_tokenizer, tmp_path: Path
+):
+    """The critic's passes are collectives once it is sharded: a rank with fewer micro-batches
+    (a token budget) runs idle critic passes too, in a critic warm-up step and a full one,
+    and both steps equal the unsharded learner's."""
+    from safetensors.torch import load_file
+
+    from replayrl.run.distributed.ddp import free_port
+
+    pad = char_tokenizer.pad_token_id
+    by_length = sorted(rollouts, key=lambda r: r.prompt_ids.numel() + r.completion_ids.numel())
+    batch = [r for pair in zip(by_length[-6:], by_length[:6], strict=True) for r in pair]
+    size = [r.prompt_ids.numel() + r.completion_ids.numel() for r in by_length]
+    budget = [f"train.max_tokens_per_micro_batch={2 * max(size[:6])}", "train.micro_batch_size=2"]
+    mp.spawn(
+        _ppo_budget_rank,
+        args=(free_port(), model, pad, batch, budget, str(tmp_path)),
+        nprocs=WORLD,
+        join=True,
+    )
+    ref = _ppo_learner(model, pad, load_config(None, [*REFERENCE, *PPO, *budget]))
+    whole = batch[0::WORLD] + batch[1::WORLD]
+    ref.train_step(whole, np.random.default_rng(0), step=0, policy_frozen=True)
+    ref.train_step(whole, np.random.default_rng(0), step=1)
+    assert ref.critic is not None
+    expected = {
+        **ref.model.state_dict(),
+        **{f"critic.{k}": v for k, v in ref.critic.state_dict().items()},
+    }
+    final = load_file(str(tmp_path / "final.safetensors"))
+    assert set(final) == set(expected)
+    # two steps: twice the one step's allowance for the ranks' summation order (OVERRIDES)
+    for k, v in final.items():
+        torch.testing.assert_close(v, expected[k], atol=2e-6, rtol=0, msg=k)

@@ -556,6 +556,12 @@ def test_a_plugin_backend_brings_its_section_with_one_registration() -> None:
                 owned_sections()
         finally:
             BACKENDS.remove("engine2")
+        BACKENDS.add("taker", BackendSpec(lambda *a, **k: None, section=("train", _EngineConfig)))
+        try:
+            with pytest.raises(TypeError, match="'train', which the schema already has"):
+                load_config("grpo")
+        finally:
+            BACKENDS.remove("taker")
     finally:
         BACKENDS.remove("engine")
     with pytest.raises(ConfigError, match="engine: Extra inputs are not permitted"):

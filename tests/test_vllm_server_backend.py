@@ -25,7 +25,7 @@ from replayrl.errors import GenerationServerError, RunFailed
 from replayrl.rollout.generation import SamplingParams, make_generator
 from replayrl.rollout.generation.vllm import request_seed
 from replayrl.rollout.generation.vllm_server import VLLMServerGenerator
-from replayrl.rollout.generation.vllm_settings import VLLMConfig
+from replayrl.rollout.generation.vllm_settings import VLLMConfig, vllm_settings
 from tiny import tiny_config
 
 NAME = "stub-model"
@@ -400,9 +400,9 @@ def test_server_settings_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="vllm.server.base_url"):
         load_config(None, ["vllm.server.base_url=localhost:8000"])
     cfg = load_config(None, ["vllm.server.host=10.0.0.2", "vllm.server.port=9000"])
-    assert cfg.vllm.server.url == "http://10.0.0.2:9000"
+    assert vllm_settings(cfg).server.url == "http://10.0.0.2:9000"
     cfg = load_config(None, ["vllm.server.base_url=http://gen:8000/"])
-    assert cfg.vllm.server.url == "http://gen:8000"
+    assert vllm_settings(cfg).server.url == "http://gen:8000"
     with pytest.raises(ConfigError, match="workers.generators=1"):
         load_config(
             None, ["runtime=async-local", "rollout.backend=vllm_server", "workers.generators=2"]
@@ -420,8 +420,8 @@ def test_make_generator_builds_the_server_backend(stub, tmp_path, char_tokenizer
         make_generator(cfg, tiny_model, char_tokenizer, str(tmp_path))
     named = cfg.model_copy(
         update={
-            "vllm": cfg.vllm.model_copy(
-                update={"server": cfg.vllm.server.model_copy(update={"model": NAME})}
+            "vllm": vllm_settings(cfg).model_copy(
+                update={"server": vllm_settings(cfg).server.model_copy(update={"model": NAME})}
             )
         }  # fmt: skip
     )

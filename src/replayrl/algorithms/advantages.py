@@ -9,9 +9,11 @@ producer calls it (RLOO below is registered exactly so).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -146,11 +148,18 @@ def whitened_gae(
 
 # (rewards (N,), group ids (N,), scale_rewards) -> advantages (N,)
 GroupEstimator = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
-# (rewards, values, mask: (B, T), gamma, lam) -> (advantages, returns), both (B, T). A learner
-# that is one of several ranks also passes `reduce_sum=` (a sum over the ranks, which every
-# rank calls the same number of times) for statistics over the whole step's batch; an
-# estimator that keeps none may take it as **kwargs
+# (rewards, values, mask: (B, T), gamma, lam) -> (advantages, returns), both (B, T). To an
+# estimator whose signature has a `reduce_sum` parameter (or **kwargs), a learner that is one
+# of several ranks also passes `reduce_sum=` (a sum over the ranks, which every rank calls the
+# same number of times) for statistics over the whole step's batch; one without it sees only
+# its rank's rows
 TokenEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def takes_keyword(fn: Callable[..., Any], name: str) -> bool:
+    """Whether `fn` accepts the keyword argument `name` (by name or through **kwargs)."""
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 @dataclass(frozen=True)

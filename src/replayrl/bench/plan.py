@@ -193,7 +193,8 @@ def learner_terms(cfg: Config, c: dict[str, Any], prompt: int) -> dict[str, int]
         terms["critic"] = math.ceil(
             16 * (counts["total"] - counts["root"] + c["vocab_size"] * c["hidden_size"]) / n
         )
-        terms["critic"] += int(step["activations"] * 4 / _compute_bytes(cfg))
+        # its forward runs in the policy's compute dtype (autocast, or the sharded gather's)
+        terms["critic"] += step["activations"]
     return terms
 
 

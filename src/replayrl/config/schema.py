@@ -873,6 +873,12 @@ class Config(_Section):
         if not isinstance(data, dict):
             return data
         owned = owned_sections()
+        taken = sorted(set(owned) & set(cls.model_fields))
+        if taken:
+            raise TypeError(
+                f"a registered backend or runtime declares the config section {taken[0]!r}, "
+                "which the schema already has: give its section another name"
+            )
         for key in data:
             if key not in cls.model_fields and key not in owned:
                 raise ValueError(

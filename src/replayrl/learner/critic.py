@@ -9,7 +9,7 @@ from collections.abc import MutableMapping, Sequence
 import torch
 from transformers import AutoModel
 
-from replayrl.algorithms.advantages import AdvantageSpec
+from replayrl.algorithms.advantages import AdvantageSpec, takes_keyword
 from replayrl.algorithms.objective import critic_objective
 from replayrl.data.rollout_record import Rollout
 from replayrl.learner.assembly import Assembly
@@ -62,6 +62,10 @@ class CriticPass:
     ) -> None:
         self.ctx, self.critic, self.advantage, self.assembly = ctx, critic, advantage, assembly
         self.optimizer = torch.optim.AdamW(critic.parameters(), lr=ctx.cfg.critic.lr)
+        # an estimator that keeps statistics over the batch takes `reduce_sum` (several
+        # ranks); one written for a single learner is called as it was written
+        assert advantage.token is not None
+        self.ranked = takes_keyword(advantage.token, "reduce_sum")
 
     def renew_optimizer(self) -> None:
         """A new optimizer over the critic's parameters now (sharding replaced them:
@@ -97,7 +101,7 @@ class CriticPass:
         rew[rows[has], comp[has] - 1] = rewards[has]  # outcome reward on the last token
         # statistics over the whole step's batch: with several ranks, over all their rows
         reduce_sum = self.ctx.ranks.count_reducer
-        ranks = {"reduce_sum": reduce_sum} if reduce_sum is not None else {}
+        ranks = {"reduce_sum": reduce_sum} if reduce_sum is not None and self.ranked else {}
         adv, ret = self.advantage.token(rew, val, msk, c.gamma, c.lam, **ranks)
         zeros = torch.zeros_like(b.mask)
         return b.replace(
@@ -124,6 +128,11 @@ class CriticPass:
         part_tokens = float(b.mask.sum())
         for k, v in v_metrics.items():
             sums[k] += v * part_tokens
+
+    def idle_backward(self, b: TrainBatch) -> None:
+        """A forward and backward that adds nothing (zero weight): a sharded rank with fewer
+        micro-batches than another joins the other's all-gathers and reduce-scatters."""
+        (self._values(b).sum() * 0.0).backward()
 
     def step(self, sums: MutableMapping[str, float], tokens: int) -> dict[str, float]:
         """Average over ranks, clip, step; the mini-batch's critic metrics (taken from

@@ -365,7 +365,9 @@ class Learner:
         fused: dict[int, tuple[Rollout, torch.Tensor]] = {}
         # micro-batches of rollouts sharing prompts: only the gradient's summation order moves
         parts = self.assembly.micro(self.assembly.shared_rows(batch, idx), lengths)
-        idle = self.assembly.idle_micro(parts) if not policy_frozen else 0  # agreed first
+        # agreed first: every rank asks (policy_frozen is the same on every rank), since the
+        # critic's passes are collectives too when it is sharded
+        idle = self.assembly.idle_micro(parts)
         for part in parts:
             mb = micro_batch(b, part, lengths)
             if not policy_frozen:
@@ -374,8 +376,12 @@ class Learner:
                     self._keep_fused(batch, b, mb, part, acc.current, fused)
             if self.critic_pass is not None:
                 self.critic_pass.backward(mb, normaliser, acc.sums)
-        for _ in range(idle):
-            self.policy.idle_backward(micro_batch(b, parts[-1], lengths))
+        for _ in range(idle):  # the busiest rank's passes, in its order, adding nothing
+            mb = micro_batch(b, parts[-1], lengths)
+            if not policy_frozen:
+                self.policy.idle_backward(mb)
+            if self.critic_pass is not None:
+                self.critic_pass.idle_backward(mb)
         if b.fuse is not None and not policy_frozen:
             # the refreshed log pi_old, as a separate pass would have stored it
             self._fused_stats = self.pi_old.store(

@@ -99,7 +99,10 @@ def load_sharded(
     """Load a `save_sharded` folder into `model`, `optimizer`, `reference` and `critic` as
     they are now (sharded over any number of ranks, or whole); returns whether this rank's
     RNG states were restored (only where the saving run had this rank: at another rank count
-    they cannot match)."""
+    they cannot match). A folder written before critics were sharded has none: the critic is
+    then left as it is (its checkpoint's state file held it whole)."""
+    if critic is not None and not _holds(folder, "critic"):
+        critic = None
     state = _state(model, optimizer, reference, critic)
     dcp.load(state, checkpoint_id=str(folder))
     set_model_state_dict(model, state["model"])
@@ -114,6 +117,12 @@ def load_sharded(
         set_rng_state(load_state_files(folder / "rng", f"rank_{_rank()}"))
         return True
     return False
+
+
+def _holds(folder: Path, part: str) -> bool:
+    """Whether a `save_sharded` folder has entries under `part` (its DCP metadata's keys)."""
+    keys = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    return any(k == part or k.startswith(f"{part}.") for k in keys)
 
 
 @torch.no_grad()

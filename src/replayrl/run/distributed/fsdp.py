@@ -184,11 +184,13 @@ def _replicated_mean(params: list[torch.nn.Parameter]) -> None:
 
 def shard_learner(learner: Learner, world: int) -> None:
     """Make a learner one of `world` sharded ranks (the process group already joined; every
-    rank calls it at once): its policy and, with kl.beta > 0, its frozen reference.
+    rank calls it at once): its policy, with kl.beta > 0 its frozen reference, and PPO's
+    critic.
 
-    FSDP replaces the parameters with sharded ones, so the optimizer and its learning-rate
+    FSDP replaces the parameters with sharded ones, so the optimizers and the learning-rate
     schedule are rebuilt over them; AdamW state the learner already holds (a resumed run's,
-    loaded unsharded by `learner.load_state_dict`) is carried over, each rank keeping its part.
+    loaded unsharded by `learner.load_state_dict`), the policy's and the critic's, is carried
+    over, each rank keeping its part.
     """
     what = _unsupported(learner)
     if what is not None:

@@ -13,8 +13,9 @@ asks every follower to join (`gather`) and gathers itself, in the same order on 
 - a checkpoint: the full policy as an HF folder (a LoRA policy's adapter folder, as an
   unsharded LoRA learner writes), gathered one tensor at a time to rank 0's CPU.
 
-AdamW's state (and with kl.beta > 0 the frozen reference) is never gathered for a
-checkpoint: every rank writes its own shards of the policy, AdamW and the reference with DCP
+AdamW's state (and with kl.beta > 0 the frozen reference, and PPO's critic with its AdamW
+state) is never gathered for a checkpoint: every rank writes its own shards of all of them
+with DCP
 into the checkpoint's `learner_shards/` (storage/sharded_checkpoint.py) while rank 0 writes
 the rest of the run state, and a resume has every rank load its shards once the ranks are
 sharded again. A checkpoint of whole learner state (an unsharded run's, or one written
