@@ -650,6 +650,13 @@ def test_a_sharded_step_under_a_token_budget_equals_the_unsharded_one(
 PPO = ["algorithm.advantage=gae", "algorithm.loss_type=grpo_clip", "critic.lr=1e-4"]
 
 
+def _policy_and_critic(learner: Learner) -> dict[str, torch.Tensor]:
+    """An unsharded PPO learner's weights: the policy's, then the critic's as `critic.*`."""
+    assert learner.critic is not None
+    critic = {f"critic.{k}": v for k, v in learner.critic.state_dict().items()}
+    return {**learner.model.state_dict(), **critic}
+
+
 def _ppo_learner(model, pad_id: int, cfg) -> Learner:
     from replayrl.learner.critic import ValueModel
 
@@ -758,11 +765,7 @@ def test_a_sharded_ppo_step_shards_the_critic_equals_the_unsharded_one_and_resum
         got["value_loss"], torch.tensor(losses, dtype=torch.float64), atol=1e-6, rtol=0
     )
     final = load_file(str(tmp_path / "final.safetensors"))
-    assert ref.critic is not None
-    expected = {
-        **ref.model.state_dict(),
-        **{f"critic.{k}": v for k, v in ref.critic.state_dict().items()},
-    }
+    expected = _policy_and_critic(ref)
     assert set(final) == set(expected)
     start = _ppo_learner(model, pad, load_config(None, [*REFERENCE, *PPO])).critic
     assert start is not None
@@ -813,11 +816,7 @@ def test_data_parallel_ppo_whitens_over_both_replicas_and_equals_the_whole_batch
     ref = _ppo_learner(model, pad, load_config(None, [*REFERENCE, *PPO]))
     for s, b in enumerate(batches):
         ref.train_step(b[0::WORLD] + b[1::WORLD], np.random.default_rng(0), step=s)
-    assert ref.critic is not None
-    expected = {
-        **ref.model.state_dict(),
-        **{f"critic.{k}": v for k, v in ref.critic.state_dict().items()},
-    }
+    expected = _policy_and_critic(ref)
     final = load_file(str(tmp_path / "final.safetensors"))
     assert set(final) == set(expected)
     for k, v in final.items():
@@ -872,11 +871,7 @@ def test_sharded_ppo_ranks_with_fewer_micro_batches_join_the_critics_passes(
     whole = batch[0::WORLD] + batch[1::WORLD]
     ref.train_step(whole, np.random.default_rng(0), step=0, policy_frozen=True)
     ref.train_step(whole, np.random.default_rng(0), step=1)
-    assert ref.critic is not None
-    expected = {
-        **ref.model.state_dict(),
-        **{f"critic.{k}": v for k, v in ref.critic.state_dict().items()},
-    }
+    expected = _policy_and_critic(ref)
     final = load_file(str(tmp_path / "final.safetensors"))
     assert set(final) == set(expected)
     # two steps: twice the one step's allowance for the ranks' summation order (OVERRIDES)
