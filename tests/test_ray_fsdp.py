@@ -7,6 +7,7 @@ checkpoints a full policy with every rank's AdamW shards, and resumes with them
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
@@ -164,10 +165,23 @@ def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
     run = tmp_path / "demo"
     assert summary["steps"] == 2
     assert summary["accounting"]["trainers"] == 2
-    evals = [m["step"] for m in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in m]
-    assert evals == [0, 2]  # rank 0 evaluated the gathered policy at the start and the end
+    evals = {m["step"]: m for m in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in m}
+    assert sorted(evals) == [0, 2]  # the starting policy and the last one
+    # evaluated by a generator actor, never by a gathered copy on a learner's device ...
+    assert summary["evaluations_on_generators"] == 2
     ckpt = latest_checkpoint(run)
     assert ckpt is not None and ckpt.name == "step_000002"
+    # ... on the weights the learners hold: `replayrl eval` of the checkpoint's policy agrees
+    from replayrl.cli.main import main
+
+    out = tmp_path / "eval.json"
+    assert (
+        main(["eval", "--model", str(ckpt / "policy"), "--run", str(run), "--out", str(out)]) == 0
+    )
+    again = json.loads(out.read_text())
+    assert again["num_prompts"] == summary["num_eval_prompts"]
+    assert again["eval/accuracy"] == evals[2]["eval/accuracy"]
+    assert again["eval/completion_length"] == evals[2]["eval/completion_length"]
     policy = AutoModelForCausalLM.from_pretrained(ckpt / "policy")
     assert policy.config.num_hidden_layers == 2
     params = dict(policy.named_parameters())

@@ -9,7 +9,8 @@ asks every follower to join (`gather`) and gathers itself, in the same order on 
 - weights for the generators: gathered at every publish (`workers.sync_every`), sent as full
   tensors in the generation dtype (with LoRA only the adapters are gathered and sent, as an
   unsharded LoRA learner sends them);
-- an evaluation: gathered into an unsharded copy rank 0 generates with;
+- an evaluation: the weights published to the generators, and generator 0 evaluates them
+  (ray_runtime.py: the learners hold no whole policy, on no device);
 - a checkpoint: the full policy as an HF folder (a LoRA policy's adapter folder, as an
   unsharded LoRA learner writes), gathered one tensor at a time to rank 0's CPU.
 
@@ -25,7 +26,6 @@ before sharded checkpoints) still resumes: it is loaded whole and split over the
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections import Counter
@@ -40,8 +40,6 @@ from replayrl.config.schema import Config
 from replayrl.errors import RunFailed
 from replayrl.learner.frozen import is_lora
 from replayrl.learner.learner import Learner
-from replayrl.models.loading import unwrap_model
-from replayrl.rollout.generation.base import Generator
 from replayrl.run.distributed import fsdp
 from replayrl.run.distributed.ddp import data_parallel_ranks
 from replayrl.run.session import Log, WholeLearner
@@ -245,9 +243,9 @@ class FullWeightsPool:
 
 class ShardedOutputs(WholeLearner):
     """Rank 0's reading of sharded learners (`leader` set once the ranks are sharded):
-    checkpoints, evaluation and publishing gather the full policy, and every rank writes and
-    loads its own DCP shards of AdamW and the reference. Before the ranks are sharded (and
-    on a run whose ranks never shard) it reads the learner whole."""
+    checkpoints and publishing gather the full policy (evaluation is a generator's), and
+    every rank writes and loads its own DCP shards of AdamW and the reference. Before the
+    ranks are sharded (and on a run whose ranks never shard) it reads the learner whole."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -294,11 +292,3 @@ class ShardedOutputs(WholeLearner):
     def policy_to_save(self, model: torch.nn.Module) -> torch.nn.Module:
         """The full policy, gathered one tensor at a time to rank 0's CPU."""
         return model if self.leader is None else self.leader.full_model()
-
-    def eval_generator(self, generator: Generator, learner: Learner) -> Generator:
-        if self.leader is None:
-            return generator
-        gen = copy.copy(generator)
-        # the HF model the generator takes (a LoRA policy's with its adapter layers active)
-        gen.model = unwrap_model(self.leader.full_model()).to(learner.device)  # type: ignore[attr-defined]
-        return gen

@@ -60,6 +60,7 @@ _POLL_S = 0.2  # how often the driver checks for Ctrl-C while the learner actor 
 # a bound on one call to a buffer or learner actor: an actor that neither answers nor dies
 # (a stuck node) fails the run instead of hanging it
 _CALL_TIMEOUT_S = 600.0
+_EVAL_TIMEOUT_S = 3600.0  # an evaluation of a large model on a generator
 
 
 def _ray():
@@ -124,6 +125,14 @@ class GeneratorActor:
         device = self.worker.device  # the model's, or the engine's (no model copy)
         dt = getattr(torch, dtype.removeprefix("torch."))
         self.worker.set_weights(receive_flat(self.pair, self.layout, dt, device), version)
+
+    def evaluate(
+        self, rows: list[dict[str, Any]], weights: dict | None, version: int
+    ) -> dict[str, float]:
+        """The held-out evaluation of policy `version` (its weights first, when given)."""
+        if weights is not None:
+            self.worker.set_weights(weights, version)
+        return self.worker.evaluate(rows)
 
     def generate(self, weights: dict | None, version: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -338,6 +347,7 @@ class RayGeneratorPool:
         self._pids: dict[str, int] = {}
         self.sync_path = weight_sync_path(cfg)
         self.sender = BroadcastSender(self.ray, cfg.workers.startup_timeout)
+        self.evaluations = 0  # held-out evaluations run on generator 0 (`evaluate`)
 
     def _new_actor(self, worker_id: int, incarnation: int) -> Any:
         a = self.actor_cls.options(name=None).remote(self.cfg_yaml, worker_id, incarnation)
@@ -346,11 +356,40 @@ class RayGeneratorPool:
         )
         return a
 
+    def _ensure_actors(self) -> None:
+        if not self.actors:
+            W = self.cfg.workers.generators
+            self.actors = [self._new_actor(i, 0) for i in range(W)]
+            self.incarnations, self.restart_counts, self.synced = [0] * W, [0] * W, [-1] * W
+
     def start(self) -> None:
-        W = self.cfg.workers.generators
-        self.actors = [self._new_actor(i, 0) for i in range(W)]
-        self.incarnations, self.restart_counts, self.synced = [0] * W, [0] * W, [-1] * W
+        self._ensure_actors()  # an evaluation of the starting policy may have made them
         self._submit()
+
+    def _sync(self, i: int) -> Any:
+        """What generator `i`'s next call carries: the published weights through the object
+        store if it lacks them (else None), or, on the broadcast path, nothing after they
+        are broadcast to it now."""
+        if self.synced[i] == self.version:
+            return None
+        if self.sync_path == "broadcast":
+            self.sender.send(i, self.actors[i], self.version)
+            return None
+        return self.weights
+
+    def evaluate(self, rows: list[dict[str, Any]]) -> dict[str, float]:
+        """Generator 0 evaluates the published policy on `rows` (what sharded learners do:
+        they hold no whole policy to evaluate with). An actor runs one call at a time, so a
+        batch it is generating finishes first; the pool submits nothing new meanwhile."""
+        self._ensure_actors()
+        self.evaluations += 1
+        try:
+            new = self._sync(0)
+            self.synced[0] = self.version
+            ref = self.actors[0].evaluate.remote(rows, new, self.version)
+            return _get(ref, "an evaluation on generator 0", timeout=_EVAL_TIMEOUT_S)  # type: ignore[no-any-return]
+        except self.ray.exceptions.RayActorError as exc:
+            raise RunFailed(f"generator 0 was lost during an evaluation: {exc}") from exc
 
     def publish(self, model: Any, version: int) -> None:
         # in the generation dtype: what the generators sample in (a bf16 sampler: half the
@@ -369,19 +408,16 @@ class RayGeneratorPool:
         for i, a in enumerate(self.actors):
             if i in busy:
                 continue
-            new = self.weights if self.synced[i] != self.version else None
-            if self.sync_path == "broadcast" and self.synced[i] != self.version:
-                new = None
-                try:
-                    self.sender.send(i, a, self.version)
-                except (
-                    self.ray.exceptions.RayActorError,
-                    self.ray.exceptions.GetTimeoutError,
-                ) as exc:
-                    self._replace(i, exc, lost=0)  # gone while idle: nothing of it in flight
-                    continue  # the replacement is synced at the next poll
-                except Exception as exc:  # not a lost generator: a broken setting or group
-                    raise RunFailed(f"weight broadcast to generator {i} failed: {exc}") from exc
+            try:
+                new = self._sync(i)
+            except (
+                self.ray.exceptions.RayActorError,
+                self.ray.exceptions.GetTimeoutError,
+            ) as exc:
+                self._replace(i, exc, lost=0)  # gone while idle: nothing of it in flight
+                continue  # the replacement is synced at the next poll
+            except Exception as exc:  # not a lost generator: a broken setting or group
+                raise RunFailed(f"weight broadcast to generator {i} failed: {exc}") from exc
             self.pending[a.generate.remote(new, self.version)] = i
             self.synced[i] = self.version
 
@@ -429,7 +465,8 @@ class RayGeneratorPool:
         self.paused = paused
 
     def stop(self) -> list[Delivery]:
-        """Let calls in flight finish (their rollouts are kept), then end the actors."""
+        """Let calls in flight finish (their rollouts are kept) and start no more; the actors
+        stay for a last evaluation until `close`."""
         self.hold = True
         out: list[Delivery] = []
         deadline = time.monotonic() + 120
@@ -437,9 +474,14 @@ class RayGeneratorPool:
             out += self.poll()
             time.sleep(0.01)
         self.lost += self.cfg.rollouts_per_step * len(self.pending)  # did not finish in time
+        self.pending.clear()
+        return out
+
+    def close(self) -> None:
+        """End the actors."""
         for a in self.actors:
             self.ray.kill(a)
-        return out
+        self.actors = []
 
     def pids(self) -> dict[str, int]:
         return dict(self._pids)
@@ -462,13 +504,14 @@ class RayAsyncTrainer(AsyncSession):
         self.sharded_outputs = ShardedOutputs(cfg)
         # ranks 1..T-1's shuffle generators as a resumed checkpoint kept them (`_restore`)
         self.resumed_shuffles: list[dict[str, Any]] | None = None
+        self.ray_pool: RayGeneratorPool | None = None  # the generator actors, once made
+
+        def new_pool(_: Any) -> RayGeneratorPool:
+            self.ray_pool = RayGeneratorPool(cfg, log)
+            return self.ray_pool
+
         super().__init__(
-            cfg,
-            run_dir,
-            lambda s: RayGeneratorPool(cfg, log),
-            log=log,
-            resume=resume,
-            outputs=self.sharded_outputs,
+            cfg, run_dir, new_pool, log=log, resume=resume, outputs=self.sharded_outputs
         )
         self.external_stop = threading.Event()
         self.followers: list[Any] = []
@@ -515,13 +558,30 @@ class RayAsyncTrainer(AsyncSession):
     def run(self) -> dict[str, Any]:
         if self.cfg.workers.learners > 1:
             self._start_followers()
-        return run_async(self)
+        try:
+            return run_async(self)
+        finally:
+            if self.ray_pool is not None:
+                self.ray_pool.close()
+
+    def evaluate(self) -> dict[str, float]:
+        """Sharded learners hold no whole policy: generator 0 evaluates the weights published
+        now (gathered once, as for a weight sync, and sent to the generators), not a gathered
+        copy on rank 0's device. Other learners evaluate themselves, as a session does."""
+        if self.sharded_outputs.leader is None:
+            return super().evaluate()
+        if self.pool is None or self.ray_pool is None:
+            raise RuntimeError("sharded learners evaluate on a generator: no generator pool yet")
+        self.pool.publish(self.model, self.learner.version)
+        return self.ray_pool.evaluate(self.eval_rows)
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         sync_figures = getattr(self.pool, "sync_figures", None)  # a sharded run wraps the pool
         if sync_figures is not None:
             out["weight_sync"] = sync_figures()
+        if self.ray_pool is not None:
+            out["evaluations_on_generators"] = self.ray_pool.evaluations
         if (
             self.followers and self.sharded_outputs.leader is None
         ):  # data parallelism: identical replicas

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from replayrl.config.registries import BACKENDS
 from replayrl.config.schema import Config
 from replayrl.models.device import resolve_device
 from replayrl.models.loading import unwrap_model
+from replayrl.rollout.evaluation import evaluate_policy
 from replayrl.rollout.prompts import PromptRenderer
 from replayrl.rollout.tasks import task_from_config
 from replayrl.run.components import build_generator, build_producer, reward_set
@@ -51,6 +53,7 @@ class GeneratorWorker:
         self.model.eval()
         render = PromptRenderer(tokenizer, cfg.task.chat_template, cfg.task.system_prompt)
         task = task_from_config(cfg.task)
+        self.task, self.render = task, render  # for evaluations (`evaluate`)
         # a vLLM engine's seed: train.seed + this worker's offset (its own sampling noise)
         generator = build_generator(
             cfg, self.model, tokenizer, path, task, render, worker_offset=seed - cfg.train.seed
@@ -97,6 +100,11 @@ class GeneratorWorker:
         yield from self._lora_base.items()
         for name, t in state.items():
             yield self._engine_names[name], t
+
+    def evaluate(self, rows: list[dict[str, Any]]) -> dict[str, float]:
+        """The held-out evaluation of the weights this worker holds, on `rows` (the learner's
+        eval rows), with its own generator: a vLLM engine where it has one."""
+        return evaluate_policy(self.cfg, self.producer.generator, self.task, rows, self.render)
 
     @property
     def planned(self) -> int:

@@ -274,6 +274,10 @@ def run_async(s: AsyncSession) -> dict[str, Any]:
     except through the pacing holds."""
     cfg, c = s.cfg, s.counters
     B = cfg.batch_size
+    # the pool before the starting policy's evaluation: a runtime whose learners hold no
+    # whole policy evaluates on a generator (ray_runtime.py); no generator runs yet
+    pool = s.pool = s.pool_factory(s)
+    pool.publish(s.model, s.learner.version)
     s.start()
     s.log(
         f"runtime {cfg.runtime}: {cfg.workers.generators} generator worker(s), weights "
@@ -281,8 +285,6 @@ def run_async(s: AsyncSession) -> dict[str, Any]:
         f"{cfg.workers.max_staleness} ({cfg.workers.on_stale}), replay ratio {s.ratio}"
     )
     progress = Progress(cfg.train.steps, c.step, cfg.logging.progress)
-    pool = s.pool = s.pool_factory(s)
-    pool.publish(s.model, s.learner.version)
     stopped, signum = False, 0
     try:
         pool.start()
