@@ -124,8 +124,8 @@ def test_evaluate_policy_takes_every_setting_from_the_config() -> None:
 
 
 def test_every_caller_evaluates_through_evaluate_policy() -> None:
-    # the session, the API, the CLI and the TRL peer: one function, so that a peer is never
-    # measured differently from our runs
+    # the session, the generator worker (sharded learners evaluate on it), the API, the CLI
+    # and the TRL peer: one function, so that a peer is never measured differently from our runs
     src = Path(__file__).resolve().parent.parent / "src" / "replayrl"
     direct = []
     for path in src.rglob("*.py"):
@@ -138,4 +138,4 @@ def test_every_caller_evaluates_through_evaluate_policy() -> None:
     users = {p.name for p in src.rglob("*.py") if "evaluate_policy(" in p.read_text()} - {
         "evaluation.py"
     }
-    assert users == {"session.py", "trainer.py", "evaluate.py", "trl_grpo.py"}
+    assert users == {"session.py", "worker.py", "trainer.py", "evaluate.py", "trl_grpo.py"}

@@ -147,10 +147,13 @@ def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
+    from replayrl.cli.main import main
     from replayrl.run.metrics import read_metrics
     from replayrl.run.start import resume, train
     from replayrl.storage.checkpoint import latest_checkpoint, load_state
 
+    # weights reach the generators every second step: the last step of the resumed run is
+    # evaluated off that grid (its weights sent to generator 0 alone)
     cfg = load_config(
         None,
         [
@@ -158,30 +161,35 @@ def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
             *LAYERS,
             *SHARDED,
             "train.steps=2",
+            "workers.sync_every=2",
             f"logging.run_dir={tmp_path}",
         ],
     )
     summary = train(cfg, log=quiet)
     run = tmp_path / "demo"
+
+    def evals() -> dict[int, dict]:
+        return {m["step"]: m for m in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in m}
+
+    def agrees_with_replayrl_eval(ckpt: Path, step: int) -> None:
+        """The run's evaluation at `step` was of the weights the learners held: `replayrl
+        eval` of the checkpoint's policy scores the same."""
+        out = tmp_path / f"eval{step}.json"
+        args = ["eval", "--model", str(ckpt / "policy"), "--run", str(run), "--out", str(out)]
+        assert main(args) == 0
+        again, logged = json.loads(out.read_text()), evals()[step]
+        assert again["num_prompts"] == summary["num_eval_prompts"]
+        for key in ("eval/accuracy", "eval/completion_length"):
+            assert again[key] == logged[key], (step, key)
+
     assert summary["steps"] == 2
     assert summary["accounting"]["trainers"] == 2
-    evals = {m["step"]: m for m in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in m}
-    assert sorted(evals) == [0, 2]  # the starting policy and the last one
-    # evaluated by a generator actor, never by a gathered copy on a learner's device ...
+    assert sorted(evals()) == [0, 2]  # the starting policy and the last one
+    # evaluated by a generator actor, never by a gathered copy on a learner's device
     assert summary["evaluations_on_generators"] == 2
     ckpt = latest_checkpoint(run)
     assert ckpt is not None and ckpt.name == "step_000002"
-    # ... on the weights the learners hold: `replayrl eval` of the checkpoint's policy agrees
-    from replayrl.cli.main import main
-
-    out = tmp_path / "eval.json"
-    assert (
-        main(["eval", "--model", str(ckpt / "policy"), "--run", str(run), "--out", str(out)]) == 0
-    )
-    again = json.loads(out.read_text())
-    assert again["num_prompts"] == summary["num_eval_prompts"]
-    assert again["eval/accuracy"] == evals[2]["eval/accuracy"]
-    assert again["eval/completion_length"] == evals[2]["eval/completion_length"]
+    agrees_with_replayrl_eval(ckpt, 2)
     policy = AutoModelForCausalLM.from_pretrained(ckpt / "policy")
     assert policy.config.num_hidden_layers == 2
     params = dict(policy.named_parameters())
@@ -194,6 +202,8 @@ def test_a_sharded_ray_run_evaluates_checkpoints_full_state_and_resumes(
 
     resumed = resume(run, ["train.steps=3"], log=quiet)
     assert resumed["steps"] == 3
+    assert resumed["evaluations_on_generators"] == 1  # the last step's, off the sync grid
+    agrees_with_replayrl_eval(latest_checkpoint(run), 3)
     adam = sharded_adam(latest_checkpoint(run))
     # the resumed AdamW went on from the checkpoint's state: its step count is 3, not 1
     assert {float(s["step"]) for s in adam.values()} == {3.0}

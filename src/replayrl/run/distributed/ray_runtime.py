@@ -129,10 +129,14 @@ class GeneratorActor:
     def evaluate(
         self, rows: list[dict[str, Any]], weights: dict | None, version: int
     ) -> dict[str, float]:
-        """The held-out evaluation of policy `version` (its weights first, when given)."""
+        """The held-out evaluation of policy `version` (its weights first, when given), with
+        the version this generator holds as `policy_version`."""
         if weights is not None:
             self.worker.set_weights(weights, version)
-        return self.worker.evaluate(rows)
+        try:
+            return {**self.worker.evaluate(rows), "policy_version": self.worker.version}
+        finally:
+            self.idle_since = time.perf_counter()  # evaluating is not waiting for work
 
     def generate(self, weights: dict | None, version: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -356,14 +360,17 @@ class RayGeneratorPool:
         )
         return a
 
-    def _ensure_actors(self) -> None:
+    def ensure_actors(self) -> None:
+        """The W generator actors, started one at a time (each one kept as it is made, so
+        `close` ends those made before a failed start)."""
         if not self.actors:
             W = self.cfg.workers.generators
-            self.actors = [self._new_actor(i, 0) for i in range(W)]
             self.incarnations, self.restart_counts, self.synced = [0] * W, [0] * W, [-1] * W
+            for i in range(W):
+                self.actors.append(self._new_actor(i, 0))
 
     def start(self) -> None:
-        self._ensure_actors()  # an evaluation of the starting policy may have made them
+        self.ensure_actors()  # the runtime may have made them before the first evaluation
         self._submit()
 
     def _sync(self, i: int) -> Any:
@@ -377,19 +384,52 @@ class RayGeneratorPool:
             return None
         return self.weights
 
-    def evaluate(self, rows: list[dict[str, Any]]) -> dict[str, float]:
-        """Generator 0 evaluates the published policy on `rows` (what sharded learners do:
-        they hold no whole policy to evaluate with). An actor runs one call at a time, so a
-        batch it is generating finishes first; the pool submits nothing new meanwhile."""
-        self._ensure_actors()
+    def evaluate(
+        self, rows: list[dict[str, Any]], model: Any = None, version: int | None = None
+    ) -> dict[str, float]:
+        """Generator 0 evaluates on `rows` (what sharded learners do: they hold no whole
+        policy to evaluate with): the published policy, or `model` of `version` when the
+        learner has moved past it (off the `workers.sync_every` grid), sent to generator 0
+        alone so the others keep their sync schedule. A batch generator 0 is generating
+        finishes first (an actor runs one call at a time); the pool submits nothing new
+        meanwhile. A generator 0 lost on the way is replaced (a restart, as in `poll`) and
+        the evaluation runs on the replacement."""
+        self.ensure_actors()
         self.evaluations += 1
-        try:
-            new = self._sync(0)
+        for attempt in range(2):
+            try:
+                return self._evaluate_on_0(rows, model, version)
+            except self.ray.exceptions.GetTimeoutError as exc:
+                raise RunFailed(
+                    f"an evaluation on generator 0 did not end within {_EVAL_TIMEOUT_S:g} s"
+                ) from exc
+            except self.ray.exceptions.RayActorError as exc:
+                if attempt:
+                    raise RunFailed(f"generator 0 was lost twice in an evaluation: {exc}") from exc
+                for ref in [r for r, i in self.pending.items() if i == 0]:
+                    del self.pending[ref]  # its batch in flight is counted lost by _replace
+                self._replace(0, exc)
+        raise AssertionError("unreachable")
+
+    def _evaluate_on_0(
+        self, rows: list[dict[str, Any]], model: Any, version: int | None
+    ) -> dict[str, float]:
+        actor = self.actors[0]
+        if model is not None and version != self.version:
+            dtype = choose_for(self.cfg.precision, model).generation
+            weights, at = self.ray.put(trainable_state(model, dtype)), int(version or 0)
+            self.synced[0] = -1  # its next batch gets the published weights again
+        else:
+            if self.sync_path == "broadcast" and self.synced[0] != self.version:
+                # a broadcast needs generator 0 idle: its batch in flight ends first (its
+                # delivery stays pending for `poll`)
+                busy = [r for r, i in self.pending.items() if i == 0]
+                if busy:
+                    self.ray.wait(busy, num_returns=len(busy), timeout=_EVAL_TIMEOUT_S)
+            weights, at = self._sync(0), self.version
             self.synced[0] = self.version
-            ref = self.actors[0].evaluate.remote(rows, new, self.version)
-            return _get(ref, "an evaluation on generator 0", timeout=_EVAL_TIMEOUT_S)  # type: ignore[no-any-return]
-        except self.ray.exceptions.RayActorError as exc:
-            raise RunFailed(f"generator 0 was lost during an evaluation: {exc}") from exc
+        result = self.ray.get(actor.evaluate.remote(rows, weights, at), timeout=_EVAL_TIMEOUT_S)
+        return result  # type: ignore[no-any-return]
 
     def publish(self, model: Any, version: int) -> None:
         # in the generation dtype: what the generators sample in (a bf16 sampler: half the
@@ -507,7 +547,9 @@ class RayAsyncTrainer(AsyncSession):
         self.ray_pool: RayGeneratorPool | None = None  # the generator actors, once made
 
         def new_pool(_: Any) -> RayGeneratorPool:
+            # its actors now, not inside the starting policy's evaluation (eval_seconds)
             self.ray_pool = RayGeneratorPool(cfg, log)
+            self.ray_pool.ensure_actors()
             return self.ray_pool
 
         super().__init__(
@@ -565,15 +607,26 @@ class RayAsyncTrainer(AsyncSession):
                 self.ray_pool.close()
 
     def evaluate(self) -> dict[str, float]:
-        """Sharded learners hold no whole policy: generator 0 evaluates the weights published
-        now (gathered once, as for a weight sync, and sent to the generators), not a gathered
-        copy on rank 0's device. Other learners evaluate themselves, as a session does."""
-        if self.sharded_outputs.leader is None:
+        """Sharded learners hold no whole policy: generator 0 evaluates, not a gathered copy
+        on rank 0's device. It evaluates the published weights when they are the learner's
+        (a sync just sent them), else the learner's weights gathered now and sent to it
+        alone. Other learners evaluate themselves, as a session does."""
+        leader = self.sharded_outputs.leader
+        if leader is None:
             return super().evaluate()
-        if self.pool is None or self.ray_pool is None:
+        pool, version = self.ray_pool, self.learner.version
+        if pool is None:
             raise RuntimeError("sharded learners evaluate on a generator: no generator pool yet")
-        self.pool.publish(self.model, self.learner.version)
-        return self.ray_pool.evaluate(self.eval_rows)
+        if pool.version == version:
+            metrics = pool.evaluate(self.eval_rows)
+        else:
+            metrics = pool.evaluate(self.eval_rows, leader.sync_model(), version)
+        held = metrics.pop("policy_version")
+        if held != version:  # an evaluation of other weights than the learner's is no result
+            raise RunFailed(
+                f"generator 0 evaluated policy version {held}, not the learner's {version}"
+            )
+        return metrics
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
