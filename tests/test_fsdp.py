@@ -112,6 +112,11 @@ def _sharded_rank(rank: int, port: int, model, pad_id: int, batches, out: str) -
     learner.train_step(half[0], np.random.default_rng(rank), step=0)
     weights = fsdp.full_state(learner.model)
     save("step1.safetensors", weights)
+    # a bf16 weight sync gathers straight into bf16: each tensor cast before it reaches the host
+    bf16 = fsdp.full_state(learner.model, torch.bfloat16)
+    assert set(bf16) == set(weights)
+    for k, v in bf16.items():
+        assert v.dtype == torch.bfloat16 and torch.equal(v, weights[k].to(torch.bfloat16)), k
     hf = fsdp.full_model(learner.model)
     published = hf.state_dict()
     assert not any(isinstance(t, DTensor) or t.is_meta for t in published.values())

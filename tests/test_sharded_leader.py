@@ -152,3 +152,29 @@ def test_a_follower_that_never_answers_times_out_naming_it(monkeypatch) -> None:
     leader, _ = _leader([Ref(), Ref(ready=False)], FakeRay())
     with pytest.raises(RunFailed, match=r"rank\(s\) \[2\] did not finish a gather"):
         leader._all_ranks("a gather", leader._call, lambda: "gathered")
+
+
+def test_sharded_learners_send_weights_in_the_dtype_their_own_policy_decides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A weight sync from sharded learners gathers the policy in the generation dtype chosen
+    on the learners' own policy (precision.generation), and the pool sends it in that dtype,
+    whatever the gathered host copy would choose."""
+    from replayrl.config.schema import load_config
+
+    cfg = load_config(None, ["precision.generation=bfloat16"])
+    policy = torch.nn.Linear(2, 2)
+    learner = SimpleNamespace(model=policy, cfg=cfg, device=torch.device("cpu"))
+    leader = ShardedLeader(learner, [], FakeRay())  # type: ignore[arg-type]
+    assert leader.sync_dtype() == torch.bfloat16
+    learner.cfg = load_config(None, ["precision.generation=float32"])
+    assert leader.sync_dtype() == torch.float32
+    learner.cfg = cfg
+    gathered: list[Any] = []
+    monkeypatch.setattr(leader, "sync_model", lambda dtype=None: gathered.append(dtype) or policy)
+    sent: list[tuple[Any, int, Any]] = []
+    pool = SimpleNamespace(
+        publish=lambda model, version, dtype=None: sent.append((model, version, dtype))
+    )
+    fsdp_learner.FullWeightsPool(pool, leader).publish(policy, 7)
+    assert gathered == [torch.bfloat16] and sent == [(policy, 7, torch.bfloat16)]

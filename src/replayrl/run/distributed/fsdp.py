@@ -257,15 +257,18 @@ def sharded_ranks(world: int) -> Ranks:
 
 
 @torch.no_grad()
-def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_state(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every parameter and buffer as a full CPU tensor, on every rank: one all-gather per
     tensor, each moved to the CPU before the next starts, so a device never holds more than
     one whole parameter beside its shards (storage/sharded_checkpoint.py's `gathered_state`
-    keeps them on rank 0 only)."""
+    keeps them on rank 0 only). `dtype`: floating tensors cast to it on their device, before
+    they reach the host (a bf16 weight sync never holds an fp32 copy of the model there)."""
     out = {}
     for name, t in model.state_dict().items():
         full = t.full_tensor() if isinstance(t, DTensor) else t
-        out[name] = full.detach().to("cpu", copy=True)
+        cast = dtype if dtype is not None and full.is_floating_point() else None
+        out[name] = full.detach().to(dtype=cast).to("cpu", copy=True)
+        del full
     return out
 
 
@@ -292,12 +295,12 @@ def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy
 
 
-def full_model(model: torch.nn.Module) -> torch.nn.Module:
+def full_model(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """An unsharded CPU copy of a sharded policy, for the generators, evaluation and
-    `save_pretrained`: the weights gathered once. A LoRA policy's copy is a peft model like
-    the unsharded learner's: the same trainable adapter tensors (what a weight sync sends)
-    and `save_pretrained` writes the adapter folder."""
-    state = full_state(model)
+    `save_pretrained`: the weights gathered once (in `dtype`, see `full_state`). A LoRA
+    policy's copy is a peft model like the unsharded learner's: the same trainable adapter
+    tensors (what a weight sync sends) and `save_pretrained` writes the adapter folder."""
+    state = full_state(model, dtype)
     copy = _meta_copy(model)
     copy.load_state_dict(state, assign=True, strict=False)
     # buffers outside the state dict (rotary inv_freq) are whole on every rank: copied over

@@ -40,6 +40,7 @@ from replayrl.config.schema import Config
 from replayrl.errors import RunFailed
 from replayrl.learner.frozen import is_lora
 from replayrl.learner.learner import Learner
+from replayrl.models.precision import choose_for
 from replayrl.run.distributed import fsdp
 from replayrl.run.distributed.ddp import data_parallel_ranks
 from replayrl.run.session import Log, WholeLearner
@@ -211,16 +212,25 @@ class ShardedLeader:
             lambda: load_learner_shards(self.learner, folder),
         )
 
-    def full_model(self) -> torch.nn.Module:
-        """An unsharded CPU copy of the policy (one all-gather over the ranks)."""
-        return self._with_followers("model", lambda: fsdp.full_model(self.learner.model))
+    def full_model(self, dtype: torch.dtype | None = None) -> torch.nn.Module:
+        """An unsharded CPU copy of the policy (one all-gather over the ranks), in `dtype`
+        (None: the master weights' own)."""
+        return self._with_followers("model", lambda: fsdp.full_model(self.learner.model, dtype))
 
-    def sync_model(self) -> torch.nn.Module:
-        """What a weight sync sends from: the full policy, or for LoRA a copy holding only the
-        gathered adapters (a sync sends the adapters; the base is frozen)."""
+    def sync_model(self, dtype: torch.dtype | None = None) -> torch.nn.Module:
+        """What a weight sync sends from: the full policy in `dtype`, or for LoRA a copy
+        holding only the gathered adapters (a sync sends the adapters; the base is frozen)."""
         if is_lora(self.learner.model):
             return self._with_followers("adapters", lambda: fsdp.adapters_model(self.learner.model))
-        return self.full_model()
+        return self.full_model(dtype)
+
+    def sync_dtype(self) -> torch.dtype:
+        """The dtype weights leave the learners in: the generation dtype as the learners'
+        own policy decides it (its device and size under `precision.generation`), not as the
+        gathered host copy would (a host CPU without bf16 would send fp32)."""
+        model = self.learner.model
+        chosen = choose_for(self.learner.cfg.precision, model).generation
+        return chosen if chosen is not None else next(model.parameters()).dtype
 
     def full_learner_state(self) -> dict[str, object]:
         """The learner's state with the AdamW state gathered (`fsdp.full_learner_state`)."""
@@ -235,7 +245,8 @@ class FullWeightsPool:
         self.pool, self.leader = pool, leader
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        self.pool.publish(self.leader.sync_model(), version)
+        dtype = self.leader.sync_dtype()
+        self.pool.publish(self.leader.sync_model(dtype), version, dtype)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.pool, name)

@@ -385,7 +385,11 @@ class RayGeneratorPool:
         return self.weights
 
     def evaluate(
-        self, rows: list[dict[str, Any]], model: Any = None, version: int | None = None
+        self,
+        rows: list[dict[str, Any]],
+        model: Any = None,
+        version: int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> dict[str, float]:
         """Generator 0 evaluates on `rows` (what sharded learners do: they hold no whole
         policy to evaluate with): the published policy, or `model` of `version` when the
@@ -398,7 +402,7 @@ class RayGeneratorPool:
         self.evaluations += 1
         for attempt in range(2):
             try:
-                return self._evaluate_on_0(rows, model, version)
+                return self._evaluate_on_0(rows, model, version, dtype)
             except self.ray.exceptions.GetTimeoutError as exc:
                 raise RunFailed(
                     f"an evaluation on generator 0 did not end within {_EVAL_TIMEOUT_S:g} s"
@@ -412,11 +416,12 @@ class RayGeneratorPool:
         raise AssertionError("unreachable")
 
     def _evaluate_on_0(
-        self, rows: list[dict[str, Any]], model: Any, version: int | None
+        self, rows: list[dict[str, Any]], model: Any, version: int | None, dtype: Any
     ) -> dict[str, float]:
         actor = self.actors[0]
         if model is not None and version != self.version:
-            dtype = choose_for(self.cfg.precision, model).generation
+            if dtype is None:
+                dtype = choose_for(self.cfg.precision, model).generation
             weights, at = self.ray.put(trainable_state(model, dtype)), int(version or 0)
             self.synced[0] = -1  # its next batch gets the published weights again
         else:
@@ -431,10 +436,11 @@ class RayGeneratorPool:
         result = self.ray.get(actor.evaluate.remote(rows, weights, at), timeout=_EVAL_TIMEOUT_S)
         return result  # type: ignore[no-any-return]
 
-    def publish(self, model: Any, version: int) -> None:
+    def publish(self, model: Any, version: int, dtype: torch.dtype | None = None) -> None:
         # in the generation dtype: what the generators sample in (a bf16 sampler: half the
-        # bytes through the object store; run/distributed/broadcast.py is the collective path)
-        dtype = choose_for(self.cfg.precision, model).generation
+        # bytes through the object store; run/distributed/broadcast.py is the collective path);
+        # sharded learners give it, decided on their own policy (fsdp_learner.py)
+        dtype = dtype if dtype is not None else choose_for(self.cfg.precision, model).generation
         if self.sync_path == "broadcast":
             self.sender.snapshot(model, dtype)  # sent to each generator before its next batch
         else:
@@ -620,7 +626,8 @@ class RayAsyncTrainer(AsyncSession):
         if pool.version == version:
             metrics = pool.evaluate(self.eval_rows)
         else:
-            metrics = pool.evaluate(self.eval_rows, leader.sync_model(), version)
+            dtype = leader.sync_dtype()
+            metrics = pool.evaluate(self.eval_rows, leader.sync_model(dtype), version, dtype)
         held = metrics.pop("policy_version")
         if held != version:  # an evaluation of other weights than the learner's is no result
             raise RunFailed(
