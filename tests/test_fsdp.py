@@ -613,6 +613,19 @@ def _token_budget_rank(
     torch.distributed.destroy_process_group()
 
 
+def _uneven_split(rollouts: list[Rollout]) -> tuple[list[Rollout], list[str]]:
+    """A batch whose ranks pack different numbers of micro-batches, and the token budget that
+    does it: rank 0 (even rows) gets the 6 longest rows, rank 1 (odd rows) the 6 shortest,
+    and the budget (padded tokens per micro-batch: rows x longest row) fits two short rows
+    but not two long ones."""
+    by_length = sorted(rollouts, key=lambda r: r.prompt_ids.numel() + r.completion_ids.numel())
+    batch = [r for pair in zip(by_length[-6:], by_length[:6], strict=True) for r in pair]
+    size = [r.prompt_ids.numel() + r.completion_ids.numel() for r in by_length]
+    assert max(size[:6]) < min(size[-6:])
+    budget = [f"train.max_tokens_per_micro_batch={2 * max(size[:6])}", "train.micro_batch_size=2"]
+    return batch, budget
+
+
 def test_a_sharded_step_under_a_token_budget_equals_the_unsharded_one(
     model, rollouts, char_tokenizer, tmp_path: Path
 ):
@@ -624,13 +637,7 @@ def test_a_sharded_step_under_a_token_budget_equals_the_unsharded_one(
     from replayrl.run.distributed.ddp import free_port
 
     pad = char_tokenizer.pad_token_id
-    by_length = sorted(rollouts, key=lambda r: r.prompt_ids.numel() + r.completion_ids.numel())
-    # rank 0 (even rows) the 6 longest rows, rank 1 (odd rows) the 6 shortest
-    batch = [r for pair in zip(by_length[-6:], by_length[:6], strict=True) for r in pair]
-    # padded tokens per micro-batch (rows x longest row): two short rows fit, two long do not
-    size = [r.prompt_ids.numel() + r.completion_ids.numel() for r in by_length]
-    assert max(size[:6]) < min(size[-6:])
-    budget = [f"train.max_tokens_per_micro_batch={2 * max(size[:6])}", "train.micro_batch_size=2"]
+    batch, budget = _uneven_split(rollouts)
     mp.spawn(
         _token_budget_rank,
         args=(free_port(), model, pad, batch, budget, str(tmp_path)),
@@ -862,10 +869,7 @@ def test_sharded_ppo_ranks_with_fewer_micro_batches_join_the_critics_passes(
     from replayrl.run.distributed.ddp import free_port
 
     pad = char_tokenizer.pad_token_id
-    by_length = sorted(rollouts, key=lambda r: r.prompt_ids.numel() + r.completion_ids.numel())
-    batch = [r for pair in zip(by_length[-6:], by_length[:6], strict=True) for r in pair]
-    size = [r.prompt_ids.numel() + r.completion_ids.numel() for r in by_length]
-    budget = [f"train.max_tokens_per_micro_batch={2 * max(size[:6])}", "train.micro_batch_size=2"]
+    batch, budget = _uneven_split(rollouts)
     mp.spawn(
         _ppo_budget_rank,
         args=(free_port(), model, pad, batch, budget, str(tmp_path)),

@@ -98,11 +98,11 @@ def _worker_hook() -> None:
         _record("received", version=version, digest=_digest(state))
         set_weights(self, state, version)
 
-    def publish_(self: Any, model: Any, version: int) -> None:
+    def publish_(self: Any, model: Any, version: int, *rest: Any) -> None:
         from replayrl.run.distributed.weights import trainable_state
 
         _record("published", version=version, digest=_digest(trainable_state(model)))
-        publish(self, model, version)
+        publish(self, model, version, *rest)
 
     produce = worker.GeneratorWorker.produce
 

@@ -178,3 +178,80 @@ def test_sharded_learners_send_weights_in_the_dtype_their_own_policy_decides(
     )
     fsdp_learner.FullWeightsPool(pool, leader).publish(policy, 7)
     assert gathered == [torch.bfloat16] and sent == [(policy, 7, torch.bfloat16)]
+
+
+class _Lost(Exception):
+    pass
+
+
+class _Actor:
+    """A generator actor double: `evaluate.remote` runs at once (a `Ref` with the result or
+    the error), recording the weights and version it was given."""
+
+    def __init__(self, name: str, lost: bool = False) -> None:
+        self.name, self.lost, self.calls = name, lost, []
+        self.evaluate = SimpleNamespace(remote=self._evaluate)
+
+    def _evaluate(self, rows: list, weights: Any, version: int) -> Any:
+        self.calls.append((weights, version))
+        if self.lost:
+            return SimpleNamespace(error=_Lost(f"{self.name} is gone"))
+        return SimpleNamespace(value={"eval/accuracy": 0.5, "policy_version": version})
+
+
+def _pool(tmp_path: Any, actors: list[_Actor]) -> Any:
+    from replayrl.run.distributed import ray_runtime
+    from tiny import tiny_config
+
+    def get(ref: Any, timeout: float | None = None) -> Any:
+        if getattr(ref, "error", None) is not None:
+            raise ref.error
+        return ref.value
+
+    pool = ray_runtime.RayGeneratorPool.__new__(ray_runtime.RayGeneratorPool)
+    pool.cfg = tiny_config(tmp_path, "workers.generators=2", "workers.max_restarts=1")
+    pool.log = lambda msg: None
+    pool.ray = SimpleNamespace(
+        get=get,
+        put=lambda state: ("put", sorted(state)),
+        kill=lambda actor: None,
+        exceptions=SimpleNamespace(RayActorError=_Lost, GetTimeoutError=TimeoutError),
+    )
+    pool.actors, pool.incarnations, pool.restart_counts = list(actors), [0, 0], [0, 0]
+    pool.synced, pool.pending, pool.lost, pool.evaluations = [-1, -1], {}, 0, 0
+    pool.sync_path, pool.weights, pool.version = "object_store", "published-ref", 3
+    pool.sender = SimpleNamespace(forget=lambda i: None)
+    return pool
+
+
+def test_generator_0_evaluates_the_published_weights_or_newer_ones_sent_to_it_alone(
+    tmp_path: Any,
+) -> None:
+    """On the sync grid generator 0 evaluates the published weights; off it, the learner's
+    newer weights go to generator 0 alone and it is re-synced before its next batch; a
+    generator 0 lost on the way is replaced (counted as a restart) and the evaluation runs on
+    the replacement."""
+    first, other = _Actor("g0"), _Actor("g1")
+    pool = _pool(tmp_path, [first, other])
+    assert pool.evaluate([{"prompt": "1+1="}]) == {"eval/accuracy": 0.5, "policy_version": 3}
+    assert first.calls == [("published-ref", 3)] and pool.synced[0] == 3
+    assert pool.evaluate([], torch.nn.Linear(2, 2), 4)["policy_version"] == 4
+    assert first.calls[-1] == (("put", ["bias", "weight"]), 4)
+    assert pool.synced == [-1, -1] and pool.version == 3  # the others keep their schedule
+    assert other.calls == []
+
+    lost, spare = _Actor("g0", lost=True), _Actor("g0 again")
+    pool = _pool(tmp_path, [lost, other])
+    pool._new_actor = lambda worker_id, incarnation: spare
+    pool.pending = {"batch in flight": 0}
+    assert pool.evaluate([])["policy_version"] == 3
+    assert pool.actors[0] is spare and spare.calls == [("published-ref", 3)]
+    assert pool.restart_counts[0] == 1 and pool.pending == {}
+    assert pool.lost == pool.cfg.rollouts_per_step  # the lost actor's batch in flight
+    pool.actors[0].lost = True  # lost again, with no restart left: workers.max_restarts
+    with pytest.raises(RunFailed, match="died after 1 restarts"):
+        pool.evaluate([])
+    pool = _pool(tmp_path, [_Actor("g0", lost=True), other])
+    pool._new_actor = lambda worker_id, incarnation: _Actor("g0 again", lost=True)
+    with pytest.raises(RunFailed, match="lost twice in an evaluation"):  # not a third try
+        pool.evaluate([])

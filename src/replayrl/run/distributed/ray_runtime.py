@@ -400,29 +400,29 @@ class RayGeneratorPool:
         the evaluation runs on the replacement."""
         self.ensure_actors()
         self.evaluations += 1
-        for attempt in range(2):
+        try:
             try:
                 return self._evaluate_on_0(rows, model, version, dtype)
-            except self.ray.exceptions.GetTimeoutError as exc:
-                raise RunFailed(
-                    f"an evaluation on generator 0 did not end within {_EVAL_TIMEOUT_S:g} s"
-                ) from exc
             except self.ray.exceptions.RayActorError as exc:
-                if attempt:
-                    raise RunFailed(f"generator 0 was lost twice in an evaluation: {exc}") from exc
                 for ref in [r for r, i in self.pending.items() if i == 0]:
                     del self.pending[ref]  # its batch in flight is counted lost by _replace
                 self._replace(0, exc)
-        raise AssertionError("unreachable")
+            return self._evaluate_on_0(rows, model, version, dtype)  # on the replacement
+        except self.ray.exceptions.GetTimeoutError as exc:
+            raise RunFailed(
+                f"an evaluation on generator 0 did not end within {_EVAL_TIMEOUT_S:g} s"
+            ) from exc
+        except self.ray.exceptions.RayActorError as exc:
+            raise RunFailed(f"generator 0 was lost twice in an evaluation: {exc}") from exc
 
     def _evaluate_on_0(
         self, rows: list[dict[str, Any]], model: Any, version: int | None, dtype: Any
     ) -> dict[str, float]:
         actor = self.actors[0]
-        if model is not None and version != self.version:
+        if model is not None and version is not None and version != self.version:
             if dtype is None:
                 dtype = choose_for(self.cfg.precision, model).generation
-            weights, at = self.ray.put(trainable_state(model, dtype)), int(version or 0)
+            weights, at = self.ray.put(trainable_state(model, dtype)), version
             self.synced[0] = -1  # its next batch gets the published weights again
         else:
             if self.sync_path == "broadcast" and self.synced[0] != self.version:
